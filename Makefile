@@ -1,0 +1,22 @@
+# Thin wrapper over CMake.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: all test sanitize bench clean
+all:
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: all
+	cd $(BUILD) && ctest --output-on-failure -j 2
+
+sanitize:
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=ON >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -R '^(core|backend|model|optim|data|train)/.*' -E '_py$$'
+
+bench: all
+	/usr/bin/python3 bench/train_throughput.py --weft $(BUILD)/weft
+
+clean:
+	rm -rf $(BUILD) build-asan

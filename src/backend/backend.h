@@ -1,0 +1,116 @@
+// backend: device memory and every numeric op, one implementation per device (cpu/, later cuda/).
+//
+// Model code is written once against this table of function pointers. Pointers passed to ops are
+// device pointers from `alloc`. Conventions, so a bf16 device fits later without model changes:
+//   - activations (act): the backend's activation dtype (`act_dtype`), row-major.
+//   - parameters (param): the backend's parameter dtype (`param_dtype`).
+//   - gradients of parameters, norms' rstd, attention lse, losses: always fp32 ("f32").
+//   - token ids, positions, targets, cu_seqlens: int32 on the device.
+// Backward ops ACCUMULATE into parameter gradients (dW += ...) so micro-batches sum for free;
+// input gradients are overwritten unless the op says "+=".
+#pragma once
+#include "core/core.h"
+
+typedef enum weft_dtype { WEFT_F32 = 0, WEFT_BF16 = 1 } weft_dtype;
+size_t weft_dtype_size(weft_dtype t);
+
+// Which operand of a matmul is which element type, e.g. for dW (f32) += dY^T (act) X (act).
+typedef struct weft_matmul_types {
+    weft_dtype a, b, c;
+} weft_matmul_types;
+
+typedef struct weft_backend weft_backend;
+struct weft_backend {
+    const char *name;
+    weft_dtype act_dtype, param_dtype;
+
+    void *(*alloc)(weft_backend *self, size_t bytes); // zeroed
+    void (*free)(weft_backend *self, void *p);
+    void (*to_device)(weft_backend *self, void *dst, const void *src, size_t bytes);
+    void (*to_host)(weft_backend *self, void *dst, const void *src, size_t bytes);
+    void (*copy)(weft_backend *self, void *dst, const void *src, size_t bytes);
+    void (*zero)(weft_backend *self, void *dst, size_t bytes);
+    void (*synchronize)(weft_backend *self);
+
+    // C (m, n) = alpha * op(A) op(B) + beta * C, row-major; op(A) is (m, k), op(B) is (k, n).
+    // lda/ldb/ldc are row strides of the stored (untransposed) matrices.
+    void (*matmul)(weft_backend *self, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                   const void *a, int lda, const void *b, int ldb, float beta, void *c, int ldc,
+                   weft_matmul_types types);
+
+    // out (T, C) = table[ids] ; table (V, C) param
+    void (*embedding_forward)(weft_backend *self, const int32_t *ids, const void *table, void *out,
+                              int T, int C);
+    // dtable (V, C) f32 += scatter of dout (T, C)
+    void (*embedding_backward)(weft_backend *self, const int32_t *ids, const void *dout,
+                               float *dtable, int T, int C);
+
+    // out (T, C) = x / rms(x) * w ; rstd (T) f32 saved for backward
+    void (*rmsnorm_forward)(weft_backend *self, const void *x, const void *w, float eps, void *out,
+                            float *rstd, int T, int C);
+    // dx (T, C) += ... (x also feeds the residual stream) ; dw (C) f32 += ...
+    void (*rmsnorm_backward)(weft_backend *self, const void *x, const void *w, const float *rstd,
+                             const void *dout, void *dx, float *dw, int T, int C);
+
+    // x (T, C) += bias (C), broadcast over rows ; backward: dbias (C) f32 += column sums of dout
+    void (*bias_forward)(weft_backend *self, void *x, const void *bias, int T, int C);
+    void (*bias_backward)(weft_backend *self, const void *dout, float *dbias, int T, int C);
+
+    // Rotary embedding in place on x (T, H, D), Hugging Face rotate-half convention, angle
+    // positions[t] * theta^(-2i/D). backward applies the inverse rotation to dx in place.
+    void (*rope_forward)(weft_backend *self, void *x, const int32_t *positions, double theta,
+                         int T, int H, int D);
+    void (*rope_backward)(weft_backend *self, void *dx, const int32_t *positions, double theta,
+                          int T, int H, int D);
+
+    // Causal attention over packed documents: token rows [cu_seqlens[d], cu_seqlens[d+1]) attend
+    // only to earlier rows of the same document. q (T, H, D), k/v (T, KV, D), H % KV == 0 (query
+    // head h reads kv head h / (H/KV)); out (T, H, D); lse (H, T) f32 log-sum-exp per row.
+    void (*attention_forward)(weft_backend *self, const void *q, const void *k, const void *v,
+                              const int32_t *cu_seqlens, int n_docs, void *out, float *lse, int T,
+                              int H, int KV, int D);
+    // dq (T, H, D), dk/dv (T, KV, D) overwritten.
+    void (*attention_backward)(weft_backend *self, const void *q, const void *k, const void *v,
+                               const int32_t *cu_seqlens, int n_docs, const void *out,
+                               const float *lse, const void *dout, void *dq, void *dk, void *dv,
+                               int T, int H, int KV, int D);
+
+    // out (N) = silu(gate) * up ; backward overwrites dgate, dup
+    void (*swiglu_forward)(weft_backend *self, const void *gate, const void *up, void *out,
+                           size_t N);
+    void (*swiglu_backward)(weft_backend *self, const void *gate, const void *up,
+                            const void *dout, void *dgate, void *dup, size_t N);
+
+    // y (N) += x
+    void (*add_inplace)(weft_backend *self, void *y, const void *x, size_t N);
+
+    // Fused masked cross-entropy on logits (T, V), in place: rows with targets[t] >= 0 become
+    // scale * (softmax - onehot), other rows 0. Per-row loss (T) f32 is written (0 without a
+    // target) and, if correct != NULL, 1 where argmax == target. Returns nothing; sums are
+    // reduced by `sum_f32`.
+    void (*cross_entropy)(weft_backend *self, void *logits, const int32_t *targets, float scale,
+                          float *row_loss, float *correct, int T, int V);
+
+    // sum of x (N) f32 / sum of squares of x (N) f32, accumulated in double on the host side.
+    double (*sum_f32)(weft_backend *self, const float *x, size_t N);
+    double (*sumsq_f32)(weft_backend *self, const float *x, size_t N);
+    void (*scale_f32)(weft_backend *self, float *x, float s, size_t N);
+
+    // AdamW on one parameter tensor: decoupled weight decay, bias-corrected moments.
+    // param (N) param dtype, master (N) f32 or NULL when params are f32, grad/m/v (N) f32.
+    void (*adamw)(weft_backend *self, void *param, float *master, const float *grad, float *m,
+                  float *v, size_t N, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, int step);
+
+    // Converts between the host's fp32 and the device's param/act dtype (for loading weights,
+    // writing outputs): dst (N) device dtype <- src (N) host f32, and back.
+    void (*from_f32)(weft_backend *self, void *dst, weft_dtype dst_type, const float *src_host,
+                     size_t N);
+    void (*to_f32)(weft_backend *self, float *dst_host, const void *src, weft_dtype src_type,
+                   size_t N);
+
+    void *impl;
+};
+
+weft_backend *weft_backend_cpu_create(void);
+void weft_backend_destroy(weft_backend *b);

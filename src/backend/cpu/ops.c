@@ -1,0 +1,451 @@
+// CPU backend: fp32 everywhere, GEMMs through OpenBLAS, the rest OpenMP loops.
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/blas_setup.h"
+
+// ---------------------------------------------------------------------------------- memory ----
+
+static void *cpu_alloc(weft_backend *self, size_t bytes) { return weft_alloc(bytes); }
+static void cpu_free(weft_backend *self, void *p) { weft_free(p); }
+static void cpu_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_zero(weft_backend *self, void *dst, size_t bytes) {
+    if (bytes) memset(dst, 0, bytes);
+}
+static void cpu_synchronize(weft_backend *self) {}
+
+static void cpu_from_f32(weft_backend *self, void *dst, weft_dtype t, const float *src, size_t n) {
+    WEFT_CHECK(t == WEFT_F32, "cpu backend holds fp32 tensors only");
+    cpu_copy(self, dst, src, n * sizeof(float));
+}
+static void cpu_to_f32(weft_backend *self, float *dst, const void *src, weft_dtype t, size_t n) {
+    WEFT_CHECK(t == WEFT_F32, "cpu backend holds fp32 tensors only");
+    cpu_copy(self, dst, src, n * sizeof(float));
+}
+
+// ---------------------------------------------------------------------------------- matmul ----
+
+static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
+                       const void *a, int lda, const void *b, int ldb, float beta, void *c,
+                       int ldc, weft_matmul_types types) {
+    WEFT_CHECK(types.a == WEFT_F32 && types.b == WEFT_F32 && types.c == WEFT_F32,
+               "cpu backend multiplies fp32 matrices only");
+    if (m == 0 || n == 0) return;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Sums rows of a (T, C) matrix into out (C) f32 (+=). Threads own disjoint column ranges, so the
+// result does not depend on the thread count.
+static void column_sums(const float *x, float *out, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        int c1 = c0 + 16 < C ? c0 + 16 : C;
+        double acc[16] = {0};
+        for (int t = 0; t < T; t++)
+            for (int c = c0; c < c1; c++) acc[c - c0] += x[(size_t)t * C + c];
+        for (int c = c0; c < c1; c++) out[c] += (float)acc[c - c0];
+    }
+}
+
+// -------------------------------------------------------------------------------- embedding ----
+
+static void cpu_embedding_forward(weft_backend *self, const int32_t *ids, const void *table,
+                                  void *out, int T, int C) {
+    const float *tab = table;
+    float *o = out;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) memcpy(o + (size_t)t * C, tab + (size_t)ids[t] * C, C * sizeof(float));
+}
+
+static void cpu_embedding_backward(weft_backend *self, const int32_t *ids, const void *dout,
+                                   float *dtable, int T, int C) {
+    const float *d = dout;
+    // Column slices per thread: repeated ids never race.
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        int c1 = c0 + 16 < C ? c0 + 16 : C;
+        for (int t = 0; t < T; t++)
+            for (int c = c0; c < c1; c++) dtable[(size_t)ids[t] * C + c] += d[(size_t)t * C + c];
+    }
+}
+
+// ---------------------------------------------------------------------------------- rmsnorm ----
+
+static void cpu_rmsnorm_forward(weft_backend *self, const void *xv, const void *wv, float eps,
+                                void *outv, float *rstd, int T, int C) {
+    const float *x = xv, *w = wv;
+    float *out = outv;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * C;
+        float *o = out + (size_t)t * C;
+        double ss = 0;
+        for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+        float r = (float)(1.0 / sqrt(ss / C + eps));
+        rstd[t] = r;
+        for (int c = 0; c < C; c++) o[c] = xr[c] * r * w[c];
+    }
+}
+
+static void cpu_rmsnorm_backward(weft_backend *self, const void *xv, const void *wv,
+                                 const float *rstd, const void *doutv, void *dxv, float *dw, int T,
+                                 int C) {
+    const float *x = xv, *w = wv, *dout = doutv;
+    float *dx = dxv;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * C, *dy = dout + (size_t)t * C;
+        float *dxr = dx + (size_t)t * C;
+        float r = rstd[t];
+        double dot = 0; // sum_c dy * w * x
+        for (int c = 0; c < C; c++) dot += (double)dy[c] * w[c] * xr[c];
+        float k = (float)(dot * r * r * r / C);
+        for (int c = 0; c < C; c++) dxr[c] += r * w[c] * dy[c] - k * xr[c];
+    }
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        int c1 = c0 + 16 < C ? c0 + 16 : C;
+        double acc[16] = {0};
+        for (int t = 0; t < T; t++)
+            for (int c = c0; c < c1; c++)
+                acc[c - c0] += (double)dout[(size_t)t * C + c] * x[(size_t)t * C + c] * rstd[t];
+        for (int c = c0; c < c1; c++) dw[c] += (float)acc[c - c0];
+    }
+}
+
+// ------------------------------------------------------------------------------------- bias ----
+
+static void cpu_bias_forward(weft_backend *self, void *xv, const void *biasv, int T, int C) {
+    float *x = xv;
+    const float *b = biasv;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) x[(size_t)t * C + c] += b[c];
+}
+
+static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
+    column_sums(dout, dbias, T, C);
+}
+
+// ------------------------------------------------------------------------------------- rope ----
+
+// Rotates pairs (i, i + D/2) of every head by sign * positions[t] * theta^(-2i/D). Angles in double:
+// positions reach the tens of thousands, where fp32 angles lose the 1e-5 agreement we test for.
+static void rope_rotate(float *x, const int32_t *positions, double theta, int T, int H, int D,
+                        double sign) {
+    int half = D / 2;
+#pragma omp parallel
+    {
+        float *cs = weft_alloc(sizeof(float) * D);
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < half; i++) {
+                double angle = positions[t] * pow(theta, -2.0 * i / D);
+                cs[i] = (float)cos(angle);
+                cs[half + i] = (float)(sign * sin(angle));
+            }
+            for (int h = 0; h < H; h++) {
+                float *v = x + ((size_t)t * H + h) * D;
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], b = v[half + i], c = cs[i], s = cs[half + i];
+                    v[i] = a * c - b * s;
+                    v[half + i] = b * c + a * s;
+                }
+            }
+        }
+        weft_free(cs);
+    }
+}
+
+static void cpu_rope_forward(weft_backend *self, void *x, const int32_t *positions, double theta,
+                             int T, int H, int D) {
+    rope_rotate(x, positions, theta, T, H, D, 1.0);
+}
+
+static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *positions, double theta,
+                              int T, int H, int D) {
+    rope_rotate(dx, positions, theta, T, H, D, -1.0); // a rotation's adjoint is its inverse
+}
+
+// -------------------------------------------------------------------------------- attention ----
+//
+// Per (document, head), queries in tiles of ATTN_TILE rows: S = Q K^T through BLAS against only
+// the keys up to the tile's last row, causal mask inside the tile, softmax, O = P V. The scratch
+// tile is (ATTN_TILE, L) for a document of length L, so memory stays linear in L.
+
+enum { ATTN_TILE = 64 };
+
+typedef struct attn_shape {
+    int T, H, KV, D;
+    float scale;
+} attn_shape;
+
+static int max_doc_len(const int32_t *cu, int n_docs) {
+    int m = 0;
+    for (int d = 0; d < n_docs; d++)
+        if (cu[d + 1] - cu[d] > m) m = cu[d + 1] - cu[d];
+    return m;
+}
+
+// S (rows, keys) = scale * Q_tile K^T with the causal mask applied, then P = exp(S - lse) when
+// lse is given (backward), or a row softmax whose lse is stored (forward).
+static void attn_probs(const float *q, const float *k, int q0, int rows, int keys, int h, int kvh,
+                       const attn_shape *s, float *P, float *lse_out, const float *lse_in) {
+    int ldq = s->H * s->D, ldk = s->KV * s->D;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s->D, s->scale,
+                q + (size_t)q0 * ldq + (size_t)h * s->D, ldq, k + (size_t)kvh * s->D, ldk, 0.0f, P,
+                keys);
+    for (int i = 0; i < rows; i++) {
+        float *row = P + (size_t)i * keys;
+        int visible = q0 + i + 1; // keys 0..q0+i of this document
+        if (lse_in) {
+            float l = lse_in[i];
+            for (int j = 0; j < visible; j++) row[j] = expf(row[j] - l);
+        } else {
+            float mx = -INFINITY;
+            for (int j = 0; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
+            double sum = 0;
+            for (int j = 0; j < visible; j++) sum += (row[j] = expf(row[j] - mx));
+            float inv = (float)(1.0 / sum);
+            for (int j = 0; j < visible; j++) row[j] *= inv;
+            lse_out[i] = mx + (float)log(sum);
+        }
+        for (int j = visible; j < keys; j++) row[j] = 0.0f;
+    }
+}
+
+static void cpu_attention_forward(weft_backend *self, const void *qv, const void *kv,
+                                  const void *vv, const int32_t *cu, int n_docs, void *outv,
+                                  float *lse, int T, int H, int KV, int D) {
+    attn_shape s = {T, H, KV, D, 1.0f / sqrtf((float)D)};
+    const float *q = qv, *k = kv, *v = vv;
+    float *out = outv;
+    int maxL = max_doc_len(cu, n_docs), group = H / KV;
+#pragma omp parallel
+    {
+        float *P = weft_alloc(sizeof(float) * ATTN_TILE * (size_t)(maxL > 0 ? maxL : 1));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int d = 0; d < n_docs; d++)
+            for (int h = 0; h < H; h++) {
+                int start = cu[d], L = cu[d + 1] - cu[d];
+                const float *qd = q + (size_t)start * H * D, *kd = k + (size_t)start * KV * D;
+                const float *vd = v + (size_t)start * KV * D;
+                for (int q0 = 0; q0 < L; q0 += ATTN_TILE) {
+                    int rows = L - q0 < ATTN_TILE ? L - q0 : ATTN_TILE, keys = q0 + rows;
+                    float lse_tile[ATTN_TILE];
+                    attn_probs(qd, kd, q0, rows, keys, h, h / group, &s, P, lse_tile, NULL);
+                    for (int i = 0; i < rows; i++) lse[(size_t)h * T + start + q0 + i] = lse_tile[i];
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys, 1.0f, P,
+                                keys, vd + (size_t)(h / group) * D, KV * D, 0.0f,
+                                out + ((size_t)(start + q0) * H + h) * D, H * D);
+                }
+            }
+        weft_free(P);
+    }
+}
+
+static void cpu_attention_backward(weft_backend *self, const void *qv, const void *kv,
+                                   const void *vv, const int32_t *cu, int n_docs,
+                                   const void *outv, const float *lse, const void *doutv,
+                                   void *dqv, void *dkv, void *dvv, int T, int H, int KV, int D) {
+    attn_shape s = {T, H, KV, D, 1.0f / sqrtf((float)D)};
+    const float *q = qv, *k = kv, *v = vv, *out = outv, *dout = doutv;
+    float *dq = dqv, *dk = dkv, *dv = dvv;
+    int maxL = max_doc_len(cu, n_docs), group = H / KV, ldq = H * D, ldk = KV * D;
+    size_t tile = (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1);
+    // One task per (document, kv head): the query heads that share a kv head accumulate dK and dV
+    // in the same task, so no two threads write the same rows.
+#pragma omp parallel
+    {
+        float *P = weft_alloc(sizeof(float) * tile), *dP = weft_alloc(sizeof(float) * tile);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int d = 0; d < n_docs; d++)
+            for (int g = 0; g < KV; g++) {
+                int start = cu[d], L = cu[d + 1] - cu[d];
+                const float *kd = k + (size_t)start * ldk + (size_t)g * D;
+                const float *vd = v + (size_t)start * ldk + (size_t)g * D;
+                float *dkd = dk + (size_t)start * ldk + (size_t)g * D;
+                float *dvd = dv + (size_t)start * ldk + (size_t)g * D;
+                for (int i = 0; i < L; i++) {
+                    memset(dkd + (size_t)i * ldk, 0, sizeof(float) * D);
+                    memset(dvd + (size_t)i * ldk, 0, sizeof(float) * D);
+                }
+                for (int h = g * group; h < (g + 1) * group; h++)
+                    for (int q0 = 0; q0 < L; q0 += ATTN_TILE) {
+                        int rows = L - q0 < ATTN_TILE ? L - q0 : ATTN_TILE, keys = q0 + rows;
+                        size_t row0 = (size_t)(start + q0);
+                        const float *qt = q + row0 * ldq + (size_t)h * D;
+                        const float *ot = out + row0 * ldq + (size_t)h * D;
+                        const float *dot = dout + row0 * ldq + (size_t)h * D;
+                        float *dqt = dq + row0 * ldq + (size_t)h * D;
+                        attn_probs(q + (size_t)start * ldq, k + (size_t)start * ldk, q0, rows,
+                                   keys, h, g, &s, P, NULL, lse + (size_t)h * T + row0);
+                        // dV += P^T dO
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
+                                    P, keys, dot, ldq, 1.0f, dvd, ldk);
+                        // dP = dO V^T
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, D, 1.0f,
+                                    dot, ldq, vd, ldk, 0.0f, dP, keys);
+                        for (int i = 0; i < rows; i++) {
+                            double di = 0; // D_i = dO_i . O_i = sum_j P_ij dP_ij
+                            for (int c = 0; c < D; c++)
+                                di += (double)dot[(size_t)i * ldq + c] * ot[(size_t)i * ldq + c];
+                            float *pr = P + (size_t)i * keys, *dpr = dP + (size_t)i * keys;
+                            for (int j = 0; j < keys; j++) pr[j] = pr[j] * (dpr[j] - (float)di);
+                        }
+                        // P now holds dS. dQ = scale dS K ; dK += scale dS^T Q
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys,
+                                    s.scale, P, keys, kd, ldk, 0.0f, dqt, ldq);
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows,
+                                    s.scale, P, keys, qt, ldq, 1.0f, dkd, ldk);
+                    }
+            }
+        weft_free(P);
+        weft_free(dP);
+    }
+}
+
+// ----------------------------------------------------------------------------- elementwise ----
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void cpu_swiglu_forward(weft_backend *self, const void *gv, const void *uv, void *outv,
+                               size_t N) {
+    const float *g = gv, *u = uv;
+    float *out = outv;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) out[i] = g[i] * sigmoidf(g[i]) * u[i];
+}
+
+static void cpu_swiglu_backward(weft_backend *self, const void *gv, const void *uv,
+                                const void *doutv, void *dgv, void *duv, size_t N) {
+    const float *g = gv, *u = uv, *dout = doutv;
+    float *dg = dgv, *du = duv;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        float sg = sigmoidf(g[i]), silu = g[i] * sg;
+        dg[i] = dout[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+        du[i] = dout[i] * silu;
+    }
+}
+
+static void cpu_add_inplace(weft_backend *self, void *yv, const void *xv, size_t N) {
+    float *y = yv;
+    const float *x = xv;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) y[i] += x[i];
+}
+
+// --------------------------------------------------------------------------- cross-entropy ----
+
+static void cpu_cross_entropy(weft_backend *self, void *logitsv, const int32_t *targets,
+                              float scale, float *row_loss, float *correct, int T, int V) {
+    float *logits = logitsv;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *row = logits + (size_t)t * V;
+        int y = targets[t];
+        if (y < 0) {
+            memset(row, 0, sizeof(float) * V);
+            row_loss[t] = 0.0f;
+            if (correct) correct[t] = 0.0f;
+            continue;
+        }
+        float mx = row[0];
+        int arg = 0;
+        for (int j = 1; j < V; j++)
+            if (row[j] > mx) mx = row[j], arg = j;
+        double sum = 0;
+        for (int j = 0; j < V; j++) sum += exp((double)row[j] - mx);
+        double lse = mx + log(sum);
+        row_loss[t] = (float)(lse - row[y]);
+        if (correct) correct[t] = arg == y ? 1.0f : 0.0f;
+        for (int j = 0; j < V; j++) row[j] = scale * (float)exp((double)row[j] - lse);
+        row[y] -= scale;
+    }
+}
+
+// --------------------------------------------------------------------------------- reductions ----
+
+static double cpu_sum_f32(weft_backend *self, const float *x, size_t N) {
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < N; i++) s += x[i];
+    return s;
+}
+
+static double cpu_sumsq_f32(weft_backend *self, const float *x, size_t N) {
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static)
+    for (size_t i = 0; i < N; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+static void cpu_scale_f32(weft_backend *self, float *x, float sc, size_t N) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) x[i] *= sc;
+}
+
+// ------------------------------------------------------------------------------------ adamw ----
+
+static void cpu_adamw(weft_backend *self, void *paramv, float *master, const float *grad, float *m,
+                      float *v, size_t N, float lr, float beta1, float beta2, float eps,
+                      float weight_decay, int step) {
+    float *p = master ? master : paramv;
+    float bc1 = (float)(1.0 - pow(beta1, step)), bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
+    float step_size = lr / bc1, decay = 1.0f - lr * weight_decay;
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        float g = grad[i];
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        p[i] = p[i] * decay - step_size * m[i] / (sqrtf(v[i]) / bc2_sqrt + eps);
+    }
+}
+
+// ------------------------------------------------------------------------------------ table ----
+
+weft_backend *weft_backend_cpu_create(void) {
+    weft_blas_fix_coretype();
+    weft_backend *b = weft_alloc(sizeof *b);
+    *b = (weft_backend){
+        .name = "cpu",
+        .act_dtype = WEFT_F32,
+        .param_dtype = WEFT_F32,
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .to_device = cpu_copy,
+        .to_host = cpu_copy,
+        .copy = cpu_copy,
+        .zero = cpu_zero,
+        .synchronize = cpu_synchronize,
+        .matmul = cpu_matmul,
+        .embedding_forward = cpu_embedding_forward,
+        .embedding_backward = cpu_embedding_backward,
+        .rmsnorm_forward = cpu_rmsnorm_forward,
+        .rmsnorm_backward = cpu_rmsnorm_backward,
+        .bias_forward = cpu_bias_forward,
+        .bias_backward = cpu_bias_backward,
+        .rope_forward = cpu_rope_forward,
+        .rope_backward = cpu_rope_backward,
+        .attention_forward = cpu_attention_forward,
+        .attention_backward = cpu_attention_backward,
+        .swiglu_forward = cpu_swiglu_forward,
+        .swiglu_backward = cpu_swiglu_backward,
+        .add_inplace = cpu_add_inplace,
+        .cross_entropy = cpu_cross_entropy,
+        .sum_f32 = cpu_sum_f32,
+        .sumsq_f32 = cpu_sumsq_f32,
+        .scale_f32 = cpu_scale_f32,
+        .adamw = cpu_adamw,
+        .from_f32 = cpu_from_f32,
+        .to_f32 = cpu_to_f32,
+    };
+    return b;
+}

@@ -1,0 +1,3 @@
+// cli: the `weft` command's subcommands.
+#pragma once
+int weft_cmd_grad(int argc, char **argv);

@@ -1,0 +1,23 @@
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cpu/blas_setup.h"
+#include "cli/cli.h"
+
+static const char *USAGE =
+    "usage: weft <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  grad   --model DIR --batch FILE.jsonl --out FILE.safetensors [--logits] [key=value ...]\n"
+    "         loss and gradients of a global batch; with train.steps=K also K AdamW steps\n";
+
+int main(int argc, char **argv) {
+    weft_blas_fix_coretype(); // may re-execute the process: first, before any thread exists
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        fputs(USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "grad")) return weft_cmd_grad(argc - 2, argv + 2);
+    fprintf(stderr, "weft: error: unknown command \"%s\"\n%s", argv[1], USAGE);
+    return 2;
+}

@@ -1,0 +1,145 @@
+#include "core/core.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+noreturn void weft_fatal(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("weft: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stderr);
+    exit(1);
+}
+
+void weft_log(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stdout, fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+    fflush(stdout);
+}
+
+void *weft_alloc(size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (rounded == 0) rounded = 64;
+    void *p = aligned_alloc(64, rounded);
+    if (!p) weft_fatal("out of host memory allocating %zu bytes", bytes);
+    memset(p, 0, rounded);
+    return p;
+}
+
+void weft_free(void *p) { free(p); }
+
+char *weft_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = weft_alloc(n);
+    memcpy(d, s, n);
+    return d;
+}
+
+char *weft_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) goto fail;
+    long size = ftell(f);
+    if (size < 0 || fseek(f, 0, SEEK_SET) != 0) goto fail;
+    char *buf = weft_alloc((size_t)size + 1);
+    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        weft_free(buf);
+        goto fail;
+    }
+    fclose(f);
+    buf[size] = '\0';
+    if (len) *len = (size_t)size;
+    return buf;
+fail:
+    fclose(f);
+    return NULL;
+}
+
+bool weft_write_file_atomic(const char *path, const void *data, size_t len) {
+    size_t n = strlen(path) + 32;
+    char *tmp = weft_alloc(n);
+    snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    bool ok = fd >= 0;
+    const char *p = data;
+    size_t left = len;
+    while (ok && left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        ok = w > 0;
+        if (ok) p += w, left -= (size_t)w;
+    }
+    if (fd >= 0) {
+        ok = ok && fsync(fd) == 0;
+        ok = (close(fd) == 0) && ok;
+    }
+    ok = ok && rename(tmp, path) == 0;
+    if (!ok) unlink(tmp);
+    weft_free(tmp);
+    return ok;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void weft_rng_seed(weft_rng *rng, uint64_t seed) {
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t weft_rng_next(weft_rng *rng) {
+    uint64_t *s = rng->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double weft_rng_uniform(weft_rng *rng) { return (double)(weft_rng_next(rng) >> 11) * 0x1.0p-53; }
+
+double weft_rng_normal(weft_rng *rng) {
+    double u1 = weft_rng_uniform(rng), u2 = weft_rng_uniform(rng);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+double weft_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int weft_num_threads(void) { return omp_get_max_threads(); }
+
+void weft_format_bytes(char *buf, size_t n, size_t bytes) {
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) v /= 1024.0, u++;
+    if (u == 0) snprintf(buf, n, "%zu B", bytes);
+    else snprintf(buf, n, "%.2f %s", v, units[u]);
+}

@@ -1,0 +1,44 @@
+// core: errors, logging, allocation, RNG, timers. Every other layer includes this header.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdnoreturn.h>
+
+// Prints "weft: error: <message>" to stderr and exits with status 1. Bad input ends here: one clear
+// line naming the input and what to do.
+noreturn void weft_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void weft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#define WEFT_CHECK(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) weft_fatal(__VA_ARGS__);                                                      \
+    } while (0)
+
+// Host allocation, 64-byte aligned and zeroed; aborts on exhaustion instead of returning NULL.
+void *weft_alloc(size_t bytes);
+void weft_free(void *p);
+char *weft_strdup(const char *s);
+
+// Reads a whole file into a NUL-terminated buffer; NULL with errno set on failure.
+char *weft_read_file(const char *path, size_t *len);
+// Writes bytes to path atomically: a temporary file beside it, fsync, then rename.
+bool weft_write_file_atomic(const char *path, const void *data, size_t len);
+
+// Deterministic random numbers (xoshiro256**), seeded with splitmix64.
+typedef struct weft_rng {
+    uint64_t s[4];
+} weft_rng;
+void weft_rng_seed(weft_rng *rng, uint64_t seed);
+uint64_t weft_rng_next(weft_rng *rng);
+double weft_rng_uniform(weft_rng *rng); // [0, 1)
+double weft_rng_normal(weft_rng *rng);
+
+double weft_now_seconds(void); // monotonic
+int weft_num_threads(void);
+
+// Byte counters by kind, for the memory report of a job.
+typedef struct weft_memory_report {
+    size_t parameters, gradients, optimizer_state, peak_activations;
+} weft_memory_report;
+void weft_format_bytes(char *buf, size_t n, size_t bytes);

@@ -1,0 +1,80 @@
+#include "model/config.h"
+
+#include <jansson.h>
+#include <string.h>
+
+static int get_int(json_t *root, const char *path, const char *key, bool required, int fallback) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        WEFT_CHECK(!required, "%s: missing \"%s\"; add it to the model's config.json", path, key);
+        return fallback;
+    }
+    WEFT_CHECK(json_is_integer(v), "%s: \"%s\" must be an integer", path, key);
+    json_int_t x = json_integer_value(v);
+    WEFT_CHECK(x > 0 && x < (1 << 30), "%s: \"%s\" = %lld is out of range", path, key, (long long)x);
+    return (int)x;
+}
+
+static double get_real(json_t *root, const char *path, const char *key, double fallback) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return fallback;
+    WEFT_CHECK(json_is_number(v), "%s: \"%s\" must be a number", path, key);
+    return json_number_value(v);
+}
+
+static bool get_bool(json_t *root, const char *path, const char *key, bool fallback) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return fallback;
+    WEFT_CHECK(json_is_boolean(v), "%s: \"%s\" must be true or false", path, key);
+    return json_is_true(v);
+}
+
+void weft_model_config_load(const char *path, weft_model_config *cfg) {
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    WEFT_CHECK(root, "%s:%d: %s; the model directory needs a valid Hugging Face config.json", path,
+               err.line, err.text);
+    WEFT_CHECK(json_is_object(root), "%s: expected a JSON object", path);
+    *cfg = (weft_model_config){
+        .vocab_size = get_int(root, path, "vocab_size", true, 0),
+        .hidden_size = get_int(root, path, "hidden_size", true, 0),
+        .intermediate_size = get_int(root, path, "intermediate_size", true, 0),
+        .num_layers = get_int(root, path, "num_hidden_layers", true, 0),
+        .num_heads = get_int(root, path, "num_attention_heads", true, 0),
+        .rope_theta = get_real(root, path, "rope_theta", 10000.0),
+        .rms_norm_eps = get_real(root, path, "rms_norm_eps", 1e-6),
+        .tie_word_embeddings = get_bool(root, path, "tie_word_embeddings", false),
+        .attention_bias = get_bool(root, path, "attention_bias", true), // Qwen2's q/k/v biases
+    };
+    cfg->num_kv_heads = get_int(root, path, "num_key_value_heads", false, cfg->num_heads);
+    cfg->head_dim = get_int(root, path, "head_dim", false, cfg->hidden_size / cfg->num_heads);
+    json_decref(root);
+    weft_model_config_validate(cfg, path);
+}
+
+void weft_model_config_validate(const weft_model_config *c, const char *source) {
+    WEFT_CHECK(c->num_heads % c->num_kv_heads == 0,
+               "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
+               source, c->num_heads, c->num_kv_heads);
+    WEFT_CHECK(c->head_dim % 2 == 0, "%s: head_dim (%d) must be even for rotary embeddings",
+               source, c->head_dim);
+    WEFT_CHECK(c->rope_theta > 0 && c->rms_norm_eps > 0,
+               "%s: rope_theta and rms_norm_eps must be positive", source);
+}
+
+bool weft_model_config_save(const weft_model_config *c, const char *path) {
+    json_t *root = json_pack(
+        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:s, s:s}",
+        "architectures", "Qwen2ForCausalLM", "model_type", "qwen2", "vocab_size", c->vocab_size,
+        "hidden_size", c->hidden_size, "intermediate_size", c->intermediate_size,
+        "num_hidden_layers", c->num_layers, "num_attention_heads", c->num_heads,
+        "num_key_value_heads", c->num_kv_heads, "head_dim", c->head_dim, "rope_theta",
+        c->rope_theta, "rms_norm_eps", c->rms_norm_eps, "tie_word_embeddings",
+        c->tie_word_embeddings, "attention_bias", c->attention_bias, "hidden_act", "silu",
+        "torch_dtype", "float32");
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    bool ok = text && weft_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return ok;
+}

@@ -1,0 +1,16 @@
+// Model configuration, read from a Hugging Face config.json (Qwen2 / Llama family).
+#pragma once
+#include "core/core.h"
+
+typedef struct weft_model_config {
+    int vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim;
+    double rope_theta, rms_norm_eps;
+    bool tie_word_embeddings, attention_bias;
+} weft_model_config;
+
+// Reads path (a config.json); any missing or inconsistent field is a fatal error naming it.
+void weft_model_config_load(const char *path, weft_model_config *cfg);
+// Checks the shape constraints (heads divide hidden, kv heads divide heads, even head_dim, ...).
+void weft_model_config_validate(const weft_model_config *cfg, const char *source);
+// Writes config.json with Hugging Face keys (Qwen2ForCausalLM), atomically.
+bool weft_model_config_save(const weft_model_config *cfg, const char *path);

@@ -1,0 +1,412 @@
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model/safetensors.h"
+
+// ------------------------------------------------------------------------ parameter layout ----
+
+static int add_param(weft_model *m, int cap, const char *name, int64_t rows, int64_t cols,
+                     int layer) {
+    WEFT_CHECK(m->n_params < cap, "internal: parameter table overflow");
+    weft_param_info *p = &m->params[m->n_params];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->offset = m->n_elements;
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols > 0 ? cols : 0;
+    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    p->weight_decay = p->ndim == 2;
+    p->layer = layer;
+    // Keep every tensor 64-byte aligned in the flat buffer for vector loads.
+    m->n_elements += (p->numel + 15) / 16 * 16;
+    return m->n_params++;
+}
+
+// Parameters are laid out in layer order: embedding, layers 0..L-1, final norm, lm_head. Gradient
+// buckets later take this order reversed, the order backward produces them.
+static void build_layout(weft_model *m) {
+    const weft_model_config *c = &m->cfg;
+    int C = c->hidden_size, I = c->intermediate_size, L = c->num_layers;
+    int qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
+    int cap = 3 + 12 * L;
+    m->params = weft_alloc(sizeof(weft_param_info) * cap);
+    m->layers = weft_alloc(sizeof(weft_layer_params) * L);
+    m->embed = add_param(m, cap, "model.embed_tokens.weight", c->vocab_size, C, -1);
+    char n[96];
+#define LAYER_PARAM(field, suffix, rows, cols)                                                     \
+    (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix),                                       \
+     lp->field = add_param(m, cap, n, rows, cols, l))
+    for (int l = 0; l < L; l++) {
+        weft_layer_params *lp = &m->layers[l];
+        LAYER_PARAM(input_norm, "input_layernorm.weight", C, 0);
+        LAYER_PARAM(q_w, "self_attn.q_proj.weight", qd, C);
+        LAYER_PARAM(k_w, "self_attn.k_proj.weight", kvd, C);
+        LAYER_PARAM(v_w, "self_attn.v_proj.weight", kvd, C);
+        if (c->attention_bias) {
+            LAYER_PARAM(q_b, "self_attn.q_proj.bias", qd, 0);
+            LAYER_PARAM(k_b, "self_attn.k_proj.bias", kvd, 0);
+            LAYER_PARAM(v_b, "self_attn.v_proj.bias", kvd, 0);
+        } else {
+            lp->q_b = lp->k_b = lp->v_b = WEFT_ABSENT;
+        }
+        LAYER_PARAM(o_w, "self_attn.o_proj.weight", C, qd);
+        LAYER_PARAM(post_norm, "post_attention_layernorm.weight", C, 0);
+        LAYER_PARAM(gate_w, "mlp.gate_proj.weight", I, C);
+        LAYER_PARAM(up_w, "mlp.up_proj.weight", I, C);
+        LAYER_PARAM(down_w, "mlp.down_proj.weight", C, I);
+    }
+#undef LAYER_PARAM
+    m->final_norm = add_param(m, cap, "model.norm.weight", C, 0, L);
+    m->lm_head = c->tie_word_embeddings ? m->embed
+                                        : add_param(m, cap, "lm_head.weight", c->vocab_size, C, L);
+}
+
+weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg) {
+    weft_model *m = weft_alloc(sizeof *m);
+    m->cfg = *cfg;
+    m->be = be;
+    build_layout(m);
+    m->param_buf = be->alloc(be, m->n_elements * weft_dtype_size(be->param_dtype));
+    m->grad_buf = be->alloc(be, m->n_elements * sizeof(float));
+    return m;
+}
+
+void *weft_model_param(const weft_model *m, int i) {
+    return (char *)m->param_buf + m->params[i].offset * weft_dtype_size(m->be->param_dtype);
+}
+float *weft_model_grad(const weft_model *m, int i) { return m->grad_buf + m->params[i].offset; }
+
+const weft_param_info *weft_model_find_param(const weft_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0) return &m->params[i];
+    return NULL;
+}
+
+size_t weft_model_param_bytes(const weft_model *m) {
+    return m->n_elements * weft_dtype_size(m->be->param_dtype);
+}
+size_t weft_model_grad_bytes(const weft_model *m) { return m->n_elements * sizeof(float); }
+
+void weft_model_zero_grad(weft_model *m) { m->be->zero(m->be, m->grad_buf, weft_model_grad_bytes(m)); }
+
+void weft_model_load_safetensors(weft_model *m, const char *path) {
+    weft_safetensors *st = weft_safetensors_load(path);
+    for (int i = 0; i < m->n_params; i++) {
+        const weft_param_info *p = &m->params[i];
+        const weft_st_tensor *t = weft_safetensors_find(st, p->name);
+        WEFT_CHECK(t, "%s: missing tensor \"%s\"; the weights do not match config.json", path,
+                   p->name);
+        bool same = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
+                    (p->ndim == 1 || t->shape[1] == p->shape[1]);
+        WEFT_CHECK(same,
+                   "%s: tensor \"%s\" has shape [%lld%s%lld] but config.json implies [%lld%s%lld]",
+                   path, p->name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                   t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)p->shape[0],
+                   p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
+        float *host = weft_alloc(p->numel * sizeof(float));
+        weft_safetensors_read_f32(st, t, host);
+        m->be->from_f32(m->be, weft_model_param(m, i), m->be->param_dtype, host, p->numel);
+        weft_free(host);
+    }
+    weft_safetensors_free(st);
+}
+
+void weft_model_init_random(weft_model *m, uint64_t seed) {
+    weft_rng rng;
+    weft_rng_seed(&rng, seed);
+    double out_std = 0.02 / sqrt(2.0 * m->cfg.num_layers);
+    for (int i = 0; i < m->n_params; i++) {
+        const weft_param_info *p = &m->params[i];
+        float *host = weft_alloc(p->numel * sizeof(float));
+        bool is_output = strstr(p->name, "o_proj.weight") || strstr(p->name, "down_proj.weight");
+        bool is_norm = strstr(p->name, "norm") != NULL;
+        for (size_t j = 0; j < p->numel; j++)
+            host[j] = is_norm ? 1.0f
+                    : p->ndim == 1 ? 0.0f
+                                   : (float)(weft_rng_normal(&rng) * (is_output ? out_std : 0.02));
+        m->be->from_f32(m->be, weft_model_param(m, i), m->be->param_dtype, host, p->numel);
+        weft_free(host);
+    }
+}
+
+// ----------------------------------------------------------------------------- activations ----
+
+// What one decoder layer keeps for its backward pass.
+typedef struct layer_acts {
+    void *x_in;            // (T, C) layer input; always kept, it is where recomputation restarts
+    void *ln1, *q, *k, *v; // (T, C), (T, H*D), (T, KV*D) x2; q and k after RoPE
+    void *att;             // (T, H*D)
+    float *lse, *rstd1;    // (H, T), (T)
+    void *res1, *ln2;      // (T, C) residual after attention, its norm
+    float *rstd2;          // (T)
+    void *gate, *up, *act; // (T, I)
+} layer_acts;
+
+struct weft_activations {
+    char *arena;
+    size_t capacity, used;
+    int T_capacity;
+    layer_acts *layers; // (L) without recomputation; with it, only x_in is kept per layer
+    layer_acts scratch; // the one layer's worth recomputation works in
+    void *x_out, *lnf, *logits;          // (T, C), (T, C), (T, V)
+    float *rstdf, *row_loss, *correct;   // (T)
+    void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
+    int32_t *tokens, *positions, *targets, *cu_seqlens;
+};
+
+// Hands out 64-byte-aligned slices of the arena; with arena == NULL it only measures.
+static void *take(weft_activations *a, size_t bytes) {
+    size_t at = (a->used + 63) / 64 * 64;
+    a->used = at + bytes;
+    return a->arena ? a->arena + at : NULL;
+}
+
+static void carve_layer(weft_activations *a, layer_acts *la, const weft_model_config *c, int T,
+                        size_t esz, bool inner) {
+    size_t C = c->hidden_size, I = c->intermediate_size, qd = (size_t)c->num_heads * c->head_dim;
+    size_t kvd = (size_t)c->num_kv_heads * c->head_dim;
+    if (!inner) {
+        la->x_in = take(a, esz * T * C);
+        return;
+    }
+    la->ln1 = take(a, esz * T * C);
+    la->q = take(a, esz * T * qd);
+    la->k = take(a, esz * T * kvd);
+    la->v = take(a, esz * T * kvd);
+    la->att = take(a, esz * T * qd);
+    la->lse = take(a, sizeof(float) * T * c->num_heads);
+    la->rstd1 = take(a, sizeof(float) * T);
+    la->res1 = take(a, esz * T * C);
+    la->ln2 = take(a, esz * T * C);
+    la->rstd2 = take(a, sizeof(float) * T);
+    la->gate = take(a, esz * T * I);
+    la->up = take(a, esz * T * I);
+    la->act = take(a, esz * T * I);
+}
+
+static void carve(weft_activations *a, const weft_model_config *c, bool recompute, int T,
+                  int n_docs, size_t esz) {
+    size_t C = c->hidden_size, I = c->intermediate_size;
+    size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
+    a->used = 0;
+    for (int l = 0; l < c->num_layers; l++) {
+        carve_layer(a, &a->layers[l], c, T, esz, false);
+        if (!recompute) carve_layer(a, &a->layers[l], c, T, esz, true);
+    }
+    if (recompute) carve_layer(a, &a->scratch, c, T, esz, true);
+    a->x_out = take(a, esz * T * C);
+    a->lnf = take(a, esz * T * C);
+    a->logits = take(a, esz * T * c->vocab_size);
+    a->rstdf = take(a, sizeof(float) * T);
+    a->row_loss = take(a, sizeof(float) * T);
+    a->correct = take(a, sizeof(float) * T);
+    a->d_res = take(a, esz * T * C);
+    a->d_ln = take(a, esz * T * C);
+    a->d_att = take(a, esz * T * qd);
+    a->d_q = take(a, esz * T * qd);
+    a->d_k = take(a, esz * T * kvd);
+    a->d_v = take(a, esz * T * kvd);
+    a->d_act = take(a, esz * T * I);
+    a->d_gate = take(a, esz * T * I);
+    a->d_up = take(a, esz * T * I);
+    a->tokens = take(a, sizeof(int32_t) * T);
+    a->positions = take(a, sizeof(int32_t) * T);
+    a->targets = take(a, sizeof(int32_t) * T);
+    a->cu_seqlens = take(a, sizeof(int32_t) * (n_docs + 1));
+}
+
+// Sizes the arena for a micro-batch of T tokens; grows (never shrinks) so steady state allocates
+// nothing. The peak is what the arena holds: every byte of activations lives in it.
+static weft_activations *prepare_activations(weft_model *m, int T, int n_docs) {
+    weft_activations *a = m->acts;
+    if (!a) {
+        a = m->acts = weft_alloc(sizeof *a);
+        a->layers = weft_alloc(sizeof(layer_acts) * m->cfg.num_layers);
+    }
+    char *arena = a->arena;
+    a->arena = NULL;
+    carve(a, &m->cfg, m->recompute, T, n_docs, weft_dtype_size(m->be->act_dtype));
+    size_t need = a->used;
+    if (need > a->capacity) {
+        if (arena) m->be->free(m->be, arena);
+        arena = m->be->alloc(m->be, need);
+        a->capacity = need;
+    }
+    a->arena = arena;
+    carve(a, &m->cfg, m->recompute, T, n_docs, weft_dtype_size(m->be->act_dtype));
+    if (need > m->peak_activation_bytes) m->peak_activation_bytes = need;
+    return a;
+}
+
+void weft_model_free(weft_model *m) {
+    if (!m) return;
+    if (m->acts) {
+        if (m->acts->arena) m->be->free(m->be, m->acts->arena);
+        weft_free(m->acts->layers);
+        weft_free(m->acts);
+    }
+    m->be->free(m->be, m->param_buf);
+    m->be->free(m->be, m->grad_buf);
+    weft_free(m->params);
+    weft_free(m->layers);
+    weft_free(m);
+}
+
+// ------------------------------------------------------------------------------- linear ops ----
+
+// y (T, out) = x (T, in) W^T + beta * y, W (out, in) as Hugging Face stores it.
+static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, int in, int out,
+                           float beta) {
+    weft_backend *be = m->be;
+    weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weft_model_param(m, w), in, beta, y, out,
+               ty);
+}
+
+// dx (T, in) = dy W + dx_beta * dx ; dW (out, in) += dy^T x
+static void linear_backward(weft_model *m, const void *x, int w, const void *dy, void *dx, int T,
+                            int in, int out, float dx_beta) {
+    weft_backend *be = m->be;
+    weft_matmul_types tx = {be->act_dtype, be->param_dtype, be->act_dtype};
+    weft_matmul_types tw = {be->act_dtype, be->act_dtype, WEFT_F32};
+    be->matmul(be, false, false, T, in, out, 1.0f, dy, out, weft_model_param(m, w), in, dx_beta,
+               dx, in, tx);
+    be->matmul(be, true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f, weft_model_grad(m, w), in,
+               tw);
+}
+
+// ------------------------------------------------------------------------- decoder layer ----
+
+typedef struct dims {
+    int T, C, I, H, KV, D, qd, kvd, n_docs;
+} dims;
+
+static dims dims_of(const weft_model *m, const weft_batch *b) {
+    const weft_model_config *c = &m->cfg;
+    return (dims){b->T,         c->hidden_size,  c->intermediate_size,
+                  c->num_heads, c->num_kv_heads, c->head_dim,
+                  c->num_heads * c->head_dim, c->num_kv_heads * c->head_dim, b->n_docs};
+}
+
+// Computes everything the layer's backward needs from la->x_in, and the layer output into out.
+static void layer_forward(weft_model *m, int l, layer_acts *la, const weft_activations *a,
+                          void *out, dims d) {
+    weft_backend *be = m->be;
+    const weft_layer_params *p = &m->layers[l];
+    size_t esz = weft_dtype_size(be->act_dtype);
+    double theta = m->cfg.rope_theta;
+    float eps = (float)m->cfg.rms_norm_eps;
+
+    be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
+                        d.T, d.C);
+    linear_forward(m, la->ln1, p->q_w, la->q, d.T, d.C, d.qd, 0.0f);
+    linear_forward(m, la->ln1, p->k_w, la->k, d.T, d.C, d.kvd, 0.0f);
+    linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
+    if (p->q_b != WEFT_ABSENT) {
+        be->bias_forward(be, la->q, weft_model_param(m, p->q_b), d.T, d.qd);
+        be->bias_forward(be, la->k, weft_model_param(m, p->k_b), d.T, d.kvd);
+        be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
+    }
+    be->rope_forward(be, la->q, a->positions, theta, d.T, d.H, d.D);
+    be->rope_forward(be, la->k, a->positions, theta, d.T, d.KV, d.D);
+    be->attention_forward(be, la->q, la->k, la->v, a->cu_seqlens, d.n_docs, la->att, la->lse, d.T,
+                          d.H, d.KV, d.D);
+    be->copy(be, la->res1, la->x_in, esz * d.T * d.C);
+    linear_forward(m, la->att, p->o_w, la->res1, d.T, d.qd, d.C, 1.0f);
+
+    be->rmsnorm_forward(be, la->res1, weft_model_param(m, p->post_norm), eps, la->ln2, la->rstd2,
+                        d.T, d.C);
+    linear_forward(m, la->ln2, p->gate_w, la->gate, d.T, d.C, d.I, 0.0f);
+    linear_forward(m, la->ln2, p->up_w, la->up, d.T, d.C, d.I, 0.0f);
+    be->swiglu_forward(be, la->gate, la->up, la->act, (size_t)d.T * d.I);
+    be->copy(be, out, la->res1, esz * d.T * d.C);
+    linear_forward(m, la->act, p->down_w, out, d.T, d.I, d.C, 1.0f);
+}
+
+// a->d_res holds dL/d(layer output) on entry and dL/d(layer input) on exit.
+static void layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a, dims d) {
+    weft_backend *be = m->be;
+    const weft_layer_params *p = &m->layers[l];
+    double theta = m->cfg.rope_theta;
+
+    // MLP: out = res1 + down(swiglu(gate(ln2), up(ln2)))
+    linear_backward(m, la->act, p->down_w, a->d_res, a->d_act, d.T, d.I, d.C, 0.0f);
+    be->swiglu_backward(be, la->gate, la->up, a->d_act, a->d_gate, a->d_up, (size_t)d.T * d.I);
+    linear_backward(m, la->ln2, p->gate_w, a->d_gate, a->d_ln, d.T, d.C, d.I, 0.0f);
+    linear_backward(m, la->ln2, p->up_w, a->d_up, a->d_ln, d.T, d.C, d.I, 1.0f);
+    be->rmsnorm_backward(be, la->res1, weft_model_param(m, p->post_norm), la->rstd2, a->d_ln,
+                         a->d_res, weft_model_grad(m, p->post_norm), d.T, d.C);
+
+    // Attention: res1 = x_in + o(attn(rope(q), rope(k), v))
+    linear_backward(m, la->att, p->o_w, a->d_res, a->d_att, d.T, d.qd, d.C, 0.0f);
+    be->attention_backward(be, la->q, la->k, la->v, a->cu_seqlens, d.n_docs, la->att, la->lse,
+                           a->d_att, a->d_q, a->d_k, a->d_v, d.T, d.H, d.KV, d.D);
+    be->rope_backward(be, a->d_q, a->positions, theta, d.T, d.H, d.D);
+    be->rope_backward(be, a->d_k, a->positions, theta, d.T, d.KV, d.D);
+    if (p->q_b != WEFT_ABSENT) {
+        be->bias_backward(be, a->d_q, weft_model_grad(m, p->q_b), d.T, d.qd);
+        be->bias_backward(be, a->d_k, weft_model_grad(m, p->k_b), d.T, d.kvd);
+        be->bias_backward(be, a->d_v, weft_model_grad(m, p->v_b), d.T, d.kvd);
+    }
+    linear_backward(m, la->ln1, p->q_w, a->d_q, a->d_ln, d.T, d.C, d.qd, 0.0f);
+    linear_backward(m, la->ln1, p->k_w, a->d_k, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+    linear_backward(m, la->ln1, p->v_w, a->d_v, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+    be->rmsnorm_backward(be, la->x_in, weft_model_param(m, p->input_norm), la->rstd1, a->d_ln,
+                         a->d_res, weft_model_grad(m, p->input_norm), d.T, d.C);
+}
+
+// With recomputation a layer's inner activations live in the shared scratch set, refilled from
+// the kept input; without it each layer has its own.
+static layer_acts *inner_acts(weft_model *m, weft_activations *a, int l) {
+    if (!m->recompute) return &a->layers[l];
+    a->scratch.x_in = a->layers[l].x_in;
+    return &a->scratch;
+}
+
+weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
+                                               float loss_scale, float *logits_host) {
+    weft_backend *be = m->be;
+    dims d = dims_of(m, batch);
+    int L = m->cfg.num_layers, V = m->cfg.vocab_size;
+    size_t esz = weft_dtype_size(be->act_dtype);
+    weft_activations *a = prepare_activations(m, d.T, d.n_docs);
+    be->to_device(be, a->tokens, batch->tokens, sizeof(int32_t) * d.T);
+    be->to_device(be, a->positions, batch->positions, sizeof(int32_t) * d.T);
+    be->to_device(be, a->targets, batch->targets, sizeof(int32_t) * d.T);
+    be->to_device(be, a->cu_seqlens, batch->cu_seqlens, sizeof(int32_t) * (d.n_docs + 1));
+
+    // Forward.
+    be->embedding_forward(be, a->tokens, weft_model_param(m, m->embed), a->layers[0].x_in, d.T, d.C);
+    for (int l = 0; l < L; l++) {
+        void *out = l + 1 < L ? a->layers[l + 1].x_in : a->x_out;
+        layer_forward(m, l, inner_acts(m, a, l), a, out, d);
+    }
+    be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
+                        (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
+    linear_forward(m, a->lnf, m->lm_head, a->logits, d.T, d.C, V, 0.0f);
+    if (logits_host) be->to_f32(be, logits_host, a->logits, be->act_dtype, (size_t)d.T * V);
+
+    // Loss; the logits become their gradient in place.
+    be->cross_entropy(be, a->logits, a->targets, loss_scale, a->row_loss, a->correct, d.T, V);
+    weft_forward_stats stats = {
+        .loss_sum = be->sum_f32(be, a->row_loss, d.T),
+        .correct = be->sum_f32(be, a->correct, d.T),
+        .n_targets = batch->n_targets,
+    };
+
+    // Backward.
+    linear_backward(m, a->lnf, m->lm_head, a->logits, a->d_ln, d.T, d.C, V, 0.0f);
+    be->zero(be, a->d_res, esz * d.T * d.C);
+    be->rmsnorm_backward(be, a->x_out, weft_model_param(m, m->final_norm), a->rstdf, a->d_ln,
+                         a->d_res, weft_model_grad(m, m->final_norm), d.T, d.C);
+    for (int l = L - 1; l >= 0; l--) {
+        layer_acts *la = inner_acts(m, a, l);
+        if (m->recompute) layer_forward(m, l, la, a, a->x_out, d); // x_out is free by now
+        layer_backward(m, l, la, a, d);
+    }
+    be->embedding_backward(be, a->tokens, a->d_res, weft_model_grad(m, m->embed), d.T, d.C);
+    return stats;
+}

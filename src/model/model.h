@@ -1,0 +1,67 @@
+// model: the decoder's parameter layout and its forward/backward over a packed batch, written once
+// against the backend's op table.
+#pragma once
+#include "backend/backend.h"
+#include "model/batch.h"
+#include "model/config.h"
+
+// One named tensor in the flat parameter buffer (gradients use the same offsets).
+typedef struct weft_param_info {
+    char name[96];    // Hugging Face name
+    size_t offset;    // in elements
+    size_t numel;
+    int ndim;
+    int64_t shape[2];
+    bool weight_decay; // matrices decay; norms and biases do not
+    int layer;         // decoder layer, -1 before the first, num_layers after the last
+} weft_param_info;
+
+enum { WEFT_ABSENT = -1 };
+
+// Indices into the parameter table for one decoder layer (WEFT_ABSENT where biases are off).
+typedef struct weft_layer_params {
+    int input_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate_w, up_w, down_w;
+} weft_layer_params;
+
+typedef struct weft_activations weft_activations;
+
+typedef struct weft_model {
+    weft_model_config cfg;
+    weft_backend *be;
+    weft_param_info *params;
+    int n_params;
+    size_t n_elements;          // total parameter elements
+    void *param_buf;            // (n_elements) param dtype
+    float *grad_buf;            // (n_elements) f32, same offsets
+    int embed, final_norm, lm_head; // lm_head == embed when tied
+    weft_layer_params *layers;  // (num_layers)
+    bool recompute;             // recompute each block's activations in backward
+    weft_activations *acts;
+    size_t peak_activation_bytes;
+} weft_model;
+
+weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg);
+void weft_model_free(weft_model *m);
+const weft_param_info *weft_model_find_param(const weft_model *m, const char *name);
+// Weights by Hugging Face name; every parameter must be present with its shape.
+void weft_model_load_safetensors(weft_model *m, const char *path);
+// Scaled normal init for training from scratch (std 0.02, output projections 0.02/sqrt(2L)).
+void weft_model_init_random(weft_model *m, uint64_t seed);
+void *weft_model_param(const weft_model *m, int index);
+float *weft_model_grad(const weft_model *m, int index);
+
+typedef struct weft_forward_stats {
+    double loss_sum;    // sum of cross-entropy over this micro-batch's targets
+    double correct;     // targets whose argmax prediction was right
+    int n_targets;
+} weft_forward_stats;
+
+// Forward and backward over one packed micro-batch. Gradients of loss_scale * (sum of target
+// losses) are ADDED to grad_buf, so micro-batches accumulate and loss_scale = 1/N gives the global
+// token mean. If logits_host is not NULL the logits (T, V) are copied there in f32.
+weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
+                                               float loss_scale, float *logits_host);
+void weft_model_zero_grad(weft_model *m);
+// Bytes of parameters and gradients as held on the device.
+size_t weft_model_param_bytes(const weft_model *m);
+size_t weft_model_grad_bytes(const weft_model *m);

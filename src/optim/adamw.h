@@ -1,0 +1,38 @@
+// optim: AdamW over (a shard of) the flat parameter buffer, global-norm clipping, LR schedule.
+#pragma once
+#include "backend/backend.h"
+
+typedef struct weft_optim_config {
+    double lr, min_lr, beta1, beta2, eps, weight_decay, clip_grad;
+    int warmup_steps, total_steps;
+} weft_optim_config;
+
+weft_optim_config weft_optim_config_default(void);
+// Learning rate of step s (1-based): linear warmup to lr, then cosine decay to min_lr at the end.
+double weft_lr_at(const weft_optim_config *cfg, int step);
+
+// A tensor of the flat buffer as the optimizer sees it: where it is and whether it decays.
+typedef struct weft_optim_segment {
+    size_t offset, numel;
+    bool weight_decay;
+} weft_optim_segment;
+
+typedef struct weft_optimizer {
+    weft_backend *be;
+    weft_optim_config cfg;
+    size_t lo, hi;           // the elements [lo, hi) of the flat buffer this optimizer updates
+    float *m, *v, *master;   // (hi - lo) f32 each; master only when params are not f32
+    int step;
+} weft_optimizer;
+
+// State for elements [lo, hi): all of them for DDP, one shard for the distributed optimizer.
+weft_optimizer *weft_optimizer_create(weft_backend *be, const weft_optim_config *cfg, size_t lo,
+                                      size_t hi, const void *params);
+void weft_optimizer_free(weft_optimizer *o);
+size_t weft_optimizer_state_bytes(const weft_optimizer *o);
+// Global-norm clipping factor for a squared norm summed over every gradient element:
+// min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_; 1 when clipping is off.
+double weft_clip_factor(const weft_optim_config *cfg, double grad_norm);
+// One AdamW step over [lo, hi) with the gradients already clipped; returns the step's LR.
+double weft_optimizer_step(weft_optimizer *o, void *params, const float *grads,
+                           const weft_optim_segment *segs, int n_segs);

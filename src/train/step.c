@@ -1,0 +1,111 @@
+#include "train/step.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#include "data/microbatch.h"
+
+weft_trainer *weft_trainer_create(weft_model *m, const weft_job_config *cfg, bool with_optimizer) {
+    weft_job_config_validate(cfg);
+    weft_trainer *t = weft_alloc(sizeof *t);
+    t->model = m;
+    t->cfg = *cfg;
+    m->recompute = cfg->recompute;
+    t->n_segs = m->n_params;
+    t->segs = weft_alloc(sizeof(weft_optim_segment) * m->n_params);
+    for (int i = 0; i < m->n_params; i++)
+        t->segs[i] = (weft_optim_segment){m->params[i].offset, m->params[i].numel,
+                                          m->params[i].weight_decay};
+    if (with_optimizer) {
+        weft_optim_config oc = cfg->optim;
+        oc.total_steps = cfg->steps;
+        t->opt = weft_optimizer_create(m->be, &oc, 0, m->n_elements, m->param_buf);
+    }
+    return t;
+}
+
+void weft_trainer_free(weft_trainer *t) {
+    if (!t) return;
+    weft_optimizer_free(t->opt);
+    weft_batch_free(&t->batch);
+    weft_free(t->segs);
+    weft_free(t);
+}
+
+static long count_targets(const weft_document *d) {
+    if (!d->loss_mask) return d->len > 0 ? d->len - 1 : 0;
+    long n = 0;
+    for (int i = 1; i < d->len; i++) n += d->loss_mask[i] != 0;
+    return n;
+}
+
+weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
+                                        float *logits_host) {
+    double t0 = weft_now_seconds();
+    weft_model *m = t->model;
+    weft_step_result r = {0};
+    // N is known from the masks before any backward pass; every micro-batch scales by 1/N.
+    for (int i = 0; i < n_docs; i++) r.n_targets += count_targets(&docs[i]), r.n_tokens += docs[i].len;
+    WEFT_CHECK(r.n_targets > 0, "the batch has no prediction targets (every loss_mask is 0)");
+    float scale = (float)(1.0 / (double)r.n_targets);
+
+    int parts = t->cfg.micro_batches;
+    int *lengths = weft_alloc(sizeof(int) * n_docs), *starts = weft_alloc(sizeof(int) * (parts + 1));
+    for (int i = 0; i < n_docs; i++) lengths[i] = docs[i].len;
+    weft_split_contiguous(lengths, n_docs, parts, starts);
+
+    weft_model_zero_grad(m);
+    double loss_sum = 0, correct = 0;
+    size_t logits_row = 0;
+    for (int p = 0; p < parts; p++) {
+        weft_batch_clear(&t->batch);
+        for (int i = starts[p]; i < starts[p + 1]; i++)
+            weft_batch_append(&t->batch, docs[i].tokens, docs[i].loss_mask, docs[i].len);
+        float *logits = logits_host ? logits_host + logits_row * m->cfg.vocab_size : NULL;
+        weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, logits);
+        loss_sum += s.loss_sum;
+        correct += s.correct;
+        logits_row += t->batch.T;
+    }
+    weft_free(lengths);
+    weft_free(starts);
+    r.loss = loss_sum / (double)r.n_targets;
+    r.accuracy = correct / (double)r.n_targets;
+    r.grad_norm = sqrt(m->be->sumsq_f32(m->be, m->grad_buf, m->n_elements));
+    r.seconds = weft_now_seconds() - t0;
+    return r;
+}
+
+weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs) {
+    WEFT_CHECK(t->opt, "internal: trainer built without an optimizer");
+    double t0 = weft_now_seconds();
+    weft_step_result r = weft_trainer_gradients(t, docs, n_docs, NULL);
+    weft_model *m = t->model;
+    double clip = weft_clip_factor(&t->opt->cfg, r.grad_norm);
+    if (clip < 1.0) m->be->scale_f32(m->be, m->grad_buf, (float)clip, m->n_elements);
+    r.lr = weft_optimizer_step(t->opt, m->param_buf, m->grad_buf, t->segs, t->n_segs);
+    r.seconds = weft_now_seconds() - t0;
+    return r;
+}
+
+weft_memory_report weft_trainer_memory(const weft_trainer *t) {
+    return (weft_memory_report){
+        .parameters = weft_model_param_bytes(t->model),
+        .gradients = weft_model_grad_bytes(t->model),
+        .optimizer_state = t->opt ? weft_optimizer_state_bytes(t->opt) : 0,
+        .peak_activations = t->model->peak_activation_bytes,
+    };
+}
+
+void weft_print_memory_report(const weft_memory_report *r) {
+    char a[32], b[32], c[32], d[32];
+    weft_format_bytes(a, sizeof a, r->parameters);
+    weft_format_bytes(b, sizeof b, r->gradients);
+    weft_format_bytes(c, sizeof c, r->optimizer_state);
+    weft_format_bytes(d, sizeof d, r->peak_activations);
+    printf("memory: parameters=%zu gradients=%zu optimizer_state=%zu peak_activations=%zu\n",
+           r->parameters, r->gradients, r->optimizer_state, r->peak_activations);
+    printf("memory: parameters %s, gradients %s, optimizer state %s, peak activations %s\n", a, b,
+           c, d);
+    fflush(stdout);
+}
