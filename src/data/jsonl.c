@@ -1,0 +1,141 @@
+#include "data/jsonl.h"
+
+#include "core/core.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Where a line came from, for error messages: "<path>:<line>".
+typedef struct {
+    const char *path;
+    long line; // 1-based
+} source_line;
+
+static bool is_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return false;
+    return true;
+}
+
+static void read_tokens(source_line at, json_t *ids, int vocab_size, weft_document *doc) {
+    if (!json_is_array(ids))
+        weft_fatal("%s:%ld: \"input_ids\" is missing or not an array; each line must be an object like {\"input_ids\": "
+                   "[1, 2, 3]}",
+                   at.path, at.line);
+    size_t n = json_array_size(ids);
+    if (n == 0)
+        weft_fatal("%s:%ld: \"input_ids\" is empty; drop the line or give the document at least one token", at.path,
+                   at.line);
+    if (n > INT_MAX)
+        weft_fatal("%s:%ld: the document has %zu tokens, more than weft supports (%d); split it", at.path, at.line, n,
+                   INT_MAX);
+    doc->len = (int)n;
+    doc->tokens = weft_alloc(n * sizeof *doc->tokens);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(ids, i);
+        if (!json_is_integer(v))
+            weft_fatal("%s:%ld: input_ids[%zu] is not an integer; token ids must be integers in [0, %d)", at.path,
+                       at.line, i, vocab_size);
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id >= vocab_size)
+            weft_fatal("%s:%ld: input_ids[%zu] = %lld is outside the vocabulary [0, %d); tokenize with the model's "
+                       "tokenizer",
+                       at.path, at.line, i, (long long)id, vocab_size);
+        doc->tokens[i] = (int32_t)id;
+    }
+}
+
+// Fills doc->loss_mask from the optional field; token 0 is never a target whatever the file says,
+// because there is no position before it to predict it from.
+static void read_loss_mask(source_line at, json_t *mask, weft_document *doc) {
+    size_t n = (size_t)doc->len;
+    doc->loss_mask = weft_alloc(n);
+    if (!mask) {
+        for (size_t i = 1; i < n; i++) doc->loss_mask[i] = 1;
+        return;
+    }
+    if (!json_is_array(mask))
+        weft_fatal("%s:%ld: \"loss_mask\" is not an array; give one 0/1 per token or leave the field out", at.path,
+                   at.line);
+    if (json_array_size(mask) != n)
+        weft_fatal("%s:%ld: loss_mask has %zu entries but input_ids has %zu; they must be the same length", at.path,
+                   at.line, json_array_size(mask), n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(mask, i);
+        if (!json_is_integer(v) || (json_integer_value(v) != 0 && json_integer_value(v) != 1))
+            weft_fatal("%s:%ld: loss_mask[%zu] is not 0 or 1; the mask marks targets with 1 and others with 0", at.path,
+                       at.line, i);
+        doc->loss_mask[i] = i > 0 && json_integer_value(v) == 1;
+    }
+}
+
+static weft_document parse_line(source_line at, const char *text, size_t len, int vocab_size) {
+    json_error_t err;
+    json_t *root = json_loadb(text, len, 0, &err);
+    if (!root)
+        weft_fatal("%s:%ld: not valid JSON (%s, at byte %d of the line); each line must be one JSON object like "
+                   "{\"input_ids\": [1, 2, 3]}",
+                   at.path, at.line, err.text, err.position);
+    if (!json_is_object(root))
+        weft_fatal("%s:%ld: the line is not a JSON object; each line must be an object like {\"input_ids\": [1, 2, 3]}",
+                   at.path, at.line);
+    weft_document doc = {0};
+    read_tokens(at, json_object_get(root, "input_ids"), vocab_size, &doc);
+    read_loss_mask(at, json_object_get(root, "loss_mask"), &doc);
+    json_decref(root);
+    return doc;
+}
+
+static void append(weft_document_set *set, int *cap, weft_document doc) {
+    if (set->n == *cap) {
+        WEFT_CHECK(*cap <= INT_MAX / 2, "too many documents in one file (more than %d); split the file", *cap);
+        int new_cap = *cap ? 2 * *cap : 64;
+        weft_document *docs = weft_alloc((size_t)new_cap * sizeof *docs);
+        if (set->n) memcpy(docs, set->docs, (size_t)set->n * sizeof *docs);
+        weft_free(set->docs);
+        set->docs = docs;
+        *cap = new_cap;
+    }
+    set->docs[set->n++] = doc;
+}
+
+weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size) {
+    WEFT_CHECK(vocab_size > 0, "%s: vocab_size must be positive, got %d", path, vocab_size);
+    FILE *f = fopen(path, "r");
+    if (!f) weft_fatal("%s: cannot open (%s); check the path", path, strerror(errno));
+
+    weft_document_set *set = weft_alloc(sizeof *set);
+    int cap = 0;
+    char *line = NULL; // getline's buffer, grown as needed: lines may be arbitrarily long
+    size_t line_cap = 0;
+    ssize_t len;
+    source_line at = {path, 0};
+    while ((len = getline(&line, &line_cap, f)) != -1) {
+        at.line++;
+        if (is_blank(line, (size_t)len)) continue;
+        append(set, &cap, parse_line(at, line, (size_t)len, vocab_size));
+    }
+    if (ferror(f)) weft_fatal("%s:%ld: read error (%s); check the file", path, at.line + 1, strerror(errno));
+    free(line);
+    fclose(f);
+    if (set->n == 0)
+        weft_fatal("%s: contains no documents (the file is empty or has only blank lines); give one JSON object "
+                   "per line",
+                   path);
+    return set;
+}
+
+void weft_document_set_free(weft_document_set *set) {
+    if (!set) return;
+    for (int i = 0; i < set->n; i++) {
+        weft_free(set->docs[i].tokens);
+        weft_free(set->docs[i].loss_mask);
+    }
+    weft_free(set->docs);
+    weft_free(set);
+}

@@ -1,0 +1,24 @@
+// data: token datasets stored as JSON lines, one tokenized document per line.
+#pragma once
+#include <stdint.h>
+
+typedef struct weft_document {
+    int32_t *tokens;
+    uint8_t *loss_mask; // loss_mask[t] = 1: token t is a target (predicted from position t-1)
+    int len;
+} weft_document;
+
+typedef struct weft_document_set {
+    weft_document *docs;
+    int n;
+} weft_document_set;
+
+// Reads {"input_ids": [...], "loss_mask": [...]} per line (blank lines skipped). loss_mask is
+// optional: without it every token but the first is a target. loss_mask[0] is always treated as 0
+// (token 0 of a document is never a target). Errors end in weft_fatal naming "<path>:<line>: ...":
+// malformed JSON, missing/non-array input_ids, non-integer ids, id outside [0, vocab_size), empty
+// input_ids, loss_mask length != input_ids length, loss_mask values other than 0/1; an empty file
+// (no documents) is fatal too. Reads line by line, so the file may be larger than memory allows
+// to hold as text.
+weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size);
+void weft_document_set_free(weft_document_set *set);
