@@ -41,25 +41,10 @@ static grad_args parse_args(int argc, char **argv) {
     return a;
 }
 
-static void add_params(weft_safetensors_writer *w, const weft_model *m, const char *prefix,
-                       bool grads) {
-    size_t max = 0;
-    for (int i = 0; i < m->n_params; i++) max = m->params[i].numel > max ? m->params[i].numel : max;
-    float *host = weft_alloc(max * sizeof(float));
-    char name[160];
-    for (int i = 0; i < m->n_params; i++) {
-        const weft_param_info *p = &m->params[i];
-        if (grads) m->be->to_host(m->be, host, weft_model_grad(m, i), p->numel * sizeof(float));
-        else m->be->to_f32(m->be, host, weft_model_param(m, i), m->be->param_dtype, p->numel);
-        snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        weft_safetensors_writer_add_f32(w, name, host, p->ndim, p->shape);
-    }
-    weft_free(host);
-}
-
 int weft_cmd_grad(int argc, char **argv) {
     grad_args a = parse_args(argc, argv);
     weft_job_config cfg = weft_job_config_default();
+    cfg.train.steps = 0; // a gradient check runs no optimizer step unless asked
     weft_job_config_apply_overrides(&cfg, a.n_overrides, a.overrides);
 
     char path[4096];
@@ -71,34 +56,39 @@ int weft_cmd_grad(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/model.safetensors", a.model_dir);
     weft_model_load_safetensors(m, path);
     weft_document_set *docs = weft_read_token_jsonl(a.batch, mc.vocab_size);
-    weft_trainer *t = weft_trainer_create(m, &cfg, cfg.steps > 0);
+    weft_trainer *t = weft_trainer_create(m, &cfg, cfg.train.steps > 0);
 
     long T = 0;
     for (int i = 0; i < docs->n; i++) T += docs->docs[i].len;
     float *logits = a.logits ? weft_alloc(sizeof(float) * T * mc.vocab_size) : NULL;
-    weft_step_result r = weft_trainer_gradients(t, docs->docs, docs->n, logits);
+    int *lengths = weft_alloc(sizeof(int) * docs->n);
+    for (int i = 0; i < docs->n; i++) lengths[i] = docs->docs[i].len;
+    weft_microbatch_plan plan = weft_plan_contiguous(lengths, docs->n, cfg.train.micro_batches);
+    weft_free(lengths);
+    weft_step_result r = weft_trainer_gradients(t, docs->docs, docs->n, &plan, logits);
     printf("grad: %d documents, %ld tokens, %ld targets, loss %.6f, grad norm %.6f\n", docs->n,
            r.n_tokens, r.n_targets, r.loss, r.grad_norm);
 
     weft_safetensors_writer *w = weft_safetensors_writer_create();
     float loss = (float)r.loss;
     weft_safetensors_writer_add_f32(w, "loss", &loss, 0, NULL);
-    add_params(w, m, "grad.", true);
+    weft_model_add_tensors(m, w, "grad.", m->grad_buf, 0);
     if (logits) {
         int64_t shape[2] = {T, mc.vocab_size};
         weft_safetensors_writer_add_f32(w, "logits", logits, 2, shape);
     }
-    if (cfg.steps > 0) {
-        float *losses = weft_alloc(sizeof(float) * cfg.steps);
-        for (int s = 0; s < cfg.steps; s++) {
-            weft_step_result sr = weft_trainer_step(t, docs->docs, docs->n);
+    if (cfg.train.steps > 0) {
+        float *losses = weft_alloc(sizeof(float) * cfg.train.steps);
+        for (int s = 0; s < cfg.train.steps; s++) {
+            weft_step_result sr = weft_trainer_step(t, docs->docs, docs->n, &plan);
             losses[s] = (float)sr.loss;
-            printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e\n", s + 1, cfg.steps, sr.loss,
-                   sr.grad_norm, sr.lr);
+            printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e, %.4f s, %.0f tokens/s\n",
+                   s + 1, cfg.train.steps, sr.loss, sr.grad_norm, sr.lr, sr.seconds,
+                   (double)sr.n_tokens / sr.seconds);
         }
-        int64_t shape[1] = {cfg.steps};
+        int64_t shape[1] = {cfg.train.steps};
         weft_safetensors_writer_add_f32(w, "step_losses", losses, 1, shape);
-        add_params(w, m, "param.", false);
+        weft_model_add_tensors(m, w, "param.", NULL, 0);
         weft_free(losses);
     }
     weft_memory_report mem = weft_trainer_memory(t);
@@ -106,6 +96,7 @@ int weft_cmd_grad(int argc, char **argv) {
     WEFT_CHECK(weft_safetensors_writer_save(w, a.out), "%s: cannot write the output file", a.out);
 
     weft_safetensors_writer_free(w);
+    weft_microbatch_plan_free(&plan);
     weft_free(logits);
     weft_trainer_free(t);
     weft_document_set_free(docs);

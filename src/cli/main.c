@@ -8,8 +8,14 @@ static const char *USAGE =
     "usage: weft <command> [options]\n"
     "\n"
     "commands:\n"
+    "  train  [--config FILE.yaml] [key=value ...]\n"
+    "         train a model; with no arguments, the built-in default job\n"
     "  grad   --model DIR --batch FILE.jsonl --out FILE.safetensors [--logits] [key=value ...]\n"
-    "         loss and gradients of a global batch; with train.steps=K also K AdamW steps\n";
+    "         loss and gradients of a global batch; with train.steps=K also K AdamW steps\n"
+    "  tokenize [--tokenizer FILE.json] [--decode]\n"
+    "         encode stdin to token ids (or decode ids back to text)\n"
+    "  plot   METRICS.jsonl -o FILE.png\n"
+    "         draw the loss and accuracy curves of a run\n";
 
 int main(int argc, char **argv) {
     weft_blas_fix_coretype(); // may re-execute the process: first, before any thread exists
@@ -17,7 +23,10 @@ int main(int argc, char **argv) {
         fputs(USAGE, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "train")) return weft_cmd_train(argc - 2, argv + 2);
     if (!strcmp(argv[1], "grad")) return weft_cmd_grad(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "tokenize")) return weft_cmd_tokenize(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "plot")) return weft_cmd_plot(argc - 2, argv + 2);
     fprintf(stderr, "weft: error: unknown command \"%s\"\n%s", argv[1], USAGE);
     return 2;
 }

@@ -74,7 +74,68 @@ static void read_loss_mask(source_line at, json_t *mask, weft_document *doc) {
     }
 }
 
-static weft_document parse_line(source_line at, const char *text, size_t len, int vocab_size) {
+// Concatenates the encodings of the given strings, marking the tokens of string i as targets when
+// targets[i]; eos (if >= 0) closes the document as a target.
+static weft_document encode_parts(const weft_tokenizer *tok, const char **parts, const bool *targets,
+                                  int n_parts, int eos) {
+    int32_t *ids[2];
+    int lens[2], total = eos >= 0;
+    for (int i = 0; i < n_parts; i++) {
+        ids[i] = weft_tokenizer_encode(tok, parts[i], strlen(parts[i]), &lens[i]);
+        total += lens[i];
+    }
+    weft_document doc = {.len = total};
+    doc.tokens = weft_alloc(sizeof(int32_t) * (total > 0 ? total : 1));
+    doc.loss_mask = weft_alloc(total > 0 ? total : 1);
+    int at = 0;
+    for (int i = 0; i < n_parts; i++) {
+        for (int j = 0; j < lens[i]; j++, at++) {
+            doc.tokens[at] = ids[i][j];
+            doc.loss_mask[at] = targets[i] && at > 0;
+        }
+        weft_free(ids[i]);
+    }
+    if (eos >= 0) doc.tokens[at] = eos, doc.loss_mask[at] = at > 0;
+    return doc;
+}
+
+weft_document weft_encode_document(const weft_tokenizer *tok, const char *prompt,
+                                   const char *response) {
+    const char *parts[2] = {prompt, response};
+    const bool targets[2] = {false, true};
+    return encode_parts(tok, parts, targets, 2, weft_tokenizer_eos_id(tok));
+}
+
+static const char *string_field(source_line at, json_t *root, const char *key) {
+    json_t *v = json_object_get(root, key);
+    if (!json_is_string(v))
+        weft_fatal("%s:%ld: \"%s\" must be a string", at.path, at.line, key);
+    return json_string_value(v);
+}
+
+// A text or prompt/response record, tokenized.
+static weft_document encode_record(source_line at, json_t *root, const weft_tokenizer *tok) {
+    weft_document doc;
+    if (json_object_get(root, "text")) {
+        const char *text = string_field(at, root, "text");
+        const bool target = true;
+        doc = encode_parts(tok, &text, &target, 1, weft_tokenizer_eos_id(tok));
+    } else if (json_object_get(root, "prompt") || json_object_get(root, "response")) {
+        doc = weft_encode_document(tok, string_field(at, root, "prompt"),
+                                   string_field(at, root, "response"));
+    } else {
+        weft_fatal("%s:%ld: the record has none of \"text\", \"prompt\"/\"response\" or "
+                   "\"input_ids\"; give one of them",
+                   at.path, at.line);
+    }
+    if (doc.len < 2)
+        weft_fatal("%s:%ld: the document has %d token(s); it needs at least 2 to predict anything",
+                   at.path, at.line, doc.len);
+    return doc;
+}
+
+static weft_document parse_line(source_line at, const char *text, size_t len, int vocab_size,
+                                const weft_tokenizer *tok) {
     json_error_t err;
     json_t *root = json_loadb(text, len, 0, &err);
     if (!root)
@@ -85,8 +146,12 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
         weft_fatal("%s:%ld: the line is not a JSON object; each line must be an object like {\"input_ids\": [1, 2, 3]}",
                    at.path, at.line);
     weft_document doc = {0};
-    read_tokens(at, json_object_get(root, "input_ids"), vocab_size, &doc);
-    read_loss_mask(at, json_object_get(root, "loss_mask"), &doc);
+    if (tok && !json_object_get(root, "input_ids")) {
+        doc = encode_record(at, root, tok);
+    } else {
+        read_tokens(at, json_object_get(root, "input_ids"), vocab_size, &doc);
+        read_loss_mask(at, json_object_get(root, "loss_mask"), &doc);
+    }
     json_decref(root);
     return doc;
 }
@@ -104,7 +169,7 @@ static void append(weft_document_set *set, int *cap, weft_document doc) {
     set->docs[set->n++] = doc;
 }
 
-weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size) {
+static weft_document_set *read_jsonl(const char *path, int vocab_size, const weft_tokenizer *tok) {
     WEFT_CHECK(vocab_size > 0, "%s: vocab_size must be positive, got %d", path, vocab_size);
     FILE *f = fopen(path, "r");
     if (!f) weft_fatal("%s: cannot open (%s); check the path", path, strerror(errno));
@@ -118,7 +183,7 @@ weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size) {
     while ((len = getline(&line, &line_cap, f)) != -1) {
         at.line++;
         if (is_blank(line, (size_t)len)) continue;
-        append(set, &cap, parse_line(at, line, (size_t)len, vocab_size));
+        append(set, &cap, parse_line(at, line, (size_t)len, vocab_size, tok));
     }
     if (ferror(f)) weft_fatal("%s:%ld: read error (%s); check the file", path, at.line + 1, strerror(errno));
     free(line);
@@ -128,6 +193,14 @@ weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size) {
                    "per line",
                    path);
     return set;
+}
+
+weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size) {
+    return read_jsonl(path, vocab_size, NULL);
+}
+
+weft_document_set *weft_read_jsonl_dataset(const char *path, const weft_tokenizer *tok) {
+    return read_jsonl(path, weft_tokenizer_vocab_size(tok), tok);
 }
 
 void weft_document_set_free(weft_document_set *set) {

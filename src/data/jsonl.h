@@ -2,6 +2,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "data/tokenizer.h"
+
 typedef struct weft_document {
     int32_t *tokens;
     uint8_t *loss_mask; // loss_mask[t] = 1: token t is a target (predicted from position t-1)
@@ -21,4 +23,10 @@ typedef struct weft_document_set {
 // (no documents) is fatal too. Reads line by line, so the file may be larger than memory allows
 // to hold as text.
 weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size);
+// The same files, plus tokenized on the fly: {"text": ...} (every token but the first a target)
+// and {"prompt": ..., "response": ...} (response tokens and the closing end-of-text are targets).
+weft_document_set *weft_read_jsonl_dataset(const char *path, const weft_tokenizer *tok);
+// One prompt/response document, tokenized, the prompt masked from the loss.
+weft_document weft_encode_document(const weft_tokenizer *tok, const char *prompt,
+                                   const char *response);
 void weft_document_set_free(weft_document_set *set);

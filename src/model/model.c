@@ -114,6 +114,20 @@ void weft_model_load_safetensors(weft_model *m, const char *path) {
     weft_safetensors_free(st);
 }
 
+void weft_model_add_tensors(const weft_model *m, weft_safetensors_writer *w, const char *prefix,
+                            const float *flat, size_t base) {
+    char name[160];
+    for (int i = 0; i < m->n_params; i++) {
+        const weft_param_info *p = &m->params[i];
+        float *host = weft_alloc(p->numel * sizeof(float));
+        if (flat) m->be->to_host(m->be, host, flat + p->offset - base, p->numel * sizeof(float));
+        else m->be->to_f32(m->be, host, weft_model_param(m, i), m->be->param_dtype, p->numel);
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        weft_safetensors_writer_add_f32(w, name, host, p->ndim, p->shape);
+        weft_free(host);
+    }
+}
+
 void weft_model_init_random(weft_model *m, uint64_t seed) {
     weft_rng rng;
     weft_rng_seed(&rng, seed);

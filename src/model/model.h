@@ -62,6 +62,12 @@ typedef struct weft_forward_stats {
 weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
                                                float loss_scale, float *logits_host);
 void weft_model_zero_grad(weft_model *m);
+// Adds one tensor per parameter, named prefix + Hugging Face name, to a safetensors writer: the
+// parameters themselves when flat is NULL, else the f32 buffer `flat` laid out like the parameters
+// from element `base` on (gradients, optimizer moments, a shard of them).
+struct weft_safetensors_writer;
+void weft_model_add_tensors(const weft_model *m, struct weft_safetensors_writer *w,
+                            const char *prefix, const float *flat, size_t base);
 // Bytes of parameters and gradients as held on the device.
 size_t weft_model_param_bytes(const weft_model *m);
 size_t weft_model_grad_bytes(const weft_model *m);

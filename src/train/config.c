@@ -1,13 +1,15 @@
 #include "train/config.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <yaml.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-typedef enum { KEY_INT, KEY_REAL, KEY_BOOL } key_type;
+typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STRING } key_type;
 
 typedef struct key_def {
     const char *key;
@@ -16,26 +18,68 @@ typedef struct key_def {
     const char *help;
 } key_def;
 
-#define FIELD(f) offsetof(weft_job_config, f)
+#define F(f) offsetof(weft_job_config, f)
 static const key_def KEYS[] = {
-    {"train.micro_batches", KEY_INT, FIELD(micro_batches), "micro-batches per global batch"},
-    {"train.recompute", KEY_BOOL, FIELD(recompute), "recompute block activations in backward"},
-    {"train.steps", KEY_INT, FIELD(steps), "optimizer steps"},
-    {"optim.lr", KEY_REAL, FIELD(optim.lr), "peak learning rate"},
-    {"optim.min_lr", KEY_REAL, FIELD(optim.min_lr), "learning rate at the end of cosine decay"},
-    {"optim.warmup_steps", KEY_INT, FIELD(optim.warmup_steps), "linear warmup steps"},
-    {"optim.beta1", KEY_REAL, FIELD(optim.beta1), "AdamW beta1"},
-    {"optim.beta2", KEY_REAL, FIELD(optim.beta2), "AdamW beta2"},
-    {"optim.eps", KEY_REAL, FIELD(optim.eps), "AdamW epsilon"},
-    {"optim.weight_decay", KEY_REAL, FIELD(optim.weight_decay), "decoupled weight decay"},
-    {"optim.clip_grad", KEY_REAL, FIELD(optim.clip_grad), "global gradient-norm clip, 0 = off"},
+    {"model.path", KEY_STRING, F(model.path), "Hugging Face model directory; empty: from scratch"},
+    {"model.hidden_size", KEY_INT, F(model.hidden_size), "hidden size (from scratch)"},
+    {"model.intermediate_size", KEY_INT, F(model.intermediate_size), "MLP size (from scratch)"},
+    {"model.num_layers", KEY_INT, F(model.num_layers), "decoder layers (from scratch)"},
+    {"model.num_heads", KEY_INT, F(model.num_heads), "attention heads (from scratch)"},
+    {"model.num_kv_heads", KEY_INT, F(model.num_kv_heads), "key/value heads (from scratch)"},
+    {"model.rope_theta", KEY_REAL, F(model.rope_theta), "RoPE base (from scratch)"},
+    {"model.tie_word_embeddings", KEY_BOOL, F(model.tie_word_embeddings), "share embedding and head"},
+    {"data.source", KEY_STRING, F(data.source), "\"synthetic\" or a JSONL file"},
+    {"data.tokenizer", KEY_STRING, F(data.tokenizer), "tokenizer.json; empty: byte-level"},
+    {"data.synthetic_documents", KEY_INT, F(data.synthetic_documents), "synthetic task size"},
+    {"data.truncate", KEY_BOOL, F(data.truncate), "truncate documents over the token budget"},
+    {"train.steps", KEY_INT, F(train.steps), "optimizer steps"},
+    {"train.global_batch_size", KEY_INT, F(train.global_batch_size), "documents per step"},
+    {"train.max_tokens_per_microbatch", KEY_INT, F(train.max_tokens_per_microbatch),
+     "token budget of a micro-batch (0: use train.micro_batches)"},
+    {"train.micro_batches", KEY_INT, F(train.micro_batches), "micro-batches per global batch"},
+    {"train.recompute", KEY_BOOL, F(train.recompute), "recompute block activations in backward"},
+    {"train.seed", KEY_INT, F(train.seed), "seed of initialisation and data order"},
+    {"train.output_dir", KEY_STRING, F(train.output_dir), "where checkpoints and metrics go"},
+    {"train.save_every", KEY_INT, F(train.save_every), "checkpoint every N steps (0: at the end)"},
+    {"train.log_every", KEY_INT, F(train.log_every), "plain log line every N steps"},
+    {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from"},
+    {"optim.lr", KEY_REAL, F(optim.lr), "peak learning rate"},
+    {"optim.min_lr", KEY_REAL, F(optim.min_lr), "learning rate at the end of cosine decay"},
+    {"optim.warmup_steps", KEY_INT, F(optim.warmup_steps), "linear warmup steps"},
+    {"optim.beta1", KEY_REAL, F(optim.beta1), "AdamW beta1"},
+    {"optim.beta2", KEY_REAL, F(optim.beta2), "AdamW beta2"},
+    {"optim.eps", KEY_REAL, F(optim.eps), "AdamW epsilon"},
+    {"optim.weight_decay", KEY_REAL, F(optim.weight_decay), "decoupled weight decay"},
+    {"optim.clip_grad", KEY_REAL, F(optim.clip_grad), "global gradient-norm clip, 0 = off"},
 };
-#undef FIELD
+#undef F
 enum { N_KEYS = sizeof KEYS / sizeof KEYS[0] };
 
+// The built-in default job: a ~1M-parameter model learning multi-step addition from scratch.
 weft_job_config weft_job_config_default(void) {
-    return (weft_job_config){.micro_batches = 1, .recompute = false, .steps = 0,
-                             .optim = weft_optim_config_default()};
+    weft_job_config c = {0};
+    c.model.hidden_size = 128;
+    c.model.intermediate_size = 384;
+    c.model.num_layers = 4;
+    c.model.num_heads = 4;
+    c.model.num_kv_heads = 2;
+    c.model.rope_theta = 10000.0;
+    c.model.tie_word_embeddings = true;
+    snprintf(c.data.source, sizeof c.data.source, "synthetic");
+    c.data.synthetic_documents = 20000;
+    c.train.steps = 300;
+    c.train.global_batch_size = 32;
+    c.train.max_tokens_per_microbatch = 4096;
+    c.train.micro_batches = 1;
+    c.train.seed = 1234;
+    snprintf(c.train.output_dir, sizeof c.train.output_dir, "runs/default");
+    c.train.save_every = 100;
+    c.train.log_every = 10;
+    c.optim = weft_optim_config_default();
+    c.optim.lr = 3e-3;
+    c.optim.min_lr = 3e-4;
+    c.optim.warmup_steps = 20;
+    return c;
 }
 
 static int edit_distance(const char *a, const char *b) {
@@ -91,6 +135,10 @@ void weft_job_config_set(weft_job_config *cfg, const char *key, const char *valu
         *(double *)dst = v;
         break;
     }
+    case KEY_STRING:
+        WEFT_CHECK(strlen(value) < WEFT_PATH_MAX, "%s: %s: value too long", source, key);
+        snprintf(dst, WEFT_PATH_MAX, "%s", value);
+        break;
     case KEY_BOOL:
         if (!strcasecmp(value, "true") || !strcmp(value, "1")) *(bool *)dst = true;
         else if (!strcasecmp(value, "false") || !strcmp(value, "0")) *(bool *)dst = false;
@@ -113,11 +161,85 @@ void weft_job_config_apply_overrides(weft_job_config *cfg, int argc, char **argv
 }
 
 void weft_job_config_validate(const weft_job_config *c) {
-    WEFT_CHECK(c->micro_batches >= 1, "train.micro_batches must be at least 1");
+    WEFT_CHECK(c->train.micro_batches >= 1, "train.micro_batches must be at least 1");
+    WEFT_CHECK(c->train.global_batch_size >= 1, "train.global_batch_size must be at least 1");
     WEFT_CHECK(c->optim.lr >= 0 && c->optim.min_lr >= 0 && c->optim.min_lr <= c->optim.lr,
                "optim.min_lr (%g) must lie in [0, optim.lr = %g]", c->optim.min_lr, c->optim.lr);
     WEFT_CHECK(c->optim.beta1 >= 0 && c->optim.beta1 < 1 && c->optim.beta2 >= 0 &&
                    c->optim.beta2 < 1,
                "optim.beta1 and optim.beta2 must lie in [0, 1)");
     WEFT_CHECK(c->optim.eps > 0, "optim.eps must be positive");
+    WEFT_CHECK(c->model.path[0] || (c->model.num_heads > 0 && c->model.num_kv_heads > 0 &&
+                                    c->model.hidden_size % c->model.num_heads == 0 &&
+                                    c->model.num_heads % c->model.num_kv_heads == 0),
+               "model.hidden_size (%d) must be a multiple of model.num_heads (%d), itself a "
+               "multiple of model.num_kv_heads (%d)",
+               c->model.hidden_size, c->model.num_heads, c->model.num_kv_heads);
+}
+
+// ------------------------------------------------------------------------------------ YAML ----
+
+// Walks nested mappings, joining keys with dots, and sets every scalar leaf.
+static void yaml_walk(weft_job_config *cfg, yaml_document_t *doc, yaml_node_t *node,
+                      const char *prefix, const char *path) {
+    char where[WEFT_PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s:%lu", path, (unsigned long)node->start_mark.line + 1);
+    if (node->type == YAML_SCALAR_NODE) {
+        WEFT_CHECK(prefix[0], "%s: expected a mapping of settings, found a bare value", where);
+        weft_job_config_set(cfg, prefix, (const char *)node->data.scalar.value, where);
+        return;
+    }
+    WEFT_CHECK(node->type == YAML_MAPPING_NODE, "%s: %s: lists are not settings; use key: value",
+               where, prefix[0] ? prefix : "top level");
+    for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *k = yaml_document_get_node(doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(doc, p->value);
+        WEFT_CHECK(k && k->type == YAML_SCALAR_NODE, "%s: keys must be plain names", where);
+        char key[256];
+        snprintf(key, sizeof key, "%s%s%s", prefix, prefix[0] ? "." : "",
+                 (const char *)k->data.scalar.value);
+        yaml_walk(cfg, doc, v, key, path);
+    }
+}
+
+void weft_job_config_load_yaml(weft_job_config *cfg, const char *path) {
+    FILE *f = fopen(path, "rb");
+    WEFT_CHECK(f, "%s: cannot open the config file", path);
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_load(&parser, &doc)) {
+        fclose(f);
+        weft_fatal("%s:%lu:%lu: malformed YAML: %s; fix the file", path,
+                   (unsigned long)parser.problem_mark.line + 1,
+                   (unsigned long)parser.problem_mark.column + 1,
+                   parser.problem ? parser.problem : "parse error");
+    }
+    fclose(f);
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root) yaml_walk(cfg, &doc, root, "", path);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+}
+
+bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path) {
+    size_t cap = 16384, len = 0;
+    char *buf = weft_alloc(cap);
+    for (int i = 0; i < N_KEYS; i++) {
+        const void *src = (const char *)cfg + KEYS[i].offset;
+        char value[WEFT_PATH_MAX + 8];
+        switch (KEYS[i].type) {
+        case KEY_INT: snprintf(value, sizeof value, "%d", *(const int *)src); break;
+        case KEY_REAL: snprintf(value, sizeof value, "%.17g", *(const double *)src); break;
+        case KEY_BOOL: snprintf(value, sizeof value, "%s", *(const bool *)src ? "true" : "false"); break;
+        case KEY_STRING: snprintf(value, sizeof value, "\"%s\"", (const char *)src); break;
+        }
+        len += (size_t)snprintf(buf + len, cap - len, "%s: %s\n", KEYS[i].key, value);
+        WEFT_CHECK(len < cap, "internal: config too large to save");
+    }
+    bool ok = weft_write_file_atomic(path, buf, len);
+    weft_free(buf);
+    return ok;
 }

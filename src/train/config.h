@@ -3,10 +3,29 @@
 #pragma once
 #include "optim/adamw.h"
 
+enum { WEFT_PATH_MAX = 1024 };
+
 typedef struct weft_job_config {
-    int micro_batches; // train.micro_batches: micro-batches per global batch
-    bool recompute;    // train.recompute: recompute each block's activations in backward
-    int steps;         // train.steps: optimizer steps
+    struct {
+        char path[WEFT_PATH_MAX]; // model.path: Hugging Face directory; empty = from scratch
+        int hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads;
+        double rope_theta;
+        bool tie_word_embeddings;
+    } model;
+    struct {
+        char source[WEFT_PATH_MAX];    // data.source: "synthetic" or a .jsonl file
+        char tokenizer[WEFT_PATH_MAX]; // data.tokenizer: "" = byte-level, else tokenizer.json
+        int synthetic_documents;       // data.synthetic_documents
+        bool truncate;                 // data.truncate: cut documents to the micro-batch budget
+    } data;
+    struct {
+        int steps, global_batch_size, max_tokens_per_microbatch, micro_batches;
+        bool recompute;
+        int seed;
+        char output_dir[WEFT_PATH_MAX];
+        int save_every, log_every;
+    } train;
+    char resume[WEFT_PATH_MAX]; // resume: a run directory (or one of its checkpoints) to continue
     weft_optim_config optim;
 } weft_job_config;
 
@@ -15,7 +34,11 @@ weft_job_config weft_job_config_default(void);
 // (and suggest the closest known key). `source` says where the setting came from.
 void weft_job_config_set(weft_job_config *cfg, const char *key, const char *value,
                          const char *source);
+// Applies a YAML file of nested mappings (train: {steps: 10}) or dotted keys (train.steps: 10).
+void weft_job_config_load_yaml(weft_job_config *cfg, const char *path);
 // Applies "key=value" arguments.
 void weft_job_config_apply_overrides(weft_job_config *cfg, int argc, char **argv);
 // Cross-field checks, run once after every setting is in.
 void weft_job_config_validate(const weft_job_config *cfg);
+// Writes every key with its value as YAML (the run's resolved config, for reproducibility).
+bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path);

@@ -3,14 +3,13 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "data/microbatch.h"
 
 weft_trainer *weft_trainer_create(weft_model *m, const weft_job_config *cfg, bool with_optimizer) {
     weft_job_config_validate(cfg);
     weft_trainer *t = weft_alloc(sizeof *t);
     t->model = m;
     t->cfg = *cfg;
-    m->recompute = cfg->recompute;
+    m->recompute = cfg->train.recompute;
     t->n_segs = m->n_params;
     t->segs = weft_alloc(sizeof(weft_optim_segment) * m->n_params);
     for (int i = 0; i < m->n_params; i++)
@@ -18,7 +17,7 @@ weft_trainer *weft_trainer_create(weft_model *m, const weft_job_config *cfg, boo
                                           m->params[i].weight_decay};
     if (with_optimizer) {
         weft_optim_config oc = cfg->optim;
-        oc.total_steps = cfg->steps;
+        oc.total_steps = cfg->train.steps;
         t->opt = weft_optimizer_create(m->be, &oc, 0, m->n_elements, m->param_buf);
     }
     return t;
@@ -40,7 +39,7 @@ static long count_targets(const weft_document *d) {
 }
 
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
-                                        float *logits_host) {
+                                        const weft_microbatch_plan *plan, float *logits_host) {
     double t0 = weft_now_seconds();
     weft_model *m = t->model;
     weft_step_result r = {0};
@@ -49,26 +48,21 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     WEFT_CHECK(r.n_targets > 0, "the batch has no prediction targets (every loss_mask is 0)");
     float scale = (float)(1.0 / (double)r.n_targets);
 
-    int parts = t->cfg.micro_batches;
-    int *lengths = weft_alloc(sizeof(int) * n_docs), *starts = weft_alloc(sizeof(int) * (parts + 1));
-    for (int i = 0; i < n_docs; i++) lengths[i] = docs[i].len;
-    weft_split_contiguous(lengths, n_docs, parts, starts);
-
     weft_model_zero_grad(m);
     double loss_sum = 0, correct = 0;
     size_t logits_row = 0;
-    for (int p = 0; p < parts; p++) {
+    for (int p = 0; p < plan->n_micro; p++) {
         weft_batch_clear(&t->batch);
-        for (int i = starts[p]; i < starts[p + 1]; i++)
-            weft_batch_append(&t->batch, docs[i].tokens, docs[i].loss_mask, docs[i].len);
+        for (int k = plan->offsets[p]; k < plan->offsets[p + 1]; k++) {
+            const weft_document *d = &docs[plan->docs[k]];
+            weft_batch_append(&t->batch, d->tokens, d->loss_mask, d->len);
+        }
         float *logits = logits_host ? logits_host + logits_row * m->cfg.vocab_size : NULL;
         weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, logits);
         loss_sum += s.loss_sum;
         correct += s.correct;
         logits_row += t->batch.T;
     }
-    weft_free(lengths);
-    weft_free(starts);
     r.loss = loss_sum / (double)r.n_targets;
     r.accuracy = correct / (double)r.n_targets;
     r.grad_norm = sqrt(m->be->sumsq_f32(m->be, m->grad_buf, m->n_elements));
@@ -76,10 +70,11 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     return r;
 }
 
-weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs) {
+weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs,
+                                   const weft_microbatch_plan *plan) {
     WEFT_CHECK(t->opt, "internal: trainer built without an optimizer");
     double t0 = weft_now_seconds();
-    weft_step_result r = weft_trainer_gradients(t, docs, n_docs, NULL);
+    weft_step_result r = weft_trainer_gradients(t, docs, n_docs, plan, NULL);
     weft_model *m = t->model;
     double clip = weft_clip_factor(&t->opt->cfg, r.grad_norm);
     if (clip < 1.0) m->be->scale_f32(m->be, m->grad_buf, (float)clip, m->n_elements);

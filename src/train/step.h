@@ -1,6 +1,7 @@
 // train: one optimizer step over a global batch, with the token-mean loss of DESIGN.md section 3.
 #pragma once
 #include "data/jsonl.h"
+#include "data/microbatch.h"
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "train/config.h"
@@ -27,11 +28,12 @@ weft_trainer *weft_trainer_create(weft_model *m, const weft_job_config *cfg, boo
 void weft_trainer_free(weft_trainer *t);
 
 // Zeroes the gradients, then leaves in them the gradient of the global batch's token-mean loss,
-// accumulated over cfg.micro_batches micro-batches. With logits_host (T_total, V) also returns
-// the logits of every token in batch order.
+// accumulated over the plan's micro-batches. With logits_host (T_total, V) also returns the
+// logits of every token in plan order.
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
-                                        float *logits_host);
+                                        const weft_microbatch_plan *plan, float *logits_host);
 // Gradients, clipping and one AdamW step.
-weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs);
+weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs,
+                                   const weft_microbatch_plan *plan);
 weft_memory_report weft_trainer_memory(const weft_trainer *t);
 void weft_print_memory_report(const weft_memory_report *r);

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what weft needs from Debian 12's packages, only what is missing. Needs root for apt-get.
+set -euo pipefail
+packages=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libjansson-dev
+          libyaml-dev libpcre2-dev libopenmpi-dev openmpi-bin gnuplot-nox python3 python3-torch
+          python3-numpy)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "weft: error: missing packages (${missing[*]}); run this script as root" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,265 @@
+#include "train/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model/safetensors.h"
+
+static const char *const CHECKPOINT_FILES[] = {"config.json", "model.safetensors",
+                                               "optimizer.safetensors"};
+enum { N_FILES = 3 };
+
+static char *join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = weft_alloc(n);
+    snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+static void mkdirs(const char *path) {
+    char buf[WEFT_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    WEFT_CHECK(mkdir(buf, 0755) == 0 || errno == EEXIST, "%s: cannot create directory (%s)", buf,
+               strerror(errno));
+}
+
+static uint64_t fnv1a64(const unsigned char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+// Size and hash of a file; false if it cannot be read.
+static bool file_digest(const char *path, size_t *bytes, uint64_t *hash) {
+    size_t n;
+    char *data = weft_read_file(path, &n);
+    if (!data) return false;
+    *bytes = n;
+    *hash = fnv1a64((const unsigned char *)data, n);
+    weft_free(data);
+    return true;
+}
+
+static void save_model_weights(const weft_model *m, const char *path) {
+    weft_safetensors_writer *w = weft_safetensors_writer_create();
+    weft_safetensors_writer_add_metadata(w, "format", "pt");
+    weft_model_add_tensors(m, w, "", NULL, 0);
+    WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write checkpoint weights", path);
+    weft_safetensors_writer_free(w);
+}
+
+static void save_optimizer(const weft_trainer *t, const char *path) {
+    weft_safetensors_writer *w = weft_safetensors_writer_create();
+    const weft_optimizer *o = t->opt;
+    WEFT_CHECK(o->lo == 0 && o->hi == t->model->n_elements,
+               "internal: checkpointing a sharded optimizer needs its shards gathered first");
+    weft_model_add_tensors(t->model, w, "exp_avg.", o->m, o->lo);
+    weft_model_add_tensors(t->model, w, "exp_avg_sq.", o->v, o->lo);
+    WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write optimizer state", path);
+    weft_safetensors_writer_free(w);
+}
+
+static void save_state(const char *dir, const weft_train_state *s) {
+    json_t *files = json_object();
+    for (int i = 0; i < N_FILES; i++) {
+        char *path = join(dir, CHECKPOINT_FILES[i]);
+        size_t bytes;
+        uint64_t hash;
+        WEFT_CHECK(file_digest(path, &bytes, &hash), "%s: cannot read back", path);
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+        json_object_set_new(files, CHECKPOINT_FILES[i],
+                            json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "fnv1a64", hex));
+        weft_free(path);
+    }
+    json_t *root = json_pack("{s:i, s:i, s:I, s:I, s:o}", "step", s->step, "epoch", s->epoch,
+                             "cursor", (json_int_t)s->cursor, "seed", (json_int_t)s->seed, "files",
+                             files);
+    char *text = json_dumps(root, JSON_INDENT(2));
+    char *path = join(dir, "trainer_state.json");
+    WEFT_CHECK(weft_write_file_atomic(path, text, strlen(text)), "%s: cannot write", path);
+    free(text);
+    weft_free(path);
+    json_decref(root);
+}
+
+char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const weft_train_state *s) {
+    char name[64], tmp_name[80];
+    snprintf(name, sizeof name, "checkpoints/step_%08d", s->step);
+    snprintf(tmp_name, sizeof tmp_name, "%s.tmp", name);
+    char *final_dir = join(run_dir, name), *tmp = join(run_dir, tmp_name);
+    mkdirs(tmp);
+    char *path = join(tmp, "config.json");
+    WEFT_CHECK(weft_model_config_save(&t->model->cfg, path), "%s: cannot write", path);
+    weft_free(path);
+    path = join(tmp, "model.safetensors");
+    save_model_weights(t->model, path);
+    weft_free(path);
+    path = join(tmp, "optimizer.safetensors");
+    save_optimizer(t, path);
+    weft_free(path);
+    save_state(tmp, s);
+    // Replace a checkpoint of the same step (a resumed run re-saving), then publish atomically.
+    char cmd[3 * WEFT_PATH_MAX];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", final_dir);
+    if (access(final_dir, F_OK) == 0) WEFT_CHECK(system(cmd) == 0, "%s: cannot replace", final_dir);
+    WEFT_CHECK(rename(tmp, final_dir) == 0, "%s: cannot publish checkpoint (%s)", final_dir,
+               strerror(errno));
+    weft_free(tmp);
+    return final_dir;
+}
+
+// A checkpoint is valid when trainer_state.json parses and every file matches its recorded size
+// and hash. `why` receives the first problem.
+static bool checkpoint_valid(const char *dir, char *why, size_t why_cap) {
+    char *state = join(dir, "trainer_state.json");
+    json_t *root = json_load_file(state, 0, NULL);
+    weft_free(state);
+    if (!root) {
+        snprintf(why, why_cap, "trainer_state.json is missing or unreadable");
+        return false;
+    }
+    bool ok = true;
+    json_t *files = json_object_get(root, "files");
+    for (int i = 0; i < N_FILES && ok; i++) {
+        json_t *f = json_object_get(files, CHECKPOINT_FILES[i]);
+        const char *want_hex = json_string_value(json_object_get(f, "fnv1a64"));
+        json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
+        char *path = join(dir, CHECKPOINT_FILES[i]);
+        size_t bytes = 0;
+        uint64_t hash = 0;
+        char hex[17];
+        if (!file_digest(path, &bytes, &hash)) {
+            snprintf(why, why_cap, "%s is missing", CHECKPOINT_FILES[i]);
+            ok = false;
+        } else {
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+            if (!want_hex || (json_int_t)bytes != want_bytes || strcmp(hex, want_hex) != 0) {
+                snprintf(why, why_cap, "%s has %zu bytes (hash %s) but was saved with %lld (%s)",
+                         CHECKPOINT_FILES[i], bytes, hex, (long long)want_bytes,
+                         want_hex ? want_hex : "?");
+                ok = false;
+            }
+        }
+        weft_free(path);
+    }
+    json_decref(root);
+    return ok;
+}
+
+static int by_name_desc(const void *a, const void *b) {
+    return strcmp(*(char *const *)b, *(char *const *)a);
+}
+
+char *weft_checkpoint_find(const char *path) {
+    char why[512];
+    char *state = join(path, "trainer_state.json");
+    bool is_checkpoint = access(state, F_OK) == 0;
+    weft_free(state);
+    if (is_checkpoint) {
+        WEFT_CHECK(checkpoint_valid(path, why, sizeof why),
+                   "%s: checkpoint is damaged: %s; resume from an earlier checkpoint", path, why);
+        return weft_strdup(path);
+    }
+    char *root = join(path, "checkpoints");
+    DIR *d = opendir(root);
+    WEFT_CHECK(d, "resume=%s: no checkpoints/ directory there; give a run directory or a "
+                  "checkpoint directory", path);
+    char *names[4096];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < 4096;)
+        if (strncmp(e->d_name, "step_", 5) == 0 && !strstr(e->d_name, ".tmp"))
+            names[n++] = weft_strdup(e->d_name);
+    closedir(d);
+    qsort(names, n, sizeof names[0], by_name_desc);
+    char *found = NULL;
+    for (int i = 0; i < n; i++) {
+        char *dir = join(root, names[i]);
+        if (!found && checkpoint_valid(dir, why, sizeof why)) found = dir;
+        else {
+            if (!found) fprintf(stderr, "weft: warning: skipping checkpoint %s: %s\n", dir, why);
+            weft_free(dir);
+        }
+        weft_free(names[i]);
+    }
+    weft_free(root);
+    WEFT_CHECK(found, "resume=%s: no complete checkpoint found", path);
+    return found;
+}
+
+static void check_same_shape(const char *dir, const weft_model_config *want) {
+    char *path = join(dir, "config.json");
+    weft_model_config got;
+    weft_model_config_load(path, &got);
+#define SAME(field, key)                                                                           \
+    WEFT_CHECK(got.field == want->field,                                                           \
+               "%s: the checkpoint's model has " key " = %d but this job's model has %d; resume "   \
+               "with the model settings it was trained with",                                      \
+               path, (int)got.field, (int)want->field)
+    SAME(vocab_size, "vocab_size");
+    SAME(hidden_size, "hidden_size");
+    SAME(intermediate_size, "intermediate_size");
+    SAME(num_layers, "num_hidden_layers");
+    SAME(num_heads, "num_attention_heads");
+    SAME(num_kv_heads, "num_key_value_heads");
+    SAME(head_dim, "head_dim");
+    SAME(tie_word_embeddings, "tie_word_embeddings");
+    SAME(attention_bias, "attention_bias");
+#undef SAME
+    weft_free(path);
+}
+
+static void load_moments(const weft_safetensors *st, const char *path, const weft_model *m,
+                         const char *prefix, float *dst) {
+    char name[160];
+    for (int i = 0; i < m->n_params; i++) {
+        const weft_param_info *p = &m->params[i];
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        const weft_st_tensor *t = weft_safetensors_find(st, name);
+        WEFT_CHECK(t && weft_st_numel(t) == (int64_t)p->numel,
+                   "%s: tensor \"%s\" is missing or has the wrong size", path, name);
+        float *host = weft_alloc(p->numel * sizeof(float));
+        weft_safetensors_read_f32(st, t, host);
+        m->be->to_device(m->be, dst + p->offset, host, p->numel * sizeof(float));
+        weft_free(host);
+    }
+}
+
+weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
+    check_same_shape(dir, &t->model->cfg);
+    char *path = join(dir, "model.safetensors");
+    weft_model_load_safetensors(t->model, path);
+    weft_free(path);
+    path = join(dir, "optimizer.safetensors");
+    weft_safetensors *st = weft_safetensors_load(path);
+    load_moments(st, path, t->model, "exp_avg.", t->opt->m);
+    load_moments(st, path, t->model, "exp_avg_sq.", t->opt->v);
+    weft_safetensors_free(st);
+    weft_free(path);
+
+    path = join(dir, "trainer_state.json");
+    json_t *root = json_load_file(path, 0, NULL);
+    WEFT_CHECK(root, "%s: unreadable", path);
+    weft_train_state s = {
+        .step = (int)json_integer_value(json_object_get(root, "step")),
+        .epoch = (int)json_integer_value(json_object_get(root, "epoch")),
+        .cursor = (long)json_integer_value(json_object_get(root, "cursor")),
+        .seed = (uint64_t)json_integer_value(json_object_get(root, "seed")),
+    };
+    json_decref(root);
+    weft_free(path);
+    t->opt->step = s.step;
+    return s;
+}

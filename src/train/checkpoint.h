@@ -1,0 +1,23 @@
+// Checkpoints: <run>/checkpoints/step_NNNNNNNN/ holding config.json and model.safetensors (Hugging
+// Face names, loadable by other tools), optimizer.safetensors (AdamW moments by parameter name)
+// and trainer_state.json (step, data position, and each file's size and hash). A checkpoint is
+// written in a temporary directory and renamed into place, and trainer_state.json, written last,
+// is its completion record: a crash mid-save leaves the previous checkpoint as the latest valid one.
+#pragma once
+#include "train/step.h"
+
+typedef struct weft_train_state {
+    int step;              // optimizer steps taken
+    int epoch;             // data epoch
+    long cursor;           // next document of the epoch's permutation
+    uint64_t seed;
+} weft_train_state;
+
+// Saves atomically; returns the checkpoint directory's path (weft_alloc'd).
+char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const weft_train_state *s);
+// Finds the newest valid checkpoint under `path` (a run directory, or a checkpoint directory
+// itself), warning about and skipping incomplete ones; fatal if there is none.
+char *weft_checkpoint_find(const char *path);
+// Loads a checkpoint into the trainer (model weights and optimizer state) after checking that it
+// was saved for this model shape; returns its state.
+weft_train_state weft_checkpoint_load(const char *ckpt_dir, weft_trainer *t);

@@ -1,0 +1,73 @@
+"""Resume: 20 uninterrupted steps versus a run killed after its step-10 checkpoint and resumed to
+20: the losses of steps 11-20 are bit-identical. The newest checkpoint is then truncated as if a
+save had been cut mid-write: resume detects it and loads the previous one."""
+import json, os, shutil, signal, subprocess, sys, tempfile, time
+
+from reference.qwen2 import weft_path
+
+WEFT = weft_path()
+COMMON = ["model.hidden_size=64", "model.intermediate_size=160", "model.num_layers=2",
+          "model.num_heads=4", "model.num_kv_heads=2", "data.synthetic_documents=400",
+          "train.global_batch_size=16", "train.max_tokens_per_microbatch=1024", "train.steps=20",
+          "train.save_every=5", "optim.warmup_steps=3"]
+
+
+def losses(run):
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f)}
+
+
+def train(run, *extra, check=True):
+    r = subprocess.run([WEFT, "train", *COMMON, f"train.output_dir={run}", *extra],
+                       capture_output=True, text=True, timeout=300)
+    if check and r.returncode != 0:
+        sys.exit(f"weft train failed:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def main():
+    tmp = tempfile.mkdtemp()
+    try:
+        full, cut = os.path.join(tmp, "full"), os.path.join(tmp, "cut")
+        train(full)
+        ref = losses(full)
+        assert sorted(ref) == list(range(1, 21)), ref
+
+        # Kill the second run as soon as its step-10 checkpoint is published.
+        marker = os.path.join(cut, "checkpoints", "step_00000010", "trainer_state.json")
+        p = subprocess.Popen([WEFT, "train", *COMMON, f"train.output_dir={cut}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 240
+        while not os.path.exists(marker) and p.poll() is None and time.time() < deadline:
+            time.sleep(0.005)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        ckpts = sorted(d for d in os.listdir(os.path.join(cut, "checkpoints")) if not d.endswith(".tmp"))
+        print("checkpoints after the kill:", ckpts)
+        assert "step_00000010" in ckpts, ckpts
+
+        # Damage the newest checkpoint as a save cut mid-write would.
+        newest = os.path.join(cut, "checkpoints", ckpts[-1], "model.safetensors")
+        size = os.path.getsize(newest)
+        with open(newest, "r+b") as f:
+            f.truncate(size // 2)
+        r = train(cut, f"resume={cut}")
+        print(r.stderr.strip())
+        assert "skipping checkpoint" in r.stderr and ckpts[-1] in r.stderr, r.stderr
+        expected_resume = ckpts[-2]
+        assert f"resumed from" in r.stdout and expected_resume in r.stdout, r.stdout
+
+        got = losses(cut)
+        assert sorted(got) == list(range(1, 21)), sorted(got)
+        bad = [s for s in range(11, 21) if got[s] != ref[s]]
+        for s in range(11, 21):
+            print(f"step {s}: uninterrupted {ref[s]!r} resumed {got[s]!r}")
+        if bad:
+            sys.exit(f"FAIL: steps {bad} differ after resume")
+        print("ok: steps 11-20 bit-identical after kill, damaged checkpoint skipped, resume")
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
