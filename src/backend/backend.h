@@ -109,6 +109,7 @@ struct weft_backend {
     void (*to_f32)(weft_backend *self, float *dst_host, const void *src, weft_dtype src_type,
                    size_t N);
 
+    void (*destroy)(weft_backend *self); // frees what impl holds
     void *impl;
 };
 

@@ -9,6 +9,26 @@
 
 // ---------------------------------------------------------------------------------- memory ----
 
+// Per-thread scratch that outlives op calls: attention's score tiles would otherwise be fresh
+// pages, zero-filled by the kernel, on every call.
+typedef struct cpu_state {
+    int n_threads;
+    float **scratch;   // (n_threads) buffers
+    size_t *capacity;  // (n_threads) floats
+} cpu_state;
+
+static float *thread_scratch(weft_backend *self, int slot, size_t floats) {
+    cpu_state *st = self->impl;
+    int t = omp_get_thread_num() * 2 + slot;
+    WEFT_CHECK(t < st->n_threads * 2, "internal: more OpenMP threads than the backend was built for");
+    if (st->capacity[t] < floats) {
+        weft_free(st->scratch[t]);
+        st->scratch[t] = weft_alloc(floats * sizeof(float));
+        st->capacity[t] = floats;
+    }
+    return st->scratch[t];
+}
+
 static void *cpu_alloc(weft_backend *self, size_t bytes) { return weft_alloc(bytes); }
 static void cpu_free(weft_backend *self, void *p) { weft_free(p); }
 static void cpu_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
@@ -30,14 +50,40 @@ static void cpu_to_f32(weft_backend *self, float *dst, const void *src, weft_dty
 
 // ---------------------------------------------------------------------------------- matmul ----
 
+// OpenBLAS 0.3.21 sends small products (M*N*K up to about 1e6, or M*N below a few thousand) to
+// special kernels whose summation order differs from its regular one, so a row's result would
+// depend on how many rows share the call: a micro-batch split would change the forward pass.
+// Such calls get their rows padded with zeros up to a size the regular kernel takes; rows of a
+// product are then the same bits in any micro-batch. The cost is bounded (a few MFLOP per call)
+// and only tiny models ever pay it.
+static int rows_for_regular_kernel(int n, int k) {
+    long by_mn = (8192L + n - 1) / n, by_mnk = 1000000L / ((long)n * k) + 1;
+    return (int)(by_mn > by_mnk ? by_mn : by_mnk);
+}
+
 static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
                        const void *a, int lda, const void *b, int ldb, float beta, void *c,
                        int ldc, weft_matmul_types types) {
     WEFT_CHECK(types.a == WEFT_F32 && types.b == WEFT_F32 && types.c == WEFT_F32,
                "cpu backend multiplies fp32 matrices only");
     if (m == 0 || n == 0) return;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-                n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+    int padded = rows_for_regular_kernel(n, k);
+    if (ta || m >= padded) { // with A transposed its rows are not C's rows; nothing to keep stable
+        cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    float *ap = thread_scratch(self, 0, (size_t)padded * k);
+    float *cp = thread_scratch(self, 1, (size_t)padded * n);
+    memset(ap, 0, sizeof(float) * (size_t)padded * k);
+    memset(cp, 0, sizeof(float) * (size_t)padded * n);
+    for (int i = 0; i < m; i++) {
+        memcpy(ap + (size_t)i * k, (const float *)a + (size_t)i * lda, sizeof(float) * k);
+        if (beta != 0.0f) memcpy(cp + (size_t)i * n, (float *)c + (size_t)i * ldc, sizeof(float) * n);
+    }
+    cblas_sgemm(CblasRowMajor, opa, opb, padded, n, k, alpha, ap, k, b, ldb, beta, cp, n);
+    for (int i = 0; i < m; i++)
+        memcpy((float *)c + (size_t)i * ldc, cp + (size_t)i * n, sizeof(float) * n);
 }
 
 // Sums rows of a (T, C) matrix into out (C) f32 (+=). Threads own disjoint column ranges, so the
@@ -140,13 +186,15 @@ static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias
 static void rope_rotate(float *x, const int32_t *positions, double theta, int T, int H, int D,
                         double sign) {
     int half = D / 2;
+    double inv_freq[half];
+    for (int i = 0; i < half; i++) inv_freq[i] = pow(theta, -2.0 * i / D);
 #pragma omp parallel
     {
-        float *cs = weft_alloc(sizeof(float) * D);
+        float cs[2 * half];
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
             for (int i = 0; i < half; i++) {
-                double angle = positions[t] * pow(theta, -2.0 * i / D);
+                double angle = positions[t] * inv_freq[i];
                 cs[i] = (float)cos(angle);
                 cs[half + i] = (float)(sign * sin(angle));
             }
@@ -159,7 +207,6 @@ static void rope_rotate(float *x, const int32_t *positions, double theta, int T,
                 }
             }
         }
-        weft_free(cs);
     }
 }
 
@@ -229,7 +276,7 @@ static void cpu_attention_forward(weft_backend *self, const void *qv, const void
     int maxL = max_doc_len(cu, n_docs), group = H / KV;
 #pragma omp parallel
     {
-        float *P = weft_alloc(sizeof(float) * ATTN_TILE * (size_t)(maxL > 0 ? maxL : 1));
+        float *P = thread_scratch(self, 0, (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1));
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int d = 0; d < n_docs; d++)
             for (int h = 0; h < H; h++) {
@@ -246,7 +293,6 @@ static void cpu_attention_forward(weft_backend *self, const void *qv, const void
                                 out + ((size_t)(start + q0) * H + h) * D, H * D);
                 }
             }
-        weft_free(P);
     }
 }
 
@@ -263,7 +309,7 @@ static void cpu_attention_backward(weft_backend *self, const void *qv, const voi
     // in the same task, so no two threads write the same rows.
 #pragma omp parallel
     {
-        float *P = weft_alloc(sizeof(float) * tile), *dP = weft_alloc(sizeof(float) * tile);
+        float *P = thread_scratch(self, 0, tile), *dP = thread_scratch(self, 1, tile);
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int d = 0; d < n_docs; d++)
             for (int g = 0; g < KV; g++) {
@@ -306,8 +352,6 @@ static void cpu_attention_backward(weft_backend *self, const void *qv, const voi
                                     s.scale, P, keys, qt, ldq, 1.0f, dkd, ldk);
                     }
             }
-        weft_free(P);
-        weft_free(dP);
     }
 }
 
@@ -411,8 +455,19 @@ static void cpu_adamw(weft_backend *self, void *paramv, float *master, const flo
 
 // ------------------------------------------------------------------------------------ table ----
 
+static void cpu_destroy(weft_backend *self) {
+    cpu_state *st = self->impl;
+    for (int i = 0; i < 2 * st->n_threads; i++) weft_free(st->scratch[i]);
+    weft_free(st->scratch);
+    weft_free(st->capacity);
+}
+
 weft_backend *weft_backend_cpu_create(void) {
     weft_blas_fix_coretype();
+    cpu_state *st = weft_alloc(sizeof *st);
+    st->n_threads = omp_get_max_threads();
+    st->scratch = weft_alloc(sizeof(float *) * 2 * st->n_threads);
+    st->capacity = weft_alloc(sizeof(size_t) * 2 * st->n_threads);
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){
         .name = "cpu",
@@ -446,6 +501,8 @@ weft_backend *weft_backend_cpu_create(void) {
         .adamw = cpu_adamw,
         .from_f32 = cpu_from_f32,
         .to_f32 = cpu_to_f32,
+        .destroy = cpu_destroy,
+        .impl = st,
     };
     return b;
 }

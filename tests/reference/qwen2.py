@@ -1,0 +1,667 @@
+"""Reference Qwen2 decoder, batch/model fixtures and helpers for weft's Python tests.
+
+Run with Debian's Python (/usr/bin/python3), which has torch. Everything here is deliberately
+plain: safetensors is parsed by hand, the model is a per-document loop with an explicit causal
+mask in float64, gradients come from autograd and AdamW is written out step by step.
+
+`/usr/bin/python3 tests/reference/qwen2.py` runs the reference's self-checks (against an
+independent per-token numpy computation, finite differences and torch.optim.AdamW).
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+# --------------------------------------------------------------------------------------------
+# (a) safetensors
+# --------------------------------------------------------------------------------------------
+
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def read_safetensors(path):
+    """Returns {name: numpy array}. Decodes BF16 to float32. Checks the header's consistency."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise ValueError(f"{path}: shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise ValueError(f"{path}: header length {n} runs past the end of the file ({len(data)})")
+    header = json.loads(data[8:8 + n].decode("utf-8"))
+    body = data[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape = info["dtype"], [int(s) for s in info["shape"]]
+        begin, end = (int(x) for x in info["data_offsets"])
+        if not (0 <= begin <= end <= len(body)):
+            raise ValueError(f"{path}: {name}: data_offsets {begin},{end} outside the data "
+                             f"({len(body)} bytes)")
+        count = int(np.prod(shape)) if shape else 1
+        raw = body[begin:end]
+        if dtype == "BF16":
+            if len(raw) != 2 * count:
+                raise ValueError(f"{path}: {name}: {len(raw)} bytes for {count} BF16 values")
+            u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            arr = u.view(np.float32)
+        else:
+            if dtype not in _ST_DTYPES:
+                raise ValueError(f"{path}: {name}: unsupported dtype {dtype}")
+            dt = np.dtype(_ST_DTYPES[dtype]).newbyteorder("<")
+            if len(raw) != dt.itemsize * count:
+                raise ValueError(f"{path}: {name}: {len(raw)} bytes for {count} {dtype} values")
+            arr = np.frombuffer(raw, dtype=dt).astype(_ST_DTYPES[dtype])
+        out[name] = arr.reshape(tuple(shape)).copy()
+    return out
+
+
+def write_safetensors(path, tensors):
+    """Writes {name: array} as F32 safetensors (names sorted, header padded to 8 bytes)."""
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        a = np.array(tensors[name], dtype="<f4", order="C")  # keeps 0-d shape ()
+        b = a.tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+# --------------------------------------------------------------------------------------------
+# (b) model fixtures
+# --------------------------------------------------------------------------------------------
+
+SMALL_CFG = dict(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+                 rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=True)
+
+
+def full_cfg(cfg):
+    c = dict(SMALL_CFG)
+    c.update(cfg)
+    c.setdefault("attention_bias", True)
+    return c
+
+
+def param_shapes(cfg):
+    """Ordered {HF name: shape} of every parameter of the model described by cfg."""
+    cfg = full_cfg(cfg)
+    V, h, I = cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = h // H
+    s = {"model.embed_tokens.weight": (V, h)}
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        s[p + "input_layernorm.weight"] = (h,)
+        s[p + "self_attn.q_proj.weight"] = (H * hd, h)
+        s[p + "self_attn.k_proj.weight"] = (KV * hd, h)
+        s[p + "self_attn.v_proj.weight"] = (KV * hd, h)
+        if cfg["attention_bias"]:
+            s[p + "self_attn.q_proj.bias"] = (H * hd,)
+            s[p + "self_attn.k_proj.bias"] = (KV * hd,)
+            s[p + "self_attn.v_proj.bias"] = (KV * hd,)
+        s[p + "self_attn.o_proj.weight"] = (h, H * hd)
+        s[p + "post_attention_layernorm.weight"] = (h,)
+        s[p + "mlp.gate_proj.weight"] = (I, h)
+        s[p + "mlp.up_proj.weight"] = (I, h)
+        s[p + "mlp.down_proj.weight"] = (h, I)
+    s["model.norm.weight"] = (h,)
+    if not cfg["tie_word_embeddings"]:
+        s["lm_head.weight"] = (V, h)
+    return s
+
+
+def make_model(dir, cfg, seed, std=0.2):
+    """Writes config.json and model.safetensors (F32) with random weights into dir.
+
+    Matrices ~ N(0, std^2), norm weights 1 + 0.1 N(0,1), biases 0.1 N(0,1). Returns
+    (full cfg, {name: float32 numpy array}); the arrays are exactly what the file holds."""
+    cfg = full_cfg(cfg)
+    os.makedirs(dir, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            a = 0.1 * rng.standard_normal(shape)
+        else:
+            a = std * rng.standard_normal(shape)
+        params[name] = a.astype(np.float32)
+    conf = dict(cfg)
+    conf["model_type"] = "qwen2"
+    conf["architectures"] = ["Qwen2ForCausalLM"]
+    conf["hidden_act"] = "silu"
+    conf["torch_dtype"] = "float32"
+    with open(os.path.join(dir, "config.json"), "w") as f:
+        json.dump(conf, f, indent=1)
+    write_safetensors(os.path.join(dir, "model.safetensors"), params)
+    return cfg, params
+
+
+# --------------------------------------------------------------------------------------------
+# (c) batch fixtures
+# --------------------------------------------------------------------------------------------
+
+def make_batch(path, lengths, prompt_lens, vocab, seed, no_mask=(), mask0_one=()):
+    """Writes a JSONL batch, one document per line, and returns the documents as
+    [{"input_ids": [...], "loss_mask": [...]}] with the effective mask (what the reference uses).
+
+    Document i has lengths[i] random tokens; loss_mask is 0 on its first prompt_lens[i] tokens and
+    1 after. Documents whose index is in no_mask are written without a loss_mask (every token but
+    the first is then a target); those in mask0_one get loss_mask[0] = 1 in the file (which must
+    be ignored: token 0 is never a target)."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    with open(path, "w") as f:
+        for i, (L, P) in enumerate(zip(lengths, prompt_lens)):
+            ids = [int(x) for x in rng.integers(0, vocab, size=L)]
+            mask = [0 if t < P else 1 for t in range(L)]
+            line = {"input_ids": ids}
+            if i in no_mask:
+                mask = [0] + [1] * (L - 1)
+            else:
+                written = list(mask)
+                if i in mask0_one and L > 0:
+                    written[0] = 1
+                line["loss_mask"] = written
+            mask[0] = 0
+            f.write(json.dumps(line) + "\n")
+            docs.append({"input_ids": ids, "loss_mask": mask})
+    return docs
+
+
+def count_targets(docs):
+    return sum(sum(d["loss_mask"][1:]) for d in docs)
+
+
+# --------------------------------------------------------------------------------------------
+# (d) reference forward / loss / gradients
+# --------------------------------------------------------------------------------------------
+
+def _rmsnorm(x, w, eps):
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def forward(P, cfg, docs, dtype=torch.float64):
+    """Reference forward. P: {name: torch tensor} (any float dtype; computed in `dtype`).
+    Returns (logits (T_total, V), loss scalar, number of targets)."""
+    cfg = full_cfg(cfg)
+    h, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, eps, group = h // H, cfg["rms_norm_eps"], H // KV
+    nl = cfg["num_hidden_layers"]
+    W = {k: v.to(dtype) for k, v in P.items()}
+    lm = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    inv_freq = cfg["rope_theta"] ** (-(torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    all_logits, loss_sum, n_targets = [], torch.zeros((), dtype=dtype), 0
+    for doc in docs:
+        ids = torch.tensor(doc["input_ids"], dtype=torch.long)
+        L = ids.shape[0]
+        x = W["model.embed_tokens.weight"][ids]
+        ang = torch.arange(L, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        cos = torch.cat((torch.cos(ang), torch.cos(ang)), dim=-1).to(dtype)[:, None, :]
+        sin = torch.cat((torch.sin(ang), torch.sin(ang)), dim=-1).to(dtype)[:, None, :]
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        for l in range(nl):
+            p = f"model.layers.{l}."
+            xn = _rmsnorm(x, W[p + "input_layernorm.weight"], eps)
+            q = xn @ W[p + "self_attn.q_proj.weight"].T
+            k = xn @ W[p + "self_attn.k_proj.weight"].T
+            v = xn @ W[p + "self_attn.v_proj.weight"].T
+            if cfg["attention_bias"]:
+                q = q + W[p + "self_attn.q_proj.bias"]
+                k = k + W[p + "self_attn.k_proj.bias"]
+                v = v + W[p + "self_attn.v_proj.bias"]
+            q, k, v = q.view(L, H, hd), k.view(L, KV, hd), v.view(L, KV, hd)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            heads = []
+            for hh in range(H):
+                kv = hh // group
+                s = (q[:, hh, :] @ k[:, kv, :].T) / math.sqrt(hd)
+                s = s.masked_fill(~causal, float("-inf"))
+                a = torch.softmax(s, dim=-1)
+                heads.append(a @ v[:, kv, :])
+            o = torch.cat(heads, dim=-1) @ W[p + "self_attn.o_proj.weight"].T
+            x = x + o
+            xn = _rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
+            g = xn @ W[p + "mlp.gate_proj.weight"].T
+            u = xn @ W[p + "mlp.up_proj.weight"].T
+            x = x + (torch.nn.functional.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
+        x = _rmsnorm(x, W["model.norm.weight"], eps)
+        logits = x @ lm.T
+        all_logits.append(logits)
+        for t in range(1, L):
+            if doc["loss_mask"][t]:
+                row = logits[t - 1]
+                loss_sum = loss_sum + (torch.logsumexp(row, dim=0) - row[ids[t]])
+                n_targets += 1
+    if n_targets == 0:
+        raise ValueError("batch has no targets")
+    return torch.cat(all_logits, dim=0), loss_sum / n_targets, n_targets
+
+
+def to_torch(params, dtype=torch.float64):
+    return {k: torch.tensor(np.asarray(v), dtype=dtype) for k, v in params.items()}
+
+
+def reference_grad(params, cfg, docs, dtype=torch.float64):
+    """Returns (loss float, logits numpy (T, V), {name: grad numpy}) computed in `dtype`."""
+    P = {k: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=True)
+         for k, v in params.items()}
+    logits, loss, _ = forward(P, cfg, docs, dtype)
+    loss.backward()
+    return (float(loss), logits.detach().numpy(),
+            {k: v.grad.detach().numpy().copy() for k, v in P.items()})
+
+
+# --------------------------------------------------------------------------------------------
+# (e) AdamW steps with weft's schedule and clipping
+# --------------------------------------------------------------------------------------------
+
+OPTIM_DEFAULTS = dict(lr=1e-3, min_lr=0.0, warmup_steps=0, beta1=0.9, beta2=0.95, eps=1e-8,
+                      weight_decay=0.1, clip_grad=1.0)
+
+
+def lr_at(s, steps, lr, min_lr, warmup_steps, **_):
+    """Learning rate of step s (1-based) of `steps`."""
+    if s <= warmup_steps:
+        return lr * s / warmup_steps
+    progress = (s - warmup_steps) / max(1, steps - warmup_steps)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def decays(name, shape):
+    """Weight decay applies to 2-D weights only (embedding, projections, lm_head)."""
+    return len(shape) == 2
+
+
+def adamw_steps(params, cfg, docs, steps, dtype=torch.float64, grad_noise=0.0, noise_seed=0,
+                **opt):
+    """Runs `steps` steps of (gradient of L, clip, AdamW) from `params` on the batch `docs`.
+
+    Returns dict(step_losses [steps], params {name: numpy}, grad_norms [steps] (before clipping),
+    clip_coefs [steps], lrs [steps]), all computed in `dtype`. grad_noise > 0 adds uniform noise
+    of at most grad_noise * max|g| (per tensor) to every gradient before clipping, to model the
+    round-off of a float32 implementation (see adamw_conditioning); exact zeros stay zero."""
+    rng = np.random.default_rng(noise_seed)
+    o = dict(OPTIM_DEFAULTS)
+    o.update(opt)
+    b1, b2, eps, wd, clip = o["beta1"], o["beta2"], o["eps"], o["weight_decay"], o["clip_grad"]
+    p = {k: torch.tensor(np.asarray(v), dtype=dtype) for k, v in params.items()}
+    m = {k: torch.zeros_like(v) for k, v in p.items()}
+    v2 = {k: torch.zeros_like(v) for k, v in p.items()}
+    losses, norms, coefs, lrs = [], [], [], []
+    for s in range(1, steps + 1):
+        P = {k: t.clone().requires_grad_(True) for k, t in p.items()}
+        _, loss, _ = forward(P, cfg, docs, dtype)
+        loss.backward()
+        g = {k: P[k].grad.detach() for k in p}
+        if grad_noise > 0:
+            # Exact zeros (e.g. embedding rows of tokens that reach no target) stay exact: an
+            # implementation that backpropagates exact zeros gets exact zeros there too.
+            g = {k: gg + (gg != 0) * grad_noise * gg.abs().max() * torch.tensor(
+                rng.uniform(-1.0, 1.0, size=tuple(gg.shape)), dtype=dtype)
+                 for k, gg in g.items()}
+        losses.append(float(loss))
+        total = torch.sqrt(sum((gg * gg).sum() for gg in g.values()))
+        norms.append(float(total))
+        coef = 1.0
+        if clip > 0:
+            coef = torch.clamp(clip / (total + 1e-6), max=1.0)
+            g = {k: gg * coef for k, gg in g.items()}
+            coef = float(coef)
+        coefs.append(coef)
+        lr = lr_at(s, steps, o["lr"], o["min_lr"], o["warmup_steps"])
+        lrs.append(lr)
+        bc1, bc2 = 1.0 - b1 ** s, 1.0 - b2 ** s
+        for k in p:
+            if decays(k, p[k].shape):
+                p[k] = p[k] * (1.0 - lr * wd)
+            m[k] = b1 * m[k] + (1.0 - b1) * g[k]
+            v2[k] = b2 * v2[k] + (1.0 - b2) * g[k] * g[k]
+            denom = torch.sqrt(v2[k]) / math.sqrt(bc2) + eps
+            p[k] = p[k] - (lr / bc1) * m[k] / denom
+    return dict(step_losses=np.array(losses), params={k: t.numpy() for k, t in p.items()},
+                grad_norms=norms, clip_coefs=coefs, lrs=lrs)
+
+
+def adamw_conditioning(params, cfg, docs, steps, ref, noise=3e-6, seeds=(1, 2), **opt):
+    """How much the parameters after `steps` AdamW steps move (max|diff|/max|ref| per tensor,
+    worst tensor) when every gradient is perturbed by up to `noise` * max|g| of its tensor: the
+    size of gradient error a correct float32 implementation makes (float32 torch measures about
+    3e-6 on these fixtures). Adam divides by sqrt(v) + eps, so a gradient element whose size is
+    near eps or near that round-off turns round-off into parameter changes of order lr. A
+    fixture on which this returns more than a small fraction of the test's tolerance cannot
+    decide anything and must be replaced (another seed), not the tolerance loosened.
+    Returns (worst relative change, tensor name)."""
+    worst = (0.0, None)
+    for seed in seeds:
+        r = adamw_steps(params, cfg, docs, steps, grad_noise=noise, noise_seed=seed, **opt)
+        for k in ref["params"]:
+            worst = max(worst, (rel_err(r["params"][k], ref["params"][k])[0], k))
+        worst = max(worst, (rel_err(r["step_losses"], ref["step_losses"])[0], "step_losses"))
+    return worst
+
+
+# The weft grad option that runs optimizer steps after the gradient (the interface says
+# optim.steps=K).
+STEPS_KEY = "train.steps"  # the one place the key is spelled
+
+
+def optim_args(**opt):
+    """key=value command-line options for weft's optimizer."""
+    return [f"optim.{k}={v!r}" if isinstance(v, float) else f"optim.{k}={v}"
+            for k, v in opt.items()]
+
+
+# --------------------------------------------------------------------------------------------
+# (f) running weft
+# --------------------------------------------------------------------------------------------
+
+MEMORY_RE = re.compile(r"^memory: parameters=(\d+) gradients=(\d+) optimizer_state=(\d+) "
+                       r"peak_activations=(\d+)\s*$", re.M)
+
+
+class WeftError(RuntimeError):
+    pass
+
+
+def weft_path(argv=None):
+    """The weft binary from --weft PATH (as ctest passes it), else $WEFT, else build/weft."""
+    argv = sys.argv[1:] if argv is None else argv
+    for i, a in enumerate(argv):
+        if a == "--weft" and i + 1 < len(argv):
+            return os.path.abspath(argv[i + 1])
+        if a.startswith("--weft="):
+            return os.path.abspath(a.split("=", 1)[1])
+    if os.environ.get("WEFT"):
+        return os.path.abspath(os.environ["WEFT"])
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(os.path.dirname(os.path.dirname(here)), "build", "weft")
+
+
+def run_weft(weft, args, out=None, timeout=300):
+    """Runs `weft grad ...`-style commands: `args` is the list after the binary, without --out,
+    which is added here (a file in a fresh temp dir unless `out` is given). Returns
+    (tensors {name: numpy}, stdout). Raises WeftError with the output when weft fails."""
+    tmp = None
+    if out is None:
+        tmp = tempfile.mkdtemp(prefix="weft_out_")
+        out = os.path.join(tmp, "out.safetensors")
+    cmd = [weft] + list(args) + ["--out", out]
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=timeout)
+        if r.returncode != 0:
+            raise WeftError(f"{' '.join(cmd)}\nexit status {r.returncode}\nstdout:\n{r.stdout}"
+                            f"\nstderr:\n{r.stderr}")
+        if not os.path.exists(out):
+            raise WeftError(f"{' '.join(cmd)}\nexit 0 but wrote no {out}\nstdout:\n{r.stdout}"
+                            f"\nstderr:\n{r.stderr}")
+        return read_safetensors(out), r.stdout
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def parse_memory(stdout):
+    """The `memory:` line of weft grad's stdout as a dict of ints, or None."""
+    m = MEMORY_RE.search(stdout)
+    if not m:
+        return None
+    return dict(zip(("parameters", "gradients", "optimizer_state", "peak_activations"),
+                    (int(x) for x in m.groups())))
+
+
+# --------------------------------------------------------------------------------------------
+# (g) comparing
+# --------------------------------------------------------------------------------------------
+
+def rel_err(got, ref):
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+    if not np.all(np.isfinite(got)):
+        return math.inf, diff, scale
+    if scale == 0.0:
+        return (0.0 if diff == 0.0 else math.inf), diff, scale
+    return diff / scale, diff, scale
+
+
+def compare(name, got, ref, tol, quiet=False):
+    """Prints max|diff|/max|ref| of got against ref and returns True when it is <= tol (shapes
+    must match; non-finite values fail). A reference that is all zeros requires exact zeros."""
+    if got is None:
+        print(f"  FAIL {name}: missing from weft's output")
+        return False
+    if ref is None:
+        print(f"  FAIL {name}: nothing to compare against (missing from the baseline)")
+        return False
+    got, ref = np.asarray(got), np.asarray(ref)
+    if tuple(got.shape) != tuple(ref.shape):
+        print(f"  FAIL {name}: shape {tuple(got.shape)} != reference {tuple(ref.shape)}")
+        return False
+    rel, diff, scale = rel_err(got, ref)
+    ok = rel <= tol
+    if not ok or not quiet:
+        print(f"  {'ok  ' if ok else 'FAIL'} {name:48s} max|diff|/max|ref| = {rel:.3e}  "
+              f"(max|diff| {diff:.3e}, max|ref| {scale:.3e}, tol {tol:g})")
+    return ok
+
+
+def compare_all(prefix, got, ref, tol):
+    """Compares every ref[name] with got[prefix + name]. Returns the failing names (missing,
+    wrong shape, over tolerance) and reports names weft wrote under prefix that ref lacks."""
+    bad = []
+    for name in ref:
+        if not compare(prefix + name, got.get(prefix + name), ref[name], tol):
+            bad.append(prefix + name)
+    extra = sorted(k for k in got if k.startswith(prefix) and k[len(prefix):] not in ref)
+    for k in extra:
+        print(f"  FAIL {k}: weft wrote it but the model has no such parameter")
+        bad.append(k)
+    return bad
+
+
+def identical(name, got, ref):
+    """Bit-for-bit equality (same shape, same float32 bits)."""
+    if got is None or ref is None:
+        print(f"  FAIL {name}: missing")
+        return False
+    a = np.array(got, dtype=np.float32, order="C")
+    b = np.array(ref, dtype=np.float32, order="C")
+    if a.shape != b.shape:
+        print(f"  FAIL {name}: shapes {a.shape} vs {b.shape}")
+        return False
+    nd = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+    if nd:
+        print(f"  FAIL {name}: {nd} of {a.size} values differ, max|diff| "
+              f"{float(np.max(np.abs(a.astype(np.float64) - b))):.3e}")
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Self-checks of the reference itself
+# --------------------------------------------------------------------------------------------
+
+def _pertoken_numpy(params, cfg, docs):
+    """An independent reference: token-at-a-time decoding with a KV cache, scalar RoPE pair
+    rotation and explicit softmax, in numpy float64. Returns (logits (T, V), loss)."""
+    cfg = full_cfg(cfg)
+    h, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd, eps, half = h // H, cfg["rms_norm_eps"], (h // H) // 2
+    W = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
+    lm = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+
+    def norm(x, w):
+        return x / math.sqrt(float(np.dot(x, x)) / x.size + eps) * w
+
+    def rope(vec, pos):
+        out = vec.copy()
+        for i in range(half):
+            a = pos * cfg["rope_theta"] ** (-2.0 * i / hd)
+            c, s = math.cos(a), math.sin(a)
+            x1, x2 = vec[i], vec[i + half]
+            out[i], out[i + half] = x1 * c - x2 * s, x2 * c + x1 * s
+        return out
+
+    rows, loss, n = [], 0.0, 0
+    for doc in docs:
+        cache = [([], []) for _ in range(cfg["num_hidden_layers"])]
+        doc_rows = []
+        for pos, tok in enumerate(doc["input_ids"]):
+            x = W["model.embed_tokens.weight"][tok].copy()
+            for l in range(cfg["num_hidden_layers"]):
+                p = f"model.layers.{l}."
+                xn = norm(x, W[p + "input_layernorm.weight"])
+                q = W[p + "self_attn.q_proj.weight"] @ xn
+                k = W[p + "self_attn.k_proj.weight"] @ xn
+                v = W[p + "self_attn.v_proj.weight"] @ xn
+                if cfg["attention_bias"]:
+                    q = q + W[p + "self_attn.q_proj.bias"]
+                    k = k + W[p + "self_attn.k_proj.bias"]
+                    v = v + W[p + "self_attn.v_proj.bias"]
+                ks, vs = cache[l]
+                ks.append([rope(k[j * hd:(j + 1) * hd], pos) for j in range(KV)])
+                vs.append([v[j * hd:(j + 1) * hd] for j in range(KV)])
+                att = np.zeros(H * hd)
+                for hh in range(H):
+                    j = hh * KV // H
+                    qh = rope(q[hh * hd:(hh + 1) * hd], pos)
+                    sc = [float(np.dot(qh, ks[s][j])) / math.sqrt(hd) for s in range(pos + 1)]
+                    mx = max(sc)
+                    e = [math.exp(a - mx) for a in sc]
+                    z = sum(e)
+                    att[hh * hd:(hh + 1) * hd] = sum(e[s] / z * vs[s][j] for s in range(pos + 1))
+                x = x + W[p + "self_attn.o_proj.weight"] @ att
+                xn = norm(x, W[p + "post_attention_layernorm.weight"])
+                g = W[p + "mlp.gate_proj.weight"] @ xn
+                u = W[p + "mlp.up_proj.weight"] @ xn
+                x = x + W[p + "mlp.down_proj.weight"] @ (g / (1.0 + np.exp(-g)) * u)
+            doc_rows.append(lm @ norm(x, W["model.norm.weight"]))
+        for t in range(1, len(doc["input_ids"])):
+            if doc["loss_mask"][t]:
+                r = doc_rows[t - 1]
+                mx = r.max()
+                loss += mx + math.log(np.exp(r - mx).sum()) - r[doc["input_ids"][t]]
+                n += 1
+        rows.extend(doc_rows)
+    return np.array(rows), loss / n
+
+
+def _self_check():
+    ok = True
+    tmp = tempfile.mkdtemp(prefix="weft_ref_")
+    try:
+        # safetensors round trip
+        t = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float32(2.5),
+             "z": np.zeros((0, 4), np.float32)}
+        write_safetensors(os.path.join(tmp, "t.safetensors"), t)
+        back = read_safetensors(os.path.join(tmp, "t.safetensors"))
+        ok &= back["s"].shape == () and float(back["s"]) == 2.5
+        ok &= back["z"].shape == (0, 4) and np.array_equal(back["a"], t["a"])
+        print("safetensors round trip:", "ok" if ok else "FAIL")
+
+        lengths, prompts = [7, 1, 2, 5, 11], [2, 1, 1, 5, 3]
+        for tied in (False, True):
+            for bias in (True, False):
+                cfg, params = make_model(os.path.join(tmp, "m"),
+                                         dict(tie_word_embeddings=tied, attention_bias=bias,
+                                              hidden_size=32, intermediate_size=48,
+                                              num_attention_heads=4, num_key_value_heads=2,
+                                              rope_theta=1000.0), seed=3)
+                back = read_safetensors(os.path.join(tmp, "m", "model.safetensors"))
+                ok &= set(back) == set(params) and all(np.array_equal(back[k], params[k])
+                                                       for k in params)
+                docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
+                                  cfg["vocab_size"], seed=4, no_mask=(4,), mask0_one=(0,))
+                loss, logits, grads = reference_grad(params, cfg, docs)
+                rl, rloss = _pertoken_numpy(params, cfg, docs)
+                ok &= compare(f"tied={tied} bias={bias} logits vs per-token numpy", logits, rl,
+                              1e-12)
+                ok &= compare(f"tied={tied} bias={bias} loss vs per-token numpy", loss, rloss,
+                              1e-12)
+        # Finite differences on a few entries of each gradient (float64, central).
+        cfg, params = make_model(os.path.join(tmp, "m"), dict(tie_word_embeddings=True), seed=5)
+        docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts, cfg["vocab_size"], 6)
+        loss, _, grads = reference_grad(params, cfg, docs)
+        rng = np.random.default_rng(0)
+        P = to_torch(params)
+        worst = 0.0
+        for name, g in grads.items():
+            for _ in range(3):
+                idx = tuple(int(rng.integers(0, s)) for s in g.shape)
+                hstep = 1e-6
+                Pp = dict(P); Pp[name] = P[name].clone(); Pp[name][idx] += hstep
+                Pm = dict(P); Pm[name] = P[name].clone(); Pm[name][idx] -= hstep
+                fd = (float(forward(Pp, cfg, docs)[1]) - float(forward(Pm, cfg, docs)[1])) / (
+                    2 * hstep)
+                worst = max(worst, abs(fd - g[idx]) / max(1e-3, np.abs(g).max()))
+        print(f"finite differences: worst |fd - autograd| / max|grad| = {worst:.2e}")
+        ok &= worst < 1e-6
+
+        # AdamW: our explicit float64 loop against torch.optim.AdamW + clip_grad_norm_.
+        opt = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, weight_decay=0.1, clip_grad=1.0)
+        ref = adamw_steps(params, cfg, docs, 5, **opt)
+        P = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
+             for k, v in params.items()}
+        dec = [t for k, t in P.items() if t.dim() == 2]
+        nodec = [t for k, t in P.items() if t.dim() != 2]
+        o = torch.optim.AdamW([{"params": dec, "weight_decay": 0.1},
+                               {"params": nodec, "weight_decay": 0.0}],
+                              lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        tl = []
+        for s in range(1, 6):
+            for grp in o.param_groups:
+                grp["lr"] = lr_at(s, 5, 1e-3, 1e-4, 2)
+            o.zero_grad()
+            _, l, _ = forward(P, cfg, docs)
+            l.backward()
+            tl.append(float(l))
+            torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
+            o.step()
+        print("adamw grad norms", ["%.3f" % x for x in ref["grad_norms"]], "lrs",
+              ["%.2e" % x for x in ref["lrs"]])
+        ok &= compare("adamw step_losses vs torch.optim.AdamW", ref["step_losses"], tl, 1e-12)
+        for k in P:
+            ok &= compare(f"adamw {k} vs torch.optim.AdamW", ref["params"][k],
+                          P[k].detach().numpy(), 1e-12, quiet=True)
+        print("adamw params vs torch.optim.AdamW:", "ok" if ok else "FAIL")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("reference self-check:", "PASS" if ok else "FAIL")
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(0 if _self_check() else 1)
