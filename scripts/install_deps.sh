@@ -17,3 +17,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# The BPE test compares against Hugging Face `tokenizers` (PyPI), for the Python that has torch.
+if ! /usr/bin/python3 -c "import tokenizers" 2>/dev/null; then
+  dpkg-query -W -f='${Status}' python3-pip 2>/dev/null | grep -q "install ok installed" ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip
+  /usr/bin/python3 -m pip install -q --break-system-packages "tokenizers==0.23.3"
+fi

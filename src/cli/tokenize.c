@@ -10,8 +10,6 @@
 #include "core/core.h"
 #include "data/tokenizer.h"
 
-int weft_cmd_tokenize(int argc, char **argv);
-
 static const char *TOKENIZE_USAGE =
     "usage: weft tokenize [--tokenizer FILE.json] [--decode] < input\n"
     "  encodes all of stdin and prints the token ids on one line, separated by spaces;\n"
