@@ -1,39 +1,13 @@
 // Malformed or unsupported tokenizer.json files end the process with status 1 and one line
 // "weft: error: <path>: ..." naming the problem, never a crash or a silently wrong tokenizer.
 // A minimal valid file loads and encodes as expected, so the rejections are not an accident.
+#include "../testing.h"
 #include "core/core.h"
 #include "data/tokenizer.h"
 
-#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#define CHECK(cond)                                                                                                    \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                   \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-
-// Children end in weft_fatal with the loader's buffers still live, by design; under LeakSanitizer
-// that would turn exit status 1 into 23, so the child stops tracking its own allocations.
-extern void __lsan_disable(void) __attribute__((weak));
-
-static char dir[64];
-static int n_files;
-static char files[40][128];
-
-static const char *write_file(const char *name, const char *text) {
-    CHECK(n_files < 40);
-    char *path = files[n_files++];
-    snprintf(path, sizeof files[0], "%s/%s", dir, name);
-    CHECK(weft_write_file_atomic(path, text, strlen(text)));
-    return path;
-}
 
 // A tokenizer.json with the given model, normalizer and pre_tokenizer JSON; the rest is valid.
 static const char *write_tokenizer(const char *name, const char *model, const char *normalizer,
@@ -47,7 +21,7 @@ static const char *write_tokenizer(const char *name, const char *model, const ch
              " \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": true,"
              " \"use_regex\": true},\n \"model\": %s}\n",
              normalizer, pre_tokenizer, model);
-    return write_file(name, text);
+    return weft_test_write_text(name, text);
 }
 
 #define BYTE_LEVEL "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": true}"
@@ -93,114 +67,75 @@ static void decode_bad_id(const char *path) {
     weft_tokenizer_free(t);
 }
 
-// Runs fn(path) in a child and checks it fails the weft way: exit status 1 and exactly one line of
-// stderr, "weft: error: ...", containing the path and `expect`.
-static void expect_fatal(void (*fn)(const char *), const char *path, const char *expect) {
-    int pipefd[2];
-    CHECK(pipe(pipefd) == 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    CHECK(pid >= 0);
-    if (pid == 0) {
-        close(pipefd[0]);
-        dup2(pipefd[1], STDERR_FILENO);
-        if (__lsan_disable) __lsan_disable();
-        fn(path);
-        _exit(0); // returned normally: the bad input was accepted
-    }
-    close(pipefd[1]);
-    char err[4096];
-    size_t len = 0;
-    ssize_t r;
-    while ((r = read(pipefd[0], err + len, sizeof err - 1 - len)) > 0) len += (size_t)r;
-    close(pipefd[0]);
-    err[len] = '\0';
-    int status;
-    CHECK(waitpid(pid, &status, 0) == pid);
-
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 1 && strncmp(err, "weft: error: ", 13) == 0 &&
-              strstr(err, path) && strstr(err, expect) && len > 0 && strchr(err, '\n') == err + len - 1;
-    if (!ok) {
-        fprintf(stderr, "case %s (expecting \"%s\"): status %d, stderr:\n%s\n", path, expect, status, err);
-        exit(1);
-    }
-    printf("%s", err);
-}
-
 int main(void) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/weft_tokenizer_XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-    CHECK(mkdtemp(dir) != NULL);
+    weft_test_make_dir("weft_tokenizer");
 
     test_good_file();
 
     // The three the tokenizer must never get wrong: bad JSON, another model, a dangling merge.
-    expect_fatal(load, write_file("invalid.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,}}"),
+    EXPECT_FATAL(load, weft_test_write_text("invalid.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,}}"),
                  "invalid JSON at line 1");
-    expect_fatal(load,
+    EXPECT_FATAL(load,
                  write_tokenizer("wordpiece.json",
                                  "{\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"vocab\": {\"[UNK]\": 0}}",
                                  "null", BYTE_LEVEL),
                  "model type \"WordPiece\" is not supported");
-    expect_fatal(load,
+    EXPECT_FATAL(load,
                  write_tokenizer("unknown_merge.json",
                                  "{\"type\": \"BPE\", \"vocab\": " VOCAB ", \"merges\": [\"a b\", \"ab c\"]}", "null",
                                  BYTE_LEVEL),
                  "merge 1 (\"ab\" \"c\") uses token \"c\", which is not in the vocab");
-    expect_fatal(load,
+    EXPECT_FATAL(load,
                  write_tokenizer("unknown_result.json",
                                  "{\"type\": \"BPE\", \"vocab\": " VOCAB ", \"merges\": [\"b a\"]}", "null",
                                  BYTE_LEVEL),
                  "uses token \"ba\", which is not in the vocab");
 
     // Other malformed or unsupported files.
-    char missing[128];
-    snprintf(missing, sizeof missing, "%s/does_not_exist.json", dir);
-    expect_fatal(load, missing, "cannot read tokenizer file");
-    expect_fatal(load, write_file("array.json", "[1, 2]"), "top level is not an object");
-    expect_fatal(load, write_file("no_model.json", "{\"version\": \"1.0\"}"), "no \"model\" object");
-    expect_fatal(load,
+    EXPECT_FATAL(load, weft_test_path("does_not_exist.json"), "cannot read tokenizer file");
+    EXPECT_FATAL(load, weft_test_write_text("array.json", "[1, 2]"), "top level is not an object");
+    EXPECT_FATAL(load, weft_test_write_text("no_model.json", "{\"version\": \"1.0\"}"), "no \"model\" object");
+    EXPECT_FATAL(load,
                  write_tokenizer("bad_merge_string.json",
                                  "{\"type\": \"BPE\", \"vocab\": " VOCAB ", \"merges\": [\"ab\"]}", "null", BYTE_LEVEL),
                  "merge 0 \"ab\" is not two tokens separated by one space");
-    expect_fatal(load,
+    EXPECT_FATAL(load,
                  write_tokenizer("bad_id.json", "{\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}", "null",
                                  BYTE_LEVEL),
                  "vocab entry \"a\" needs an integer id");
-    expect_fatal(load,
+    EXPECT_FATAL(load,
                  write_tokenizer("dropout.json",
                                  "{\"type\": \"BPE\", \"dropout\": 0.1, \"vocab\": " VOCAB ", \"merges\": []}", "null",
                                  BYTE_LEVEL),
                  "BPE dropout is not supported");
-    expect_fatal(load, write_tokenizer("lowercase.json", GOOD_MODEL, "{\"type\": \"Lowercase\"}", BYTE_LEVEL),
+    EXPECT_FATAL(load, write_tokenizer("lowercase.json", GOOD_MODEL, "{\"type\": \"Lowercase\"}", BYTE_LEVEL),
                  "normalizer \"Lowercase\" is not supported");
-    expect_fatal(load,
+    EXPECT_FATAL(load,
                  write_tokenizer("nfkc.json", GOOD_MODEL,
                                  "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFKC\"}]}", BYTE_LEVEL),
                  "normalizer \"NFKC\" is not supported");
-    expect_fatal(
+    EXPECT_FATAL(
         load,
         write_tokenizer("metaspace.json", GOOD_MODEL, "null",
                         "{\"type\": \"Metaspace\", \"replacement\": \"\\u2581\", \"prepend_scheme\": \"always\"}"),
         "pre_tokenizer \"Metaspace\" is not supported");
-    expect_fatal(load, write_tokenizer("no_byte_level.json", GOOD_MODEL, "null", "null"), "no ByteLevel step");
-    expect_fatal(load,
+    EXPECT_FATAL(load, write_tokenizer("no_byte_level.json", GOOD_MODEL, "null", "null"), "no ByteLevel step");
+    EXPECT_FATAL(load,
                  write_tokenizer(
                      "bad_regex.json", GOOD_MODEL, "null",
                      "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
                      "{\"Regex\": \"(\\\\p{L}+\"}, \"behavior\": \"Isolated\", \"invert\": false}, " BYTE_LEVEL "]}"),
                  "regex \"(\\p{L}+\" does not compile");
-    expect_fatal(load,
+    EXPECT_FATAL(load,
                  write_tokenizer("bad_behavior.json", GOOD_MODEL, "null",
                                  "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
                                  "{\"String\": \" \"}, \"behavior\": \"Sideways\", \"invert\": false}, " BYTE_LEVEL
                                  "]}"),
                  "behavior \"Sideways\"");
-    expect_fatal(decode_bad_id, write_tokenizer("decode.json", GOOD_MODEL, "null", BYTE_LEVEL),
+    EXPECT_FATAL(decode_bad_id, write_tokenizer("decode.json", GOOD_MODEL, "null", BYTE_LEVEL),
                  "cannot decode token id 6: outside [0, 6)");
 
-    for (int i = 0; i < n_files; i++) unlink(files[i]);
-    CHECK(rmdir(dir) == 0);
+    weft_test_remove_dir();
     printf("ok\n");
     return 0;
 }

@@ -11,13 +11,11 @@ on these fixtures measures about 1e-6 (logits) and 3e-6 (worst gradient) against
 """
 
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
-from reference import qwen2
+from reference import fixtures, qwen2
 
 TOL = 1e-5
 LENGTHS = [13, 1, 2, 9, 24, 5, 17]
@@ -26,9 +24,8 @@ PROMPTS = [4, 1, 1, 3, 6, 5, 2]
 
 def check_case(weft, tmp, label, cfg_over, seed, batch_kw, recomputes):
     mdir = os.path.join(tmp, label.replace(" ", "_"))
-    cfg, params = qwen2.make_model(mdir, cfg_over, seed=seed)
-    bpath = os.path.join(mdir, "batch.jsonl")
-    docs = qwen2.make_batch(bpath, LENGTHS, PROMPTS, cfg["vocab_size"], seed + 100, **batch_kw)
+    cfg, params, bpath, docs = fixtures.model_and_batch(mdir, cfg_over, seed, LENGTHS, PROMPTS,
+                                                        seed + 100, **batch_kw)
     loss, logits, grads = qwen2.reference_grad(params, cfg, docs)
     print(f"[{label}] T={sum(LENGTHS)} targets={qwen2.count_targets(docs)} "
           f"reference loss={loss:.10f}")
@@ -36,54 +33,37 @@ def check_case(weft, tmp, label, cfg_over, seed, batch_kw, recomputes):
     for rc in recomputes:
         tag = f"{label}, recompute={rc}"
         print(f"--- {tag}")
-        try:
-            out, stdout = qwen2.run_weft(weft, ["grad", "--model", mdir, "--batch", bpath,
-                                                "--logits", f"train.recompute={rc}"])
-        except qwen2.WeftError as e:
-            print(f"  FAIL weft grad failed:\n{e}")
-            failures.append(f"{tag}: weft grad failed")
+        args = fixtures.grad_args(mdir, bpath, "--logits", f"train.recompute={rc}")
+        out, _ = fixtures.try_grad(weft, args, tag, failures)
+        if out is None:
             continue
-        bad = []
-        if not qwen2.compare("loss", out.get("loss"), np.float64(loss), TOL):
-            bad.append("loss")
-        if not qwen2.compare("logits", out.get("logits"), logits, TOL):
-            bad.append("logits")
-        bad += qwen2.compare_all("grad.", out, grads, TOL)
+        bad = fixtures.compare_loss_and_grads(out, np.float64(loss), grads, TOL, logits=logits)
         failures += [f"{tag}: {b}" for b in bad]
     return failures
 
 
-def main():
-    weft = qwen2.weft_path()
-    if not os.access(weft, os.X_OK):
-        print(f"weft binary not found at {weft}")
-        return 1
-    tmp = tempfile.mkdtemp(prefix="weft_test_model_")
+def cases(weft, tmp):
     failures = []
-    try:
-        for tied in (False, True):
-            failures += check_case(weft, tmp, f"tied={tied}",
-                                   dict(qwen2.SMALL_CFG, tie_word_embeddings=tied),
-                                   seed=11 + tied, batch_kw={}, recomputes=("false", "true"))
-        # Documents 2 and 4 carry no loss_mask (every token but the first is a target);
-        # documents 0 and 6 have loss_mask[0] = 1, which must be ignored.
-        failures += check_case(weft, tmp, "missing masks",
-                               dict(qwen2.SMALL_CFG, tie_word_embeddings=False), seed=15,
-                               batch_kw=dict(no_mask=(2, 4), mask0_one=(0, 6)),
-                               recomputes=("false",))
-        failures += check_case(weft, tmp, "attention_bias=false",
-                               dict(qwen2.SMALL_CFG, tie_word_embeddings=True,
-                                    attention_bias=False), seed=14, batch_kw={},
-                               recomputes=("false", "true"))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print(f"\nFAIL: {len(failures)} comparisons over tolerance {TOL:g} or failed:")
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("\nPASS")
-    return 0
+    for tied in (False, True):
+        failures += check_case(weft, tmp, f"tied={tied}",
+                               dict(qwen2.SMALL_CFG, tie_word_embeddings=tied),
+                               seed=11 + tied, batch_kw={}, recomputes=("false", "true"))
+    # Documents 2 and 4 carry no loss_mask (every token but the first is a target);
+    # documents 0 and 6 have loss_mask[0] = 1, which must be ignored.
+    failures += check_case(weft, tmp, "missing masks",
+                           dict(qwen2.SMALL_CFG, tie_word_embeddings=False), seed=15,
+                           batch_kw=dict(no_mask=(2, 4), mask0_one=(0, 6)),
+                           recomputes=("false",))
+    failures += check_case(weft, tmp, "attention_bias=false",
+                           dict(qwen2.SMALL_CFG, tie_word_embeddings=True,
+                                attention_bias=False), seed=14, batch_kw={},
+                           recomputes=("false", "true"))
+    return failures
+
+
+def main():
+    return fixtures.run_test(cases, "weft_test_model_",
+                             f"comparisons over tolerance {TOL:g} or failed")
 
 
 if __name__ == "__main__":

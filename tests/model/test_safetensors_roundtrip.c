@@ -1,33 +1,15 @@
 // Tensors written by weft_safetensors_writer come back bit-exact, the bytes on disk follow the
 // safetensors layout exactly (LE length, compact JSON header padded with spaces to 8 bytes, data in
 // the order added), and hand-built BF16 / F16 / F64 tensors convert to the right floats.
+#include "../testing.h"
 #include "core/core.h"
 #include "model/safetensors.h"
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#define CHECK(cond)                                                                                                    \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                                   \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-
-static char dir[64];
-
-static char *temp_path(const char *name) {
-    static char buf[8][128];
-    static int next;
-    char *p = buf[next++ % 8];
-    snprintf(p, sizeof buf[0], "%s/%s", dir, name);
-    return p;
-}
 
 static float from_bits(uint32_t b) {
     float f;
@@ -62,7 +44,7 @@ static void test_exact_layout(void) {
     const float a[2] = {1.0f, -2.0f};
     weft_safetensors_writer_add_f32(w, "a", a, 1, (const int64_t[]){2});
     weft_safetensors_writer_add_metadata(w, "k", "v");
-    const char *path = temp_path("exact.safetensors");
+    const char *path = weft_test_path("exact.safetensors");
     CHECK(weft_safetensors_writer_save(w, path));
     weft_safetensors_writer_free(w);
 
@@ -95,7 +77,7 @@ static void test_roundtrip(void) {
     weft_safetensors_writer_add_f32(w, "empty", NULL, 2, empty_shape);
     weft_safetensors_writer_add_metadata(w, "format", "pt");
     weft_safetensors_writer_add_metadata(w, "note", "quotes \" and \\ and \xc3\xa9");
-    const char *path = temp_path("model.safetensors");
+    const char *path = weft_test_path("model.safetensors");
     CHECK(weft_safetensors_writer_save(w, path));
     weft_safetensors_writer_free(w);
 
@@ -172,8 +154,7 @@ static void test_half_precision_conversion(void) {
     for (int i = 0; i < 6; i++) put_u16(data + 2 * i, bf16[i]);
     for (int i = 0; i < 8; i++) put_u16(data + 12 + 2 * i, f16[i]);
     memcpy(data + 29, f64, sizeof f64);
-    const char *path = temp_path("half.safetensors");
-    CHECK(weft_write_file_atomic(path, buf, total));
+    const char *path = weft_test_write_file("half.safetensors", buf, total);
     weft_free(buf);
 
     weft_safetensors *st = weft_safetensors_load(path);
@@ -198,15 +179,11 @@ static void test_half_precision_conversion(void) {
 }
 
 int main(void) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/weft_st_XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
-    CHECK(mkdtemp(dir) != NULL);
+    weft_test_make_dir("weft_st");
     test_exact_layout();
     test_roundtrip();
     test_half_precision_conversion();
-    const char *files[] = {"exact.safetensors", "model.safetensors", "half.safetensors"};
-    for (int i = 0; i < 3; i++) unlink(temp_path(files[i]));
-    rmdir(dir);
+    weft_test_remove_dir();
     printf("ok\n");
     return 0;
 }

@@ -18,13 +18,11 @@ error) moves the 5-step parameters by less than the tolerance.
 """
 
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
-from reference import qwen2
+from reference import fixtures, qwen2
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -37,69 +35,53 @@ STEPS = 5
 OPT = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, clip_grad=1.0)
 
 
-def main():
-    weft = qwen2.weft_path()
-    if not os.access(weft, os.X_OK):
-        print(f"weft binary not found at {weft}")
-        return 1
-    tmp = tempfile.mkdtemp(prefix="weft_test_adamw_")
+def cases(weft, tmp):
     failures = []
-    try:
-        for tied in (False, True):
-            label = f"tied={tied}"
-            mdir = os.path.join(tmp, f"tied{int(tied)}")
-            cfg, params = qwen2.make_model(mdir, dict(CFG, tie_word_embeddings=tied), seed=SEED)
-            bpath = os.path.join(mdir, "batch.jsonl")
-            docs = qwen2.make_batch(bpath, LENGTHS, PROMPTS, cfg["vocab_size"], SEED + 1000)
-            ref = qwen2.adamw_steps(params, cfg, docs, STEPS, **OPT)
-            loss0, _, grads0 = qwen2.reference_grad(params, cfg, docs)
-            print(f"[{label}] targets={qwen2.count_targets(docs)}")
-            print("  reference grad norms before clipping:",
-                  " ".join(f"{x:.4f}" for x in ref["grad_norms"]))
-            print("  clip coefficients:", " ".join(f"{x:.4f}" for x in ref["clip_coefs"]))
-            print("  learning rates:   ", " ".join(f"{x:.3e}" for x in ref["lrs"]))
-            print("  step losses:      ", " ".join(f"{x:.8f}" for x in ref["step_losses"]))
-            if not any(c < 1.0 for c in ref["clip_coefs"]):
-                failures.append(f"{label}: fixture: clipping never triggers")
-                print("  FAIL fixture: clipping never triggers")
-            cond, where = qwen2.adamw_conditioning(params, cfg, docs, STEPS, ref, noise=1e-6,
-                                                   seeds=(1, 2, 3), **OPT)
-            print(f"  fixture conditioning: gradient noise 1e-6*max moves params by {cond:.2e} "
-                  f"of max ({where}); must be < {TOL:g}")
-            if not cond < TOL:
-                failures.append(f"{label}: fixture ill-conditioned ({cond:.2e} at {where})")
-            for rc in ("false", "true"):
-                tag = f"{label}, recompute={rc}"
-                print(f"--- {tag}")
-                args = ["grad", "--model", mdir, "--batch", bpath, f"train.recompute={rc}",
-                        f"{qwen2.STEPS_KEY}={STEPS}"] + qwen2.optim_args(**OPT)
-                print("  weft " + " ".join(args))
-                try:
-                    out, _ = qwen2.run_weft(weft, args)
-                except qwen2.WeftError as e:
-                    print(f"  FAIL weft grad failed:\n{e}")
-                    failures.append(f"{tag}: weft grad failed")
-                    continue
-                bad = []
-                if not qwen2.compare("loss", out.get("loss"), np.float64(loss0), TOL):
-                    bad.append("loss")
-                bad += qwen2.compare_all("grad.", out, grads0, TOL)
-                got_sl = out.get("step_losses")
-                if got_sl is not None:
-                    print("  weft step losses:  ", " ".join(f"{x:.8f}" for x in got_sl.ravel()))
-                if not qwen2.compare("step_losses", got_sl, ref["step_losses"], TOL):
-                    bad.append("step_losses")
-                bad += qwen2.compare_all("param.", out, ref["params"], TOL)
-                failures += [f"{tag}: {b}" for b in bad]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print(f"\nFAIL: {len(failures)} comparisons over tolerance {TOL:g} or failed:")
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("\nPASS")
-    return 0
+    for tied in (False, True):
+        label = f"tied={tied}"
+        mdir = os.path.join(tmp, f"tied{int(tied)}")
+        cfg, params, bpath, docs = fixtures.model_and_batch(
+            mdir, dict(CFG, tie_word_embeddings=tied), SEED, LENGTHS, PROMPTS, SEED + 1000)
+        ref = qwen2.adamw_steps(params, cfg, docs, STEPS, **OPT)
+        loss0, _, grads0 = qwen2.reference_grad(params, cfg, docs)
+        print(f"[{label}] targets={qwen2.count_targets(docs)}")
+        print("  reference grad norms before clipping:",
+              " ".join(f"{x:.4f}" for x in ref["grad_norms"]))
+        print("  clip coefficients:", " ".join(f"{x:.4f}" for x in ref["clip_coefs"]))
+        print("  learning rates:   ", " ".join(f"{x:.3e}" for x in ref["lrs"]))
+        print("  step losses:      ", " ".join(f"{x:.8f}" for x in ref["step_losses"]))
+        if not any(c < 1.0 for c in ref["clip_coefs"]):
+            failures.append(f"{label}: fixture: clipping never triggers")
+            print("  FAIL fixture: clipping never triggers")
+        cond, where = qwen2.adamw_conditioning(params, cfg, docs, STEPS, ref, noise=1e-6,
+                                               seeds=(1, 2, 3), **OPT)
+        print(f"  fixture conditioning: gradient noise 1e-6*max moves params by {cond:.2e} "
+              f"of max ({where}); must be < {TOL:g}")
+        if not cond < TOL:
+            failures.append(f"{label}: fixture ill-conditioned ({cond:.2e} at {where})")
+        for rc in ("false", "true"):
+            tag = f"{label}, recompute={rc}"
+            print(f"--- {tag}")
+            args = fixtures.grad_args(mdir, bpath, f"train.recompute={rc}",
+                                      f"{qwen2.STEPS_KEY}={STEPS}") + qwen2.optim_args(**OPT)
+            print("  weft " + " ".join(args))
+            out, _ = fixtures.try_grad(weft, args, tag, failures)
+            if out is None:
+                continue
+            bad = fixtures.compare_loss_and_grads(out, np.float64(loss0), grads0, TOL)
+            got_sl = out.get("step_losses")
+            if got_sl is not None:
+                print("  weft step losses:  ", " ".join(f"{x:.8f}" for x in got_sl.ravel()))
+            if not qwen2.compare("step_losses", got_sl, ref["step_losses"], TOL):
+                bad.append("step_losses")
+            bad += qwen2.compare_all("param.", out, ref["params"], TOL)
+            failures += [f"{tag}: {b}" for b in bad]
+    return failures
+
+
+def main():
+    return fixtures.run_test(cases, "weft_test_adamw_",
+                             f"comparisons over tolerance {TOL:g} or failed")
 
 
 if __name__ == "__main__":

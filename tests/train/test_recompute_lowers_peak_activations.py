@@ -8,82 +8,64 @@ recomputation. loss, every grad.*, step_losses and every param.* are identical b
 """
 
 import os
-import shutil
 import sys
-import tempfile
 
-from reference import qwen2
+from reference import fixtures, qwen2
 
 CFG = dict(qwen2.SMALL_CFG, num_hidden_layers=4, tie_word_embeddings=False)
 LENGTHS = [40, 1, 2, 71, 64, 53]
 PROMPTS = [5, 1, 1, 10, 8, 3]
 
 
-def main():
-    weft = qwen2.weft_path()
-    if not os.access(weft, os.X_OK):
-        print(f"weft binary not found at {weft}")
-        return 1
-    tmp = tempfile.mkdtemp(prefix="weft_test_recompute_")
+def cases(weft, tmp):
     failures = []
-    try:
-        mdir = os.path.join(tmp, "model")
-        cfg, params = qwen2.make_model(mdir, CFG, seed=31)
-        bpath = os.path.join(mdir, "batch.jsonl")
-        qwen2.make_batch(bpath, LENGTHS, PROMPTS, cfg["vocab_size"], 131)
-        n_params = sum(v.size for v in params.values())
-        print(f"model: {cfg['num_hidden_layers']} layers, {n_params} parameters "
-              f"({4 * n_params} bytes in fp32); batch of {sum(LENGTHS)} tokens")
-        outs, mems = {}, {}
-        for rc in ("false", "true"):
-            args = ["grad", "--model", mdir, "--batch", bpath, f"train.recompute={rc}",
-                    f"{qwen2.STEPS_KEY}=2"]
-            try:
-                out, stdout = qwen2.run_weft(weft, args)
-            except qwen2.WeftError as e:
-                print(f"FAIL weft grad (recompute={rc}) failed:\n{e}")
-                failures.append(f"recompute={rc}: weft grad failed")
-                continue
-            mem = qwen2.parse_memory(stdout)
-            print(f"recompute={rc}: {mem}")
-            if mem is None:
-                print(f"FAIL no memory line in stdout:\n{stdout}")
-                failures.append(f"recompute={rc}: no 'memory:' line on stdout")
-                continue
-            outs[rc], mems[rc] = out, mem
-        if len(mems) == 2:
-            off, on = mems["false"], mems["true"]
-            for key in ("parameters", "gradients", "optimizer_state"):
-                if off[key] != on[key]:
-                    failures.append(f"{key} differs: recompute off {off[key]}, on {on[key]}")
-            print(f"peak_activations: off {off['peak_activations']}, on {on['peak_activations']}"
-                  f" (ratio {on['peak_activations'] / max(1, off['peak_activations']):.3f})")
-            if not on["peak_activations"] < off["peak_activations"]:
-                failures.append(f"peak_activations not lower with recompute: off "
-                                f"{off['peak_activations']}, on {on['peak_activations']}")
-        if len(outs) == 2:
-            a, b = outs["false"], outs["true"]
-            names = sorted(set(a) | set(b))
-            checked = 0
-            for n in names:
-                if n == "loss" or n == "step_losses" or n.startswith(("grad.", "param.")):
-                    checked += 1
-                    if not qwen2.identical(n, b.get(n), a.get(n)):
-                        failures.append(f"{n} differs between recompute off and on")
-            for n in ["loss", "step_losses"] + ["grad." + k for k in params] + [
-                    "param." + k for k in params]:
-                if n not in a:
-                    failures.append(f"{n} missing from weft's output")
-            print(f"compared {checked} tensors bit for bit")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if failures:
-        print(f"\nFAIL: {len(failures)} problems:")
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("\nPASS")
-    return 0
+    mdir = os.path.join(tmp, "model")
+    cfg, params, bpath, _ = fixtures.model_and_batch(mdir, CFG, 31, LENGTHS, PROMPTS, 131)
+    n_params = sum(v.size for v in params.values())
+    print(f"model: {cfg['num_hidden_layers']} layers, {n_params} parameters "
+          f"({4 * n_params} bytes in fp32); batch of {sum(LENGTHS)} tokens")
+    outs, mems = {}, {}
+    for rc in ("false", "true"):
+        args = fixtures.grad_args(mdir, bpath, f"train.recompute={rc}", f"{qwen2.STEPS_KEY}=2")
+        out, stdout = fixtures.try_grad(weft, args, f"recompute={rc}", failures)
+        if out is None:
+            continue
+        mem = qwen2.parse_memory(stdout)
+        print(f"recompute={rc}: {mem}")
+        if mem is None:
+            print(f"FAIL no memory line in stdout:\n{stdout}")
+            failures.append(f"recompute={rc}: no 'memory:' line on stdout")
+            continue
+        outs[rc], mems[rc] = out, mem
+    if len(mems) == 2:
+        off, on = mems["false"], mems["true"]
+        for key in ("parameters", "gradients", "optimizer_state"):
+            if off[key] != on[key]:
+                failures.append(f"{key} differs: recompute off {off[key]}, on {on[key]}")
+        print(f"peak_activations: off {off['peak_activations']}, on {on['peak_activations']}"
+              f" (ratio {on['peak_activations'] / max(1, off['peak_activations']):.3f})")
+        if not on["peak_activations"] < off["peak_activations"]:
+            failures.append(f"peak_activations not lower with recompute: off "
+                            f"{off['peak_activations']}, on {on['peak_activations']}")
+    if len(outs) == 2:
+        a, b = outs["false"], outs["true"]
+        names = sorted(set(a) | set(b))
+        checked = 0
+        for n in names:
+            if n == "loss" or n == "step_losses" or n.startswith(("grad.", "param.")):
+                checked += 1
+                if not qwen2.identical(n, b.get(n), a.get(n)):
+                    failures.append(f"{n} differs between recompute off and on")
+        for n in ["loss", "step_losses"] + ["grad." + k for k in params] + [
+                "param." + k for k in params]:
+            if n not in a:
+                failures.append(f"{n} missing from weft's output")
+        print(f"compared {checked} tensors bit for bit")
+    return failures
+
+
+def main():
+    return fixtures.run_test(cases, "weft_test_recompute_", "problems")
 
 
 if __name__ == "__main__":

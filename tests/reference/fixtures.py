@@ -1,0 +1,78 @@
+"""The frame shared by the tests that run `weft grad` on a random Qwen2 and compare its output.
+
+qwen2.py is the reference itself (model, batch files, forward, AdamW, comparisons); this module is
+the harness around it that every such test otherwise wrote out again: finding weft, a temp dir
+removed afterwards, the PASS / FAIL summary and exit status, a model with its batch file,
+the `weft grad` command line, turning a failed weft run into one failure line, and the common
+loss / logits / gradient comparison. What a test checks and its tolerances stay in the test.
+"""
+
+import os
+import shutil
+import tempfile
+
+from reference import qwen2
+
+
+def run_test(body, tmp_prefix, summary="comparisons over tolerance or failed"):
+    """Runs body(weft, tmp) with the weft binary (qwen2.weft_path) and a fresh temp dir, which is
+    removed afterwards whatever happens. body returns its list of failure lines; when it is not
+    empty they are printed as "FAIL: <n> <summary>:" and the result is 1, else "PASS" and 0. The
+    result is the process exit status (ctest reads it), so use as sys.exit(run_test(...))."""
+    weft = qwen2.weft_path()
+    if not os.access(weft, os.X_OK):
+        print(f"weft binary not found at {weft}")
+        return 1
+    tmp = tempfile.mkdtemp(prefix=tmp_prefix)
+    try:
+        failures = body(weft, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"\nFAIL: {len(failures)} {summary}:")
+        for f in failures:
+            print("  " + f)
+        return 1
+    print("\nPASS")
+    return 0
+
+
+def model_and_batch(mdir, cfg, seed, lengths, prompts, batch_seed, **batch_kw):
+    """Writes a random model (qwen2.make_model) into mdir and a batch of documents of `lengths`
+    tokens with masked prompts of `prompts` tokens (qwen2.make_batch) to mdir/batch.jsonl.
+    Returns (full cfg, params, batch path, docs)."""
+    cfg, params = qwen2.make_model(mdir, cfg, seed=seed)
+    bpath = os.path.join(mdir, "batch.jsonl")
+    docs = qwen2.make_batch(bpath, lengths, prompts, cfg["vocab_size"], batch_seed, **batch_kw)
+    return cfg, params, bpath, docs
+
+
+def grad_args(mdir, bpath, *options):
+    """The arguments of `weft grad` on the model in mdir and the batch file bpath, followed by
+    `options` (flags such as --logits and key=value settings); run_weft adds --out."""
+    return ["grad", "--model", mdir, "--batch", bpath, *options]
+
+
+def try_grad(weft, args, tag, failures):
+    """qwen2.run_weft(weft, args), returning (tensors, stdout). When weft fails, prints its
+    command and output, appends "<tag>: weft grad failed" to failures and returns (None, None),
+    so that the test goes on with its other cases."""
+    try:
+        return qwen2.run_weft(weft, args)
+    except qwen2.WeftError as e:
+        print(f"  FAIL weft grad ({tag}) failed:\n{e}")
+        failures.append(f"{tag}: weft grad failed")
+        return None, None
+
+
+def compare_loss_and_grads(out, loss, grads, tol, logits=None):
+    """Compares weft's output tensors `out` with a reference: "loss" with loss, "logits" with
+    logits when given, and every "grad.<name>" with grads[name] (and no extra grad.*), each to
+    max|diff|/max|ref| <= tol (qwen2.compare). Returns the names that failed."""
+    bad = []
+    if not qwen2.compare("loss", out.get("loss"), loss, tol):
+        bad.append("loss")
+    if logits is not None and not qwen2.compare("logits", out.get("logits"), logits, tol):
+        bad.append("logits")
+    bad += qwen2.compare_all("grad.", out, grads, tol)
+    return bad
