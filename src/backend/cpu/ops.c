@@ -405,12 +405,13 @@ static void cpu_cross_entropy(weft_backend *self, void *logitsv, const int32_t *
         int arg = 0;
         for (int j = 1; j < V; j++)
             if (row[j] > mx) mx = row[j], arg = j;
+        float target_logit = row[y];
         double sum = 0;
-        for (int j = 0; j < V; j++) sum += exp((double)row[j] - mx);
-        double lse = mx + log(sum);
-        row_loss[t] = (float)(lse - row[y]);
+        for (int j = 0; j < V; j++) sum += (row[j] = expf(row[j] - mx));
+        row_loss[t] = (float)(mx + log(sum) - target_logit);
         if (correct) correct[t] = arg == y ? 1.0f : 0.0f;
-        for (int j = 0; j < V; j++) row[j] = scale * (float)exp((double)row[j] - lse);
+        float k = (float)(scale / sum);
+        for (int j = 0; j < V; j++) row[j] *= k;
         row[y] -= scale;
     }
 }
