@@ -68,10 +68,19 @@ int weft_cmd_grad(int argc, char **argv) {
     weft_step_result r = weft_trainer_gradients(t, docs->docs, docs->n, &plan, logits);
     printf("grad: %d documents, %ld tokens, %ld targets, loss %.6f, grad norm %.6f\n", docs->n,
            r.n_tokens, r.n_targets, r.loss, r.grad_norm);
+    for (int k = 0; k < r.mtp_depth; k++)
+        printf("grad: MTP depth %d loss %.6f, accuracy %.4f\n", k + 1, r.mtp_loss[k],
+               r.mtp_accuracy[k]);
 
     weft_safetensors_writer *w = weft_safetensors_writer_create();
     float loss = (float)r.loss;
     weft_safetensors_writer_add_f32(w, "loss", &loss, 0, NULL);
+    if (r.mtp_depth > 0) {
+        float mtp[WEFT_MAX_MTP];
+        for (int k = 0; k < r.mtp_depth; k++) mtp[k] = (float)r.mtp_loss[k];
+        int64_t shape[1] = {r.mtp_depth};
+        weft_safetensors_writer_add_f32(w, "mtp_losses", mtp, 1, shape);
+    }
     weft_model_add_tensors(m, w, "grad.", m->grad_buf, 0);
     if (logits) {
         int64_t shape[2] = {T, mc.vocab_size};

@@ -48,6 +48,11 @@ void weft_model_config_load(const char *path, weft_model_config *cfg) {
     };
     cfg->num_kv_heads = get_int(root, path, "num_key_value_heads", false, cfg->num_heads);
     cfg->head_dim = get_int(root, path, "head_dim", false, cfg->hidden_size / cfg->num_heads);
+    json_t *mtp = json_object_get(root, "num_nextn_predict_layers");
+    WEFT_CHECK(!mtp || json_is_null(mtp) || json_is_integer(mtp),
+               "%s: \"num_nextn_predict_layers\" must be an integer", path);
+    cfg->num_mtp = mtp && json_is_integer(mtp) ? (int)json_integer_value(mtp) : 0;
+    cfg->mtp_loss_scale = get_real(root, path, "mtp_loss_scale", 0.1);
     json_decref(root);
     weft_model_config_validate(cfg, path);
 }
@@ -58,20 +63,25 @@ void weft_model_config_validate(const weft_model_config *c, const char *source) 
                source, c->num_heads, c->num_kv_heads);
     WEFT_CHECK(c->head_dim % 2 == 0, "%s: head_dim (%d) must be even for rotary embeddings",
                source, c->head_dim);
+    WEFT_CHECK(c->num_mtp >= 0 && c->num_mtp <= WEFT_MAX_MTP,
+               "%s: num_nextn_predict_layers = %d; weft supports 0 to %d MTP modules", source,
+               c->num_mtp, WEFT_MAX_MTP);
+    WEFT_CHECK(c->mtp_loss_scale >= 0, "%s: mtp_loss_scale must not be negative", source);
     WEFT_CHECK(c->rope_theta > 0 && c->rms_norm_eps > 0,
                "%s: rope_theta and rms_norm_eps must be positive", source);
 }
 
 bool weft_model_config_save(const weft_model_config *c, const char *path) {
     json_t *root = json_pack(
-        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:s, s:s}",
+        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:s, s:s, s:i, s:f}",
         "architectures", "Qwen2ForCausalLM", "model_type", "qwen2", "vocab_size", c->vocab_size,
         "hidden_size", c->hidden_size, "intermediate_size", c->intermediate_size,
         "num_hidden_layers", c->num_layers, "num_attention_heads", c->num_heads,
         "num_key_value_heads", c->num_kv_heads, "head_dim", c->head_dim, "rope_theta",
         c->rope_theta, "rms_norm_eps", c->rms_norm_eps, "tie_word_embeddings",
         c->tie_word_embeddings, "attention_bias", c->attention_bias, "hidden_act", "silu",
-        "torch_dtype", "float32");
+        "torch_dtype", "float32", "num_nextn_predict_layers", c->num_mtp, "mtp_loss_scale",
+        c->mtp_loss_scale);
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(root);
     bool ok = text && weft_write_file_atomic(path, text, strlen(text));

@@ -2,10 +2,14 @@
 #pragma once
 #include "core/core.h"
 
+enum { WEFT_MAX_MTP = 4 }; // multi-token prediction depths supported
+
 typedef struct weft_model_config {
     int vocab_size, hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads, head_dim;
     double rope_theta, rms_norm_eps;
     bool tie_word_embeddings, attention_bias;
+    int num_mtp;           // num_nextn_predict_layers: MTP modules D (0 = none)
+    double mtp_loss_scale; // lambda: the MTP losses weigh lambda / D each
 } weft_model_config;
 
 // Reads path (a config.json); any missing or inconsistent field is a fatal error naming it.

@@ -25,43 +25,71 @@ static int add_param(weft_model *m, int cap, const char *name, int64_t rows, int
     return m->n_params++;
 }
 
-// Parameters are laid out in layer order: embedding, layers 0..L-1, final norm, lm_head. Gradient
-// buckets later take this order reversed, the order backward produces them.
+// The tensors of one decoder layer, named prefix + Hugging Face suffix.
+static void add_decoder_layer(weft_model *m, int cap, weft_layer_params *lp, const char *prefix,
+                              int layer) {
+    const weft_model_config *c = &m->cfg;
+    int C = c->hidden_size, I = c->intermediate_size;
+    int qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
+    char n[96];
+#define P(field, suffix, rows, cols)                                                               \
+    (snprintf(n, sizeof n, "%s%s", prefix, suffix), lp->field = add_param(m, cap, n, rows, cols, layer))
+    P(input_norm, "input_layernorm.weight", C, 0);
+    P(q_w, "self_attn.q_proj.weight", qd, C);
+    P(k_w, "self_attn.k_proj.weight", kvd, C);
+    P(v_w, "self_attn.v_proj.weight", kvd, C);
+    if (c->attention_bias) {
+        P(q_b, "self_attn.q_proj.bias", qd, 0);
+        P(k_b, "self_attn.k_proj.bias", kvd, 0);
+        P(v_b, "self_attn.v_proj.bias", kvd, 0);
+    } else {
+        lp->q_b = lp->k_b = lp->v_b = WEFT_ABSENT;
+    }
+    P(o_w, "self_attn.o_proj.weight", C, qd);
+    P(post_norm, "post_attention_layernorm.weight", C, 0);
+    P(gate_w, "mlp.gate_proj.weight", I, C);
+    P(up_w, "mlp.up_proj.weight", I, C);
+    P(down_w, "mlp.down_proj.weight", C, I);
+#undef P
+}
+
+// Parameters are laid out in the order forward uses them: embedding, layers 0..L-1, final norm,
+// MTP modules, lm_head. Gradient buckets later take this order reversed.
 static void build_layout(weft_model *m) {
     const weft_model_config *c = &m->cfg;
-    int C = c->hidden_size, I = c->intermediate_size, L = c->num_layers;
-    int qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
-    int cap = 3 + 12 * L;
+    int C = c->hidden_size, L = c->num_layers, D = c->num_mtp;
+    int cap = 3 + 12 * L + 16 * D;
     m->params = weft_alloc(sizeof(weft_param_info) * cap);
-    m->layers = weft_alloc(sizeof(weft_layer_params) * L);
+    m->layers = weft_alloc(sizeof(weft_layer_params) * (L + D));
+    m->mtp = weft_alloc(sizeof(weft_mtp_params) * (D > 0 ? D : 1));
     m->embed = add_param(m, cap, "model.embed_tokens.weight", c->vocab_size, C, -1);
-    char n[96];
-#define LAYER_PARAM(field, suffix, rows, cols)                                                     \
-    (snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix),                                       \
-     lp->field = add_param(m, cap, n, rows, cols, l))
+    char prefix[64], n[96];
     for (int l = 0; l < L; l++) {
-        weft_layer_params *lp = &m->layers[l];
-        LAYER_PARAM(input_norm, "input_layernorm.weight", C, 0);
-        LAYER_PARAM(q_w, "self_attn.q_proj.weight", qd, C);
-        LAYER_PARAM(k_w, "self_attn.k_proj.weight", kvd, C);
-        LAYER_PARAM(v_w, "self_attn.v_proj.weight", kvd, C);
-        if (c->attention_bias) {
-            LAYER_PARAM(q_b, "self_attn.q_proj.bias", qd, 0);
-            LAYER_PARAM(k_b, "self_attn.k_proj.bias", kvd, 0);
-            LAYER_PARAM(v_b, "self_attn.v_proj.bias", kvd, 0);
-        } else {
-            lp->q_b = lp->k_b = lp->v_b = WEFT_ABSENT;
-        }
-        LAYER_PARAM(o_w, "self_attn.o_proj.weight", C, qd);
-        LAYER_PARAM(post_norm, "post_attention_layernorm.weight", C, 0);
-        LAYER_PARAM(gate_w, "mlp.gate_proj.weight", I, C);
-        LAYER_PARAM(up_w, "mlp.up_proj.weight", I, C);
-        LAYER_PARAM(down_w, "mlp.down_proj.weight", C, I);
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        add_decoder_layer(m, cap, &m->layers[l], prefix, l);
     }
-#undef LAYER_PARAM
     m->final_norm = add_param(m, cap, "model.norm.weight", C, 0, L);
-    m->lm_head = c->tie_word_embeddings ? m->embed
-                                        : add_param(m, cap, "lm_head.weight", c->vocab_size, C, L);
+    for (int k = 0; k < D; k++) {
+        weft_mtp_params *mp = &m->mtp[k];
+        int layer = L + 1 + k;
+#define P(field, suffix, rows, cols)                                                               \
+    (snprintf(n, sizeof n, "model.mtp_layers.%d.%s", k, suffix),                                   \
+     mp->field = add_param(m, cap, n, rows, cols, layer))
+        P(enorm, "enorm.weight", C, 0);
+        P(hnorm, "hnorm.weight", C, 0);
+        P(eh_proj, "eh_proj.weight", C, 2 * C);
+        snprintf(prefix, sizeof prefix, "model.mtp_layers.%d.", k);
+        add_decoder_layer(m, cap, &m->layers[L + k], prefix, layer);
+        P(final_norm, "final_layernorm.weight", C, 0);
+#undef P
+    }
+    m->lm_head = c->tie_word_embeddings
+                     ? m->embed
+                     : add_param(m, cap, "lm_head.weight", c->vocab_size, C, L + 1 + D);
+}
+
+bool weft_model_param_is_mtp(const weft_model *m, int i) {
+    return strncmp(m->params[i].name, "model.mtp_layers.", 17) == 0;
 }
 
 weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg) {
@@ -159,15 +187,25 @@ typedef struct layer_acts {
     void *gate, *up, *act; // (T, I)
 } layer_acts;
 
+// One MTP module's tensors besides its decoder layer's (which live in layers[L + k]).
+typedef struct mtp_acts {
+    void *emb, *en, *hn;              // (T, C) Emb(shifted tokens), its norm, norm of h_{k-1}
+    void *out, *h;                    // (T, C) the layer's output and h_k after final_layernorm
+    float *rstd_e, *rstd_h, *rstd_f;  // (T)
+    void *d_head;                     // (T, C) dL/dh_k through this depth's logits
+    int32_t *inputs, *targets;        // (T) device copies of the batch's rows
+} mtp_acts;
+
 struct weft_activations {
     char *arena;
     size_t capacity, used;
-    int T_capacity;
-    layer_acts *layers; // (L) without recomputation; with it, only x_in is kept per layer
+    layer_acts *layers; // (L + D) without recomputation; with it, only x_in is kept per layer
     layer_acts scratch; // the one layer's worth recomputation works in
-    void *x_out, *lnf, *logits;          // (T, C), (T, C), (T, V)
+    mtp_acts *mtp;      // (D)
+    void *x_out, *lnf, *logits;          // (T, C), (T, C), (T, V): one logits buffer for all heads
     float *rstdf, *row_loss, *correct;   // (T)
-    void *d_res, *d_ln, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
+    void *d_head0;                       // (T, C) dL/d(lnf) through the main head
+    void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
     int32_t *tokens, *positions, *targets, *cu_seqlens;
 };
 
@@ -205,20 +243,31 @@ static void carve(weft_activations *a, const weft_model_config *c, bool recomput
                   int n_docs, size_t esz) {
     size_t C = c->hidden_size, I = c->intermediate_size;
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
+    size_t row = esz * T * C, f32 = sizeof(float) * T, ids = sizeof(int32_t) * T;
     a->used = 0;
-    for (int l = 0; l < c->num_layers; l++) {
+    for (int l = 0; l < c->num_layers + c->num_mtp; l++) {
         carve_layer(a, &a->layers[l], c, T, esz, false);
         if (!recompute) carve_layer(a, &a->layers[l], c, T, esz, true);
     }
     if (recompute) carve_layer(a, &a->scratch, c, T, esz, true);
-    a->x_out = take(a, esz * T * C);
-    a->lnf = take(a, esz * T * C);
+    for (int k = 0; k < c->num_mtp; k++) {
+        mtp_acts *mk = &a->mtp[k];
+        mk->emb = take(a, row), mk->en = take(a, row), mk->hn = take(a, row);
+        mk->out = take(a, row), mk->h = take(a, row), mk->d_head = take(a, row);
+        mk->rstd_e = take(a, f32), mk->rstd_h = take(a, f32), mk->rstd_f = take(a, f32);
+        mk->inputs = take(a, ids), mk->targets = take(a, ids);
+    }
+    a->x_out = take(a, row);
+    a->lnf = take(a, row);
     a->logits = take(a, esz * T * c->vocab_size);
-    a->rstdf = take(a, sizeof(float) * T);
-    a->row_loss = take(a, sizeof(float) * T);
-    a->correct = take(a, sizeof(float) * T);
-    a->d_res = take(a, esz * T * C);
-    a->d_ln = take(a, esz * T * C);
+    a->rstdf = take(a, f32);
+    a->row_loss = take(a, f32);
+    a->correct = take(a, f32);
+    a->d_head0 = take(a, row);
+    a->d_res = take(a, row);
+    a->d_ln = take(a, row);
+    a->d_aux = take(a, row);
+    a->d_carry = take(a, row);
     a->d_att = take(a, esz * T * qd);
     a->d_q = take(a, esz * T * qd);
     a->d_k = take(a, esz * T * kvd);
@@ -226,9 +275,9 @@ static void carve(weft_activations *a, const weft_model_config *c, bool recomput
     a->d_act = take(a, esz * T * I);
     a->d_gate = take(a, esz * T * I);
     a->d_up = take(a, esz * T * I);
-    a->tokens = take(a, sizeof(int32_t) * T);
-    a->positions = take(a, sizeof(int32_t) * T);
-    a->targets = take(a, sizeof(int32_t) * T);
+    a->tokens = take(a, ids);
+    a->positions = take(a, ids);
+    a->targets = take(a, ids);
     a->cu_seqlens = take(a, sizeof(int32_t) * (n_docs + 1));
 }
 
@@ -238,7 +287,8 @@ static weft_activations *prepare_activations(weft_model *m, int T, int n_docs) {
     weft_activations *a = m->acts;
     if (!a) {
         a = m->acts = weft_alloc(sizeof *a);
-        a->layers = weft_alloc(sizeof(layer_acts) * m->cfg.num_layers);
+        a->layers = weft_alloc(sizeof(layer_acts) * (m->cfg.num_layers + m->cfg.num_mtp));
+        a->mtp = weft_alloc(sizeof(mtp_acts) * (m->cfg.num_mtp > 0 ? m->cfg.num_mtp : 1));
     }
     char *arena = a->arena;
     a->arena = NULL;
@@ -260,36 +310,59 @@ void weft_model_free(weft_model *m) {
     if (m->acts) {
         if (m->acts->arena) m->be->free(m->be, m->acts->arena);
         weft_free(m->acts->layers);
+        weft_free(m->acts->mtp);
         weft_free(m->acts);
     }
     m->be->free(m->be, m->param_buf);
     m->be->free(m->be, m->grad_buf);
     weft_free(m->params);
     weft_free(m->layers);
+    weft_free(m->mtp);
     weft_free(m);
 }
 
 // ------------------------------------------------------------------------------- linear ops ----
 
-// y (T, out) = x (T, in) W^T + beta * y, W (out, in) as Hugging Face stores it.
-static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, int in, int out,
-                           float beta) {
+// A weight as the matmul sees it: the (out, in) block starting at column `col` of parameter
+// `param`, whose rows are `ld` elements apart. Whole Hugging Face matrices have col 0, ld = in;
+// eh_proj's two halves are the views that turn a concatenated input into two products.
+typedef struct weight_view {
+    int param, col, ld;
+} weight_view;
+
+static weight_view whole(int param, int in) { return (weight_view){param, 0, in}; }
+
+// y (T, out) = x (T, in) W^T + beta * y
+static void linear_forward_view(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
+                                int out, float beta) {
     weft_backend *be = m->be;
     weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
-    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weft_model_param(m, w), in, beta, y, out,
-               ty);
+    const char *wp = (const char *)weft_model_param(m, w.param) +
+                     (size_t)w.col * weft_dtype_size(be->param_dtype);
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, wp, w.ld, beta, y, out, ty);
 }
 
 // dx (T, in) = dy W + dx_beta * dx ; dW (out, in) += dy^T x
-static void linear_backward(weft_model *m, const void *x, int w, const void *dy, void *dx, int T,
-                            int in, int out, float dx_beta) {
+static void linear_backward_view(weft_model *m, const void *x, weight_view w, const void *dy,
+                                 void *dx, int T, int in, int out, float dx_beta) {
     weft_backend *be = m->be;
     weft_matmul_types tx = {be->act_dtype, be->param_dtype, be->act_dtype};
     weft_matmul_types tw = {be->act_dtype, be->act_dtype, WEFT_F32};
-    be->matmul(be, false, false, T, in, out, 1.0f, dy, out, weft_model_param(m, w), in, dx_beta,
-               dx, in, tx);
-    be->matmul(be, true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f, weft_model_grad(m, w), in,
-               tw);
+    const char *wp = (const char *)weft_model_param(m, w.param) +
+                     (size_t)w.col * weft_dtype_size(be->param_dtype);
+    be->matmul(be, false, false, T, in, out, 1.0f, dy, out, wp, w.ld, dx_beta, dx, in, tx);
+    be->matmul(be, true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f,
+               weft_model_grad(m, w.param) + w.col, w.ld, tw);
+}
+
+static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, int in, int out,
+                           float beta) {
+    linear_forward_view(m, x, whole(w, in), y, T, in, out, beta);
+}
+
+static void linear_backward(weft_model *m, const void *x, int w, const void *dy, void *dx, int T,
+                            int in, int out, float dx_beta) {
+    linear_backward_view(m, x, whole(w, in), dy, dx, T, in, out, dx_beta);
 }
 
 // ------------------------------------------------------------------------- decoder layer ----
@@ -380,19 +453,98 @@ static layer_acts *inner_acts(weft_model *m, weft_activations *a, int l) {
     return &a->scratch;
 }
 
+// One output head: logits (T, V) = h W_head^T, fused cross-entropy against targets (their
+// gradient, scaled, replaces the logits), then straight away dh (T, C) = dlogits W_head and
+// dW_head += dlogits^T h. Running each head's backward at once lets every head share one logits
+// buffer.
+static void head_forward_backward(weft_model *m, weft_activations *a, const void *h,
+                                  const int32_t *targets, float scale, void *dh, dims d,
+                                  weft_forward_stats *stats, int head, float *logits_host) {
+    weft_backend *be = m->be;
+    int V = m->cfg.vocab_size;
+    linear_forward(m, h, m->lm_head, a->logits, d.T, d.C, V, 0.0f);
+    if (logits_host) be->to_f32(be, logits_host, a->logits, be->act_dtype, (size_t)d.T * V);
+    be->cross_entropy(be, a->logits, targets, scale, a->row_loss, a->correct, d.T, V);
+    stats->loss_sum[head] = be->sum_f32(be, a->row_loss, d.T);
+    stats->correct[head] = be->sum_f32(be, a->correct, d.T);
+    linear_backward(m, h, m->lm_head, a->logits, dh, d.T, d.C, V, 0.0f);
+}
+
+// eh_proj's two halves: columns [0, C) read enorm(Emb(x)), columns [C, 2C) read hnorm(h_{k-1}).
+static weight_view eh_half(const weft_model *m, int k, int half) {
+    int C = m->cfg.hidden_size;
+    return (weight_view){m->mtp[k].eh_proj, half * C, 2 * C};
+}
+
+// MTP module k (0-based): from h_prev (T, C) and the shifted tokens to h_k, its loss and dL/dh_k.
+static void mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_prev,
+                        float scale, dims d, weft_forward_stats *stats) {
+    weft_backend *be = m->be;
+    const weft_mtp_params *p = &m->mtp[k];
+    mtp_acts *mk = &a->mtp[k];
+    int l = m->cfg.num_layers + k;
+    float eps = (float)m->cfg.rms_norm_eps;
+    be->embedding_forward(be, mk->inputs, weft_model_param(m, m->embed), mk->emb, d.T, d.C);
+    be->rmsnorm_forward(be, mk->emb, weft_model_param(m, p->enorm), eps, mk->en, mk->rstd_e, d.T,
+                        d.C);
+    be->rmsnorm_forward(be, h_prev, weft_model_param(m, p->hnorm), eps, mk->hn, mk->rstd_h, d.T,
+                        d.C);
+    void *z = a->layers[l].x_in;
+    linear_forward_view(m, mk->en, eh_half(m, k, 0), z, d.T, d.C, d.C, 0.0f);
+    linear_forward_view(m, mk->hn, eh_half(m, k, 1), z, d.T, d.C, d.C, 1.0f);
+    layer_forward(m, l, inner_acts(m, a, l), a, mk->out, d);
+    be->rmsnorm_forward(be, mk->out, weft_model_param(m, p->final_norm), eps, mk->h, mk->rstd_f,
+                        d.T, d.C);
+    head_forward_backward(m, a, mk->h, mk->targets, scale, mk->d_head, d, stats, k + 1, NULL);
+}
+
+// On entry a->d_carry holds dL/dh_k from module k+1 (when there is one); on exit it holds
+// dL/dh_{k-1} from this module.
+static void mtp_backward(weft_model *m, weft_activations *a, int k, const void *h_prev, dims d) {
+    weft_backend *be = m->be;
+    const weft_mtp_params *p = &m->mtp[k];
+    mtp_acts *mk = &a->mtp[k];
+    int l = m->cfg.num_layers + k;
+    size_t row = weft_dtype_size(be->act_dtype) * d.T * d.C;
+    if (k + 1 < m->cfg.num_mtp) be->add_inplace(be, mk->d_head, a->d_carry, (size_t)d.T * d.C);
+    be->zero(be, a->d_res, row);
+    be->rmsnorm_backward(be, mk->out, weft_model_param(m, p->final_norm), mk->rstd_f, mk->d_head,
+                         a->d_res, weft_model_grad(m, p->final_norm), d.T, d.C);
+    layer_acts *la = inner_acts(m, a, l);
+    if (m->recompute) layer_forward(m, l, la, a, mk->out, d); // out is free after its norm
+    layer_backward(m, l, la, a, d);
+    // a->d_res = dL/dz; split it through eh_proj's halves.
+    linear_backward_view(m, mk->en, eh_half(m, k, 0), a->d_res, a->d_ln, d.T, d.C, d.C, 0.0f);
+    linear_backward_view(m, mk->hn, eh_half(m, k, 1), a->d_res, a->d_aux, d.T, d.C, d.C, 0.0f);
+    be->zero(be, a->d_res, row);
+    be->rmsnorm_backward(be, mk->emb, weft_model_param(m, p->enorm), mk->rstd_e, a->d_ln, a->d_res,
+                         weft_model_grad(m, p->enorm), d.T, d.C);
+    be->embedding_backward(be, mk->inputs, a->d_res, weft_model_grad(m, m->embed), d.T, d.C);
+    be->zero(be, a->d_carry, row);
+    be->rmsnorm_backward(be, h_prev, weft_model_param(m, p->hnorm), mk->rstd_h, a->d_aux,
+                         a->d_carry, weft_model_grad(m, p->hnorm), d.T, d.C);
+}
+
 weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
-                                               float loss_scale, float *logits_host) {
+                                               const float *loss_scale, float *logits_host) {
     weft_backend *be = m->be;
     dims d = dims_of(m, batch);
-    int L = m->cfg.num_layers, V = m->cfg.vocab_size;
-    size_t esz = weft_dtype_size(be->act_dtype);
+    int L = m->cfg.num_layers, D = m->cfg.num_mtp;
+    size_t esz = weft_dtype_size(be->act_dtype), row = esz * d.T * d.C;
+    WEFT_CHECK(batch->mtp_depth == D, "internal: batch built for %d MTP depths, model has %d",
+               batch->mtp_depth, D);
     weft_activations *a = prepare_activations(m, d.T, d.n_docs);
     be->to_device(be, a->tokens, batch->tokens, sizeof(int32_t) * d.T);
     be->to_device(be, a->positions, batch->positions, sizeof(int32_t) * d.T);
     be->to_device(be, a->targets, batch->targets, sizeof(int32_t) * d.T);
     be->to_device(be, a->cu_seqlens, batch->cu_seqlens, sizeof(int32_t) * (d.n_docs + 1));
+    for (int k = 0; k < D; k++) {
+        be->to_device(be, a->mtp[k].inputs, weft_batch_mtp_inputs(batch, k + 1), sizeof(int32_t) * d.T);
+        be->to_device(be, a->mtp[k].targets, weft_batch_mtp_targets(batch, k + 1), sizeof(int32_t) * d.T);
+    }
+    weft_forward_stats stats = {0};
 
-    // Forward.
+    // Main decoder, its head, then the MTP modules in order (module k reads h_{k-1}).
     be->embedding_forward(be, a->tokens, weft_model_param(m, m->embed), a->layers[0].x_in, d.T, d.C);
     for (int l = 0; l < L; l++) {
         void *out = l + 1 < L ? a->layers[l + 1].x_in : a->x_out;
@@ -400,21 +552,16 @@ weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *
     }
     be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
                         (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
-    linear_forward(m, a->lnf, m->lm_head, a->logits, d.T, d.C, V, 0.0f);
-    if (logits_host) be->to_f32(be, logits_host, a->logits, be->act_dtype, (size_t)d.T * V);
+    head_forward_backward(m, a, a->lnf, a->targets, loss_scale[0], a->d_head0, d, &stats, 0,
+                          logits_host);
+    for (int k = 0; k < D; k++)
+        mtp_forward(m, a, k, k == 0 ? a->lnf : a->mtp[k - 1].h, loss_scale[k + 1], d, &stats);
 
-    // Loss; the logits become their gradient in place.
-    be->cross_entropy(be, a->logits, a->targets, loss_scale, a->row_loss, a->correct, d.T, V);
-    weft_forward_stats stats = {
-        .loss_sum = be->sum_f32(be, a->row_loss, d.T),
-        .correct = be->sum_f32(be, a->correct, d.T),
-        .n_targets = batch->n_targets,
-    };
-
-    // Backward.
-    linear_backward(m, a->lnf, m->lm_head, a->logits, a->d_ln, d.T, d.C, V, 0.0f);
-    be->zero(be, a->d_res, esz * d.T * d.C);
-    be->rmsnorm_backward(be, a->x_out, weft_model_param(m, m->final_norm), a->rstdf, a->d_ln,
+    // Backward: MTP modules last to first, carrying dL/dh_{k-1} down to the main head's input.
+    for (int k = D - 1; k >= 0; k--) mtp_backward(m, a, k, k == 0 ? a->lnf : a->mtp[k - 1].h, d);
+    if (D > 0) be->add_inplace(be, a->d_head0, a->d_carry, (size_t)d.T * d.C);
+    be->zero(be, a->d_res, row);
+    be->rmsnorm_backward(be, a->x_out, weft_model_param(m, m->final_norm), a->rstdf, a->d_head0,
                          a->d_res, weft_model_grad(m, m->final_norm), d.T, d.C);
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *la = inner_acts(m, a, l);

@@ -23,6 +23,11 @@ typedef struct weft_layer_params {
     int input_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate_w, up_w, down_w;
 } weft_layer_params;
 
+// One multi-token-prediction module's own tensors; its decoder layer is in `layers`.
+typedef struct weft_mtp_params {
+    int enorm, hnorm, eh_proj, final_norm;
+} weft_mtp_params;
+
 typedef struct weft_activations weft_activations;
 
 typedef struct weft_model {
@@ -34,7 +39,8 @@ typedef struct weft_model {
     void *param_buf;            // (n_elements) param dtype
     float *grad_buf;            // (n_elements) f32, same offsets
     int embed, final_norm, lm_head; // lm_head == embed when tied
-    weft_layer_params *layers;  // (num_layers)
+    weft_layer_params *layers;  // (num_layers + num_mtp): the MTP modules' layers come last
+    weft_mtp_params *mtp;       // (num_mtp)
     bool recompute;             // recompute each block's activations in backward
     weft_activations *acts;
     size_t peak_activation_bytes;
@@ -50,17 +56,20 @@ void weft_model_init_random(weft_model *m, uint64_t seed);
 void *weft_model_param(const weft_model *m, int index);
 float *weft_model_grad(const weft_model *m, int index);
 
+// Per head (index 0: the main next-token head, k: MTP depth k) sums over a micro-batch.
 typedef struct weft_forward_stats {
-    double loss_sum;    // sum of cross-entropy over this micro-batch's targets
-    double correct;     // targets whose argmax prediction was right
-    int n_targets;
+    double loss_sum[WEFT_MAX_MTP + 1]; // cross-entropy summed over the head's targets
+    double correct[WEFT_MAX_MTP + 1];  // targets whose argmax prediction was right
 } weft_forward_stats;
 
-// Forward and backward over one packed micro-batch. Gradients of loss_scale * (sum of target
-// losses) are ADDED to grad_buf, so micro-batches accumulate and loss_scale = 1/N gives the global
-// token mean. If logits_host is not NULL the logits (T, V) are copied there in f32.
+// Forward and backward over one packed micro-batch. Gradients of
+// sum_k loss_scale[k] * (sum of head k's target losses) are ADDED to grad_buf, so micro-batches
+// accumulate; loss_scale[0] = 1/N and loss_scale[k] = lambda/(D N_k) give the objective of
+// DESIGN.md sections 3 and 8. If logits_host is not NULL the main logits (T, V) are copied there.
 weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
-                                               float loss_scale, float *logits_host);
+                                               const float *loss_scale, float *logits_host);
+// Whether parameter i belongs to a multi-token-prediction module.
+bool weft_model_param_is_mtp(const weft_model *m, int i);
 void weft_model_zero_grad(weft_model *m);
 // Adds one tensor per parameter, named prefix + Hugging Face name, to a safetensors writer: the
 // parameters themselves when flat is NULL, else the f32 buffer `flat` laid out like the parameters

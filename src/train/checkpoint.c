@@ -217,6 +217,7 @@ static void check_same_shape(const char *dir, const weft_model_config *want) {
     SAME(head_dim, "head_dim");
     SAME(tie_word_embeddings, "tie_word_embeddings");
     SAME(attention_bias, "attention_bias");
+    SAME(num_mtp, "num_nextn_predict_layers");
 #undef SAME
     weft_free(path);
 }

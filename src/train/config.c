@@ -28,6 +28,8 @@ static const key_def KEYS[] = {
     {"model.num_kv_heads", KEY_INT, F(model.num_kv_heads), "key/value heads (from scratch)"},
     {"model.rope_theta", KEY_REAL, F(model.rope_theta), "RoPE base (from scratch)"},
     {"model.tie_word_embeddings", KEY_BOOL, F(model.tie_word_embeddings), "share embedding and head"},
+    {"model.mtp_layers", KEY_INT, F(model.mtp_layers), "multi-token prediction modules (from scratch)"},
+    {"model.mtp_loss_scale", KEY_REAL, F(model.mtp_loss_scale), "MTP loss weight lambda (from scratch)"},
     {"data.source", KEY_STRING, F(data.source), "\"synthetic\" or a JSONL file"},
     {"data.tokenizer", KEY_STRING, F(data.tokenizer), "tokenizer.json; empty: byte-level"},
     {"data.synthetic_documents", KEY_INT, F(data.synthetic_documents), "synthetic task size"},
@@ -38,6 +40,7 @@ static const key_def KEYS[] = {
      "token budget of a micro-batch (0: use train.micro_batches)"},
     {"train.micro_batches", KEY_INT, F(train.micro_batches), "micro-batches per global batch"},
     {"train.recompute", KEY_BOOL, F(train.recompute), "recompute block activations in backward"},
+    {"train.freeze_mtp", KEY_BOOL, F(train.freeze_mtp), "keep the MTP modules fixed"},
     {"train.seed", KEY_INT, F(train.seed), "seed of initialisation and data order"},
     {"train.output_dir", KEY_STRING, F(train.output_dir), "where checkpoints and metrics go"},
     {"train.save_every", KEY_INT, F(train.save_every), "checkpoint every N steps (0: at the end)"},
@@ -65,6 +68,7 @@ weft_job_config weft_job_config_default(void) {
     c.model.num_kv_heads = 2;
     c.model.rope_theta = 10000.0;
     c.model.tie_word_embeddings = true;
+    c.model.mtp_loss_scale = 0.1;
     snprintf(c.data.source, sizeof c.data.source, "synthetic");
     c.data.synthetic_documents = 20000;
     c.train.steps = 300;

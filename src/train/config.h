@@ -11,6 +11,8 @@ typedef struct weft_job_config {
         int hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads;
         double rope_theta;
         bool tie_word_embeddings;
+        int mtp_layers;        // model.mtp_layers: multi-token-prediction modules (from scratch)
+        double mtp_loss_scale; // model.mtp_loss_scale: lambda
     } model;
     struct {
         char source[WEFT_PATH_MAX];    // data.source: "synthetic" or a .jsonl file
@@ -21,6 +23,7 @@ typedef struct weft_job_config {
     struct {
         int steps, global_batch_size, max_tokens_per_microbatch, micro_batches;
         bool recompute;
+        bool freeze_mtp; // train.freeze_mtp: MTP modules fixed, the main model trains
         int seed;
         char output_dir[WEFT_PATH_MAX];
         int save_every, log_every;

@@ -59,14 +59,26 @@ static void report_step(progress *p, int step, const weft_step_result *r, double
     double eta = step > 0 ? elapsed / step * remaining : 0;
     fprintf(p->metrics,
             "{\"step\": %d, \"loss\": %.17g, \"accuracy\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, "
-            "\"tokens\": %ld, \"targets\": %ld, \"tokens_per_s\": %.1f, \"step_seconds\": %.4f}\n",
+            "\"tokens\": %ld, \"targets\": %ld, \"tokens_per_s\": %.1f, \"step_seconds\": %.4f",
             step, r->loss, r->accuracy, r->lr, r->grad_norm, r->n_tokens, r->n_targets, tok_s,
             r->seconds);
+    if (r->mtp_depth > 0) {
+        const char *sep = "";
+        fprintf(p->metrics, ", \"mtp_loss\": [");
+        for (int k = 0; k < r->mtp_depth; k++, sep = ", ") fprintf(p->metrics, "%s%.9g", sep, r->mtp_loss[k]);
+        fprintf(p->metrics, "], \"mtp_accuracy\": [");
+        sep = "";
+        for (int k = 0; k < r->mtp_depth; k++, sep = ", ")
+            fprintf(p->metrics, "%s%.6g", sep, r->mtp_accuracy[k]);
+        fprintf(p->metrics, "]");
+    }
+    fprintf(p->metrics, "}\n");
     fflush(p->metrics);
-    char line[256];
+    char line[256], mtp[64] = "";
+    if (r->mtp_depth > 0) snprintf(mtp, sizeof mtp, "  mtp1 acc %.3f", r->mtp_accuracy[0]);
     snprintf(line, sizeof line,
-             "step %d/%d  loss %.4f  acc %.3f  lr %.2e  gnorm %.3f  %.0f tok/s  eta %.0fs", step,
-             p->total, r->loss, r->accuracy, r->lr, r->grad_norm, tok_s, eta);
+             "step %d/%d  loss %.4f  acc %.3f%s  lr %.2e  gnorm %.3f  %.0f tok/s  eta %.0fs", step,
+             p->total, r->loss, r->accuracy, mtp, r->lr, r->grad_norm, tok_s, eta);
     if (p->tty) {
         int width = 24, done = (int)((double)step / p->total * width);
         char bar[32];
@@ -127,6 +139,8 @@ static weft_model *build_model(weft_backend *be, const weft_job_config *cfg, int
             .rms_norm_eps = 1e-6,
             .tie_word_embeddings = cfg->model.tie_word_embeddings,
             .attention_bias = true,
+            .num_mtp = cfg->model.mtp_layers,
+            .mtp_loss_scale = cfg->model.mtp_loss_scale,
         };
         weft_model_config_validate(&mc, "model settings");
     }

@@ -12,9 +12,13 @@ weft_trainer *weft_trainer_create(weft_model *m, const weft_job_config *cfg, boo
     m->recompute = cfg->train.recompute;
     t->n_segs = m->n_params;
     t->segs = weft_alloc(sizeof(weft_optim_segment) * m->n_params);
-    for (int i = 0; i < m->n_params; i++)
-        t->segs[i] = (weft_optim_segment){m->params[i].offset, m->params[i].numel,
+    for (int i = 0; i < m->n_params; i++) {
+        bool frozen = cfg->train.freeze_mtp && weft_model_param_is_mtp(m, i);
+        // A frozen tensor is left out: no AdamW step, so no weight decay either.
+        t->segs[i] = (weft_optim_segment){m->params[i].offset, frozen ? 0 : m->params[i].numel,
                                           m->params[i].weight_decay};
+    }
+    t->batch.mtp_depth = m->cfg.num_mtp;
     if (with_optimizer) {
         weft_optim_config oc = cfg->optim;
         oc.total_steps = cfg->train.steps;
@@ -31,10 +35,11 @@ void weft_trainer_free(weft_trainer *t) {
     weft_free(t);
 }
 
-static long count_targets(const weft_document *d) {
-    if (!d->loss_mask) return d->len > 0 ? d->len - 1 : 0;
+// Targets of head k (0: next token, k: MTP depth k) in a document: tokens j >= k+1 marked by
+// the loss mask, since head k at position t predicts token t+k+1.
+static long count_targets(const weft_document *d, int k) {
     long n = 0;
-    for (int i = 1; i < d->len; i++) n += d->loss_mask[i] != 0;
+    for (int j = k + 1; j < d->len; j++) n += d->loss_mask ? d->loss_mask[j] != 0 : 1;
     return n;
 }
 
@@ -42,14 +47,23 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
                                         const weft_microbatch_plan *plan, float *logits_host) {
     double t0 = weft_now_seconds();
     weft_model *m = t->model;
-    weft_step_result r = {0};
-    // N is known from the masks before any backward pass; every micro-batch scales by 1/N.
-    for (int i = 0; i < n_docs; i++) r.n_targets += count_targets(&docs[i]), r.n_tokens += docs[i].len;
+    int D = m->cfg.num_mtp;
+    weft_step_result r = {.mtp_depth = D};
+    // Every head's global target count is known from the masks before any backward pass; each
+    // micro-batch scales by it, so the sum over micro-batches is the global objective.
+    long n_head[WEFT_MAX_MTP + 1] = {0};
+    for (int i = 0; i < n_docs; i++) {
+        r.n_tokens += docs[i].len;
+        for (int k = 0; k <= D; k++) n_head[k] += count_targets(&docs[i], k);
+    }
+    r.n_targets = n_head[0];
     WEFT_CHECK(r.n_targets > 0, "the batch has no prediction targets (every loss_mask is 0)");
-    float scale = (float)(1.0 / (double)r.n_targets);
+    float scale[WEFT_MAX_MTP + 1] = {(float)(1.0 / (double)n_head[0])};
+    for (int k = 1; k <= D; k++)
+        scale[k] = n_head[k] > 0 ? (float)(m->cfg.mtp_loss_scale / D / (double)n_head[k]) : 0.0f;
 
     weft_model_zero_grad(m);
-    double loss_sum = 0, correct = 0;
+    double loss_sum[WEFT_MAX_MTP + 1] = {0}, correct[WEFT_MAX_MTP + 1] = {0};
     size_t logits_row = 0;
     for (int p = 0; p < plan->n_micro; p++) {
         weft_batch_clear(&t->batch);
@@ -59,12 +73,19 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
         }
         float *logits = logits_host ? logits_host + logits_row * m->cfg.vocab_size : NULL;
         weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, logits);
-        loss_sum += s.loss_sum;
-        correct += s.correct;
+        for (int k = 0; k <= D; k++) loss_sum[k] += s.loss_sum[k], correct[k] += s.correct[k];
         logits_row += t->batch.T;
     }
-    r.loss = loss_sum / (double)r.n_targets;
-    r.accuracy = correct / (double)r.n_targets;
+    r.loss = loss_sum[0] / (double)n_head[0];
+    r.accuracy = correct[0] / (double)n_head[0];
+    for (int k = 1; k <= D; k++) {
+        r.mtp_loss[k - 1] = n_head[k] > 0 ? loss_sum[k] / (double)n_head[k] : 0.0;
+        r.mtp_accuracy[k - 1] = n_head[k] > 0 ? correct[k] / (double)n_head[k] : 0.0;
+    }
+    if (t->cfg.train.freeze_mtp) // frozen modules take no update and no part in the norm
+        for (int i = 0; i < m->n_params; i++)
+            if (weft_model_param_is_mtp(m, i))
+                m->be->zero(m->be, weft_model_grad(m, i), m->params[i].numel * sizeof(float));
     r.grad_norm = sqrt(m->be->sumsq_f32(m->be, m->grad_buf, m->n_elements));
     r.seconds = weft_now_seconds() - t0;
     return r;

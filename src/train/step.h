@@ -18,6 +18,9 @@ typedef struct weft_trainer {
 typedef struct weft_step_result {
     double loss;      // token-mean cross-entropy over the global batch
     double accuracy;  // top-1 over the targets
+    int mtp_depth;
+    double mtp_loss[WEFT_MAX_MTP];     // per depth k = 1..D: token mean over its own targets
+    double mtp_accuracy[WEFT_MAX_MTP]; // top-1, the proxy for speculative-decoding acceptance
     double grad_norm; // before clipping
     double lr;
     long n_targets, n_tokens;
