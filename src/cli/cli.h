@@ -1,6 +1,7 @@
 // cli: the `weft` command's subcommands.
 #pragma once
-int weft_cmd_grad(int argc, char **argv);
-int weft_cmd_train(int argc, char **argv);
+#include "comm/comm.h"
+int weft_cmd_grad(int argc, char **argv, weft_comm *world);
+int weft_cmd_train(int argc, char **argv, weft_comm *world);
 int weft_cmd_tokenize(int argc, char **argv);
 int weft_cmd_plot(int argc, char **argv);

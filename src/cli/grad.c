@@ -41,10 +41,11 @@ static grad_args parse_args(int argc, char **argv) {
     return a;
 }
 
-int weft_cmd_grad(int argc, char **argv) {
+int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
     grad_args a = parse_args(argc, argv);
     weft_job_config cfg = weft_job_config_default();
     cfg.train.steps = 0; // a gradient check runs no optimizer step unless asked
+    cfg.train.max_tokens_per_microbatch = 0; // train.micro_batches cuts the batch
     weft_job_config_apply_overrides(&cfg, a.n_overrides, a.overrides);
 
     char path[4096];
@@ -52,23 +53,21 @@ int weft_cmd_grad(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/config.json", a.model_dir);
     weft_model_config_load(path, &mc);
     weft_backend *be = weft_backend_cpu_create();
-    weft_model *m = weft_model_create(be, &mc);
+    weft_model *m = weft_trainer_build_model(be, world, &mc);
     snprintf(path, sizeof path, "%s/model.safetensors", a.model_dir);
     weft_model_load_safetensors(m, path);
     weft_document_set *docs = weft_read_token_jsonl(a.batch, mc.vocab_size);
-    weft_trainer *t = weft_trainer_create(m, &cfg, cfg.train.steps > 0);
+    weft_trainer *t = weft_trainer_create(m, world, &cfg, cfg.train.steps > 0);
+    bool writer = weft_comm_rank(world) == 0;
 
     long T = 0;
     for (int i = 0; i < docs->n; i++) T += docs->docs[i].len;
     float *logits = a.logits ? weft_alloc(sizeof(float) * T * mc.vocab_size) : NULL;
-    int *lengths = weft_alloc(sizeof(int) * docs->n);
-    for (int i = 0; i < docs->n; i++) lengths[i] = docs->docs[i].len;
-    weft_microbatch_plan plan = weft_plan_contiguous(lengths, docs->n, cfg.train.micro_batches);
-    weft_free(lengths);
-    weft_step_result r = weft_trainer_gradients(t, docs->docs, docs->n, &plan, logits);
-    printf("grad: %d documents, %ld tokens, %ld targets, loss %.6f, grad norm %.6f\n", docs->n,
+    weft_step_result r = weft_trainer_gradients(t, docs->docs, docs->n, logits);
+    weft_trainer_gather_gradients(t);
+    if (writer) printf("grad: %d documents, %ld tokens, %ld targets, loss %.6f, grad norm %.6f\n", docs->n,
            r.n_tokens, r.n_targets, r.loss, r.grad_norm);
-    for (int k = 0; k < r.mtp_depth; k++)
+    for (int k = 0; k < r.mtp_depth && writer; k++)
         printf("grad: MTP depth %d loss %.6f, accuracy %.4f\n", k + 1, r.mtp_loss[k],
                r.mtp_accuracy[k]);
 
@@ -89,9 +88,9 @@ int weft_cmd_grad(int argc, char **argv) {
     if (cfg.train.steps > 0) {
         float *losses = weft_alloc(sizeof(float) * cfg.train.steps);
         for (int s = 0; s < cfg.train.steps; s++) {
-            weft_step_result sr = weft_trainer_step(t, docs->docs, docs->n, &plan);
+            weft_step_result sr = weft_trainer_step(t, docs->docs, docs->n);
             losses[s] = (float)sr.loss;
-            printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e, %.4f s, %.0f tokens/s\n",
+            if (writer) printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e, %.4f s, %.0f tokens/s\n",
                    s + 1, cfg.train.steps, sr.loss, sr.grad_norm, sr.lr, sr.seconds,
                    (double)sr.n_tokens / sr.seconds);
         }
@@ -101,11 +100,16 @@ int weft_cmd_grad(int argc, char **argv) {
         weft_free(losses);
     }
     weft_memory_report mem = weft_trainer_memory(t);
-    weft_print_memory_report(&mem);
-    WEFT_CHECK(weft_safetensors_writer_save(w, a.out), "%s: cannot write the output file", a.out);
+    if (writer) {
+        weft_print_memory_report(&mem);
+        weft_comm_stats cs = weft_comm_get_stats(world);
+        printf("collectives: ranks=%d allreduce=%ld reduce_scatter=%ld allgather=%ld\n",
+               weft_comm_size(world), cs.calls[WEFT_OP_ALLREDUCE], cs.calls[WEFT_OP_REDUCE_SCATTER],
+               cs.calls[WEFT_OP_ALLGATHER]);
+        WEFT_CHECK(weft_safetensors_writer_save(w, a.out), "%s: cannot write the output file", a.out);
+    }
 
     weft_safetensors_writer_free(w);
-    weft_microbatch_plan_free(&plan);
     weft_free(logits);
     weft_trainer_free(t);
     weft_document_set_free(docs);

@@ -1,3 +1,4 @@
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,8 +24,15 @@ int main(int argc, char **argv) {
         fputs(USAGE, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "train")) return weft_cmd_train(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "grad")) return weft_cmd_grad(argc - 2, argv + 2);
+    bool parallel = !strcmp(argv[1], "train") || !strcmp(argv[1], "grad");
+    if (parallel) {
+        // Under mpirun every rank runs the same command; launched alone, a one-rank world.
+        weft_comm *world = weft_comm_init(&argc, &argv);
+        int rc = !strcmp(argv[1], "train") ? weft_cmd_train(argc - 2, argv + 2, world)
+                                           : weft_cmd_grad(argc - 2, argv + 2, world);
+        weft_comm_finalize(world);
+        return rc;
+    }
     if (!strcmp(argv[1], "tokenize")) return weft_cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "plot")) return weft_cmd_plot(argc - 2, argv + 2);
     fprintf(stderr, "weft: error: unknown command \"%s\"\n%s", argv[1], USAGE);

@@ -4,7 +4,7 @@
 #include "cli/cli.h"
 #include "train/loop.h"
 
-int weft_cmd_train(int argc, char **argv) {
+int weft_cmd_train(int argc, char **argv, weft_comm *world) {
     weft_job_config cfg = weft_job_config_default();
     int first_override = 0;
     if (argc >= 2 && !strcmp(argv[0], "--config")) {
@@ -15,5 +15,5 @@ int weft_cmd_train(int argc, char **argv) {
         WEFT_CHECK(argv[i][0] != '-', "train: unknown option \"%s\"; use --config FILE or key=value",
                    argv[i]);
     weft_job_config_apply_overrides(&cfg, argc - first_override, argv + first_override);
-    return weft_train_run(&cfg);
+    return weft_train_run(&cfg, world);
 }

@@ -74,6 +74,26 @@ static bool lpt_assign(const cost_item *items, const int *lengths, int n, int n_
     return ok;
 }
 
+static cost_item *by_cost(const int *lengths, int n, double alpha, double beta) {
+    cost_item *items = weft_alloc(sizeof(cost_item) * (n > 0 ? n : 1));
+    for (int i = 0; i < n; i++)
+        items[i] = (cost_item){alpha * (double)lengths[i] * lengths[i] + beta * lengths[i], i};
+    qsort(items, n, sizeof *items, by_cost_desc);
+    return items;
+}
+
+weft_microbatch_plan weft_plan_balanced(const int *lengths, int n, int parts, double alpha,
+                                        double beta) {
+    WEFT_CHECK(parts >= 1, "internal: balancing over %d parts", parts);
+    cost_item *items = by_cost(lengths, n, alpha, beta);
+    int *bin_of = weft_alloc(sizeof(int) * (n > 0 ? n : 1));
+    lpt_assign(items, lengths, n, parts, 1 << 30, bin_of);
+    weft_microbatch_plan p = plan_from_bins(bin_of, n, parts);
+    weft_free(items);
+    weft_free(bin_of);
+    return p;
+}
+
 weft_microbatch_plan weft_plan_packed(const int *lengths, int n, int max_tokens, double alpha,
                                       double beta) {
     long total = 0;
@@ -84,10 +104,7 @@ weft_microbatch_plan weft_plan_packed(const int *lengths, int n, int max_tokens,
                    i, lengths[i], max_tokens);
         total += lengths[i];
     }
-    cost_item *items = weft_alloc(sizeof(cost_item) * (n > 0 ? n : 1));
-    for (int i = 0; i < n; i++)
-        items[i] = (cost_item){alpha * (double)lengths[i] * lengths[i] + beta * lengths[i], i};
-    qsort(items, n, sizeof *items, by_cost_desc);
+    cost_item *items = by_cost(lengths, n, alpha, beta);
     int *bin_of = weft_alloc(sizeof(int) * (n > 0 ? n : 1));
     int n_bins = (int)((total + max_tokens - 1) / max_tokens);
     if (n_bins < 1) n_bins = 1;

@@ -21,3 +21,9 @@ weft_microbatch_plan weft_plan_contiguous(const int *lengths, int n, int parts);
 // naming it.
 weft_microbatch_plan weft_plan_packed(const int *lengths, int n, int max_tokens, double alpha,
                                       double beta);
+
+// Spreads documents over exactly `parts` bins (some possibly empty), balancing estimated cost
+// alpha*L^2 + beta*L by longest-processing-time; deterministic. Used to give each data-parallel
+// rank its share of a global batch.
+weft_microbatch_plan weft_plan_balanced(const int *lengths, int n, int parts, double alpha,
+                                        double beta);

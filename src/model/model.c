@@ -92,13 +92,15 @@ bool weft_model_param_is_mtp(const weft_model *m, int i) {
     return strncmp(m->params[i].name, "model.mtp_layers.", 17) == 0;
 }
 
-weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg) {
+weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg, size_t pad_multiple) {
     weft_model *m = weft_alloc(sizeof *m);
     m->cfg = *cfg;
     m->be = be;
     build_layout(m);
-    m->param_buf = be->alloc(be, m->n_elements * weft_dtype_size(be->param_dtype));
-    m->grad_buf = be->alloc(be, m->n_elements * sizeof(float));
+    size_t q = pad_multiple > 0 ? pad_multiple : 1;
+    m->n_padded = (m->n_elements + q - 1) / q * q;
+    m->param_buf = be->alloc(be, m->n_padded * weft_dtype_size(be->param_dtype));
+    m->grad_buf = be->alloc(be, m->n_padded * sizeof(float));
     return m;
 }
 
@@ -114,9 +116,13 @@ const weft_param_info *weft_model_find_param(const weft_model *m, const char *na
 }
 
 size_t weft_model_param_bytes(const weft_model *m) {
-    return m->n_elements * weft_dtype_size(m->be->param_dtype);
+    return m->n_padded * weft_dtype_size(m->be->param_dtype);
 }
-size_t weft_model_grad_bytes(const weft_model *m) { return m->n_elements * sizeof(float); }
+size_t weft_model_grad_bytes(const weft_model *m) { return m->n_padded * sizeof(float); }
+
+static void notify_grads_ready(weft_model *m, int first_param) {
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, first_param);
+}
 
 void weft_model_zero_grad(weft_model *m) { m->be->zero(m->be, m->grad_buf, weft_model_grad_bytes(m)); }
 
@@ -558,16 +564,24 @@ weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *
         mtp_forward(m, a, k, k == 0 ? a->lnf : a->mtp[k - 1].h, loss_scale[k + 1], d, &stats);
 
     // Backward: MTP modules last to first, carrying dL/dh_{k-1} down to the main head's input.
-    for (int k = D - 1; k >= 0; k--) mtp_backward(m, a, k, k == 0 ? a->lnf : a->mtp[k - 1].h, d);
+    // An untied head is the last tensor and complete once every head has run.
+    if (m->lm_head != m->embed) notify_grads_ready(m, m->lm_head);
+    for (int k = D - 1; k >= 0; k--) {
+        mtp_backward(m, a, k, k == 0 ? a->lnf : a->mtp[k - 1].h, d);
+        notify_grads_ready(m, m->mtp[k].enorm);
+    }
     if (D > 0) be->add_inplace(be, a->d_head0, a->d_carry, (size_t)d.T * d.C);
     be->zero(be, a->d_res, row);
     be->rmsnorm_backward(be, a->x_out, weft_model_param(m, m->final_norm), a->rstdf, a->d_head0,
                          a->d_res, weft_model_grad(m, m->final_norm), d.T, d.C);
+    notify_grads_ready(m, m->final_norm);
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *la = inner_acts(m, a, l);
         if (m->recompute) layer_forward(m, l, la, a, a->x_out, d); // x_out is free by now
         layer_backward(m, l, la, a, d);
+        notify_grads_ready(m, m->layers[l].input_norm);
     }
     be->embedding_backward(be, a->tokens, a->d_res, weft_model_grad(m, m->embed), d.T, d.C);
+    notify_grads_ready(m, 0);
     return stats;
 }

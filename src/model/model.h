@@ -41,12 +41,19 @@ typedef struct weft_model {
     int embed, final_norm, lm_head; // lm_head == embed when tied
     weft_layer_params *layers;  // (num_layers + num_mtp): the MTP modules' layers come last
     weft_mtp_params *mtp;       // (num_mtp)
+    size_t n_padded;            // buffer length: n_elements rounded up for even sharding
     bool recompute;             // recompute each block's activations in backward
+    // Called during backward whenever the gradients of parameters [first_param, n_params) are
+    // final for this micro-batch (the layout is in reverse backward order, so this only grows).
+    // The parallel layer supplies it to start reducing buckets while backward continues.
+    void (*grads_ready)(void *ctx, int first_param);
+    void *grads_ready_ctx;
     weft_activations *acts;
     size_t peak_activation_bytes;
 } weft_model;
 
-weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg);
+// Buffers hold a multiple of `pad_multiple` elements (the distributed optimizer shards them).
+weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg, size_t pad_multiple);
 void weft_model_free(weft_model *m);
 const weft_param_info *weft_model_find_param(const weft_model *m, const char *name);
 // Weights by Hugging Face name; every parameter must be present with its shape.

@@ -60,15 +60,29 @@ static void save_model_weights(const weft_model *m, const char *path) {
     weft_safetensors_writer_free(w);
 }
 
-static void save_optimizer(const weft_trainer *t, const char *path) {
-    weft_safetensors_writer *w = weft_safetensors_writer_create();
+// A moment buffer laid out like the whole parameter buffer: the optimizer's own when it holds
+// every element, else the shards of all ranks gathered (every rank enters the collective).
+static float *whole_moment(const weft_trainer *t, float *mine) {
     const weft_optimizer *o = t->opt;
-    WEFT_CHECK(o->lo == 0 && o->hi == t->model->n_elements,
-               "internal: checkpointing a sharded optimizer needs its shards gathered first");
-    weft_model_add_tensors(t->model, w, "exp_avg.", o->m, o->lo);
-    weft_model_add_tensors(t->model, w, "exp_avg_sq.", o->v, o->lo);
-    WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write optimizer state", path);
-    weft_safetensors_writer_free(w);
+    weft_model *m = t->model;
+    if (o->lo == 0 && o->hi == m->n_padded) return NULL;
+    float *all = m->be->alloc(m->be, m->n_padded * sizeof(float));
+    weft_comm_allgather(t->world, mine, all, o->hi - o->lo, WEFT_COMM_F32);
+    return all;
+}
+
+static void save_optimizer(const weft_trainer *t, const char *path, bool writer) {
+    const weft_optimizer *o = t->opt;
+    float *m_all = whole_moment(t, o->m), *v_all = whole_moment(t, o->v);
+    if (writer) {
+        weft_safetensors_writer *w = weft_safetensors_writer_create();
+        weft_model_add_tensors(t->model, w, "exp_avg.", m_all ? m_all : o->m, 0);
+        weft_model_add_tensors(t->model, w, "exp_avg_sq.", v_all ? v_all : o->v, 0);
+        WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write optimizer state", path);
+        weft_safetensors_writer_free(w);
+    }
+    if (m_all) t->model->be->free(t->model->be, m_all);
+    if (v_all) t->model->be->free(t->model->be, v_all);
 }
 
 static void save_state(const char *dir, const weft_train_state *s) {
@@ -96,27 +110,30 @@ static void save_state(const char *dir, const weft_train_state *s) {
 }
 
 char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const weft_train_state *s) {
+    bool writer = weft_comm_rank(t->world) == 0;
     char name[64], tmp_name[80];
     snprintf(name, sizeof name, "checkpoints/step_%08d", s->step);
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp", name);
     char *final_dir = join(run_dir, name), *tmp = join(run_dir, tmp_name);
-    mkdirs(tmp);
-    char *path = join(tmp, "config.json");
-    WEFT_CHECK(weft_model_config_save(&t->model->cfg, path), "%s: cannot write", path);
+    char *path = join(tmp, "optimizer.safetensors");
+    if (writer) mkdirs(tmp);
+    save_optimizer(t, path, writer); // collective: every rank enters, rank 0 writes
     weft_free(path);
-    path = join(tmp, "model.safetensors");
-    save_model_weights(t->model, path);
-    weft_free(path);
-    path = join(tmp, "optimizer.safetensors");
-    save_optimizer(t, path);
-    weft_free(path);
-    save_state(tmp, s);
-    // Replace a checkpoint of the same step (a resumed run re-saving), then publish atomically.
-    char cmd[3 * WEFT_PATH_MAX];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", final_dir);
-    if (access(final_dir, F_OK) == 0) WEFT_CHECK(system(cmd) == 0, "%s: cannot replace", final_dir);
-    WEFT_CHECK(rename(tmp, final_dir) == 0, "%s: cannot publish checkpoint (%s)", final_dir,
-               strerror(errno));
+    if (writer) {
+        path = join(tmp, "config.json");
+        WEFT_CHECK(weft_model_config_save(&t->model->cfg, path), "%s: cannot write", path);
+        weft_free(path);
+        path = join(tmp, "model.safetensors");
+        save_model_weights(t->model, path);
+        weft_free(path);
+        save_state(tmp, s);
+        // Replace a checkpoint of the same step (a resumed run re-saving), then publish atomically.
+        char cmd[3 * WEFT_PATH_MAX];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", final_dir);
+        if (access(final_dir, F_OK) == 0) WEFT_CHECK(system(cmd) == 0, "%s: cannot replace", final_dir);
+        WEFT_CHECK(rename(tmp, final_dir) == 0, "%s: cannot publish checkpoint (%s)", final_dir,
+                   strerror(errno));
+    }
     weft_free(tmp);
     return final_dir;
 }
@@ -222,8 +239,11 @@ static void check_same_shape(const char *dir, const weft_model_config *want) {
     weft_free(path);
 }
 
-static void load_moments(const weft_safetensors *st, const char *path, const weft_model *m,
-                         const char *prefix, float *dst) {
+// Reads one moment for every parameter into a whole-buffer-shaped dst, then keeps this
+// optimizer's range.
+static void load_moments(const weft_safetensors *st, const char *path, const weft_optimizer *o,
+                         const weft_model *m, const char *prefix, float *own) {
+    float *dst = m->be->alloc(m->be, m->n_padded * sizeof(float));
     char name[160];
     for (int i = 0; i < m->n_params; i++) {
         const weft_param_info *p = &m->params[i];
@@ -236,6 +256,8 @@ static void load_moments(const weft_safetensors *st, const char *path, const wef
         m->be->to_device(m->be, dst + p->offset, host, p->numel * sizeof(float));
         weft_free(host);
     }
+    m->be->copy(m->be, own, dst + o->lo, (o->hi - o->lo) * sizeof(float));
+    m->be->free(m->be, dst);
 }
 
 weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
@@ -245,8 +267,8 @@ weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
     weft_free(path);
     path = join(dir, "optimizer.safetensors");
     weft_safetensors *st = weft_safetensors_load(path);
-    load_moments(st, path, t->model, "exp_avg.", t->opt->m);
-    load_moments(st, path, t->model, "exp_avg_sq.", t->opt->v);
+    load_moments(st, path, t->opt, t->model, "exp_avg.", t->opt->m);
+    load_moments(st, path, t->opt, t->model, "exp_avg_sq.", t->opt->v);
     weft_safetensors_free(st);
     weft_free(path);
 

@@ -45,6 +45,13 @@ static const key_def KEYS[] = {
     {"train.output_dir", KEY_STRING, F(train.output_dir), "where checkpoints and metrics go"},
     {"train.save_every", KEY_INT, F(train.save_every), "checkpoint every N steps (0: at the end)"},
     {"train.log_every", KEY_INT, F(train.log_every), "plain log line every N steps"},
+    {"parallel.use_distributed_optimizer", KEY_BOOL, F(parallel.use_distributed_optimizer),
+     "shard AdamW state over data-parallel ranks (ZeRO-1)"},
+    {"parallel.debug_collectives", KEY_BOOL, F(parallel.debug_collectives),
+     "cross-check every rank's collective sequence"},
+    {"parallel.collective_timeout", KEY_REAL, F(parallel.collective_timeout),
+     "seconds a collective may wait before the job aborts"},
+    {"parallel.bucket_mb", KEY_INT, F(parallel.bucket_mb), "DDP gradient bucket size (MiB)"},
     {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from"},
     {"optim.lr", KEY_REAL, F(optim.lr), "peak learning rate"},
     {"optim.min_lr", KEY_REAL, F(optim.min_lr), "learning rate at the end of cosine decay"},
@@ -79,6 +86,7 @@ weft_job_config weft_job_config_default(void) {
     snprintf(c.train.output_dir, sizeof c.train.output_dir, "runs/default");
     c.train.save_every = 100;
     c.train.log_every = 10;
+    c.parallel = weft_parallel_config_default();
     c.optim = weft_optim_config_default();
     c.optim.lr = 3e-3;
     c.optim.min_lr = 3e-4;

@@ -2,6 +2,7 @@
 // through one registry of dotted keys.
 #pragma once
 #include "optim/adamw.h"
+#include "parallel/dp.h"
 
 enum { WEFT_PATH_MAX = 1024 };
 
@@ -28,6 +29,7 @@ typedef struct weft_job_config {
         char output_dir[WEFT_PATH_MAX];
         int save_every, log_every;
     } train;
+    weft_parallel_config parallel;
     char resume[WEFT_PATH_MAX]; // resume: a run directory (or one of its checkpoints) to continue
     weft_optim_config optim;
 } weft_job_config;

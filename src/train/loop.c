@@ -117,7 +117,8 @@ static FILE *open_metrics(const char *path, int step) {
 
 // ------------------------------------------------------------------------------------ setup ----
 
-static weft_model *build_model(weft_backend *be, const weft_job_config *cfg, int vocab) {
+static weft_model *build_model(weft_backend *be, const weft_comm *world,
+                               const weft_job_config *cfg, int vocab) {
     weft_model_config mc;
     char path[WEFT_PATH_MAX + 32];
     if (cfg->model.path[0]) {
@@ -144,7 +145,7 @@ static weft_model *build_model(weft_backend *be, const weft_job_config *cfg, int
         };
         weft_model_config_validate(&mc, "model settings");
     }
-    weft_model *m = weft_model_create(be, &mc);
+    weft_model *m = weft_trainer_build_model(be, world, &mc);
     if (cfg->model.path[0]) {
         snprintf(path, sizeof path, "%s/model.safetensors", cfg->model.path);
         weft_model_load_safetensors(m, path);
@@ -154,20 +155,7 @@ static weft_model *build_model(weft_backend *be, const weft_job_config *cfg, int
     return m;
 }
 
-static weft_microbatch_plan plan_batch(const weft_job_config *cfg, const weft_document *docs,
-                                       int n) {
-    int *lengths = weft_alloc(sizeof(int) * n);
-    for (int i = 0; i < n; i++) lengths[i] = docs[i].len;
-    // Attention's quadratic term is small next to the matmuls at these lengths; weigh it lightly.
-    weft_microbatch_plan p = cfg->train.max_tokens_per_microbatch > 0
-                                 ? weft_plan_packed(lengths, n, cfg->train.max_tokens_per_microbatch,
-                                                    1.0 / 4096, 1.0)
-                                 : weft_plan_contiguous(lengths, n, cfg->train.micro_batches);
-    weft_free(lengths);
-    return p;
-}
-
-int weft_train_run(const weft_job_config *cfg) {
+int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
     weft_job_config_validate(cfg);
     const char *run_dir = cfg->train.output_dir;
     char path[WEFT_PATH_MAX + 64];
@@ -185,25 +173,28 @@ int weft_train_run(const weft_job_config *cfg) {
     };
     weft_document_set *data = weft_dataset_load(&dopt, tok);
     weft_backend *be = weft_backend_cpu_create();
-    weft_model *m = build_model(be, cfg, weft_tokenizer_vocab_size(tok));
-    weft_trainer *t = weft_trainer_create(m, cfg, true);
+    weft_model *m = build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
+    weft_trainer *t = weft_trainer_create(m, world, cfg, true);
+    bool writer = weft_comm_rank(world) == 0; // compute on every rank, print and write on one
 
     weft_train_state state = {.seed = (uint64_t)cfg->train.seed};
     if (cfg->resume[0]) {
         char *ckpt = weft_checkpoint_find(cfg->resume);
         state = weft_checkpoint_load(ckpt, t);
-        printf("resumed from %s at step %d\n", ckpt, state.step);
+        if (writer) printf("resumed from %s at step %d\n", ckpt, state.step);
         weft_free(ckpt);
     }
     snprintf(path, sizeof path, "%s/config.yaml", run_dir);
-    weft_job_config_save_yaml(cfg, path);
+    if (writer) weft_job_config_save_yaml(cfg, path);
 
     long total_tokens = 0;
     for (int i = 0; i < data->n; i++) total_tokens += data->docs[i].len;
-    printf("weft train: %d documents (%ld tokens), model %zu parameters (%d layers, hidden %d, "
-           "vocab %d), %d steps of %d documents, %d threads\n",
-           data->n, total_tokens, m->n_elements, m->cfg.num_layers, m->cfg.hidden_size,
-           m->cfg.vocab_size, cfg->train.steps, cfg->train.global_batch_size, weft_num_threads());
+    if (writer)
+        printf("weft train: %d documents (%ld tokens), model %zu parameters (%d layers, hidden %d, "
+               "vocab %d), %d steps of %d documents, %d data-parallel ranks x %d threads\n",
+               data->n, total_tokens, m->n_elements, m->cfg.num_layers, m->cfg.hidden_size,
+               m->cfg.vocab_size, cfg->train.steps, cfg->train.global_batch_size,
+               weft_comm_size(world), weft_num_threads());
 
     data_order order = {.n = data->n, .perm = weft_alloc(sizeof(int) * data->n), .state = &state};
     shuffle_epoch(&order);
@@ -211,26 +202,25 @@ int weft_train_run(const weft_job_config *cfg) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
     progress prog = {.tty = isatty(STDOUT_FILENO), .total = cfg->train.steps,
                      .log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 10,
-                     .started = weft_now_seconds(), .metrics = open_metrics(path, state.step)};
+                     .started = weft_now_seconds(),
+                     .metrics = writer ? open_metrics(path, state.step) : NULL};
 
     double first_loss = -1, last_loss = -1;
     while (state.step < cfg->train.steps) {
         next_batch(&order, data, batch, cfg->train.global_batch_size);
-        weft_microbatch_plan plan = plan_batch(cfg, batch, cfg->train.global_batch_size);
-        weft_step_result r = weft_trainer_step(t, batch, cfg->train.global_batch_size, &plan);
-        weft_microbatch_plan_free(&plan);
+        weft_step_result r = weft_trainer_step(t, batch, cfg->train.global_batch_size);
         state.step++;
         if (first_loss < 0) first_loss = r.loss;
         last_loss = r.loss;
-        report_step(&prog, state.step, &r, weft_now_seconds() - prog.started);
+        if (writer) report_step(&prog, state.step, &r, weft_now_seconds() - prog.started);
         bool save = (cfg->train.save_every > 0 && state.step % cfg->train.save_every == 0) ||
                     state.step == cfg->train.steps;
         if (save) weft_free(weft_checkpoint_save(run_dir, t, &state));
     }
-    fclose(prog.metrics);
+    if (prog.metrics) fclose(prog.metrics);
     weft_memory_report mem = weft_trainer_memory(t);
-    weft_print_memory_report(&mem);
-    if (first_loss >= 0)
+    if (writer) weft_print_memory_report(&mem);
+    if (first_loss >= 0 && writer)
         printf("done: %d steps in %.1f s, loss %.4f -> %.4f; checkpoints and metrics.jsonl in %s\n",
                cfg->train.steps, weft_now_seconds() - prog.started, first_loss, last_loss, run_dir);
 

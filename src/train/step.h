@@ -1,13 +1,18 @@
-// train: one optimizer step over a global batch, with the token-mean loss of DESIGN.md section 3.
+// train: one optimizer step over a global batch, with the token-mean loss of DESIGN.md section 3,
+// on one rank or data-parallel over many.
 #pragma once
+#include "comm/comm.h"
 #include "data/jsonl.h"
 #include "data/microbatch.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "parallel/dp.h"
 #include "train/config.h"
 
 typedef struct weft_trainer {
     weft_model *model;
+    weft_comm *world;
+    weft_dp *dp;
     weft_optimizer *opt; // NULL for gradient-only use
     weft_optim_segment *segs;
     int n_segs;
@@ -23,20 +28,27 @@ typedef struct weft_step_result {
     double mtp_accuracy[WEFT_MAX_MTP]; // top-1, the proxy for speculative-decoding acceptance
     double grad_norm; // before clipping
     double lr;
-    long n_targets, n_tokens;
+    long n_targets, n_tokens;   // global
+    long local_docs, local_tokens;
     double seconds;
 } weft_step_result;
 
-weft_trainer *weft_trainer_create(weft_model *m, const weft_job_config *cfg, bool with_optimizer);
+// Builds the model the job's parallel layout needs (buffers padded for sharding) on `be`.
+weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
+                                     const weft_model_config *mc);
+weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_job_config *cfg,
+                                  bool with_optimizer);
 void weft_trainer_free(weft_trainer *t);
 
-// Zeroes the gradients, then leaves in them the gradient of the global batch's token-mean loss,
-// accumulated over the plan's micro-batches. With logits_host (T_total, V) also returns the
-// logits of every token in plan order.
+// Zeroes the gradients, then leaves in them the gradient of the global batch's objective: this
+// rank takes its cost-balanced share of docs (the whole batch on one rank), packs it into
+// micro-batches, and the gradients are summed over ranks. With logits_host (T_total, V), one
+// rank only, also returns the logits of every token in batch order.
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
-                                        const weft_microbatch_plan *plan, float *logits_host);
+                                        float *logits_host);
 // Gradients, clipping and one AdamW step.
-weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs,
-                                   const weft_microbatch_plan *plan);
+weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs);
+// Makes every rank's gradient buffer hold the full summed gradient (for output).
+void weft_trainer_gather_gradients(weft_trainer *t);
 weft_memory_report weft_trainer_memory(const weft_trainer *t);
 void weft_print_memory_report(const weft_memory_report *r);
