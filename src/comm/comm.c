@@ -55,6 +55,8 @@ weft_comm *weft_comm_init(int *argc, char ***argv) {
         int provided;
         MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
         MPI_Comm_dup(MPI_COMM_WORLD, &c->handle);
+        // Errors come back to the waiter, which names the op and group before ending the job.
+        MPI_Comm_set_errhandler(c->handle, MPI_ERRORS_RETURN);
         MPI_Comm_rank(c->handle, &c->rank);
         MPI_Comm_size(c->handle, &c->size);
     }
@@ -100,7 +102,14 @@ static void wait_request(weft_comm *c, MPI_Request *req, weft_comm_op op, long s
     double start = weft_now_seconds();
     int done = 0;
     for (long spins = 0;; spins++) {
-        MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+            char text[MPI_MAX_ERROR_STRING];
+            int len = 0;
+            MPI_Error_string(rc, text, &len);
+            comm_abort(c, "%s #%ld on group %s failed: %s (ranks called different collectives, "
+                          "or a peer died)", OP_NAMES[op], seq, c->name, text);
+        }
         if (done) return;
         if (weft_now_seconds() - start > c->timeout)
             comm_abort(c,
@@ -116,12 +125,12 @@ static void wait_request(weft_comm *c, MPI_Request *req, weft_comm_op op, long s
 
 // Debug mode: all ranks exchange (seq, op, count) of the call they are about to make; any
 // difference is reported with every rank's call, then the job ends.
-static void cross_check(weft_comm *c, weft_comm_op op, size_t count) {
-    long mine[3] = {c->seq, (long)op, (long)count};
+static void cross_check(weft_comm *c, long seq, weft_comm_op op, size_t count) {
+    long mine[3] = {seq, (long)op, (long)count};
     long *all = weft_alloc(sizeof(long) * 3 * c->size);
     MPI_Request req;
     MPI_Iallgather(mine, 3, MPI_LONG, all, 3, MPI_LONG, c->handle, &req);
-    wait_request(c, &req, op, c->seq);
+    wait_request(c, &req, op, seq);
     bool same = true;
     for (int r = 1; r < c->size; r++)
         same = same && !memcmp(all, all + 3 * r, sizeof(long) * 3);
@@ -133,6 +142,11 @@ static void cross_check(weft_comm *c, weft_comm_op op, size_t count) {
                                   r ? "; " : "", r, all[3 * r],
                                   all[3 * r + 1] < WEFT_N_OPS ? OP_NAMES[all[3 * r + 1]] : "?",
                                   all[3 * r + 2]);
+        // Every rank sees the same table; rank 0 speaks for the group, the others give it a moment.
+        if (c->rank != 0) {
+            struct timespec ts = {2, 0};
+            nanosleep(&ts, NULL);
+        }
         comm_abort(c, "collective sequence diverged on group %s: %s", c->name, msg);
     }
     weft_free(all);
@@ -146,7 +160,7 @@ static bool begin(weft_comm *c, weft_comm_op op, size_t count, size_t bytes) {
     c->stats.bytes += bytes;
     if (seq == c->fault_kill) raise(SIGKILL);
     if (!c->mpi || seq == c->fault_skip) return false;
-    if (c->debug) cross_check(c, op, count);
+    if (c->debug) cross_check(c, seq, op, count);
     return true;
 }
 

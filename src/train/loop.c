@@ -206,6 +206,7 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
                      .metrics = writer ? open_metrics(path, state.step) : NULL};
 
     double first_loss = -1, last_loss = -1;
+    int first_step = state.step + 1;
     while (state.step < cfg->train.steps) {
         next_batch(&order, data, batch, cfg->train.global_batch_size);
         weft_step_result r = weft_trainer_step(t, batch, cfg->train.global_batch_size);
@@ -221,8 +222,9 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
     weft_memory_report mem = weft_trainer_memory(t);
     if (writer) weft_print_memory_report(&mem);
     if (first_loss >= 0 && writer)
-        printf("done: %d steps in %.1f s, loss %.4f -> %.4f; checkpoints and metrics.jsonl in %s\n",
-               cfg->train.steps, weft_now_seconds() - prog.started, first_loss, last_loss, run_dir);
+        printf("done: steps %d-%d in %.1f s, loss %.4f -> %.4f; checkpoints and metrics.jsonl in %s\n",
+               first_step, cfg->train.steps, weft_now_seconds() - prog.started, first_loss,
+               last_loss, run_dir);
 
     weft_free(batch);
     weft_free(order.perm);

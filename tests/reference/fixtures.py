@@ -11,6 +11,8 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
+
 from reference import qwen2
 
 
@@ -65,14 +67,30 @@ def try_grad(weft, args, tag, failures):
         return None, None
 
 
-def compare_loss_and_grads(out, loss, grads, tol, logits=None):
+def compare_loss_and_grads(out, loss, grads, tol, logits=None, mtp_losses=None,
+                           grad_scales=None):
     """Compares weft's output tensors `out` with a reference: "loss" with loss, "logits" with
-    logits when given, and every "grad.<name>" with grads[name] (and no extra grad.*), each to
-    max|diff|/max|ref| <= tol (qwen2.compare). Returns the names that failed."""
+    logits when given, "mtp_losses" with mtp_losses (the per-depth MTP losses, shape (D,)) when
+    given, and every "grad.<name>" with grads[name] (and no extra grad.*), each to
+    max|diff|/max|ref| <= tol (qwen2.compare; grad_scales {name: scale} passes compare's scale
+    for gradients that are zero only by cancellation). Returns the names that failed."""
     bad = []
     if not qwen2.compare("loss", out.get("loss"), loss, tol):
         bad.append("loss")
     if logits is not None and not qwen2.compare("logits", out.get("logits"), logits, tol):
         bad.append("logits")
-    bad += qwen2.compare_all("grad.", out, grads, tol)
+    if mtp_losses is not None:
+        got = out.get("mtp_losses")
+        if got is not None and np.shape(got) == np.shape(mtp_losses):
+            print("  mtp_losses: weft " + " ".join(f"{float(x):.8f}" for x in np.ravel(got))
+                  + " | reference " + " ".join(f"{float(x):.8f}" for x in np.ravel(mtp_losses)))
+        if not qwen2.compare("mtp_losses", got, mtp_losses, tol):
+            bad.append("mtp_losses")
+    bad += qwen2.compare_all("grad.", out, grads, tol, scales=grad_scales)
     return bad
+
+
+def outputs_identical(a, b, names):
+    """qwen2.identical on each of `names` in weft outputs a and b (both must hold it). Returns the
+    names that are missing or differ in any bit."""
+    return [n for n in names if not qwen2.identical(n, b.get(n), a.get(n))]

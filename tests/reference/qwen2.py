@@ -105,31 +105,57 @@ def full_cfg(cfg):
     return c
 
 
-def param_shapes(cfg):
-    """Ordered {HF name: shape} of every parameter of the model described by cfg."""
-    cfg = full_cfg(cfg)
-    V, h, I = cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]
+def mtp_depth(cfg):
+    """D, the number of multi-token-prediction modules (config "num_nextn_predict_layers"; 0 or
+    absent: no MTP)."""
+    return int(cfg.get("num_nextn_predict_layers", 0) or 0)
+
+
+def mtp_scale(cfg):
+    """lambda, the MTP loss weight (config "mtp_loss_scale", default 0.1)."""
+    return float(cfg.get("mtp_loss_scale", 0.1))
+
+
+def _layer_shapes(s, p, cfg):
+    """Adds the parameters of one decoder layer named with prefix p to the dict s."""
+    h, I = cfg["hidden_size"], cfg["intermediate_size"]
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = h // H
+    s[p + "input_layernorm.weight"] = (h,)
+    s[p + "self_attn.q_proj.weight"] = (H * hd, h)
+    s[p + "self_attn.k_proj.weight"] = (KV * hd, h)
+    s[p + "self_attn.v_proj.weight"] = (KV * hd, h)
+    if cfg["attention_bias"]:
+        s[p + "self_attn.q_proj.bias"] = (H * hd,)
+        s[p + "self_attn.k_proj.bias"] = (KV * hd,)
+        s[p + "self_attn.v_proj.bias"] = (KV * hd,)
+    s[p + "self_attn.o_proj.weight"] = (h, H * hd)
+    s[p + "post_attention_layernorm.weight"] = (h,)
+    s[p + "mlp.gate_proj.weight"] = (I, h)
+    s[p + "mlp.up_proj.weight"] = (I, h)
+    s[p + "mlp.down_proj.weight"] = (h, I)
+
+
+def param_shapes(cfg):
+    """Ordered {HF name: shape} of every parameter of the model described by cfg. With
+    num_nextn_predict_layers = D > 0, module K = 0..D-1 adds model.mtp_layers.K.{enorm, hnorm,
+    final_layernorm}.weight (h), eh_proj.weight (h, 2h) and a full decoder layer under
+    model.mtp_layers.K. (DeepSeek-V3 / Megatron names); embedding and output head are shared."""
+    cfg = full_cfg(cfg)
+    V, h = cfg["vocab_size"], cfg["hidden_size"]
     s = {"model.embed_tokens.weight": (V, h)}
     for l in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{l}."
-        s[p + "input_layernorm.weight"] = (h,)
-        s[p + "self_attn.q_proj.weight"] = (H * hd, h)
-        s[p + "self_attn.k_proj.weight"] = (KV * hd, h)
-        s[p + "self_attn.v_proj.weight"] = (KV * hd, h)
-        if cfg["attention_bias"]:
-            s[p + "self_attn.q_proj.bias"] = (H * hd,)
-            s[p + "self_attn.k_proj.bias"] = (KV * hd,)
-            s[p + "self_attn.v_proj.bias"] = (KV * hd,)
-        s[p + "self_attn.o_proj.weight"] = (h, H * hd)
-        s[p + "post_attention_layernorm.weight"] = (h,)
-        s[p + "mlp.gate_proj.weight"] = (I, h)
-        s[p + "mlp.up_proj.weight"] = (I, h)
-        s[p + "mlp.down_proj.weight"] = (h, I)
+        _layer_shapes(s, f"model.layers.{l}.", cfg)
     s["model.norm.weight"] = (h,)
     if not cfg["tie_word_embeddings"]:
         s["lm_head.weight"] = (V, h)
+    for K in range(mtp_depth(cfg)):
+        p = f"model.mtp_layers.{K}."
+        s[p + "enorm.weight"] = (h,)
+        s[p + "hnorm.weight"] = (h,)
+        s[p + "eh_proj.weight"] = (h, 2 * h)
+        _layer_shapes(s, p, cfg)
+        s[p + "final_layernorm.weight"] = (h,)
     return s
 
 
@@ -210,51 +236,85 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def forward(P, cfg, docs, dtype=torch.float64):
-    """Reference forward. P: {name: torch tensor} (any float dtype; computed in `dtype`).
-    Returns (logits (T_total, V), loss scalar, number of targets)."""
-    cfg = full_cfg(cfg)
+def _decoder_layer(x, W, p, cfg, cos, sin, causal):
+    """One pre-norm decoder layer (attention with RoPE, causal within the document, then the
+    SwiGLU MLP, each with its residual) on x (L, h); its weights are W[p + ...]."""
     h, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd, eps, group = h // H, cfg["rms_norm_eps"], H // KV
-    nl = cfg["num_hidden_layers"]
+    L = x.shape[0]
+    xn = _rmsnorm(x, W[p + "input_layernorm.weight"], eps)
+    q = xn @ W[p + "self_attn.q_proj.weight"].T
+    k = xn @ W[p + "self_attn.k_proj.weight"].T
+    v = xn @ W[p + "self_attn.v_proj.weight"].T
+    if cfg["attention_bias"]:
+        q = q + W[p + "self_attn.q_proj.bias"]
+        k = k + W[p + "self_attn.k_proj.bias"]
+        v = v + W[p + "self_attn.v_proj.bias"]
+    q, k, v = q.view(L, H, hd), k.view(L, KV, hd), v.view(L, KV, hd)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    heads = []
+    for hh in range(H):
+        kv = hh // group
+        s = (q[:, hh, :] @ k[:, kv, :].T) / math.sqrt(hd)
+        s = s.masked_fill(~causal, float("-inf"))
+        a = torch.softmax(s, dim=-1)
+        heads.append(a @ v[:, kv, :])
+    o = torch.cat(heads, dim=-1) @ W[p + "self_attn.o_proj.weight"].T
+    x = x + o
+    xn = _rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
+    g = xn @ W[p + "mlp.gate_proj.weight"].T
+    u = xn @ W[p + "mlp.up_proj.weight"].T
+    return x + (torch.nn.functional.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
+
+
+def mtp_input_ids(ids, k):
+    """The depth-k MTP module's input token ids of one document: token t+k at position t, token
+    id 0 where t+k runs past the document's end (as Megatron's roll fills)."""
+    L = len(ids)
+    return [int(ids[t + k]) if t + k < L else 0 for t in range(L)]
+
+
+def mtp_targets(doc, k):
+    """[(position t, target token)] of depth k >= 0 in one document: token t+k+1, where t+k+1 is
+    inside the document and loss_mask[t+k+1] == 1 (k = 0 is the main loss; the mask of token 0
+    is never read for k >= 0 since t+k+1 >= 1, and make_batch clears it anyway)."""
+    ids, mask = doc["input_ids"], doc["loss_mask"]
+    return [(t, int(ids[t + k + 1])) for t in range(len(ids) - k - 1) if mask[t + k + 1]]
+
+
+def mtp_target_counts(docs, D):
+    """[N_1, ..., N_D]: the number of depth-k targets in the whole batch."""
+    return [sum(len(mtp_targets(d, k)) for d in docs) for k in range(1, D + 1)]
+
+
+def forward(P, cfg, docs, dtype=torch.float64):
+    """Reference forward. P: {name: torch tensor} (any float dtype; computed in `dtype`).
+    Returns (logits (T_total, V) of the main head, main loss L scalar, number of main targets,
+    mtp_losses): mtp_losses is the list [L_1, ..., L_D] of per-depth token-mean MTP losses
+    (scalar tensors; a depth without targets in the batch gives an exact 0), empty without MTP.
+    total_loss() combines them into the training objective L_total."""
+    cfg = full_cfg(cfg)
+    h, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd, eps = h // H, cfg["rms_norm_eps"]
+    nl, D = cfg["num_hidden_layers"], mtp_depth(cfg)
     W = {k: v.to(dtype) for k, v in P.items()}
-    lm = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    E = W["model.embed_tokens.weight"]
+    lm = E if cfg["tie_word_embeddings"] else W["lm_head.weight"]
     inv_freq = cfg["rope_theta"] ** (-(torch.arange(0, hd, 2, dtype=torch.float64) / hd))
     all_logits, loss_sum, n_targets = [], torch.zeros((), dtype=dtype), 0
+    mtp_sums = [torch.zeros((), dtype=dtype) for _ in range(D)]
+    mtp_counts = [0] * D
     for doc in docs:
         ids = torch.tensor(doc["input_ids"], dtype=torch.long)
         L = ids.shape[0]
-        x = W["model.embed_tokens.weight"][ids]
+        x = E[ids]
         ang = torch.arange(L, dtype=torch.float64)[:, None] * inv_freq[None, :]
         cos = torch.cat((torch.cos(ang), torch.cos(ang)), dim=-1).to(dtype)[:, None, :]
         sin = torch.cat((torch.sin(ang), torch.sin(ang)), dim=-1).to(dtype)[:, None, :]
         causal = torch.ones(L, L, dtype=torch.bool).tril()
         for l in range(nl):
-            p = f"model.layers.{l}."
-            xn = _rmsnorm(x, W[p + "input_layernorm.weight"], eps)
-            q = xn @ W[p + "self_attn.q_proj.weight"].T
-            k = xn @ W[p + "self_attn.k_proj.weight"].T
-            v = xn @ W[p + "self_attn.v_proj.weight"].T
-            if cfg["attention_bias"]:
-                q = q + W[p + "self_attn.q_proj.bias"]
-                k = k + W[p + "self_attn.k_proj.bias"]
-                v = v + W[p + "self_attn.v_proj.bias"]
-            q, k, v = q.view(L, H, hd), k.view(L, KV, hd), v.view(L, KV, hd)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            heads = []
-            for hh in range(H):
-                kv = hh // group
-                s = (q[:, hh, :] @ k[:, kv, :].T) / math.sqrt(hd)
-                s = s.masked_fill(~causal, float("-inf"))
-                a = torch.softmax(s, dim=-1)
-                heads.append(a @ v[:, kv, :])
-            o = torch.cat(heads, dim=-1) @ W[p + "self_attn.o_proj.weight"].T
-            x = x + o
-            xn = _rmsnorm(x, W[p + "post_attention_layernorm.weight"], eps)
-            g = xn @ W[p + "mlp.gate_proj.weight"].T
-            u = xn @ W[p + "mlp.up_proj.weight"].T
-            x = x + (torch.nn.functional.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
+            x = _decoder_layer(x, W, f"model.layers.{l}.", cfg, cos, sin, causal)
         x = _rmsnorm(x, W["model.norm.weight"], eps)
         logits = x @ lm.T
         all_logits.append(logits)
@@ -263,23 +323,55 @@ def forward(P, cfg, docs, dtype=torch.float64):
                 row = logits[t - 1]
                 loss_sum = loss_sum + (torch.logsumexp(row, dim=0) - row[ids[t]])
                 n_targets += 1
+        # MTP: module k (1-based) on h_{k-1} (h_0 = x, the final-normed main hidden state).
+        hprev = x
+        for k in range(1, D + 1):
+            p = f"model.mtp_layers.{k - 1}."
+            e = E[torch.tensor(mtp_input_ids(doc["input_ids"], k), dtype=torch.long)]
+            cat = torch.cat((_rmsnorm(e, W[p + "enorm.weight"], eps),
+                             _rmsnorm(hprev, W[p + "hnorm.weight"], eps)), dim=-1)
+            z = cat @ W[p + "eh_proj.weight"].T
+            z = _decoder_layer(z, W, p, cfg, cos, sin, causal)
+            hk = _rmsnorm(z, W[p + "final_layernorm.weight"], eps)
+            lg = hk @ lm.T
+            for t, tgt in mtp_targets(doc, k):
+                mtp_sums[k - 1] = mtp_sums[k - 1] + (torch.logsumexp(lg[t], dim=0) - lg[t, tgt])
+                mtp_counts[k - 1] += 1
+            hprev = hk
     if n_targets == 0:
         raise ValueError("batch has no targets")
-    return torch.cat(all_logits, dim=0), loss_sum / n_targets, n_targets
+    mtp_losses = [sm / n if n else torch.zeros((), dtype=dtype)
+                  for sm, n in zip(mtp_sums, mtp_counts)]
+    return torch.cat(all_logits, dim=0), loss_sum / n_targets, n_targets, mtp_losses
+
+
+def total_loss(cfg, loss, mtp_losses):
+    """L_total = L + (lambda / D) * sum_k L_k (just L without MTP): what gradients are of."""
+    D = len(mtp_losses)
+    if D == 0:
+        return loss
+    return loss + (mtp_scale(cfg) / D) * sum(mtp_losses)
 
 
 def to_torch(params, dtype=torch.float64):
     return {k: torch.tensor(np.asarray(v), dtype=dtype) for k, v in params.items()}
 
 
-def reference_grad(params, cfg, docs, dtype=torch.float64):
-    """Returns (loss float, logits numpy (T, V), {name: grad numpy}) computed in `dtype`."""
+def reference_grad(params, cfg, docs, dtype=torch.float64, with_mtp=False):
+    """Returns (loss float, logits numpy (T, V), {name: grad numpy}) computed in `dtype`: loss is
+    the main loss L, logits the main head's, and the gradients are those of L_total (= L without
+    MTP). with_mtp=True appends mtp_losses, a float64 numpy array (D,) of L_1..L_D."""
     P = {k: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=True)
          for k, v in params.items()}
-    logits, loss, _ = forward(P, cfg, docs, dtype)
-    loss.backward()
-    return (float(loss), logits.detach().numpy(),
-            {k: v.grad.detach().numpy().copy() for k, v in P.items()})
+    logits, loss, _, mtp = forward(P, cfg, docs, dtype)
+    total_loss(cfg, loss, mtp).backward()
+    # A parameter the objective does not reach (none today) gets an exact zero gradient.
+    grads = {k: (v.grad.detach().numpy().copy() if v.grad is not None
+                 else np.zeros(tuple(v.shape))) for k, v in P.items()}
+    out = (float(loss), logits.detach().numpy(), grads)
+    if with_mtp:
+        out += (np.array([float(x) for x in mtp], dtype=np.float64),)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +397,8 @@ def decays(name, shape):
 
 def adamw_steps(params, cfg, docs, steps, dtype=torch.float64, grad_noise=0.0, noise_seed=0,
                 **opt):
-    """Runs `steps` steps of (gradient of L, clip, AdamW) from `params` on the batch `docs`.
+    """Runs `steps` steps of (gradient of L_total, clip, AdamW) from `params` on the batch `docs`
+    (L_total = L without MTP; step_losses hold the main loss L either way).
 
     Returns dict(step_losses [steps], params {name: numpy}, grad_norms [steps] (before clipping),
     clip_coefs [steps], lrs [steps]), all computed in `dtype`. grad_noise > 0 adds uniform noise
@@ -321,9 +414,10 @@ def adamw_steps(params, cfg, docs, steps, dtype=torch.float64, grad_noise=0.0, n
     losses, norms, coefs, lrs = [], [], [], []
     for s in range(1, steps + 1):
         P = {k: t.clone().requires_grad_(True) for k, t in p.items()}
-        _, loss, _ = forward(P, cfg, docs, dtype)
-        loss.backward()
-        g = {k: P[k].grad.detach() for k in p}
+        _, loss, _, mtp = forward(P, cfg, docs, dtype)
+        total_loss(cfg, loss, mtp).backward()
+        g = {k: (P[k].grad.detach() if P[k].grad is not None else torch.zeros_like(p[k]))
+             for k in p}
         if grad_noise > 0:
             # Exact zeros (e.g. embedding rows of tokens that reach no target) stay exact: an
             # implementation that backpropagates exact zeros gets exact zeros there too.
@@ -457,9 +551,11 @@ def rel_err(got, ref):
     return diff / scale, diff, scale
 
 
-def compare(name, got, ref, tol, quiet=False):
+def compare(name, got, ref, tol, quiet=False, scale=None):
     """Prints max|diff|/max|ref| of got against ref and returns True when it is <= tol (shapes
-    must match; non-finite values fail). A reference that is all zeros requires exact zeros."""
+    must match; non-finite values fail). A reference that is all zeros requires exact zeros,
+    unless `scale` is given: the denominator is then max(scale, max|ref|) (for a tensor that is
+    zero only by cancellation, whose round-off is measured against a related tensor's size)."""
     if got is None:
         print(f"  FAIL {name}: missing from weft's output")
         return False
@@ -470,7 +566,10 @@ def compare(name, got, ref, tol, quiet=False):
     if tuple(got.shape) != tuple(ref.shape):
         print(f"  FAIL {name}: shape {tuple(got.shape)} != reference {tuple(ref.shape)}")
         return False
-    rel, diff, scale = rel_err(got, ref)
+    rel, diff, ref_scale = rel_err(got, ref)
+    if scale is not None and scale > ref_scale and np.all(np.isfinite(got)):
+        rel, ref_scale = diff / scale, scale
+    scale = ref_scale
     ok = rel <= tol
     if not ok or not quiet:
         print(f"  {'ok  ' if ok else 'FAIL'} {name:48s} max|diff|/max|ref| = {rel:.3e}  "
@@ -478,12 +577,15 @@ def compare(name, got, ref, tol, quiet=False):
     return ok
 
 
-def compare_all(prefix, got, ref, tol):
-    """Compares every ref[name] with got[prefix + name]. Returns the failing names (missing,
-    wrong shape, over tolerance) and reports names weft wrote under prefix that ref lacks."""
+def compare_all(prefix, got, ref, tol, scales=None):
+    """Compares every ref[name] with got[prefix + name] (with compare's scale=scales[name] where
+    scales has the name). Returns the failing names (missing, wrong shape, over tolerance) and
+    reports names weft wrote under prefix that ref lacks."""
     bad = []
+    scales = scales or {}
     for name in ref:
-        if not compare(prefix + name, got.get(prefix + name), ref[name], tol):
+        if not compare(prefix + name, got.get(prefix + name), ref[name], tol,
+                       scale=scales.get(name)):
             bad.append(prefix + name)
     extra = sorted(k for k in got if k.startswith(prefix) and k[len(prefix):] not in ref)
     for k in extra:
@@ -516,10 +618,13 @@ def identical(name, got, ref):
 
 def _pertoken_numpy(params, cfg, docs):
     """An independent reference: token-at-a-time decoding with a KV cache, scalar RoPE pair
-    rotation and explicit softmax, in numpy float64. Returns (logits (T, V), loss)."""
+    rotation and explicit softmax, in numpy float64; MTP modules run token at a time too, on a
+    shifted copy of the document's ids padded with 0. Returns (logits (T, V), loss, mtp_losses
+    list [L_1..L_D])."""
     cfg = full_cfg(cfg)
     h, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd, eps, half = h // H, cfg["rms_norm_eps"], (h // H) // 2
+    D = mtp_depth(cfg)
     W = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     lm = W["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else W["lm_head.weight"]
 
@@ -535,48 +640,70 @@ def _pertoken_numpy(params, cfg, docs):
             out[i], out[i + half] = x1 * c - x2 * s, x2 * c + x1 * s
         return out
 
+    def layer(x, p, cache, pos):
+        xn = norm(x, W[p + "input_layernorm.weight"])
+        q = W[p + "self_attn.q_proj.weight"] @ xn
+        k = W[p + "self_attn.k_proj.weight"] @ xn
+        v = W[p + "self_attn.v_proj.weight"] @ xn
+        if cfg["attention_bias"]:
+            q = q + W[p + "self_attn.q_proj.bias"]
+            k = k + W[p + "self_attn.k_proj.bias"]
+            v = v + W[p + "self_attn.v_proj.bias"]
+        ks, vs = cache
+        ks.append([rope(k[j * hd:(j + 1) * hd], pos) for j in range(KV)])
+        vs.append([v[j * hd:(j + 1) * hd] for j in range(KV)])
+        att = np.zeros(H * hd)
+        for hh in range(H):
+            j = hh * KV // H
+            qh = rope(q[hh * hd:(hh + 1) * hd], pos)
+            sc = [float(np.dot(qh, ks[s][j])) / math.sqrt(hd) for s in range(pos + 1)]
+            mx = max(sc)
+            e = [math.exp(a - mx) for a in sc]
+            z = sum(e)
+            att[hh * hd:(hh + 1) * hd] = sum(e[s] / z * vs[s][j] for s in range(pos + 1))
+        x = x + W[p + "self_attn.o_proj.weight"] @ att
+        xn = norm(x, W[p + "post_attention_layernorm.weight"])
+        g = W[p + "mlp.gate_proj.weight"] @ xn
+        u = W[p + "mlp.up_proj.weight"] @ xn
+        return x + W[p + "mlp.down_proj.weight"] @ (g / (1.0 + np.exp(-g)) * u)
+
+    def xent(r, tok):
+        mx = r.max()
+        return mx + math.log(np.exp(r - mx).sum()) - r[tok]
+
     rows, loss, n = [], 0.0, 0
+    mloss, mn = [0.0] * D, [0] * D
     for doc in docs:
+        ids, mask = doc["input_ids"], doc["loss_mask"]
         cache = [([], []) for _ in range(cfg["num_hidden_layers"])]
-        doc_rows = []
-        for pos, tok in enumerate(doc["input_ids"]):
+        doc_rows, hid = [], []
+        for pos, tok in enumerate(ids):
             x = W["model.embed_tokens.weight"][tok].copy()
             for l in range(cfg["num_hidden_layers"]):
-                p = f"model.layers.{l}."
-                xn = norm(x, W[p + "input_layernorm.weight"])
-                q = W[p + "self_attn.q_proj.weight"] @ xn
-                k = W[p + "self_attn.k_proj.weight"] @ xn
-                v = W[p + "self_attn.v_proj.weight"] @ xn
-                if cfg["attention_bias"]:
-                    q = q + W[p + "self_attn.q_proj.bias"]
-                    k = k + W[p + "self_attn.k_proj.bias"]
-                    v = v + W[p + "self_attn.v_proj.bias"]
-                ks, vs = cache[l]
-                ks.append([rope(k[j * hd:(j + 1) * hd], pos) for j in range(KV)])
-                vs.append([v[j * hd:(j + 1) * hd] for j in range(KV)])
-                att = np.zeros(H * hd)
-                for hh in range(H):
-                    j = hh * KV // H
-                    qh = rope(q[hh * hd:(hh + 1) * hd], pos)
-                    sc = [float(np.dot(qh, ks[s][j])) / math.sqrt(hd) for s in range(pos + 1)]
-                    mx = max(sc)
-                    e = [math.exp(a - mx) for a in sc]
-                    z = sum(e)
-                    att[hh * hd:(hh + 1) * hd] = sum(e[s] / z * vs[s][j] for s in range(pos + 1))
-                x = x + W[p + "self_attn.o_proj.weight"] @ att
-                xn = norm(x, W[p + "post_attention_layernorm.weight"])
-                g = W[p + "mlp.gate_proj.weight"] @ xn
-                u = W[p + "mlp.up_proj.weight"] @ xn
-                x = x + W[p + "mlp.down_proj.weight"] @ (g / (1.0 + np.exp(-g)) * u)
-            doc_rows.append(lm @ norm(x, W["model.norm.weight"]))
-        for t in range(1, len(doc["input_ids"])):
-            if doc["loss_mask"][t]:
-                r = doc_rows[t - 1]
-                mx = r.max()
-                loss += mx + math.log(np.exp(r - mx).sum()) - r[doc["input_ids"][t]]
+                x = layer(x, f"model.layers.{l}.", cache[l], pos)
+            hid.append(norm(x, W["model.norm.weight"]))
+            doc_rows.append(lm @ hid[-1])
+        for t in range(1, len(ids)):
+            if mask[t]:
+                loss += xent(doc_rows[t - 1], ids[t])
                 n += 1
         rows.extend(doc_rows)
-    return np.array(rows), loss / n
+        for k in range(1, D + 1):
+            p = f"model.mtp_layers.{k - 1}."
+            shifted = list(ids[k:]) + [0] * min(k, len(ids))
+            mcache, new_hid = ([], []), []
+            for pos in range(len(ids)):
+                e = W["model.embed_tokens.weight"][shifted[pos]]
+                cat = np.concatenate([norm(e, W[p + "enorm.weight"]),
+                                      norm(hid[pos], W[p + "hnorm.weight"])])
+                z = layer(W[p + "eh_proj.weight"] @ cat, p, mcache, pos)
+                new_hid.append(norm(z, W[p + "final_layernorm.weight"]))
+                j = pos + k + 1  # the depth-k target's index
+                if j < len(ids) and mask[j]:
+                    mloss[k - 1] += xent(lm @ new_hid[-1], ids[j])
+                    mn[k - 1] += 1
+            hid = new_hid
+    return np.array(rows), loss / n, [ls / c if c else 0.0 for ls, c in zip(mloss, mn)]
 
 
 def _self_check():
@@ -593,70 +720,85 @@ def _self_check():
         print("safetensors round trip:", "ok" if ok else "FAIL")
 
         lengths, prompts = [7, 1, 2, 5, 11], [2, 1, 1, 5, 3]
-        for tied in (False, True):
-            for bias in (True, False):
-                cfg, params = make_model(os.path.join(tmp, "m"),
-                                         dict(tie_word_embeddings=tied, attention_bias=bias,
-                                              hidden_size=32, intermediate_size=48,
-                                              num_attention_heads=4, num_key_value_heads=2,
-                                              rope_theta=1000.0), seed=3)
-                back = read_safetensors(os.path.join(tmp, "m", "model.safetensors"))
-                ok &= set(back) == set(params) and all(np.array_equal(back[k], params[k])
-                                                       for k in params)
-                docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
-                                  cfg["vocab_size"], seed=4, no_mask=(4,), mask0_one=(0,))
-                loss, logits, grads = reference_grad(params, cfg, docs)
-                rl, rloss = _pertoken_numpy(params, cfg, docs)
-                ok &= compare(f"tied={tied} bias={bias} logits vs per-token numpy", logits, rl,
-                              1e-12)
-                ok &= compare(f"tied={tied} bias={bias} loss vs per-token numpy", loss, rloss,
-                              1e-12)
-        # Finite differences on a few entries of each gradient (float64, central).
-        cfg, params = make_model(os.path.join(tmp, "m"), dict(tie_word_embeddings=True), seed=5)
-        docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts, cfg["vocab_size"], 6)
-        loss, _, grads = reference_grad(params, cfg, docs)
-        rng = np.random.default_rng(0)
-        P = to_torch(params)
-        worst = 0.0
-        for name, g in grads.items():
-            for _ in range(3):
-                idx = tuple(int(rng.integers(0, s)) for s in g.shape)
-                hstep = 1e-6
-                Pp = dict(P); Pp[name] = P[name].clone(); Pp[name][idx] += hstep
-                Pm = dict(P); Pm[name] = P[name].clone(); Pm[name][idx] -= hstep
-                fd = (float(forward(Pp, cfg, docs)[1]) - float(forward(Pm, cfg, docs)[1])) / (
-                    2 * hstep)
-                worst = max(worst, abs(fd - g[idx]) / max(1e-3, np.abs(g).max()))
-        print(f"finite differences: worst |fd - autograd| / max|grad| = {worst:.2e}")
-        ok &= worst < 1e-6
+        for tied, bias, D in ((False, True, 0), (False, False, 0), (True, True, 0),
+                              (True, False, 0), (False, True, 2), (True, False, 3)):
+            over = dict(tie_word_embeddings=tied, attention_bias=bias, hidden_size=32,
+                        intermediate_size=48, num_attention_heads=4, num_key_value_heads=2,
+                        rope_theta=1000.0)
+            if D:
+                over["num_nextn_predict_layers"] = D
+            cfg, params = make_model(os.path.join(tmp, "m"), over, seed=3)
+            back = read_safetensors(os.path.join(tmp, "m", "model.safetensors"))
+            ok &= set(back) == set(params) == set(param_shapes(cfg)) and all(
+                np.array_equal(back[k], params[k]) for k in params)
+            docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
+                              cfg["vocab_size"], seed=4, no_mask=(4,), mask0_one=(0,))
+            loss, logits, grads, mtp = reference_grad(params, cfg, docs, with_mtp=True)
+            rl, rloss, rmtp = _pertoken_numpy(params, cfg, docs)
+            tag = f"tied={tied} bias={bias} D={D}"
+            ok &= compare(f"{tag} logits vs per-token numpy", logits, rl, 1e-12)
+            ok &= compare(f"{tag} loss vs per-token numpy", loss, rloss, 1e-12)
+            ok &= len(mtp) == D
+            if D:
+                print(f"  {tag}: depth target counts {mtp_target_counts(docs, D)}")
+                ok &= compare(f"{tag} mtp_losses vs per-token numpy", mtp, rmtp, 1e-12)
 
-        # AdamW: our explicit float64 loop against torch.optim.AdamW + clip_grad_norm_.
-        opt = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, weight_decay=0.1, clip_grad=1.0)
-        ref = adamw_steps(params, cfg, docs, 5, **opt)
-        P = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
-             for k, v in params.items()}
-        dec = [t for k, t in P.items() if t.dim() == 2]
-        nodec = [t for k, t in P.items() if t.dim() != 2]
-        o = torch.optim.AdamW([{"params": dec, "weight_decay": 0.1},
-                               {"params": nodec, "weight_decay": 0.0}],
-                              lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-        tl = []
-        for s in range(1, 6):
-            for grp in o.param_groups:
-                grp["lr"] = lr_at(s, 5, 1e-3, 1e-4, 2)
-            o.zero_grad()
-            _, l, _ = forward(P, cfg, docs)
-            l.backward()
-            tl.append(float(l))
-            torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
-            o.step()
-        print("adamw grad norms", ["%.3f" % x for x in ref["grad_norms"]], "lrs",
-              ["%.2e" % x for x in ref["lrs"]])
-        ok &= compare("adamw step_losses vs torch.optim.AdamW", ref["step_losses"], tl, 1e-12)
-        for k in P:
-            ok &= compare(f"adamw {k} vs torch.optim.AdamW", ref["params"][k],
-                          P[k].detach().numpy(), 1e-12, quiet=True)
-        print("adamw params vs torch.optim.AdamW:", "ok" if ok else "FAIL")
+        # Finite differences on a few entries of each gradient of L_total (float64, central).
+        for over in (dict(tie_word_embeddings=True),
+                     dict(tie_word_embeddings=False, num_nextn_predict_layers=2,
+                          mtp_loss_scale=0.7)):
+            cfg, params = make_model(os.path.join(tmp, "m"), over, seed=5)
+            docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
+                              cfg["vocab_size"], 6)
+            loss, _, grads = reference_grad(params, cfg, docs)
+            rng = np.random.default_rng(0)
+            P = to_torch(params)
+
+            def objective(PP):
+                _, l, _, m = forward(PP, cfg, docs)
+                return float(total_loss(cfg, l, m))
+
+            worst = 0.0
+            for name, g in grads.items():
+                for _ in range(3):
+                    idx = tuple(int(rng.integers(0, s)) for s in g.shape)
+                    hstep = 1e-6
+                    Pp = dict(P); Pp[name] = P[name].clone(); Pp[name][idx] += hstep
+                    Pm = dict(P); Pm[name] = P[name].clone(); Pm[name][idx] -= hstep
+                    fd = (objective(Pp) - objective(Pm)) / (2 * hstep)
+                    worst = max(worst, abs(fd - g[idx]) / max(1e-3, np.abs(g).max()))
+            print(f"finite differences (D={mtp_depth(cfg)}): worst |fd - autograd| / max|grad| "
+                  f"= {worst:.2e}")
+            ok &= worst < 1e-6
+
+            # AdamW: our explicit float64 loop against torch.optim.AdamW + clip_grad_norm_.
+            opt = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, weight_decay=0.1, clip_grad=1.0)
+            ref = adamw_steps(params, cfg, docs, 5, **opt)
+            P = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
+                 for k, v in params.items()}
+            dec = [t for k, t in P.items() if t.dim() == 2]
+            nodec = [t for k, t in P.items() if t.dim() != 2]
+            o = torch.optim.AdamW([{"params": dec, "weight_decay": 0.1},
+                                   {"params": nodec, "weight_decay": 0.0}],
+                                  lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+            tl = []
+            for s in range(1, 6):
+                for grp in o.param_groups:
+                    grp["lr"] = lr_at(s, 5, 1e-3, 1e-4, 2)
+                o.zero_grad()
+                _, l, _, m = forward(P, cfg, docs)
+                total_loss(cfg, l, m).backward()
+                tl.append(float(l))
+                torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
+                o.step()
+            print("adamw grad norms", ["%.3f" % x for x in ref["grad_norms"]], "lrs",
+                  ["%.2e" % x for x in ref["lrs"]])
+            ok &= compare("adamw step_losses vs torch.optim.AdamW", ref["step_losses"], tl,
+                          1e-12)
+            for k in P:
+                ok &= compare(f"adamw {k} vs torch.optim.AdamW", ref["params"][k],
+                              P[k].detach().numpy(), 1e-12, quiet=True)
+            print("adamw params vs torch.optim.AdamW:", "ok" if ok else "FAIL")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print("reference self-check:", "PASS" if ok else "FAIL")
