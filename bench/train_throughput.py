@@ -68,7 +68,7 @@ OPTIM = dict(lr=1e-3, min_lr=0.0, warmup_steps=0, beta1=0.9, beta2=0.95, eps=1e-
 INIT_STD = 0.02
 
 STEP_RE = re.compile(r"^step (\d+)/(\d+): loss ([-+0-9.eEnaif]+), grad norm ([-+0-9.eEnaif]+), "
-                     r"lr ([-+0-9.eE]+), ([0-9.eE+-]+) s, ([0-9.eE+-]+) tokens/s\s*$", re.M)
+                     r"lr ([-+0-9.eE]+), ([0-9.eE+-]+) s, ([0-9.eE+-]+) tokens/s", re.M)
 
 
 # ------------------------------------------------------------------------------------------------

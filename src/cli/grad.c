@@ -90,9 +90,11 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
         for (int s = 0; s < cfg.train.steps; s++) {
             weft_step_result sr = weft_trainer_step(t, docs->docs, docs->n);
             losses[s] = (float)sr.loss;
-            if (writer) printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e, %.4f s, %.0f tokens/s\n",
-                   s + 1, cfg.train.steps, sr.loss, sr.grad_norm, sr.lr, sr.seconds,
-                   (double)sr.n_tokens / sr.seconds);
+            if (writer)
+                printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e, %.4f s, %.0f tokens/s, "
+                       "sync wait %.4f s\n",
+                       s + 1, cfg.train.steps, sr.loss, sr.grad_norm, sr.lr, sr.seconds,
+                       (double)sr.n_tokens / sr.seconds, sr.sync_wait_seconds);
         }
         int64_t shape[1] = {cfg.train.steps};
         weft_safetensors_writer_add_f32(w, "step_losses", losses, 1, shape);

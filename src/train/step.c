@@ -127,7 +127,9 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     }
     weft_microbatch_plan_free(&plan);
     weft_free(local);
+    double sync_start = weft_now_seconds();
     weft_dp_finish_gradients(t->dp);
+    r.sync_wait_seconds = weft_now_seconds() - sync_start;
 
     size_t lo, hi;
     weft_dp_owned_range(t->dp, &lo, &hi);

@@ -31,6 +31,7 @@ typedef struct weft_step_result {
     long n_targets, n_tokens;   // global
     long local_docs, local_tokens;
     double seconds;
+    double sync_wait_seconds; // time blocked finishing the gradient collectives after backward
 } weft_step_result;
 
 // Builds the model the job's parallel layout needs (buffers padded for sharding) on `be`.

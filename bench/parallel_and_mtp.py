@@ -1,0 +1,87 @@
+"""Data parallelism and multi-token prediction on this machine, in one run:
+
+  - training tokens/s at dp=1 (one process, 2 threads) and dp=2 (two MPI ranks, 1 thread each),
+    DDP and distributed optimizer, on the same global batch;
+  - the share of gradient communication hidden behind backward: DDP's wait after backward with
+    buckets reduced as backward produces them, against one bucket reduced only after backward
+    (nothing hidden), as 1 - overlapped / unoverlapped;
+  - the step-time ratio of MTP D=1 to no MTP.
+
+Usage: /usr/bin/python3 bench/parallel_and_mtp.py [--weft build/weft] [--steps 6]
+Timings are medians of steps 2..K; they mean little while other work runs on the machine.
+"""
+import argparse, os, re, statistics, subprocess, sys, tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+from reference import qwen2  # noqa: E402
+from reference.mpi import mpirun  # noqa: E402
+
+CFG = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+           num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
+           tie_word_embeddings=False, attention_bias=True)
+LENGTHS = [1024, 768, 640, 512, 384, 256, 256, 128, 64, 64]
+STEP = re.compile(r"^step (\d+)/\d+: .*?, ([0-9.e+-]+) s, ([0-9.e+-]+) tokens/s, sync wait ([0-9.e+-]+) s",
+                  re.M)
+
+
+def measure(weft, mdir, ranks, threads, steps, *options):
+    args = [weft, "grad", "--model", mdir, "--batch", os.path.join(mdir, "batch.jsonl"),
+            "--out", os.path.join(mdir, "out.safetensors"), f"train.steps={steps}", *options]
+    cmd = mpirun(ranks, *args) if ranks > 1 else args
+    if ranks > 1:
+        cmd[cmd.index("OMP_NUM_THREADS=1")] = f"OMP_NUM_THREADS={threads}"
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
+    rows = [(float(s), float(tok), float(w)) for _, s, tok, w in STEP.findall(r.stdout)][1:]
+    return (statistics.median(x[0] for x in rows), statistics.median(x[1] for x in rows),
+            statistics.median(x[2] for x in rows))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--weft", default=os.path.join(REPO, "build", "weft"))
+    ap.add_argument("--steps", type=int, default=6)
+    a = ap.parse_args()
+    weft = os.path.abspath(a.weft)
+    tmp = tempfile.mkdtemp(prefix="weft_bench_dp_")
+    dirs = {}
+    for d in (0, 1):
+        dirs[d] = os.path.join(tmp, f"mtp{d}")
+        qwen2.make_model(dirs[d], dict(CFG, num_nextn_predict_layers=d), 0, std=0.02)
+        qwen2.make_batch(os.path.join(dirs[d], "batch.jsonl"), LENGTHS, [16] * len(LENGTHS),
+                         CFG["vocab_size"], 1)
+    tokens = sum(LENGTHS)
+    print(f"model: {CFG['hidden_size']} hidden, {CFG['num_hidden_layers']} layers, vocab "
+          f"{CFG['vocab_size']}; global batch {len(LENGTHS)} documents, {tokens} tokens; "
+          f"median of steps 2-{a.steps}\n")
+
+    base = measure(weft, dirs[0], 1, 2, a.steps, "parallel.use_distributed_optimizer=false")
+    rows = [("dp=1 (1 rank x 2 threads)", base)]
+    for dist in ("false", "true"):
+        name = "DDP" if dist == "false" else "distributed optimizer"
+        rows.append((f"dp=2 (2 ranks x 1 thread), {name}",
+                     measure(weft, dirs[0], 2, 1, a.steps, f"parallel.use_distributed_optimizer={dist}")))
+    print(f"{'layout':44s} {'step s':>8s} {'tokens/s':>9s} {'ratio':>6s} {'sync wait s':>11s}")
+    for name, (sec, tok, wait) in rows:
+        print(f"{name:44s} {sec:8.3f} {tok:9.0f} {tok / base[1]:6.2f} {wait:11.4f}")
+
+    # Hidden share: small buckets overlap backward; one bucket of everything cannot.
+    over = measure(weft, dirs[0], 2, 1, a.steps, "parallel.use_distributed_optimizer=false",
+                   "parallel.bucket_mb=1")
+    none = measure(weft, dirs[0], 2, 1, a.steps, "parallel.use_distributed_optimizer=false",
+                   "parallel.bucket_mb=100000")
+    hidden = 1 - over[2] / none[2] if none[2] > 0 else float("nan")
+    print(f"\ngradient all-reduce wait after backward, dp=2 DDP: {over[2]:.4f} s with 1 MiB buckets "
+          f"overlapping backward, {none[2]:.4f} s with one bucket after it -> "
+          f"{100 * hidden:.0f}% of the communication hidden behind backward")
+
+    mtp = measure(weft, dirs[1], 1, 2, a.steps, "parallel.use_distributed_optimizer=false")
+    print(f"\nMTP: step {mtp[0]:.3f} s with D=1 against {base[0]:.3f} s without: ratio "
+          f"{mtp[0] / base[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
