@@ -70,6 +70,21 @@ fail:
     return NULL;
 }
 
+bool weft_mkdirs(const char *path) {
+    size_t n = strlen(path);
+    char *buf = weft_alloc(n + 1);
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0755); // an existing parent is fine; a real failure shows below
+            *p = '/';
+        }
+    bool ok = mkdir(buf, 0755) == 0 || errno == EEXIST;
+    weft_free(buf);
+    return ok;
+}
+
 bool weft_write_file_atomic(const char *path, const void *data, size_t len) {
     size_t n = strlen(path) + 32;
     char *tmp = weft_alloc(n);

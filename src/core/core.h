@@ -22,6 +22,8 @@ char *weft_strdup(const char *s);
 
 // Reads a whole file into a NUL-terminated buffer; NULL with errno set on failure.
 char *weft_read_file(const char *path, size_t *len);
+// Creates a directory and its missing parents; false (errno set) if it cannot.
+bool weft_mkdirs(const char *path);
 // Writes bytes to path atomically: a temporary file beside it, fsync, then rename.
 bool weft_write_file_atomic(const char *path, const void *data, size_t len);
 

@@ -22,19 +22,6 @@ static char *join(const char *a, const char *b) {
     return p;
 }
 
-static void mkdirs(const char *path) {
-    char buf[WEFT_PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++)
-        if (*p == '/') {
-            *p = '\0';
-            mkdir(buf, 0755);
-            *p = '/';
-        }
-    WEFT_CHECK(mkdir(buf, 0755) == 0 || errno == EEXIST, "%s: cannot create directory (%s)", buf,
-               strerror(errno));
-}
-
 static uint64_t fnv1a64(const unsigned char *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ULL;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
@@ -116,7 +103,8 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp", name);
     char *final_dir = join(run_dir, name), *tmp = join(run_dir, tmp_name);
     char *path = join(tmp, "optimizer.safetensors");
-    if (writer) mkdirs(tmp);
+    if (writer)
+        WEFT_CHECK(weft_mkdirs(tmp), "%s: cannot create directory (%s)", tmp, strerror(errno));
     save_optimizer(t, path, writer); // collective: every rank enters, rank 0 writes
     weft_free(path);
     if (writer) {

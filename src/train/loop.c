@@ -159,8 +159,8 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
     weft_job_config_validate(cfg);
     const char *run_dir = cfg->train.output_dir;
     char path[WEFT_PATH_MAX + 64];
-    mkdir(run_dir, 0755);
-    WEFT_CHECK(access(run_dir, W_OK) == 0, "train.output_dir=%s: cannot write there", run_dir);
+    WEFT_CHECK(weft_mkdirs(run_dir) && access(run_dir, W_OK) == 0,
+               "train.output_dir=%s: cannot create or write there (%s)", run_dir, strerror(errno));
 
     weft_tokenizer *tok = cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
                                                  : weft_tokenizer_byte_level();
