@@ -1,7 +1,7 @@
 """Resume: 20 uninterrupted steps versus a run killed after its step-10 checkpoint and resumed to
 20: the losses of steps 11-20 are bit-identical. The newest checkpoint is then truncated as if a
 save had been cut mid-write: resume detects it and loads the previous one."""
-import json, os, shutil, signal, subprocess, sys, tempfile, time
+import json, os, shutil, signal, subprocess, sys, tempfile
 
 from reference.qwen2 import weft_path
 
@@ -33,18 +33,17 @@ def main():
         ref = losses(full)
         assert sorted(ref) == list(range(1, 21)), ref
 
-        # Kill the second run as soon as its step-10 checkpoint is published.
-        marker = os.path.join(cut, "checkpoints", "step_00000010", "trainer_state.json")
-        p = subprocess.Popen([WEFT, "train", *COMMON, f"train.output_dir={cut}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 240
-        while not os.path.exists(marker) and p.poll() is None and time.time() < deadline:
-            time.sleep(0.005)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        # Kill the second run mid-step 13, after its step-10 checkpoint. A one-rank job still
+        # counts its collectives (4 a step: count, reduce-scatter, metrics, all-gather), so the
+        # kill lands at a fixed point: call 49 is step 13's reduce-scatter.
+        env = dict(os.environ, WEFT_TEST_KILL_AT_COLLECTIVE="0:49")
+        p = subprocess.run([WEFT, "train", *COMMON, f"train.output_dir={cut}"],
+                           capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == -signal.SIGKILL, (p.returncode, p.stderr)
         ckpts = sorted(d for d in os.listdir(os.path.join(cut, "checkpoints")) if not d.endswith(".tmp"))
         print("checkpoints after the kill:", ckpts)
-        assert "step_00000010" in ckpts, ckpts
+        assert ckpts == ["step_00000005", "step_00000010"], ckpts
+        assert max(losses(cut)) == 12, "the run did not die in step 13"
 
         # Damage the newest checkpoint as a save cut mid-write would.
         newest = os.path.join(cut, "checkpoints", ckpts[-1], "model.safetensors")
