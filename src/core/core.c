@@ -1,7 +1,9 @@
+#define _XOPEN_SOURCE 700 // nftw
 #include "core/core.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <math.h>
 #include <omp.h>
 #include <stdarg.h>
@@ -83,6 +85,16 @@ bool weft_mkdirs(const char *path) {
     bool ok = mkdir(buf, 0755) == 0 || errno == EEXIST;
     weft_free(buf);
     return ok;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    return remove(path);
+}
+
+bool weft_remove_tree(const char *path) {
+    if (access(path, F_OK) != 0) return true;
+    // Depth-first, without following links: children go before their directory.
+    return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0;
 }
 
 bool weft_write_file_atomic(const char *path, const void *data, size_t len) {

@@ -24,6 +24,8 @@ char *weft_strdup(const char *s);
 char *weft_read_file(const char *path, size_t *len);
 // Creates a directory and its missing parents; false (errno set) if it cannot.
 bool weft_mkdirs(const char *path);
+// Removes a file or a directory tree; true if nothing is left at path.
+bool weft_remove_tree(const char *path);
 // Writes bytes to path atomically: a temporary file beside it, fsync, then rename.
 bool weft_write_file_atomic(const char *path, const void *data, size_t len);
 

@@ -116,9 +116,8 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
         weft_free(path);
         save_state(tmp, s);
         // Replace a checkpoint of the same step (a resumed run re-saving), then publish atomically.
-        char cmd[3 * WEFT_PATH_MAX];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", final_dir);
-        if (access(final_dir, F_OK) == 0) WEFT_CHECK(system(cmd) == 0, "%s: cannot replace", final_dir);
+        WEFT_CHECK(weft_remove_tree(final_dir), "%s: cannot replace the old checkpoint (%s)",
+                   final_dir, strerror(errno));
         WEFT_CHECK(rename(tmp, final_dir) == 0, "%s: cannot publish checkpoint (%s)", final_dir,
                    strerror(errno));
     }
