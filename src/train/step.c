@@ -93,7 +93,7 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     // Every head's global target count, from one all-reduce of this rank's counts, before any
     // backward; each micro-batch scales by it, so summing over micro-batches and ranks gives the
     // global objective.
-    double counts[2 * (WEFT_MAX_MTP + 1) + 1] = {0};
+    double counts[WEFT_MAX_MTP + 2] = {0}; // per head, then the token count
     for (int i = 0; i < n_local; i++) {
         r.local_tokens += local[i].len;
         for (int k = 0; k < heads; k++) counts[k] += (double)count_targets(&local[i], k);
