@@ -19,6 +19,15 @@ typedef struct weft_matmul_types {
     weft_dtype a, b, c;
 } weft_matmul_types;
 
+// Which query rows attend to which key rows (see attention_forward). The arrays are device
+// pointers; the counts are host values.
+typedef struct weft_attention_layout {
+    int n_docs, Tq, Tkv;
+    const int32_t *cu_q;  // (n_docs + 1) query rows per document
+    const int32_t *cu_kv; // (n_docs + 1) key rows per document
+    const int32_t *q_pos; // (Tq) position of each query in its document
+} weft_attention_layout;
+
 typedef struct weft_backend weft_backend;
 struct weft_backend {
     const char *name;
@@ -63,17 +72,20 @@ struct weft_backend {
     void (*rope_backward)(weft_backend *self, void *dx, const int32_t *positions, double theta,
                           int T, int H, int D);
 
-    // Causal attention over packed documents: token rows [cu_seqlens[d], cu_seqlens[d+1]) attend
-    // only to earlier rows of the same document. q (T, H, D), k/v (T, KV, D), H % KV == 0 (query
-    // head h reads kv head h / (H/KV)); out (T, H, D); lse (H, T) f32 log-sum-exp per row.
+    // Causal attention over packed documents, grouped-query heads (H % KV == 0: query head h
+    // reads kv head h / (H/KV)). Query rows [cu_q[d], cu_q[d+1]) of document d see key rows
+    // cu_kv[d] + [0, q_pos[row]]: causal by position, never across documents. Without context
+    // parallelism queries and keys are the same rows (cu_q == cu_kv, q_pos the position); under
+    // it the queries are this rank's chunks and the keys the whole (gathered) document.
+    // q (Tq, H, D), k/v (Tkv, KV, D); out (Tq, H, D); lse (H, Tq) f32 log-sum-exp per row.
     void (*attention_forward)(weft_backend *self, const void *q, const void *k, const void *v,
-                              const int32_t *cu_seqlens, int n_docs, void *out, float *lse, int T,
-                              int H, int KV, int D);
-    // dq (T, H, D), dk/dv (T, KV, D) overwritten.
+                              const weft_attention_layout *layout, void *out, float *lse, int H,
+                              int KV, int D);
+    // dq (Tq, H, D), dk/dv (Tkv, KV, D) overwritten.
     void (*attention_backward)(weft_backend *self, const void *q, const void *k, const void *v,
-                               const int32_t *cu_seqlens, int n_docs, const void *out,
+                               const weft_attention_layout *layout, const void *out,
                                const float *lse, const void *dout, void *dq, void *dk, void *dv,
-                               int T, int H, int KV, int D);
+                               int H, int KV, int D);
 
     // out (N) = silu(gate) * up ; backward overwrites dgate, dup
     void (*swiglu_forward)(weft_backend *self, const void *gate, const void *up, void *out,

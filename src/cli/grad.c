@@ -12,7 +12,7 @@
 
 typedef struct grad_args {
     const char *model_dir, *batch, *out;
-    bool logits;
+    bool logits, logprobs;
     int n_overrides;
     char **overrides;
 } grad_args;
@@ -30,6 +30,8 @@ static grad_args parse_args(int argc, char **argv) {
             *slot = argv[++i];
         } else if (!strcmp(argv[i], "--logits")) {
             a.logits = true;
+        } else if (!strcmp(argv[i], "--logprobs")) {
+            a.logprobs = true;
         } else if (argv[i][0] == '-') {
             weft_fatal("grad: unknown option \"%s\"; see weft --help", argv[i]);
         } else {
@@ -62,8 +64,10 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
 
     long T = 0;
     for (int i = 0; i < docs->n; i++) T += docs->docs[i].len;
-    float *logits = a.logits ? weft_alloc(sizeof(float) * T * mc.vocab_size) : NULL;
-    weft_step_result r = weft_trainer_gradients(t, docs->docs, docs->n, logits);
+    weft_model_outputs out = {
+        .logits = a.logits ? weft_alloc(sizeof(float) * T * mc.vocab_size) : NULL,
+        .logprobs = a.logprobs ? weft_alloc(sizeof(float) * (T > 0 ? T : 1)) : NULL};
+    weft_step_result r = weft_trainer_gradients(t, docs->docs, docs->n, &out);
     weft_trainer_gather_gradients(t);
     if (writer) printf("grad: %d documents, %ld tokens, %ld targets, loss %.6f, grad norm %.6f\n", docs->n,
            r.n_tokens, r.n_targets, r.loss, r.grad_norm);
@@ -81,9 +85,13 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
         weft_safetensors_writer_add_f32(w, "mtp_losses", mtp, 1, shape);
     }
     weft_model_add_tensors(m, w, "grad.", m->grad_buf, 0);
-    if (logits) {
+    if (out.logits) {
         int64_t shape[2] = {T, mc.vocab_size};
-        weft_safetensors_writer_add_f32(w, "logits", logits, 2, shape);
+        weft_safetensors_writer_add_f32(w, "logits", out.logits, 2, shape);
+    }
+    if (out.logprobs) {
+        int64_t shape[1] = {T};
+        weft_safetensors_writer_add_f32(w, "logprobs", out.logprobs, 1, shape);
     }
     if (cfg.train.steps > 0) {
         float *losses = weft_alloc(sizeof(float) * cfg.train.steps);
@@ -92,9 +100,9 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
             losses[s] = (float)sr.loss;
             if (writer)
                 printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e, %.4f s, %.0f tokens/s, "
-                       "sync wait %.4f s\n",
+                       "sync wait %.4f s, cp comm %.4f s\n",
                        s + 1, cfg.train.steps, sr.loss, sr.grad_norm, sr.lr, sr.seconds,
-                       (double)sr.n_tokens / sr.seconds, sr.sync_wait_seconds);
+                       (double)sr.n_tokens / sr.seconds, sr.sync_wait_seconds, sr.cp_comm_seconds);
         }
         int64_t shape[1] = {cfg.train.steps};
         weft_safetensors_writer_add_f32(w, "step_losses", losses, 1, shape);
@@ -112,7 +120,8 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
     }
 
     weft_safetensors_writer_free(w);
-    weft_free(logits);
+    weft_free(out.logits);
+    weft_free(out.logprobs);
     weft_trainer_free(t);
     weft_document_set_free(docs);
     weft_model_free(m);

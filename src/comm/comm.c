@@ -12,6 +12,7 @@ struct weft_comm {
     bool mpi;          // false: a one-rank group without MPI
     MPI_Comm handle;
     int rank, size;
+    int world_rank; // for messages: a subgroup's rank numbers are its own
     char name[32];
     bool debug;
     double timeout;
@@ -26,6 +27,8 @@ struct weft_comm_request {
     weft_comm_op op;
     long seq;
 };
+
+static noreturn void comm_abort(weft_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 static const char *const OP_NAMES[WEFT_N_OPS] = {"allreduce", "reduce_scatter", "allgather",
                                                  "broadcast", "barrier"};
@@ -60,9 +63,36 @@ weft_comm *weft_comm_init(int *argc, char ***argv) {
         MPI_Comm_rank(c->handle, &c->rank);
         MPI_Comm_size(c->handle, &c->size);
     }
+    c->world_rank = c->rank;
     c->fault_skip = fault_at("WEFT_TEST_SKIP_COLLECTIVE", c->rank);
     c->fault_kill = fault_at("WEFT_TEST_KILL_AT_COLLECTIVE", c->rank);
     return c;
+}
+
+weft_comm *weft_comm_split(weft_comm *parent, int color, int key, const char *name) {
+    weft_comm *c = weft_alloc(sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    c->mpi = parent->mpi;
+    c->debug = parent->debug;
+    c->timeout = parent->timeout;
+    c->size = 1;
+    c->world_rank = parent->world_rank;
+    c->fault_skip = c->fault_kill = -1; // fault injection counts the world group's calls only
+    if (c->mpi) {
+        // Blocking, but only at set-up, where every rank of the parent calls it in one order.
+        int rc = MPI_Comm_split(parent->handle, color, key, &c->handle);
+        if (rc != MPI_SUCCESS) comm_abort(parent, "could not create process group %s", name);
+        MPI_Comm_set_errhandler(c->handle, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(c->handle, &c->rank);
+        MPI_Comm_size(c->handle, &c->size);
+    }
+    return c;
+}
+
+void weft_comm_free(weft_comm *c) {
+    if (!c) return;
+    if (c->mpi) MPI_Comm_free(&c->handle);
+    weft_free(c);
 }
 
 void weft_comm_finalize(weft_comm *c) {
@@ -83,11 +113,10 @@ void weft_comm_configure(weft_comm *c, bool debug, double timeout) {
     c->timeout = timeout;
 }
 
-static noreturn void comm_abort(weft_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static noreturn void comm_abort(weft_comm *c, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "weft: error: rank %d: ", c->rank);
+    fprintf(stderr, "weft: error: rank %d: ", c->world_rank);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);

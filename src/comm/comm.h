@@ -25,6 +25,11 @@ typedef enum weft_comm_op {
 // one-rank group that never touches MPI.
 weft_comm *weft_comm_init(int *argc, char ***argv);
 void weft_comm_finalize(weft_comm *world);
+// The subgroup of `parent`'s ranks that pass the same color, ordered by key, named `name` in
+// errors. Every rank of the parent calls it, in the same order (set-up time only). It inherits
+// the parent's debug checks and timeout.
+weft_comm *weft_comm_split(weft_comm *parent, int color, int key, const char *name);
+void weft_comm_free(weft_comm *c);
 int weft_comm_rank(const weft_comm *c);
 int weft_comm_size(const weft_comm *c);
 const char *weft_comm_name(const weft_comm *c);

@@ -212,7 +212,13 @@ struct weft_activations {
     float *rstdf, *row_loss, *correct;   // (T)
     void *d_head0;                       // (T, C) dL/d(lnf) through the main head
     void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
-    int32_t *tokens, *positions, *targets, *cu_seqlens;
+    // Context parallelism only: one layer's whole-document keys and values (T_kv, KV*D), their
+    // gradients, and the exchange's staging area. Shared by all layers, so memory stays
+    // proportional to this rank's rows plus one layer's keys.
+    void *k_full, *v_full, *dk_full, *dv_full, *kv_stage;
+    int kv_full_layer; // whose keys k_full holds now (-1: none), so backward gathers only if needed
+    int32_t *tokens, *positions, *targets, *cu_seqlens, *cu_seqlens_kv;
+    weft_attention_layout layout;
 };
 
 // Hands out 64-byte-aligned slices of the arena; with arena == NULL it only measures.
@@ -246,7 +252,7 @@ static void carve_layer(weft_activations *a, layer_acts *la, const weft_model_co
 }
 
 static void carve(weft_activations *a, const weft_model_config *c, bool recompute, int T,
-                  int n_docs, size_t esz) {
+                  int T_kv, int n_docs, bool exchange, size_t esz) {
     size_t C = c->hidden_size, I = c->intermediate_size;
     size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
     size_t row = esz * T * C, f32 = sizeof(float) * T, ids = sizeof(int32_t) * T;
@@ -285,11 +291,18 @@ static void carve(weft_activations *a, const weft_model_config *c, bool recomput
     a->positions = take(a, ids);
     a->targets = take(a, ids);
     a->cu_seqlens = take(a, sizeof(int32_t) * (n_docs + 1));
+    a->cu_seqlens_kv = take(a, sizeof(int32_t) * (n_docs + 1));
+    if (exchange) {
+        size_t full = esz * T_kv * kvd;
+        a->k_full = take(a, full), a->v_full = take(a, full);
+        a->dk_full = take(a, full), a->dv_full = take(a, full);
+        a->kv_stage = take(a, esz * (size_t)(T_kv + T) * 2 * kvd);
+    }
 }
 
 // Sizes the arena for a micro-batch of T tokens; grows (never shrinks) so steady state allocates
 // nothing. The peak is what the arena holds: every byte of activations lives in it.
-static weft_activations *prepare_activations(weft_model *m, int T, int n_docs) {
+static weft_activations *prepare_activations(weft_model *m, int T, int T_kv, int n_docs) {
     weft_activations *a = m->acts;
     if (!a) {
         a = m->acts = weft_alloc(sizeof *a);
@@ -298,7 +311,8 @@ static weft_activations *prepare_activations(weft_model *m, int T, int n_docs) {
     }
     char *arena = a->arena;
     a->arena = NULL;
-    carve(a, &m->cfg, m->recompute, T, n_docs, weft_dtype_size(m->be->act_dtype));
+    carve(a, &m->cfg, m->recompute, T, T_kv, n_docs, m->kv_exchange != NULL,
+          weft_dtype_size(m->be->act_dtype));
     size_t need = a->used;
     if (need > a->capacity) {
         if (arena) m->be->free(m->be, arena);
@@ -306,7 +320,8 @@ static weft_activations *prepare_activations(weft_model *m, int T, int n_docs) {
         a->capacity = need;
     }
     a->arena = arena;
-    carve(a, &m->cfg, m->recompute, T, n_docs, weft_dtype_size(m->be->act_dtype));
+    carve(a, &m->cfg, m->recompute, T, T_kv, n_docs, m->kv_exchange != NULL,
+          weft_dtype_size(m->be->act_dtype));
     if (need > m->peak_activation_bytes) m->peak_activation_bytes = need;
     return a;
 }
@@ -384,8 +399,16 @@ static dims dims_of(const weft_model *m, const weft_batch *b) {
                   c->num_heads * c->head_dim, c->num_kv_heads * c->head_dim, b->n_docs};
 }
 
+// Fills a->k_full / v_full with layer l's whole-document keys and values from every rank's rows.
+static void gather_kv(weft_model *m, int l, const layer_acts *la, weft_activations *a, dims d) {
+    if (a->kv_full_layer == l) return;
+    const weft_kv_exchange *ex = m->kv_exchange;
+    ex->gather(ex->ctx, la->k, la->v, a->k_full, a->v_full, d.kvd, a->kv_stage);
+    a->kv_full_layer = l;
+}
+
 // Computes everything the layer's backward needs from la->x_in, and the layer output into out.
-static void layer_forward(weft_model *m, int l, layer_acts *la, const weft_activations *a,
+static void layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *a,
                           void *out, dims d) {
     weft_backend *be = m->be;
     const weft_layer_params *p = &m->layers[l];
@@ -405,8 +428,12 @@ static void layer_forward(weft_model *m, int l, layer_acts *la, const weft_activ
     }
     be->rope_forward(be, la->q, a->positions, theta, d.T, d.H, d.D);
     be->rope_forward(be, la->k, a->positions, theta, d.T, d.KV, d.D);
-    be->attention_forward(be, la->q, la->k, la->v, a->cu_seqlens, d.n_docs, la->att, la->lse, d.T,
-                          d.H, d.KV, d.D);
+    const void *k = la->k, *v = la->v;
+    if (m->kv_exchange) {
+        gather_kv(m, l, la, a, d);
+        k = a->k_full, v = a->v_full;
+    }
+    be->attention_forward(be, la->q, k, v, &a->layout, la->att, la->lse, d.H, d.KV, d.D);
     be->copy(be, la->res1, la->x_in, esz * d.T * d.C);
     linear_forward(m, la->att, p->o_w, la->res1, d.T, d.qd, d.C, 1.0f);
 
@@ -435,8 +462,16 @@ static void layer_backward(weft_model *m, int l, const layer_acts *la, weft_acti
 
     // Attention: res1 = x_in + o(attn(rope(q), rope(k), v))
     linear_backward(m, la->att, p->o_w, a->d_res, a->d_att, d.T, d.qd, d.C, 0.0f);
-    be->attention_backward(be, la->q, la->k, la->v, a->cu_seqlens, d.n_docs, la->att, la->lse,
-                           a->d_att, a->d_q, a->d_k, a->d_v, d.T, d.H, d.KV, d.D);
+    if (m->kv_exchange) {
+        const weft_kv_exchange *ex = m->kv_exchange;
+        gather_kv(m, l, la, a, d); // a no-op when this layer's keys are still there
+        be->attention_backward(be, la->q, a->k_full, a->v_full, &a->layout, la->att, la->lse,
+                               a->d_att, a->d_q, a->dk_full, a->dv_full, d.H, d.KV, d.D);
+        ex->reduce_scatter(ex->ctx, a->dk_full, a->dv_full, a->d_k, a->d_v, d.kvd, a->kv_stage);
+    } else {
+        be->attention_backward(be, la->q, la->k, la->v, &a->layout, la->att, la->lse, a->d_att,
+                               a->d_q, a->d_k, a->d_v, d.H, d.KV, d.D);
+    }
     be->rope_backward(be, a->d_q, a->positions, theta, d.T, d.H, d.D);
     be->rope_backward(be, a->d_k, a->positions, theta, d.T, d.KV, d.D);
     if (p->q_b != WEFT_ABSENT) {
@@ -465,13 +500,15 @@ static layer_acts *inner_acts(weft_model *m, weft_activations *a, int l) {
 // buffer.
 static void head_forward_backward(weft_model *m, weft_activations *a, const void *h,
                                   const int32_t *targets, float scale, void *dh, dims d,
-                                  weft_forward_stats *stats, int head, float *logits_host) {
+                                  weft_forward_stats *stats, int head, float *logits_host,
+                                  float *row_loss_host) {
     weft_backend *be = m->be;
     int V = m->cfg.vocab_size;
     linear_forward(m, h, m->lm_head, a->logits, d.T, d.C, V, 0.0f);
     if (logits_host) be->to_f32(be, logits_host, a->logits, be->act_dtype, (size_t)d.T * V);
     be->cross_entropy(be, a->logits, targets, scale, a->row_loss, a->correct, d.T, V);
     stats->loss_sum[head] = be->sum_f32(be, a->row_loss, d.T);
+    if (row_loss_host) be->to_host(be, row_loss_host, a->row_loss, sizeof(float) * d.T);
     stats->correct[head] = be->sum_f32(be, a->correct, d.T);
     linear_backward(m, h, m->lm_head, a->logits, dh, d.T, d.C, V, 0.0f);
 }
@@ -501,7 +538,7 @@ static void mtp_forward(weft_model *m, weft_activations *a, int k, const void *h
     layer_forward(m, l, inner_acts(m, a, l), a, mk->out, d);
     be->rmsnorm_forward(be, mk->out, weft_model_param(m, p->final_norm), eps, mk->h, mk->rstd_f,
                         d.T, d.C);
-    head_forward_backward(m, a, mk->h, mk->targets, scale, mk->d_head, d, stats, k + 1, NULL);
+    head_forward_backward(m, a, mk->h, mk->targets, scale, mk->d_head, d, stats, k + 1, NULL, NULL);
 }
 
 // On entry a->d_carry holds dL/dh_k from module k+1 (when there is one); on exit it holds
@@ -532,18 +569,26 @@ static void mtp_backward(weft_model *m, weft_activations *a, int k, const void *
 }
 
 weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
-                                               const float *loss_scale, float *logits_host) {
+                                               const float *loss_scale,
+                                               const weft_model_outputs *out) {
     weft_backend *be = m->be;
     dims d = dims_of(m, batch);
     int L = m->cfg.num_layers, D = m->cfg.num_mtp;
     size_t esz = weft_dtype_size(be->act_dtype), row = esz * d.T * d.C;
     WEFT_CHECK(batch->mtp_depth == D, "internal: batch built for %d MTP depths, model has %d",
                batch->mtp_depth, D);
-    weft_activations *a = prepare_activations(m, d.T, d.n_docs);
+    WEFT_CHECK(m->kv_exchange || batch->T_kv == batch->T,
+               "internal: a batch of document chunks needs a key/value exchange");
+    weft_activations *a = prepare_activations(m, d.T, batch->T_kv, d.n_docs);
     be->to_device(be, a->tokens, batch->tokens, sizeof(int32_t) * d.T);
     be->to_device(be, a->positions, batch->positions, sizeof(int32_t) * d.T);
     be->to_device(be, a->targets, batch->targets, sizeof(int32_t) * d.T);
     be->to_device(be, a->cu_seqlens, batch->cu_seqlens, sizeof(int32_t) * (d.n_docs + 1));
+    be->to_device(be, a->cu_seqlens_kv, batch->cu_seqlens_kv, sizeof(int32_t) * (d.n_docs + 1));
+    a->layout = (weft_attention_layout){.n_docs = d.n_docs, .Tq = d.T, .Tkv = batch->T_kv,
+                                        .cu_q = a->cu_seqlens, .cu_kv = a->cu_seqlens_kv,
+                                        .q_pos = a->positions};
+    a->kv_full_layer = -1;
     for (int k = 0; k < D; k++) {
         be->to_device(be, a->mtp[k].inputs, weft_batch_mtp_inputs(batch, k + 1), sizeof(int32_t) * d.T);
         be->to_device(be, a->mtp[k].targets, weft_batch_mtp_targets(batch, k + 1), sizeof(int32_t) * d.T);
@@ -558,8 +603,11 @@ weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *
     }
     be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
                         (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
+    float *logprobs = out ? out->logprobs : NULL;
     head_forward_backward(m, a, a->lnf, a->targets, loss_scale[0], a->d_head0, d, &stats, 0,
-                          logits_host);
+                          out ? out->logits : NULL, logprobs);
+    for (int t = 0; logprobs && t < d.T; t++)
+        logprobs[t] = batch->targets[t] >= 0 ? -logprobs[t] : 0.0f;
     for (int k = 0; k < D; k++)
         mtp_forward(m, a, k, k == 0 ? a->lnf : a->mtp[k - 1].h, loss_scale[k + 1], d, &stats);
 

@@ -30,6 +30,21 @@ typedef struct weft_mtp_params {
 
 typedef struct weft_activations weft_activations;
 
+// What attention needs from the ranks that hold the other chunks of this batch's documents
+// (context parallelism, DESIGN.md section 6). The parallel layer supplies it; the model never
+// learns which ranks or library sit behind it. NULL: every document is whole in the batch.
+typedef struct weft_kv_exchange {
+    void *ctx;
+    // k, v (T, width): this rank's rows -> k_full, v_full (T_kv, width): every document's rows
+    // from all ranks, in document order. stage: scratch of (T_kv + T, 2 * width) elements.
+    void (*gather)(void *ctx, const void *k, const void *v, void *k_full, void *v_full, int width,
+                   void *stage);
+    // dk_full, dv_full (T_kv, width): this rank's gradient contributions for whole documents ->
+    // dk, dv (T, width): each of this rank's rows summed over the ranks. Same stage.
+    void (*reduce_scatter)(void *ctx, const void *dk_full, const void *dv_full, void *dk, void *dv,
+                           int width, void *stage);
+} weft_kv_exchange;
+
 typedef struct weft_model {
     weft_model_config cfg;
     weft_backend *be;
@@ -48,6 +63,7 @@ typedef struct weft_model {
     // The parallel layer supplies it to start reducing buckets while backward continues.
     void (*grads_ready)(void *ctx, int first_param);
     void *grads_ready_ctx;
+    const weft_kv_exchange *kv_exchange; // NULL without context parallelism
     weft_activations *acts;
     size_t peak_activation_bytes;
 } weft_model;
@@ -69,12 +85,19 @@ typedef struct weft_forward_stats {
     double correct[WEFT_MAX_MTP + 1];  // targets whose argmax prediction was right
 } weft_forward_stats;
 
+// Host copies of per-row outputs of the main head, each optional (NULL: not wanted).
+typedef struct weft_model_outputs {
+    float *logits;   // (T, V)
+    float *logprobs; // (T) log-probability of each row's target; 0 on rows without one
+} weft_model_outputs;
+
 // Forward and backward over one packed micro-batch. Gradients of
 // sum_k loss_scale[k] * (sum of head k's target losses) are ADDED to grad_buf, so micro-batches
 // accumulate; loss_scale[0] = 1/N and loss_scale[k] = lambda/(D N_k) give the objective of
-// DESIGN.md sections 3 and 8. If logits_host is not NULL the main logits (T, V) are copied there.
+// DESIGN.md sections 3 and 8. `out` may be NULL.
 weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
-                                               const float *loss_scale, float *logits_host);
+                                               const float *loss_scale,
+                                               const weft_model_outputs *out);
 // Whether parameter i belongs to a multi-token-prediction module.
 bool weft_model_param_is_mtp(const weft_model *m, int i);
 void weft_model_zero_grad(weft_model *m);

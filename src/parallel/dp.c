@@ -22,6 +22,7 @@ struct weft_dp {
 
 weft_parallel_config weft_parallel_config_default(void) {
     return (weft_parallel_config){.use_distributed_optimizer = true,
+                                  .context_parallel_size = 1,
                                   .debug_collectives = false,
                                   .collective_timeout = 300.0,
                                   .bucket_mb = 16};

@@ -8,6 +8,7 @@
 
 typedef struct weft_parallel_config {
     bool use_distributed_optimizer; // parallel.use_distributed_optimizer (read only by dp.c)
+    int context_parallel_size;      // parallel.context_parallel_size (read by cp.c)
     bool debug_collectives;         // parallel.debug_collectives: cross-check every collective
     double collective_timeout;      // parallel.collective_timeout: seconds before a wait aborts
     int bucket_mb;                  // parallel.bucket_mb: DDP gradient bucket size

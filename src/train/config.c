@@ -47,6 +47,8 @@ static const key_def KEYS[] = {
     {"train.log_every", KEY_INT, F(train.log_every), "plain log line every N steps"},
     {"parallel.use_distributed_optimizer", KEY_BOOL, F(parallel.use_distributed_optimizer),
      "shard AdamW state over data-parallel ranks (ZeRO-1)"},
+    {"parallel.context_parallel_size", KEY_INT, F(parallel.context_parallel_size),
+     "ranks that split each document (context parallelism); world = dp x this"},
     {"parallel.debug_collectives", KEY_BOOL, F(parallel.debug_collectives),
      "cross-check every rank's collective sequence"},
     {"parallel.collective_timeout", KEY_REAL, F(parallel.collective_timeout),
@@ -175,6 +177,9 @@ void weft_job_config_apply_overrides(weft_job_config *cfg, int argc, char **argv
 void weft_job_config_validate(const weft_job_config *c) {
     WEFT_CHECK(c->train.micro_batches >= 1, "train.micro_batches must be at least 1");
     WEFT_CHECK(c->train.global_batch_size >= 1, "train.global_batch_size must be at least 1");
+    WEFT_CHECK(c->parallel.context_parallel_size >= 1,
+               "parallel.context_parallel_size must be at least 1 (got %d)",
+               c->parallel.context_parallel_size);
     WEFT_CHECK(c->optim.lr >= 0 && c->optim.min_lr >= 0 && c->optim.min_lr <= c->optim.lr,
                "optim.min_lr (%g) must lie in [0, optim.lr = %g]", c->optim.min_lr, c->optim.lr);
     WEFT_CHECK(c->optim.beta1 >= 0 && c->optim.beta1 < 1 && c->optim.beta2 >= 0 &&

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
                                      const weft_model_config *mc) {
@@ -26,6 +27,8 @@ weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_jo
                                           m->params[i].weight_decay};
     }
     t->dp = weft_dp_create(world, m, &cfg->parallel);
+    t->cp = weft_cp_create(world, &cfg->parallel);
+    weft_cp_attach(t->cp, m, &t->batch);
     if (with_optimizer) {
         weft_optim_config oc = cfg->optim;
         oc.total_steps = cfg->train.steps;
@@ -38,36 +41,68 @@ void weft_trainer_free(weft_trainer *t) {
     if (!t) return;
     weft_optimizer_free(t->opt);
     weft_dp_free(t->dp);
+    weft_cp_free(t->cp);
+    t->model->kv_exchange = NULL;
     weft_batch_free(&t->batch);
     weft_free(t->segs);
     weft_free(t);
 }
 
-// Targets of head k (0: next token, k: MTP depth k) in a document: tokens j >= k+1 marked by
-// the loss mask, since head k at position t predicts token t+k+1.
-static long count_targets(const weft_document *d, int k) {
+// Targets of head k (0: next token, k: MTP depth k) that this rank owns in a document: those
+// predicted from positions in its chunks, i.e. tokens p+k+1 marked by the loss mask for p there.
+static long count_owned_targets(const weft_cp *cp, const weft_document *d, int k) {
+    int start[2], chunk_len, padded;
+    int n_chunks = weft_cp_chunks(cp, d->len, start, &chunk_len, &padded);
     long n = 0;
-    for (int j = k + 1; j < d->len; j++) n += d->loss_mask ? d->loss_mask[j] != 0 : 1;
+    for (int c = 0; c < n_chunks; c++)
+        for (int p = start[c]; p < start[c] + chunk_len && p + k + 1 < d->len; p++)
+            n += d->loss_mask ? d->loss_mask[p + k + 1] != 0 : 1;
     return n;
+}
+
+// Tokens of a document in this rank's chunks (padding excluded): each token has one owner.
+static long count_owned_tokens(const weft_cp *cp, const weft_document *d) {
+    int start[2], chunk_len, padded;
+    int n_chunks = weft_cp_chunks(cp, d->len, start, &chunk_len, &padded);
+    long n = 0;
+    for (int c = 0; c < n_chunks; c++) {
+        int end = start[c] + chunk_len < d->len ? start[c] + chunk_len : d->len;
+        n += end > start[c] ? end - start[c] : 0;
+    }
+    return n;
+}
+
+// Rows this rank holds of a document: its chunks under context parallelism, else all of it.
+static int local_rows(const weft_cp *cp, int len) {
+    int start[2], chunk_len, padded;
+    return weft_cp_chunks(cp, len, start, &chunk_len, &padded) * chunk_len;
+}
+
+static void append_local(weft_trainer *t, const weft_document *d) {
+    int start[2], chunk_len, padded;
+    int n_chunks = weft_cp_chunks(t->cp, d->len, start, &chunk_len, &padded);
+    weft_batch_append_chunks(&t->batch, d->tokens, d->loss_mask, d->len, padded, start, n_chunks,
+                             chunk_len);
 }
 
 // Attention's quadratic term is small next to the matmuls at these lengths; weigh it lightly.
 static const double COST_ALPHA = 1.0 / 4096, COST_BETA = 1.0;
 
-// This rank's documents of the global batch, packed into micro-batches. `local` receives them.
+// The documents of this rank's data-parallel share of the global batch (global indices into
+// `index`), packed into micro-batches by the rows this rank holds of each.
 static weft_microbatch_plan plan_local(const weft_trainer *t, const weft_document *docs,
-                                       int n_docs, weft_document *local, int *n_local) {
+                                       int n_docs, int *index, int *n_local) {
     int *lengths = weft_alloc(sizeof(int) * (n_docs > 0 ? n_docs : 1));
     for (int i = 0; i < n_docs; i++) lengths[i] = docs[i].len;
-    weft_microbatch_plan ranks = weft_plan_balanced(lengths, n_docs, weft_comm_size(t->world),
-                                                    COST_ALPHA, COST_BETA);
-    int r = weft_comm_rank(t->world);
+    weft_microbatch_plan shares = weft_plan_balanced(lengths, n_docs, weft_cp_dp_size(t->cp),
+                                                     COST_ALPHA, COST_BETA);
+    int r = weft_cp_dp_rank(t->cp);
     *n_local = 0;
-    for (int k = ranks.offsets[r]; k < ranks.offsets[r + 1]; k++, (*n_local)++) {
-        local[*n_local] = docs[ranks.docs[k]];
-        lengths[*n_local] = local[*n_local].len;
+    for (int k = shares.offsets[r]; k < shares.offsets[r + 1]; k++, (*n_local)++) {
+        index[*n_local] = shares.docs[k];
+        lengths[*n_local] = local_rows(t->cp, docs[shares.docs[k]].len);
     }
-    weft_microbatch_plan_free(&ranks);
+    weft_microbatch_plan_free(&shares);
     int budget = t->cfg.train.max_tokens_per_microbatch, parts = t->cfg.train.micro_batches;
     weft_microbatch_plan p = budget > 0 ? weft_plan_packed(lengths, *n_local, budget, COST_ALPHA, COST_BETA)
                              : *n_local > 0
@@ -77,28 +112,44 @@ static weft_microbatch_plan plan_local(const weft_trainer *t, const weft_documen
     return p;
 }
 
+// Puts a micro-batch's per-row log-probs at their tokens' places in the global batch (padding
+// rows have none); summing over ranks then gathers them, since each token has one owner.
+static void place_logprobs(const weft_batch *b, const int *doc_index, const long *doc_offset,
+                           const weft_document *docs, const float *rows, float *global) {
+    for (int j = 0; j < b->n_docs; j++) {
+        const weft_document *d = &docs[doc_index[j]];
+        for (int t = b->cu_seqlens[j]; t < b->cu_seqlens[j + 1]; t++)
+            if (b->positions[t] < d->len) global[doc_offset[doc_index[j]] + b->positions[t]] = rows[t];
+    }
+}
+
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
-                                        float *logits_host) {
+                                        const weft_model_outputs *out) {
     double t0 = weft_now_seconds();
     weft_model *m = t->model;
     weft_backend *be = m->be;
     int D = m->cfg.num_mtp, heads = D + 1;
-    WEFT_CHECK(!logits_host || weft_comm_size(t->world) == 1,
+    bool want_logits = out && out->logits, want_logprobs = out && out->logprobs;
+    WEFT_CHECK(!want_logits || weft_comm_size(t->world) == 1,
                "--logits needs a single process; run weft grad without mpirun");
     weft_step_result r = {.mtp_depth = D};
-    weft_document *local = weft_alloc(sizeof(weft_document) * (n_docs > 0 ? n_docs : 1));
+    // This rank's share of the documents, then room for one micro-batch's.
+    int *index = weft_alloc(sizeof(int) * 2 * (n_docs > 0 ? n_docs : 1));
     int n_local;
-    weft_microbatch_plan plan = plan_local(t, docs, n_docs, local, &n_local);
+    weft_microbatch_plan plan = plan_local(t, docs, n_docs, index, &n_local);
 
-    // Every head's global target count, from one all-reduce of this rank's counts, before any
-    // backward; each micro-batch scales by it, so summing over micro-batches and ranks gives the
-    // global objective.
+    // Every head's global target count, from one all-reduce of the counts this rank owns, before
+    // any backward; each micro-batch scales by it, so summing over micro-batches and ranks gives
+    // the global objective.
     double counts[WEFT_MAX_MTP + 2] = {0}; // per head, then the token count
+    long *doc_offset = weft_alloc(sizeof(long) * (n_docs + 1));
+    for (int i = 0; i < n_docs; i++) doc_offset[i + 1] = doc_offset[i] + docs[i].len;
     for (int i = 0; i < n_local; i++) {
-        r.local_tokens += local[i].len;
-        for (int k = 0; k < heads; k++) counts[k] += (double)count_targets(&local[i], k);
+        const weft_document *d = &docs[index[i]];
+        r.local_tokens += local_rows(t->cp, d->len);
+        for (int k = 0; k < heads; k++) counts[k] += (double)count_owned_targets(t->cp, d, k);
+        counts[heads] += (double)count_owned_tokens(t->cp, d);
     }
-    counts[heads] = (double)r.local_tokens;
     weft_comm_allreduce_sum(t->world, counts, heads + 1, WEFT_COMM_F64);
     r.n_targets = (long)counts[0];
     r.n_tokens = (long)counts[heads];
@@ -109,27 +160,42 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
         scale[k] = counts[k] > 0 ? (float)(m->cfg.mtp_loss_scale / D / counts[k]) : 0.0f;
 
     weft_model_zero_grad(m);
+    weft_cp_take_comm_seconds(t->cp);
+    if (want_logprobs) memset(out->logprobs, 0, sizeof(float) * doc_offset[n_docs]);
     // Metrics: per head loss sum and correct count, then this rank's share of the squared norm.
     double metrics[2 * (WEFT_MAX_MTP + 1) + 1] = {0};
     size_t logits_row = 0;
     if (plan.n_micro == 0) weft_dp_arm_last_microbatch(t->dp);
     for (int p = 0; p < plan.n_micro; p++) {
         weft_batch_clear(&t->batch);
+        int *mb_index = index + n_local; // scratch after the local list: this micro-batch's docs
+        int n_mb = 0;
         for (int k = plan.offsets[p]; k < plan.offsets[p + 1]; k++) {
-            const weft_document *d = &local[plan.docs[k]];
-            weft_batch_append(&t->batch, d->tokens, d->loss_mask, d->len);
+            mb_index[n_mb++] = index[plan.docs[k]];
+            append_local(t, &docs[index[plan.docs[k]]]);
         }
         if (p == plan.n_micro - 1) weft_dp_arm_last_microbatch(t->dp);
-        float *logits = logits_host ? logits_host + logits_row * m->cfg.vocab_size : NULL;
-        weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, logits);
+        float *row_logprobs = NULL;
+        if (want_logprobs) row_logprobs = weft_alloc(sizeof(float) * t->batch.T);
+        weft_model_outputs mo = {
+            .logits = want_logits ? out->logits + logits_row * m->cfg.vocab_size : NULL,
+            .logprobs = row_logprobs};
+        weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, &mo);
         for (int k = 0; k < heads; k++) metrics[k] += s.loss_sum[k], metrics[heads + k] += s.correct[k];
+        if (want_logprobs) {
+            place_logprobs(&t->batch, mb_index, doc_offset, docs, row_logprobs, out->logprobs);
+            weft_free(row_logprobs);
+        }
         logits_row += t->batch.T;
     }
     weft_microbatch_plan_free(&plan);
-    weft_free(local);
+    r.cp_comm_seconds = weft_cp_take_comm_seconds(t->cp);
     double sync_start = weft_now_seconds();
     weft_dp_finish_gradients(t->dp);
     r.sync_wait_seconds = weft_now_seconds() - sync_start;
+    if (want_logprobs) weft_comm_allreduce_sum(t->world, out->logprobs, doc_offset[n_docs], WEFT_COMM_F32);
+    weft_free(doc_offset);
+    weft_free(index);
 
     size_t lo, hi;
     weft_dp_owned_range(t->dp, &lo, &hi);

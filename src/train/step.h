@@ -6,6 +6,7 @@
 #include "data/microbatch.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "parallel/cp.h"
 #include "parallel/dp.h"
 #include "train/config.h"
 
@@ -13,6 +14,7 @@ typedef struct weft_trainer {
     weft_model *model;
     weft_comm *world;
     weft_dp *dp;
+    weft_cp *cp;         // context-parallel groups (size 1: documents stay whole)
     weft_optimizer *opt; // NULL for gradient-only use
     weft_optim_segment *segs;
     int n_segs;
@@ -32,6 +34,7 @@ typedef struct weft_step_result {
     long local_docs, local_tokens;
     double seconds;
     double sync_wait_seconds; // time blocked finishing the gradient collectives after backward
+    double cp_comm_seconds;   // time in context-parallel key/value collectives
 } weft_step_result;
 
 // Builds the model the job's parallel layout needs (buffers padded for sharding) on `be`.
@@ -42,11 +45,12 @@ weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_jo
 void weft_trainer_free(weft_trainer *t);
 
 // Zeroes the gradients, then leaves in them the gradient of the global batch's objective: this
-// rank takes its cost-balanced share of docs (the whole batch on one rank), packs it into
-// micro-batches, and the gradients are summed over ranks. With logits_host (T_total, V), one
-// rank only, also returns the logits of every token in batch order.
+// rank's context-parallel group takes its cost-balanced share of docs (the whole batch with one
+// group), this rank its chunks of them, packed into micro-batches; gradients are summed over all
+// ranks. Optional outputs, rows = the batch's tokens in batch order (T_total): out->logits
+// (T_total, V), one rank only; out->logprobs (T_total), gathered from every rank.
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
-                                        float *logits_host);
+                                        const weft_model_outputs *out);
 // Gradients, clipping and one AdamW step.
 weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs);
 // Makes every rank's gradient buffer hold the full summed gradient (for output).

@@ -223,13 +223,13 @@ static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *posit
 // -------------------------------------------------------------------------------- attention ----
 //
 // Per (document, head), queries in tiles of ATTN_TILE rows: S = Q K^T through BLAS against only
-// the keys up to the tile's last row, causal mask inside the tile, softmax, O = P V. The scratch
-// tile is (ATTN_TILE, L) for a document of length L, so memory stays linear in L.
+// the keys up to the tile's last visible one, the causal mask by each query's position, softmax,
+// O = P V. The scratch tile is (ATTN_TILE, L) for a document of L keys, so memory stays linear.
 
 enum { ATTN_TILE = 64 };
 
 typedef struct attn_shape {
-    int T, H, KV, D;
+    int H, KV, D;
     float scale;
 } attn_shape;
 
@@ -240,17 +240,24 @@ static int max_doc_len(const int32_t *cu, int n_docs) {
     return m;
 }
 
-// S (rows, keys) = scale * Q_tile K^T with the causal mask applied, then P = exp(S - lse) when
-// lse is given (backward), or a row softmax whose lse is stored (forward).
-static void attn_probs(const float *q, const float *k, int q0, int rows, int keys, int h, int kvh,
-                       const attn_shape *s, float *P, float *lse_out, const float *lse_in) {
+// Keys a tile of queries needs: up to the furthest position among them.
+static int tile_keys(const int32_t *pos, int rows) {
+    int m = 0;
+    for (int i = 0; i < rows; i++) m = pos[i] + 1 > m ? pos[i] + 1 : m;
+    return m;
+}
+
+// S (rows, keys) = scale * Q_tile K^T with the causal mask of the queries' positions applied, then
+// P = exp(S - lse) when lse_in is given (backward), or a row softmax whose lse is stored (forward).
+static void attn_probs(const float *q_tile, const float *k, const int32_t *pos, int rows, int keys,
+                       int h, int kvh, const attn_shape *s, float *P, float *lse_out,
+                       const float *lse_in) {
     int ldq = s->H * s->D, ldk = s->KV * s->D;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s->D, s->scale,
-                q + (size_t)q0 * ldq + (size_t)h * s->D, ldq, k + (size_t)kvh * s->D, ldk, 0.0f, P,
-                keys);
+                q_tile + (size_t)h * s->D, ldq, k + (size_t)kvh * s->D, ldk, 0.0f, P, keys);
     for (int i = 0; i < rows; i++) {
         float *row = P + (size_t)i * keys;
-        int visible = q0 + i + 1; // keys 0..q0+i of this document
+        int visible = pos[i] + 1; // keys 0..pos of this document
         if (lse_in) {
             float l = lse_in[i];
             for (int j = 0; j < visible; j++) row[j] = expf(row[j] - l);
@@ -268,42 +275,43 @@ static void attn_probs(const float *q, const float *k, int q0, int rows, int key
 }
 
 static void cpu_attention_forward(weft_backend *self, const void *qv, const void *kv,
-                                  const void *vv, const int32_t *cu, int n_docs, void *outv,
-                                  float *lse, int T, int H, int KV, int D) {
-    attn_shape s = {T, H, KV, D, 1.0f / sqrtf((float)D)};
+                                  const void *vv, const weft_attention_layout *lay, void *outv,
+                                  float *lse, int H, int KV, int D) {
+    attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
     const float *q = qv, *k = kv, *v = vv;
     float *out = outv;
-    int maxL = max_doc_len(cu, n_docs), group = H / KV;
+    const int32_t *cq = lay->cu_q, *ck = lay->cu_kv;
+    int maxL = max_doc_len(ck, lay->n_docs), group = H / KV, Tq = lay->Tq;
 #pragma omp parallel
     {
         float *P = thread_scratch(self, 0, (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1));
 #pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int d = 0; d < n_docs; d++)
+        for (int d = 0; d < lay->n_docs; d++)
             for (int h = 0; h < H; h++) {
-                int start = cu[d], L = cu[d + 1] - cu[d];
-                const float *qd = q + (size_t)start * H * D, *kd = k + (size_t)start * KV * D;
-                const float *vd = v + (size_t)start * KV * D;
-                for (int q0 = 0; q0 < L; q0 += ATTN_TILE) {
-                    int rows = L - q0 < ATTN_TILE ? L - q0 : ATTN_TILE, keys = q0 + rows;
-                    float lse_tile[ATTN_TILE];
-                    attn_probs(qd, kd, q0, rows, keys, h, h / group, &s, P, lse_tile, NULL);
-                    for (int i = 0; i < rows; i++) lse[(size_t)h * T + start + q0 + i] = lse_tile[i];
+                const float *kd = k + (size_t)ck[d] * KV * D, *vd = v + (size_t)ck[d] * KV * D;
+                for (int r0 = cq[d]; r0 < cq[d + 1]; r0 += ATTN_TILE) {
+                    int rows = cq[d + 1] - r0 < ATTN_TILE ? cq[d + 1] - r0 : ATTN_TILE;
+                    const int32_t *pos = lay->q_pos + r0;
+                    int keys = tile_keys(pos, rows);
+                    attn_probs(q + (size_t)r0 * H * D, kd, pos, rows, keys, h, h / group, &s, P,
+                               lse + (size_t)h * Tq + r0, NULL);
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys, 1.0f, P,
                                 keys, vd + (size_t)(h / group) * D, KV * D, 0.0f,
-                                out + ((size_t)(start + q0) * H + h) * D, H * D);
+                                out + ((size_t)r0 * H + h) * D, H * D);
                 }
             }
     }
 }
 
 static void cpu_attention_backward(weft_backend *self, const void *qv, const void *kv,
-                                   const void *vv, const int32_t *cu, int n_docs,
+                                   const void *vv, const weft_attention_layout *lay,
                                    const void *outv, const float *lse, const void *doutv,
-                                   void *dqv, void *dkv, void *dvv, int T, int H, int KV, int D) {
-    attn_shape s = {T, H, KV, D, 1.0f / sqrtf((float)D)};
+                                   void *dqv, void *dkv, void *dvv, int H, int KV, int D) {
+    attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
     const float *q = qv, *k = kv, *v = vv, *out = outv, *dout = doutv;
     float *dq = dqv, *dk = dkv, *dv = dvv;
-    int maxL = max_doc_len(cu, n_docs), group = H / KV, ldq = H * D, ldk = KV * D;
+    const int32_t *cq = lay->cu_q, *ck = lay->cu_kv;
+    int maxL = max_doc_len(ck, lay->n_docs), group = H / KV, ldq = H * D, ldk = KV * D;
     size_t tile = (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1);
     // One task per (document, kv head): the query heads that share a kv head accumulate dK and dV
     // in the same task, so no two threads write the same rows.
@@ -311,27 +319,27 @@ static void cpu_attention_backward(weft_backend *self, const void *qv, const voi
     {
         float *P = thread_scratch(self, 0, tile), *dP = thread_scratch(self, 1, tile);
 #pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int d = 0; d < n_docs; d++)
+        for (int d = 0; d < lay->n_docs; d++)
             for (int g = 0; g < KV; g++) {
-                int start = cu[d], L = cu[d + 1] - cu[d];
-                const float *kd = k + (size_t)start * ldk + (size_t)g * D;
-                const float *vd = v + (size_t)start * ldk + (size_t)g * D;
-                float *dkd = dk + (size_t)start * ldk + (size_t)g * D;
-                float *dvd = dv + (size_t)start * ldk + (size_t)g * D;
-                for (int i = 0; i < L; i++) {
+                const float *kd = k + (size_t)ck[d] * ldk + (size_t)g * D;
+                const float *vd = v + (size_t)ck[d] * ldk + (size_t)g * D;
+                float *dkd = dk + (size_t)ck[d] * ldk + (size_t)g * D;
+                float *dvd = dv + (size_t)ck[d] * ldk + (size_t)g * D;
+                for (int i = 0; i < ck[d + 1] - ck[d]; i++) {
                     memset(dkd + (size_t)i * ldk, 0, sizeof(float) * D);
                     memset(dvd + (size_t)i * ldk, 0, sizeof(float) * D);
                 }
                 for (int h = g * group; h < (g + 1) * group; h++)
-                    for (int q0 = 0; q0 < L; q0 += ATTN_TILE) {
-                        int rows = L - q0 < ATTN_TILE ? L - q0 : ATTN_TILE, keys = q0 + rows;
-                        size_t row0 = (size_t)(start + q0);
-                        const float *qt = q + row0 * ldq + (size_t)h * D;
-                        const float *ot = out + row0 * ldq + (size_t)h * D;
-                        const float *dot = dout + row0 * ldq + (size_t)h * D;
-                        float *dqt = dq + row0 * ldq + (size_t)h * D;
-                        attn_probs(q + (size_t)start * ldq, k + (size_t)start * ldk, q0, rows,
-                                   keys, h, g, &s, P, NULL, lse + (size_t)h * T + row0);
+                    for (int r0 = cq[d]; r0 < cq[d + 1]; r0 += ATTN_TILE) {
+                        int rows = cq[d + 1] - r0 < ATTN_TILE ? cq[d + 1] - r0 : ATTN_TILE;
+                        const int32_t *pos = lay->q_pos + r0;
+                        int keys = tile_keys(pos, rows);
+                        const float *qt = q + (size_t)r0 * ldq + (size_t)h * D;
+                        const float *ot = out + (size_t)r0 * ldq + (size_t)h * D;
+                        const float *dot = dout + (size_t)r0 * ldq + (size_t)h * D;
+                        float *dqt = dq + (size_t)r0 * ldq + (size_t)h * D;
+                        attn_probs(q + (size_t)r0 * ldq, k + (size_t)ck[d] * ldk, pos, rows, keys,
+                                   h, g, &s, P, NULL, lse + (size_t)h * lay->Tq + r0);
                         // dV += P^T dO
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
                                     P, keys, dot, ldq, 1.0f, dvd, ldk);

@@ -1,0 +1,132 @@
+#include "parallel/cp.h"
+
+#include <stdio.h>
+
+struct weft_cp {
+    weft_comm *world, *group; // group: this rank's context-parallel group (NULL when size 1)
+    int size, rank;
+    weft_backend *be;
+    const weft_batch *batch;  // the micro-batch the exchange serves
+    weft_kv_exchange exchange;
+    double comm_seconds;
+};
+
+int weft_cp_size(const weft_cp *cp) { return cp->size; }
+int weft_cp_rank(const weft_cp *cp) { return cp->rank; }
+int weft_cp_dp_rank(const weft_cp *cp) { return weft_comm_rank(cp->world) / cp->size; }
+int weft_cp_dp_size(const weft_cp *cp) { return weft_comm_size(cp->world) / cp->size; }
+
+int weft_cp_chunks(const weft_cp *cp, int len, int start[2], int *chunk_len, int *padded_len) {
+    if (cp->size == 1) {
+        start[0] = 0;
+        *chunk_len = *padded_len = len;
+        return 1;
+    }
+    int parts = 2 * cp->size, s = (len + parts - 1) / parts;
+    if (s == 0) s = 1; // an empty document still gives every rank a row, so layouts agree
+    start[0] = cp->rank * s;
+    start[1] = (parts - 1 - cp->rank) * s;
+    *chunk_len = s;
+    *padded_len = parts * s;
+    return 2;
+}
+
+// The gathered stage holds every rank's block (rank-major): block q = [k rows (T, w) ; v rows
+// (T, w)], each document's rows at the same offsets in every block: chunk q, then chunk 2c-1-q.
+// `to_full` copies between that and the document-ordered (T_kv, w) tensors, in either direction.
+static void permute(weft_cp *cp, void *stage, void *k_full, void *v_full, int width,
+                    bool to_full) {
+    const weft_batch *b = cp->batch;
+    size_t row = weft_dtype_size(cp->be->act_dtype) * (size_t)width, block = 2 * (size_t)b->T * row;
+    int parts = 2 * cp->size;
+    for (int q = 0; q < cp->size; q++)
+        for (int d = 0; d < b->n_docs; d++) {
+            int s = (b->cu_seqlens[d + 1] - b->cu_seqlens[d]) / 2;
+            for (int j = 0; j < 2; j++) {
+                int chunk = j == 0 ? q : parts - 1 - q;
+                size_t local = (size_t)b->cu_seqlens[d] + (size_t)j * s;
+                size_t full = (size_t)b->cu_seqlens_kv[d] + (size_t)chunk * s;
+                char *sk = (char *)stage + q * block + local * row;
+                char *sv = sk + (size_t)b->T * row;
+                char *fk = (char *)k_full + full * row, *fv = (char *)v_full + full * row;
+                if (to_full) {
+                    cp->be->copy(cp->be, fk, sk, s * row);
+                    cp->be->copy(cp->be, fv, sv, s * row);
+                } else {
+                    cp->be->copy(cp->be, sk, fk, s * row);
+                    cp->be->copy(cp->be, sv, fv, s * row);
+                }
+            }
+        }
+}
+
+static void gather(void *ctx, const void *k, const void *v, void *k_full, void *v_full, int width,
+                   void *stage) {
+    weft_cp *cp = ctx;
+    const weft_batch *b = cp->batch;
+    size_t n = (size_t)b->T * width, bytes = n * weft_dtype_size(cp->be->act_dtype);
+    char *own = (char *)stage + (size_t)cp->rank * 2 * bytes;
+    cp->be->copy(cp->be, own, k, bytes);
+    cp->be->copy(cp->be, own + bytes, v, bytes);
+    double t0 = weft_now_seconds();
+    weft_comm_allgather(cp->group, own, stage, 2 * n, WEFT_COMM_F32);
+    cp->comm_seconds += weft_now_seconds() - t0;
+    permute(cp, stage, k_full, v_full, width, true);
+}
+
+static void reduce_scatter(void *ctx, const void *dk_full, const void *dv_full, void *dk,
+                           void *dv, int width, void *stage) {
+    weft_cp *cp = ctx;
+    const weft_batch *b = cp->batch;
+    size_t n = (size_t)b->T * width, bytes = n * weft_dtype_size(cp->be->act_dtype);
+    permute(cp, stage, (void *)dk_full, (void *)dv_full, width, false);
+    char *mine = (char *)stage + (size_t)cp->size * 2 * bytes; // the stage's last (T, 2w)
+    double t0 = weft_now_seconds();
+    weft_comm_reduce_scatter_sum(cp->group, stage, mine, 2 * n, WEFT_COMM_F32);
+    cp->comm_seconds += weft_now_seconds() - t0;
+    cp->be->copy(cp->be, dk, mine, bytes);
+    cp->be->copy(cp->be, dv, mine + bytes, bytes);
+}
+
+weft_cp *weft_cp_create(weft_comm *world, const weft_parallel_config *cfg) {
+    int n = weft_comm_size(world), cp_size = cfg->context_parallel_size;
+    WEFT_CHECK(cp_size >= 1 && n % cp_size == 0,
+               "parallel.context_parallel_size=%d does not divide the %d rank%s of this job; "
+               "launch a multiple of it (mpirun -np) or choose a divisor",
+               cp_size, n, n == 1 ? "" : "s");
+    weft_cp *cp = weft_alloc(sizeof *cp);
+    cp->world = world;
+    cp->size = cp_size;
+    if (cp_size > 1) {
+        int dp_rank = weft_comm_rank(world) / cp_size;
+        char name[32];
+        snprintf(name, sizeof name, "cp%d", dp_rank);
+        cp->group = weft_comm_split(world, dp_rank, weft_comm_rank(world), name);
+        weft_comm_configure(cp->group, cfg->debug_collectives, cfg->collective_timeout);
+        cp->rank = weft_comm_rank(cp->group);
+    }
+    return cp;
+}
+
+void weft_cp_free(weft_cp *cp) {
+    if (!cp) return;
+    weft_comm_free(cp->group);
+    weft_free(cp);
+}
+
+void weft_cp_attach(weft_cp *cp, weft_model *m, const weft_batch *batch) {
+    m->kv_exchange = NULL;
+    if (cp->size == 1) return;
+    WEFT_CHECK(m->be->act_dtype == WEFT_F32,
+               "context parallelism exchanges fp32 activations only on this backend");
+    cp->be = m->be;
+    cp->batch = batch;
+    cp->exchange = (weft_kv_exchange){.ctx = cp, .gather = gather, .reduce_scatter = reduce_scatter};
+    m->kv_exchange = &cp->exchange;
+}
+
+double weft_cp_take_comm_seconds(weft_cp *cp) {
+    double s = cp->comm_seconds;
+    cp->comm_seconds = 0;
+    return s;
+}
