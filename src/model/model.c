@@ -212,10 +212,10 @@ struct weft_activations {
     float *rstdf, *row_loss, *correct;   // (T)
     void *d_head0;                       // (T, C) dL/d(lnf) through the main head
     void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
-    // Context parallelism only: one layer's whole-document keys and values (T_kv, KV*D), their
-    // gradients, and the exchange's staging area. Shared by all layers, so memory stays
-    // proportional to this rank's rows plus one layer's keys.
-    void *k_full, *v_full, *dk_full, *dv_full, *kv_stage;
+    // Context parallelism only: one layer's whole-document keys and values (2, T_kv, KV*D) and
+    // their gradients, shared by all layers, so memory stays proportional to this rank's rows plus
+    // one layer's keys. Each doubles as the exchange's scratch while the other is in use.
+    void *k_full, *v_full, *dk_full, *dv_full;
     int kv_full_layer; // whose keys k_full holds now (-1: none), so backward gathers only if needed
     int32_t *tokens, *positions, *targets, *cu_seqlens, *cu_seqlens_kv;
     weft_attention_layout layout;
@@ -228,6 +228,13 @@ static void *take(weft_activations *a, size_t bytes) {
     return a->arena ? a->arena + at : NULL;
 }
 
+// Keys and values (or their gradients) as one (2, rows, width) block, so the context-parallel
+// exchange moves both in one collective: *k gets the first half, *v the second.
+static void take_kv(weft_activations *a, size_t half_bytes, void **k, void **v) {
+    *k = take(a, 2 * half_bytes);
+    *v = *k ? (char *)*k + half_bytes : NULL;
+}
+
 static void carve_layer(weft_activations *a, layer_acts *la, const weft_model_config *c, int T,
                         size_t esz, bool inner) {
     size_t C = c->hidden_size, I = c->intermediate_size, qd = (size_t)c->num_heads * c->head_dim;
@@ -238,8 +245,7 @@ static void carve_layer(weft_activations *a, layer_acts *la, const weft_model_co
     }
     la->ln1 = take(a, esz * T * C);
     la->q = take(a, esz * T * qd);
-    la->k = take(a, esz * T * kvd);
-    la->v = take(a, esz * T * kvd);
+    take_kv(a, esz * T * kvd, &la->k, &la->v);
     la->att = take(a, esz * T * qd);
     la->lse = take(a, sizeof(float) * T * c->num_heads);
     la->rstd1 = take(a, sizeof(float) * T);
@@ -282,8 +288,7 @@ static void carve(weft_activations *a, const weft_model_config *c, bool recomput
     a->d_carry = take(a, row);
     a->d_att = take(a, esz * T * qd);
     a->d_q = take(a, esz * T * qd);
-    a->d_k = take(a, esz * T * kvd);
-    a->d_v = take(a, esz * T * kvd);
+    take_kv(a, esz * T * kvd, &a->d_k, &a->d_v);
     a->d_act = take(a, esz * T * I);
     a->d_gate = take(a, esz * T * I);
     a->d_up = take(a, esz * T * I);
@@ -293,10 +298,8 @@ static void carve(weft_activations *a, const weft_model_config *c, bool recomput
     a->cu_seqlens = take(a, sizeof(int32_t) * (n_docs + 1));
     a->cu_seqlens_kv = take(a, sizeof(int32_t) * (n_docs + 1));
     if (exchange) {
-        size_t full = esz * T_kv * kvd;
-        a->k_full = take(a, full), a->v_full = take(a, full);
-        a->dk_full = take(a, full), a->dv_full = take(a, full);
-        a->kv_stage = take(a, esz * (size_t)(T_kv + T) * 2 * kvd);
+        take_kv(a, esz * T_kv * kvd, &a->k_full, &a->v_full);
+        take_kv(a, esz * T_kv * kvd, &a->dk_full, &a->dv_full);
     }
 }
 
@@ -403,7 +406,7 @@ static dims dims_of(const weft_model *m, const weft_batch *b) {
 static void gather_kv(weft_model *m, int l, const layer_acts *la, weft_activations *a, dims d) {
     if (a->kv_full_layer == l) return;
     const weft_kv_exchange *ex = m->kv_exchange;
-    ex->gather(ex->ctx, la->k, la->v, a->k_full, a->v_full, d.kvd, a->kv_stage);
+    ex->gather(ex->ctx, la->k, a->k_full, d.kvd, a->dk_full); // dk_full is free until backward
     a->kv_full_layer = l;
 }
 
@@ -467,7 +470,8 @@ static void layer_backward(weft_model *m, int l, const layer_acts *la, weft_acti
         gather_kv(m, l, la, a, d); // a no-op when this layer's keys are still there
         be->attention_backward(be, la->q, a->k_full, a->v_full, &a->layout, la->att, la->lse,
                                a->d_att, a->d_q, a->dk_full, a->dv_full, d.H, d.KV, d.D);
-        ex->reduce_scatter(ex->ctx, a->dk_full, a->dv_full, a->d_k, a->d_v, d.kvd, a->kv_stage);
+        ex->reduce_scatter(ex->ctx, a->dk_full, a->d_k, d.kvd, a->k_full); // k_full is spent
+        a->kv_full_layer = -1;
     } else {
         be->attention_backward(be, la->q, la->k, la->v, &a->layout, la->att, la->lse, a->d_att,
                                a->d_q, a->d_k, a->d_v, d.H, d.KV, d.D);

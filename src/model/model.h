@@ -35,14 +35,12 @@ typedef struct weft_activations weft_activations;
 // learns which ranks or library sit behind it. NULL: every document is whole in the batch.
 typedef struct weft_kv_exchange {
     void *ctx;
-    // k, v (T, width): this rank's rows -> k_full, v_full (T_kv, width): every document's rows
-    // from all ranks, in document order. stage: scratch of (T_kv + T, 2 * width) elements.
-    void (*gather)(void *ctx, const void *k, const void *v, void *k_full, void *v_full, int width,
-                   void *stage);
-    // dk_full, dv_full (T_kv, width): this rank's gradient contributions for whole documents ->
-    // dk, dv (T, width): each of this rank's rows summed over the ranks. Same stage.
-    void (*reduce_scatter)(void *ctx, const void *dk_full, const void *dv_full, void *dk, void *dv,
-                           int width, void *stage);
+    // kv (2, T, width): this rank's keys then values -> kv_full (2, T_kv, width): every
+    // document's rows from all ranks, in document order. scratch: (2, T_kv, width).
+    void (*gather)(void *ctx, const void *kv, void *kv_full, int width, void *scratch);
+    // dkv_full (2, T_kv, width): this rank's gradient contributions for whole documents ->
+    // dkv (2, T, width): each of this rank's rows summed over the ranks. scratch as above.
+    void (*reduce_scatter)(void *ctx, const void *dkv_full, void *dkv, int width, void *scratch);
 } weft_kv_exchange;
 
 typedef struct weft_model {

@@ -31,13 +31,14 @@ int weft_cp_chunks(const weft_cp *cp, int len, int start[2], int *chunk_len, int
     return 2;
 }
 
-// The gathered stage holds every rank's block (rank-major): block q = [k rows (T, w) ; v rows
-// (T, w)], each document's rows at the same offsets in every block: chunk q, then chunk 2c-1-q.
-// `to_full` copies between that and the document-ordered (T_kv, w) tensors, in either direction.
-static void permute(weft_cp *cp, void *stage, void *k_full, void *v_full, int width,
-                    bool to_full) {
+// The exchange's scratch holds every rank's block, rank-major: block q = (2, T, w), keys then
+// values of rank q's rows, each document's rows at the same offsets in every block (chunk q, then
+// chunk 2c-1-q). The whole-document tensors are (2, T_kv, w) in document order. `to_full` copies
+// from the blocks to the document order, else the other way.
+static void permute(weft_cp *cp, void *blocks, void *full, int width, bool to_full) {
     const weft_batch *b = cp->batch;
-    size_t row = weft_dtype_size(cp->be->act_dtype) * (size_t)width, block = 2 * (size_t)b->T * row;
+    size_t row = weft_dtype_size(cp->be->act_dtype) * (size_t)width;
+    size_t block_half = (size_t)b->T * row, full_half = (size_t)b->T_kv * row;
     int parts = 2 * cp->size;
     for (int q = 0; q < cp->size; q++)
         for (int d = 0; d < b->n_docs; d++) {
@@ -45,47 +46,34 @@ static void permute(weft_cp *cp, void *stage, void *k_full, void *v_full, int wi
             for (int j = 0; j < 2; j++) {
                 int chunk = j == 0 ? q : parts - 1 - q;
                 size_t local = (size_t)b->cu_seqlens[d] + (size_t)j * s;
-                size_t full = (size_t)b->cu_seqlens_kv[d] + (size_t)chunk * s;
-                char *sk = (char *)stage + q * block + local * row;
-                char *sv = sk + (size_t)b->T * row;
-                char *fk = (char *)k_full + full * row, *fv = (char *)v_full + full * row;
-                if (to_full) {
-                    cp->be->copy(cp->be, fk, sk, s * row);
-                    cp->be->copy(cp->be, fv, sv, s * row);
-                } else {
-                    cp->be->copy(cp->be, sk, fk, s * row);
-                    cp->be->copy(cp->be, sv, fv, s * row);
+                size_t whole = (size_t)b->cu_seqlens_kv[d] + (size_t)chunk * s;
+                for (int kv = 0; kv < 2; kv++) { // keys, then values
+                    char *x = (char *)blocks + q * 2 * block_half + kv * block_half + local * row;
+                    char *y = (char *)full + kv * full_half + whole * row;
+                    cp->be->copy(cp->be, to_full ? y : x, to_full ? x : y, s * row);
                 }
             }
         }
 }
 
-static void gather(void *ctx, const void *k, const void *v, void *k_full, void *v_full, int width,
-                   void *stage) {
+static void gather(void *ctx, const void *kv, void *kv_full, int width, void *scratch) {
     weft_cp *cp = ctx;
-    const weft_batch *b = cp->batch;
-    size_t n = (size_t)b->T * width, bytes = n * weft_dtype_size(cp->be->act_dtype);
-    char *own = (char *)stage + (size_t)cp->rank * 2 * bytes;
-    cp->be->copy(cp->be, own, k, bytes);
-    cp->be->copy(cp->be, own + bytes, v, bytes);
+    size_t n = 2 * (size_t)cp->batch->T * width;
+    char *own = (char *)scratch + (size_t)cp->rank * n * weft_dtype_size(cp->be->act_dtype);
+    cp->be->copy(cp->be, own, kv, n * weft_dtype_size(cp->be->act_dtype));
     double t0 = weft_now_seconds();
-    weft_comm_allgather(cp->group, own, stage, 2 * n, WEFT_COMM_F32);
+    weft_comm_allgather(cp->group, own, scratch, n, WEFT_COMM_F32);
     cp->comm_seconds += weft_now_seconds() - t0;
-    permute(cp, stage, k_full, v_full, width, true);
+    permute(cp, scratch, kv_full, width, true);
 }
 
-static void reduce_scatter(void *ctx, const void *dk_full, const void *dv_full, void *dk,
-                           void *dv, int width, void *stage) {
+static void reduce_scatter(void *ctx, const void *dkv_full, void *dkv, int width, void *scratch) {
     weft_cp *cp = ctx;
-    const weft_batch *b = cp->batch;
-    size_t n = (size_t)b->T * width, bytes = n * weft_dtype_size(cp->be->act_dtype);
-    permute(cp, stage, (void *)dk_full, (void *)dv_full, width, false);
-    char *mine = (char *)stage + (size_t)cp->size * 2 * bytes; // the stage's last (T, 2w)
+    permute(cp, scratch, (void *)dkv_full, width, false);
     double t0 = weft_now_seconds();
-    weft_comm_reduce_scatter_sum(cp->group, stage, mine, 2 * n, WEFT_COMM_F32);
+    weft_comm_reduce_scatter_sum(cp->group, scratch, dkv, 2 * (size_t)cp->batch->T * width,
+                                 WEFT_COMM_F32);
     cp->comm_seconds += weft_now_seconds() - t0;
-    cp->be->copy(cp->be, dk, mine, bytes);
-    cp->be->copy(cp->be, dv, mine + bytes, bytes);
 }
 
 weft_cp *weft_cp_create(weft_comm *world, const weft_parallel_config *cfg) {

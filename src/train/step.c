@@ -112,15 +112,14 @@ static weft_microbatch_plan plan_local(const weft_trainer *t, const weft_documen
     return p;
 }
 
-// Puts a micro-batch's per-row log-probs at their tokens' places in the global batch (padding
-// rows have none); summing over ranks then gathers them, since each token has one owner.
+// Puts a micro-batch's log-probs at their target tokens' places in the global batch: row p
+// predicts token p+1 of its document. Summing over ranks then gathers them, since each target
+// has one owner.
 static void place_logprobs(const weft_batch *b, const int *doc_index, const long *doc_offset,
-                           const weft_document *docs, const float *rows, float *global) {
-    for (int j = 0; j < b->n_docs; j++) {
-        const weft_document *d = &docs[doc_index[j]];
+                           const float *rows, float *global) {
+    for (int j = 0; j < b->n_docs; j++)
         for (int t = b->cu_seqlens[j]; t < b->cu_seqlens[j + 1]; t++)
-            if (b->positions[t] < d->len) global[doc_offset[doc_index[j]] + b->positions[t]] = rows[t];
-    }
+            if (b->targets[t] >= 0) global[doc_offset[doc_index[j]] + b->positions[t] + 1] = rows[t];
 }
 
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
@@ -183,7 +182,7 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
         weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, &mo);
         for (int k = 0; k < heads; k++) metrics[k] += s.loss_sum[k], metrics[heads + k] += s.correct[k];
         if (want_logprobs) {
-            place_logprobs(&t->batch, mb_index, doc_offset, docs, row_logprobs, out->logprobs);
+            place_logprobs(&t->batch, mb_index, doc_offset, row_logprobs, out->logprobs);
             weft_free(row_logprobs);
         }
         logits_row += t->batch.T;

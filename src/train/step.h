@@ -48,7 +48,8 @@ void weft_trainer_free(weft_trainer *t);
 // rank's context-parallel group takes its cost-balanced share of docs (the whole batch with one
 // group), this rank its chunks of them, packed into micro-batches; gradients are summed over all
 // ranks. Optional outputs, rows = the batch's tokens in batch order (T_total): out->logits
-// (T_total, V), one rank only; out->logprobs (T_total), gathered from every rank.
+// (T_total, V), one rank only; out->logprobs (T_total): log p(token t | tokens before it) at
+// every target token t (loss_mask[t] = 1), 0 elsewhere, gathered from every rank.
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
                                         const weft_model_outputs *out);
 // Gradients, clipping and one AdamW step.
