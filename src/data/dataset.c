@@ -25,9 +25,9 @@ static void enforce_max_len(weft_document_set *set, const weft_dataset_options *
         weft_document *d = &set->docs[i];
         if (d->len <= o->max_len) continue;
         WEFT_CHECK(o->truncate,
-                   "%s: document %d has %d tokens, more than train.max_tokens_per_microbatch = %d; "
+                   "%s: document %d has %d tokens, more than the limit of %d set by %s; "
                    "raise the budget or set data.truncate=true",
-                   o->source, i + 1, d->len, o->max_len);
+                   o->source, i + 1, d->len, o->max_len, o->max_len_why);
         d->len = o->max_len;
     }
 }

@@ -9,6 +9,7 @@ typedef struct weft_dataset_options {
     int synthetic_documents; // how many problems the synthetic task generates
     uint64_t seed;
     int max_len;             // a document longer than this is an error, or cut when truncate
+    const char *max_len_why; // the settings that make max_len, for the error
     bool truncate;
 } weft_dataset_options;
 

@@ -158,9 +158,7 @@ static weft_model *build_model(weft_backend *be, const weft_comm *world,
 int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
     weft_job_config_validate(cfg);
     const char *run_dir = cfg->train.output_dir;
-    char path[WEFT_PATH_MAX + 64];
-    WEFT_CHECK(weft_mkdirs(run_dir) && access(run_dir, W_OK) == 0,
-               "train.output_dir=%s: cannot create or write there (%s)", run_dir, strerror(errno));
+    char path[WEFT_PATH_MAX + 64], why[160];
 
     weft_tokenizer *tok = cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
                                                  : weft_tokenizer_byte_level();
@@ -168,13 +166,17 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
         .source = cfg->data.source,
         .synthetic_documents = cfg->data.synthetic_documents,
         .seed = (uint64_t)cfg->train.seed,
-        .max_len = cfg->train.max_tokens_per_microbatch,
+        .max_len = weft_trainer_max_document_len(cfg, why, sizeof why),
+        .max_len_why = why,
         .truncate = cfg->data.truncate,
     };
     weft_document_set *data = weft_dataset_load(&dopt, tok);
     weft_backend *be = weft_backend_cpu_create();
     weft_model *m = build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
     weft_trainer *t = weft_trainer_create(m, world, cfg, true);
+    // Created only once every input has been read and checked: a bad one leaves nothing behind.
+    WEFT_CHECK(weft_mkdirs(run_dir) && access(run_dir, W_OK) == 0,
+               "train.output_dir=%s: cannot create or write there (%s)", run_dir, strerror(errno));
     bool writer = weft_comm_rank(world) == 0; // compute on every rank, print and write on one
 
     weft_train_state state = {.seed = (uint64_t)cfg->train.seed};
@@ -191,10 +193,11 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
     for (int i = 0; i < data->n; i++) total_tokens += data->docs[i].len;
     if (writer)
         printf("weft train: %d documents (%ld tokens), model %zu parameters (%d layers, hidden %d, "
-               "vocab %d), %d steps of %d documents, %d data-parallel ranks x %d threads\n",
+               "vocab %d), %d steps of %d documents, %d data-parallel x %d context-parallel "
+               "ranks x %d threads\n",
                data->n, total_tokens, m->n_elements, m->cfg.num_layers, m->cfg.hidden_size,
                m->cfg.vocab_size, cfg->train.steps, cfg->train.global_batch_size,
-               weft_comm_size(world), weft_num_threads());
+               weft_cp_dp_size(t->cp), weft_cp_size(t->cp), weft_num_threads());
 
     data_order order = {.n = data->n, .perm = weft_alloc(sizeof(int) * data->n), .state = &state};
     shuffle_epoch(&order);

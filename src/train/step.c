@@ -4,6 +4,18 @@
 #include <stdio.h>
 #include <string.h>
 
+int weft_trainer_max_document_len(const weft_job_config *cfg, char *why, size_t why_size) {
+    int budget = cfg->train.max_tokens_per_microbatch, c = cfg->parallel.context_parallel_size;
+    if (c <= 1) {
+        snprintf(why, why_size, "train.max_tokens_per_microbatch = %d", budget);
+        return budget;
+    }
+    // A rank holds 2 chunks of ceil(len / 2c) rows: len <= (budget / 2) * 2c keeps them in budget.
+    snprintf(why, why_size, "train.max_tokens_per_microbatch = %d per rank and "
+             "parallel.context_parallel_size = %d", budget, c);
+    return budget / 2 * 2 * c;
+}
+
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
                                      const weft_model_config *mc) {
     return weft_model_create(be, mc, weft_dp_pad_multiple(world));
@@ -92,8 +104,18 @@ static const double COST_ALPHA = 1.0 / 4096, COST_BETA = 1.0;
 // `index`), packed into micro-batches by the rows this rank holds of each.
 static weft_microbatch_plan plan_local(const weft_trainer *t, const weft_document *docs,
                                        int n_docs, int *index, int *n_local) {
+    int budget = t->cfg.train.max_tokens_per_microbatch, parts = t->cfg.train.micro_batches;
+    char why[160];
+    int max_len = weft_trainer_max_document_len(&t->cfg, why, sizeof why);
     int *lengths = weft_alloc(sizeof(int) * (n_docs > 0 ? n_docs : 1));
-    for (int i = 0; i < n_docs; i++) lengths[i] = docs[i].len;
+    for (int i = 0; i < n_docs; i++) {
+        // Every rank checks every document, so all of them stop on the same one.
+        WEFT_CHECK(budget <= 0 || docs[i].len <= max_len,
+                   "document %d of the batch has %d tokens, more than the limit of %d set by %s; "
+                   "raise the budget or the context-parallel size, or set data.truncate=true",
+                   i + 1, docs[i].len, max_len, why);
+        lengths[i] = docs[i].len;
+    }
     weft_microbatch_plan shares = weft_plan_balanced(lengths, n_docs, weft_cp_dp_size(t->cp),
                                                      COST_ALPHA, COST_BETA);
     int r = weft_cp_dp_rank(t->cp);
@@ -103,7 +125,6 @@ static weft_microbatch_plan plan_local(const weft_trainer *t, const weft_documen
         lengths[*n_local] = local_rows(t->cp, docs[shares.docs[k]].len);
     }
     weft_microbatch_plan_free(&shares);
-    int budget = t->cfg.train.max_tokens_per_microbatch, parts = t->cfg.train.micro_batches;
     weft_microbatch_plan p = budget > 0 ? weft_plan_packed(lengths, *n_local, budget, COST_ALPHA, COST_BETA)
                              : *n_local > 0
                                  ? weft_plan_contiguous(lengths, *n_local, parts < *n_local ? parts : *n_local)

@@ -37,6 +37,11 @@ typedef struct weft_step_result {
     double cp_comm_seconds;   // time in context-parallel key/value collectives
 } weft_step_result;
 
+// The longest document a job can train whole: each rank's rows of it must fit
+// train.max_tokens_per_microbatch (0: no limit), and context parallelism spreads a document over
+// parallel.context_parallel_size ranks. `why` receives the settings that make the limit.
+int weft_trainer_max_document_len(const weft_job_config *cfg, char *why, size_t why_size);
+
 // Builds the model the job's parallel layout needs (buffers padded for sharding) on `be`.
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
                                      const weft_model_config *mc);

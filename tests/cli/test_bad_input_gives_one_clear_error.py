@@ -72,6 +72,14 @@ def main():
                                               f"train.output_dir={run}"],
                      [long_jsonl, "train.max_tokens_per_microbatch", "data.truncate"], tmp)
 
+        fresh = os.path.join(tmp, "never_created")
+        expect_error("context-parallel size that does not divide the ranks",
+                     ["train", *TINY, "parallel.context_parallel_size=2",
+                      f"train.output_dir={fresh}"],
+                     ["parallel.context_parallel_size=2", "1 rank"], tmp)
+        if os.path.exists(fresh):
+            failures.append("context-parallel size error: the output directory was created")
+
         other = [a for a in TINY if not a.startswith("model.hidden_size")] + ["model.hidden_size=64"]
         expect_error("checkpoint of another model shape",
                      ["train", *other, f"train.output_dir={run}", f"resume={run}"],
