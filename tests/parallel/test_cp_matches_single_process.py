@@ -26,11 +26,12 @@ SEED = 21
 LENGTHS = [11, 1, 131, 3, 23, 6, 17]
 PROMPTS = [3, 1, 40, 1, 4, 2, 5]
 # (dp, cp, options): each layout with and without the distributed optimizer, and CP with
-# recomputation (which re-gathers keys in backward) and 2 micro-batches per rank.
+# recomputation (which re-gathers keys in backward) and 2 micro-batches per rank, once with every
+# collective's sequence cross-checked across ranks (world and CP groups).
 RUNS = [(dp, cp, (f"parallel.use_distributed_optimizer={dist}",))
         for dp, cp in [(1, 2), (1, 4), (2, 2), (4, 1)] for dist in ("false", "true")]
 RUNS += [(1, 4, ("train.recompute=true", "train.micro_batches=2")),
-         (2, 2, ("train.recompute=true", "train.micro_batches=2"))]
+         (2, 2, ("train.recompute=true", "train.micro_batches=2", "parallel.debug_collectives=true"))]
 STEPS = ["train.steps=3", "optim.warmup_steps=1", "optim.min_lr=1e-4"]
 
 
