@@ -12,15 +12,24 @@
 
 typedef struct weft_cp weft_cp;
 
-// Splits the world into context-parallel groups of cfg->context_parallel_size ranks; a size that
-// does not divide the world is a fatal error naming both. Collective over the world (set-up).
+// Splits the world into context-parallel groups: of cfg->context_parallel_size ranks (a size
+// that does not divide the world is a fatal error naming both), or with
+// cfg->dynamic_context_parallel groups of every power of two up to the world (which must be one).
+// Collective over the world (set-up time).
 weft_cp *weft_cp_create(weft_comm *world, const weft_parallel_config *cfg);
 void weft_cp_free(weft_cp *cp);
 int weft_cp_size(const weft_cp *cp);
 int weft_cp_rank(const weft_cp *cp);
-// This rank's data-parallel coordinate: which share of the global batch its group trains.
+// Static CP: this rank's data-parallel coordinate, which share of the global batch its group
+// trains. Dynamic CP (parallel.dynamic_context_parallel) has none: the planner spreads documents.
+bool weft_cp_is_dynamic(const weft_cp *cp);
 int weft_cp_dp_rank(const weft_cp *cp);
 int weft_cp_dp_size(const weft_cp *cp);
+
+// Selects the CP degree of the next micro-batches: this rank's group becomes its aligned run of
+// `degree` ranks, prebuilt (static CP: only its own size exists; dynamic CP: every power of two).
+// The model gets the exchange for degree > 1 and none at 1.
+void weft_cp_select(weft_cp *cp, int degree);
 
 // Gives the model its key/value exchange over this rank's group, for micro-batches built in
 // *batch with weft_cp_chunks (the layout is read when attention runs); none when cp_size is 1.

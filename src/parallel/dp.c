@@ -23,6 +23,9 @@ struct weft_dp {
 weft_parallel_config weft_parallel_config_default(void) {
     return (weft_parallel_config){.use_distributed_optimizer = true,
                                   .context_parallel_size = 1,
+                                  .max_seqlen_per_rank = 4096,
+                                  .cost_alpha = 1.0 / 4096,
+                                  .cost_beta = 1.0,
                                   .debug_collectives = false,
                                   .collective_timeout = 300.0,
                                   .bucket_mb = 16};

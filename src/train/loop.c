@@ -166,7 +166,7 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
         .source = cfg->data.source,
         .synthetic_documents = cfg->data.synthetic_documents,
         .seed = (uint64_t)cfg->train.seed,
-        .max_len = weft_trainer_max_document_len(cfg, why, sizeof why),
+        .max_len = weft_trainer_max_document_len(cfg, weft_comm_size(world), why, sizeof why),
         .max_len_why = why,
         .truncate = cfg->data.truncate,
     };

@@ -4,8 +4,14 @@
 #include <stdio.h>
 #include <string.h>
 
-int weft_trainer_max_document_len(const weft_job_config *cfg, char *why, size_t why_size) {
+int weft_trainer_max_document_len(const weft_job_config *cfg, int world, char *why,
+                                  size_t why_size) {
     int budget = cfg->train.max_tokens_per_microbatch, c = cfg->parallel.context_parallel_size;
+    if (cfg->parallel.dynamic_context_parallel) {
+        int limit = cfg->parallel.max_seqlen_per_rank;
+        snprintf(why, why_size, "parallel.max_seqlen_per_rank = %d on %d ranks", limit, world);
+        return world == 1 ? limit : world * (limit / 2) * 2;
+    }
     if (c <= 1) {
         snprintf(why, why_size, "train.max_tokens_per_microbatch = %d", budget);
         return budget;
@@ -84,12 +90,6 @@ static long count_owned_tokens(const weft_cp *cp, const weft_document *d) {
     return n;
 }
 
-// Rows this rank holds of a document: its chunks under context parallelism, else all of it.
-static int local_rows(const weft_cp *cp, int len) {
-    int start[2], chunk_len, padded;
-    return weft_cp_chunks(cp, len, start, &chunk_len, &padded) * chunk_len;
-}
-
 static void append_local(weft_trainer *t, const weft_document *d) {
     int start[2], chunk_len, padded;
     int n_chunks = weft_cp_chunks(t->cp, d->len, start, &chunk_len, &padded);
@@ -97,38 +97,93 @@ static void append_local(weft_trainer *t, const weft_document *d) {
                              chunk_len);
 }
 
-// Attention's quadratic term is small next to the matmuls at these lengths; weigh it lightly.
-static const double COST_ALPHA = 1.0 / 4096, COST_BETA = 1.0;
+// The micro-batches this rank runs in a step: micro-batch p has CP degree degree[p] and the
+// documents docs[offsets[p] .. offsets[p+1]) (indices into the global batch, this rank's chunks
+// of each at that degree).
+typedef struct local_plan {
+    int n_micro, n_docs;
+    int *degree, *offsets, *docs;
+} local_plan;
 
-// The documents of this rank's data-parallel share of the global batch (global indices into
-// `index`), packed into micro-batches by the rows this rank holds of each.
-static weft_microbatch_plan plan_local(const weft_trainer *t, const weft_document *docs,
-                                       int n_docs, int *index, int *n_local) {
+static void local_plan_free(local_plan *p) {
+    weft_free(p->degree), weft_free(p->offsets), weft_free(p->docs);
+}
+
+static local_plan local_plan_alloc(int n_micro, int n_docs) {
+    return (local_plan){.n_micro = n_micro, .n_docs = n_docs,
+                        .degree = weft_alloc(sizeof(int) * (n_micro > 0 ? n_micro : 1)),
+                        .offsets = weft_alloc(sizeof(int) * (n_micro + 1)),
+                        .docs = weft_alloc(sizeof(int) * (n_docs > 0 ? n_docs : 1))};
+}
+
+// Static layout: this rank's data-parallel group takes a cost-balanced share of the documents,
+// packed into micro-batches by the rows this rank holds of each.
+static local_plan plan_static(const weft_trainer *t, const weft_document *docs, int n_docs,
+                              const int *lengths) {
+    double alpha = t->cfg.parallel.cost_alpha, beta = t->cfg.parallel.cost_beta;
+    weft_microbatch_plan shares = weft_plan_balanced(lengths, n_docs, weft_cp_dp_size(t->cp),
+                                                     alpha, beta);
+    int r = weft_cp_dp_rank(t->cp), n_local = shares.offsets[r + 1] - shares.offsets[r];
+    int *index = weft_alloc(sizeof(int) * (n_local > 0 ? n_local : 1));
+    int *rows = weft_alloc(sizeof(int) * (n_local > 0 ? n_local : 1));
+    for (int i = 0; i < n_local; i++) {
+        index[i] = shares.docs[shares.offsets[r] + i];
+        rows[i] = weft_cp_rows(docs[index[i]].len, weft_cp_size(t->cp));
+    }
+    weft_microbatch_plan_free(&shares);
     int budget = t->cfg.train.max_tokens_per_microbatch, parts = t->cfg.train.micro_batches;
+    weft_microbatch_plan mb = budget > 0   ? weft_plan_packed(rows, n_local, budget, alpha, beta)
+                              : n_local > 0 ? weft_plan_contiguous(rows, n_local, parts < n_local ? parts : n_local)
+                                            : weft_plan_packed(rows, 0, 1, alpha, beta);
+    local_plan p = local_plan_alloc(mb.n_micro, n_local);
+    for (int m = 0; m <= mb.n_micro; m++) p.offsets[m] = mb.offsets[m];
+    for (int m = 0; m < mb.n_micro; m++) p.degree[m] = weft_cp_size(t->cp);
+    for (int k = 0; k < n_local; k++) p.docs[k] = index[mb.docs[k]];
+    weft_microbatch_plan_free(&mb);
+    weft_free(index), weft_free(rows);
+    return p;
+}
+
+// Dynamic layout: the planner's steps, each run by every rank; this rank's part of step s is
+// its group's documents at that step's degree.
+static local_plan plan_dynamic(const weft_trainer *t, const int *lengths, int n_docs) {
+    weft_cost_model cm = {t->cfg.parallel.cost_alpha, t->cfg.parallel.cost_beta, 0};
+    weft_dcp_plan dp = weft_dcp_plan_uniform(lengths, n_docs, weft_comm_size(t->world),
+                                             t->cfg.parallel.max_seqlen_per_rank, &cm);
+    int rank = weft_comm_rank(t->world), total = 0;
+    for (int s = 0; s < dp.n_steps; s++) {
+        const weft_dcp_step *st = &dp.steps[s];
+        int g = rank / st->degree;
+        total += st->offsets[g + 1] - st->offsets[g];
+    }
+    local_plan p = local_plan_alloc(dp.n_steps, total);
+    for (int s = 0, k = 0; s < dp.n_steps; s++) {
+        const weft_dcp_step *st = &dp.steps[s];
+        int g = rank / st->degree;
+        p.degree[s] = st->degree;
+        p.offsets[s] = k;
+        for (int j = st->offsets[g]; j < st->offsets[g + 1]; j++) p.docs[k++] = st->docs[j];
+        p.offsets[s + 1] = k;
+    }
+    weft_dcp_plan_free(&dp);
+    return p;
+}
+
+static local_plan plan_local(const weft_trainer *t, const weft_document *docs, int n_docs) {
+    int budget = t->cfg.train.max_tokens_per_microbatch;
     char why[160];
-    int max_len = weft_trainer_max_document_len(&t->cfg, why, sizeof why);
+    int max_len = weft_trainer_max_document_len(&t->cfg, weft_comm_size(t->world), why, sizeof why);
     int *lengths = weft_alloc(sizeof(int) * (n_docs > 0 ? n_docs : 1));
     for (int i = 0; i < n_docs; i++) {
         // Every rank checks every document, so all of them stop on the same one.
-        WEFT_CHECK(budget <= 0 || docs[i].len <= max_len,
+        WEFT_CHECK(weft_cp_is_dynamic(t->cp) || budget <= 0 || docs[i].len <= max_len,
                    "document %d of the batch has %d tokens, more than the limit of %d set by %s; "
                    "raise the budget or the context-parallel size, or set data.truncate=true",
                    i + 1, docs[i].len, max_len, why);
         lengths[i] = docs[i].len;
     }
-    weft_microbatch_plan shares = weft_plan_balanced(lengths, n_docs, weft_cp_dp_size(t->cp),
-                                                     COST_ALPHA, COST_BETA);
-    int r = weft_cp_dp_rank(t->cp);
-    *n_local = 0;
-    for (int k = shares.offsets[r]; k < shares.offsets[r + 1]; k++, (*n_local)++) {
-        index[*n_local] = shares.docs[k];
-        lengths[*n_local] = local_rows(t->cp, docs[shares.docs[k]].len);
-    }
-    weft_microbatch_plan_free(&shares);
-    weft_microbatch_plan p = budget > 0 ? weft_plan_packed(lengths, *n_local, budget, COST_ALPHA, COST_BETA)
-                             : *n_local > 0
-                                 ? weft_plan_contiguous(lengths, *n_local, parts < *n_local ? parts : *n_local)
-                                 : weft_plan_packed(lengths, 0, 1, COST_ALPHA, COST_BETA);
+    local_plan p = weft_cp_is_dynamic(t->cp) ? plan_dynamic(t, lengths, n_docs)
+                                             : plan_static(t, docs, n_docs, lengths);
     weft_free(lengths);
     return p;
 }
@@ -153,10 +208,7 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     WEFT_CHECK(!want_logits || weft_comm_size(t->world) == 1,
                "--logits needs a single process; run weft grad without mpirun");
     weft_step_result r = {.mtp_depth = D};
-    // This rank's share of the documents, then room for one micro-batch's.
-    int *index = weft_alloc(sizeof(int) * 2 * (n_docs > 0 ? n_docs : 1));
-    int n_local;
-    weft_microbatch_plan plan = plan_local(t, docs, n_docs, index, &n_local);
+    local_plan plan = plan_local(t, docs, n_docs);
 
     // Every head's global target count, from one all-reduce of the counts this rank owns, before
     // any backward; each micro-batch scales by it, so summing over micro-batches and ranks gives
@@ -164,16 +216,19 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     double counts[WEFT_MAX_MTP + 2] = {0}; // per head, then the token count
     long *doc_offset = weft_alloc(sizeof(long) * (n_docs + 1));
     for (int i = 0; i < n_docs; i++) doc_offset[i + 1] = doc_offset[i] + docs[i].len;
-    for (int i = 0; i < n_local; i++) {
-        const weft_document *d = &docs[index[i]];
-        r.local_tokens += local_rows(t->cp, d->len);
-        for (int k = 0; k < heads; k++) counts[k] += (double)count_owned_targets(t->cp, d, k);
-        counts[heads] += (double)count_owned_tokens(t->cp, d);
+    for (int p = 0; p < plan.n_micro; p++) {
+        weft_cp_select(t->cp, plan.degree[p]);
+        for (int k = plan.offsets[p]; k < plan.offsets[p + 1]; k++) {
+            const weft_document *d = &docs[plan.docs[k]];
+            r.local_tokens += weft_cp_rows(d->len, weft_cp_size(t->cp));
+            for (int h = 0; h < heads; h++) counts[h] += (double)count_owned_targets(t->cp, d, h);
+            counts[heads] += (double)count_owned_tokens(t->cp, d);
+        }
     }
     weft_comm_allreduce_sum(t->world, counts, heads + 1, WEFT_COMM_F64);
     r.n_targets = (long)counts[0];
     r.n_tokens = (long)counts[heads];
-    r.local_docs = n_local;
+    r.local_docs = plan.n_docs;
     WEFT_CHECK(r.n_targets > 0, "the batch has no prediction targets (every loss_mask is 0)");
     float scale[WEFT_MAX_MTP + 1] = {(float)(1.0 / counts[0])};
     for (int k = 1; k < heads; k++)
@@ -184,38 +239,33 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     if (want_logprobs) memset(out->logprobs, 0, sizeof(float) * doc_offset[n_docs]);
     // Metrics: per head loss sum and correct count, then this rank's share of the squared norm.
     double metrics[2 * (WEFT_MAX_MTP + 1) + 1] = {0};
-    size_t logits_row = 0;
     if (plan.n_micro == 0) weft_dp_arm_last_microbatch(t->dp);
     for (int p = 0; p < plan.n_micro; p++) {
+        weft_cp_select(t->cp, plan.degree[p]);
         weft_batch_clear(&t->batch);
-        int *mb_index = index + n_local; // scratch after the local list: this micro-batch's docs
-        int n_mb = 0;
-        for (int k = plan.offsets[p]; k < plan.offsets[p + 1]; k++) {
-            mb_index[n_mb++] = index[plan.docs[k]];
-            append_local(t, &docs[index[plan.docs[k]]]);
-        }
+        const int *mb_docs = plan.docs + plan.offsets[p];
+        for (int k = plan.offsets[p]; k < plan.offsets[p + 1]; k++) append_local(t, &docs[plan.docs[k]]);
         if (p == plan.n_micro - 1) weft_dp_arm_last_microbatch(t->dp);
-        float *row_logprobs = NULL;
-        if (want_logprobs) row_logprobs = weft_alloc(sizeof(float) * t->batch.T);
+        int V = m->cfg.vocab_size;
         weft_model_outputs mo = {
-            .logits = want_logits ? out->logits + logits_row * m->cfg.vocab_size : NULL,
-            .logprobs = row_logprobs};
+            .logits = want_logits ? weft_alloc(sizeof(float) * t->batch.T * V) : NULL,
+            .logprobs = want_logprobs ? weft_alloc(sizeof(float) * t->batch.T) : NULL};
         weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, &mo);
         for (int k = 0; k < heads; k++) metrics[k] += s.loss_sum[k], metrics[heads + k] += s.correct[k];
-        if (want_logprobs) {
-            place_logprobs(&t->batch, mb_index, doc_offset, row_logprobs, out->logprobs);
-            weft_free(row_logprobs);
-        }
-        logits_row += t->batch.T;
+        if (want_logprobs) place_logprobs(&t->batch, mb_docs, doc_offset, mo.logprobs, out->logprobs);
+        // One process, so documents are whole: each one's rows go to its place in batch order.
+        for (int j = 0; want_logits && j < t->batch.n_docs; j++)
+            memcpy(out->logits + doc_offset[mb_docs[j]] * V, mo.logits + (size_t)t->batch.cu_seqlens[j] * V,
+                   sizeof(float) * V * (t->batch.cu_seqlens[j + 1] - t->batch.cu_seqlens[j]));
+        weft_free(mo.logits), weft_free(mo.logprobs);
     }
-    weft_microbatch_plan_free(&plan);
+    local_plan_free(&plan);
     r.cp_comm_seconds = weft_cp_take_comm_seconds(t->cp);
     double sync_start = weft_now_seconds();
     weft_dp_finish_gradients(t->dp);
     r.sync_wait_seconds = weft_now_seconds() - sync_start;
     if (want_logprobs) weft_comm_allreduce_sum(t->world, out->logprobs, doc_offset[n_docs], WEFT_COMM_F32);
     weft_free(doc_offset);
-    weft_free(index);
 
     size_t lo, hi;
     weft_dp_owned_range(t->dp, &lo, &hi);

@@ -7,6 +7,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "parallel/cp.h"
+#include "parallel/dcp.h"
 #include "parallel/dp.h"
 #include "train/config.h"
 
@@ -37,10 +38,12 @@ typedef struct weft_step_result {
     double cp_comm_seconds;   // time in context-parallel key/value collectives
 } weft_step_result;
 
-// The longest document a job can train whole: each rank's rows of it must fit
-// train.max_tokens_per_microbatch (0: no limit), and context parallelism spreads a document over
-// parallel.context_parallel_size ranks. `why` receives the settings that make the limit.
-int weft_trainer_max_document_len(const weft_job_config *cfg, char *why, size_t why_size);
+// The longest document a job on `world` ranks can train whole: each rank's rows of it must fit
+// train.max_tokens_per_microbatch (0: no limit), or parallel.max_seqlen_per_rank under dynamic
+// CP, and context parallelism spreads a document over parallel.context_parallel_size ranks (all
+// of them under dynamic CP). `why` receives the settings that make the limit.
+int weft_trainer_max_document_len(const weft_job_config *cfg, int world, char *why,
+                                  size_t why_size);
 
 // Builds the model the job's parallel layout needs (buffers padded for sharding) on `be`.
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
