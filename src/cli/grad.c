@@ -110,9 +110,23 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
         weft_free(losses);
     }
     weft_memory_report mem = weft_trainer_memory(t);
+    weft_comm_stats cs = weft_comm_get_stats(world); // the job's collectives, before the report's
+    // Every rank's peak, gathered (all ranks enter), so the largest is what gets reported.
+    int W = weft_comm_size(world);
+    double mine = (double)mem.peak_activations, *peaks = weft_alloc(sizeof(double) * W), most = 0;
+    weft_comm_allgather(world, &mine, peaks, 1, WEFT_COMM_F64);
+    for (int r = 0; r < W; r++) most = peaks[r] > most ? peaks[r] : most;
+    weft_free(peaks);
     if (writer) {
         weft_print_memory_report(&mem);
-        weft_comm_stats cs = weft_comm_get_stats(world);
+        printf("memory: peak_activations_max_rank=%.0f", most);
+        if (cfg.parallel.dynamic_context_parallel) {
+            // A rank holds at most max_seqlen_per_rank rows of at most as many documents, and its
+            // attention sees at most W times that many keys.
+            int N = cfg.parallel.max_seqlen_per_rank;
+            printf(" bound_for_max_seqlen_per_rank=%zu", weft_model_activation_bytes(m, N, W * N, N, W > 1));
+        }
+        printf("\n");
         printf("collectives: ranks=%d allreduce=%ld reduce_scatter=%ld allgather=%ld\n",
                weft_comm_size(world), cs.calls[WEFT_OP_ALLREDUCE], cs.calls[WEFT_OP_REDUCE_SCATTER],
                cs.calls[WEFT_OP_ALLGATHER]);

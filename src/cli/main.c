@@ -13,6 +13,8 @@ static const char *USAGE =
     "         train a model; with no arguments, the built-in default job\n"
     "  grad   --model DIR --batch FILE.jsonl --out FILE.safetensors [--logits] [--logprobs] [key=value ...]\n"
     "         loss and gradients of a global batch; with train.steps=K also K AdamW steps\n"
+    "  plan   [--config FILE.yaml] [--ranks N] [--batch FILE.jsonl] [key=value ...]\n"
+    "         the dynamic context-parallel plan of a global batch on N ranks\n"
     "  tokenize [--tokenizer FILE.json] [--decode]\n"
     "         encode stdin to token ids (or decode ids back to text)\n"
     "  plot   METRICS.jsonl -o FILE.png\n"
@@ -35,6 +37,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "tokenize")) return weft_cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(argv[1], "plot")) return weft_cmd_plot(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "plan")) return weft_cmd_plan(argc - 2, argv + 2);
     fprintf(stderr, "weft: error: unknown command \"%s\"\n%s", argv[1], USAGE);
     return 2;
 }

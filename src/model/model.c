@@ -329,6 +329,17 @@ static weft_activations *prepare_activations(weft_model *m, int T, int T_kv, int
     return a;
 }
 
+size_t weft_model_activation_bytes(const weft_model *m, int T, int T_kv, int n_docs,
+                                   bool exchange) {
+    weft_activations a = {0};
+    a.layers = weft_alloc(sizeof(layer_acts) * (m->cfg.num_layers + m->cfg.num_mtp));
+    a.mtp = weft_alloc(sizeof(mtp_acts) * (m->cfg.num_mtp > 0 ? m->cfg.num_mtp : 1));
+    carve(&a, &m->cfg, m->recompute, T, T_kv, n_docs, exchange, weft_dtype_size(m->be->act_dtype));
+    weft_free(a.layers);
+    weft_free(a.mtp);
+    return a.used;
+}
+
 void weft_model_free(weft_model *m) {
     if (!m) return;
     if (m->acts) {

@@ -105,6 +105,9 @@ void weft_model_zero_grad(weft_model *m);
 struct weft_safetensors_writer;
 void weft_model_add_tensors(const weft_model *m, struct weft_safetensors_writer *w,
                             const char *prefix, const float *flat, size_t base);
+// Activation bytes of a micro-batch of T rows whose attention sees T_kv key rows (with a K/V
+// exchange) over n_docs documents: what the job's peak_activations counts for such a batch.
+size_t weft_model_activation_bytes(const weft_model *m, int T, int T_kv, int n_docs, bool exchange);
 // Bytes of parameters and gradients as held on the device.
 size_t weft_model_param_bytes(const weft_model *m);
 size_t weft_model_grad_bytes(const weft_model *m);

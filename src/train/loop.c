@@ -117,6 +117,31 @@ static FILE *open_metrics(const char *path, int step) {
 
 // ------------------------------------------------------------------------------------ setup ----
 
+weft_document_set *weft_train_load_data(const weft_job_config *cfg, int world,
+                                        weft_tokenizer **tok) {
+    *tok = cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
+                                  : weft_tokenizer_byte_level();
+    char why[160];
+    weft_dataset_options dopt = {
+        .source = cfg->data.source,
+        .synthetic_documents = cfg->data.synthetic_documents,
+        .seed = (uint64_t)cfg->train.seed,
+        .max_len = weft_trainer_max_document_len(cfg, world, why, sizeof why),
+        .max_len_why = why,
+        .truncate = cfg->data.truncate,
+    };
+    return weft_dataset_load(&dopt, *tok);
+}
+
+void weft_train_first_batch(const weft_job_config *cfg, const weft_document_set *data,
+                            weft_document *out) {
+    weft_train_state state = {.seed = (uint64_t)cfg->train.seed};
+    data_order order = {.n = data->n, .perm = weft_alloc(sizeof(int) * data->n), .state = &state};
+    shuffle_epoch(&order);
+    next_batch(&order, data, out, cfg->train.global_batch_size);
+    weft_free(order.perm);
+}
+
 static weft_model *build_model(weft_backend *be, const weft_comm *world,
                                const weft_job_config *cfg, int vocab) {
     weft_model_config mc;
@@ -158,19 +183,10 @@ static weft_model *build_model(weft_backend *be, const weft_comm *world,
 int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
     weft_job_config_validate(cfg);
     const char *run_dir = cfg->train.output_dir;
-    char path[WEFT_PATH_MAX + 64], why[160];
+    char path[WEFT_PATH_MAX + 64];
 
-    weft_tokenizer *tok = cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
-                                                 : weft_tokenizer_byte_level();
-    weft_dataset_options dopt = {
-        .source = cfg->data.source,
-        .synthetic_documents = cfg->data.synthetic_documents,
-        .seed = (uint64_t)cfg->train.seed,
-        .max_len = weft_trainer_max_document_len(cfg, weft_comm_size(world), why, sizeof why),
-        .max_len_why = why,
-        .truncate = cfg->data.truncate,
-    };
-    weft_document_set *data = weft_dataset_load(&dopt, tok);
+    weft_tokenizer *tok;
+    weft_document_set *data = weft_train_load_data(cfg, weft_comm_size(world), &tok);
     weft_backend *be = weft_backend_cpu_create();
     weft_model *m = build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
     weft_trainer *t = weft_trainer_create(m, world, cfg, true);

@@ -1,7 +1,17 @@
 // train: the step loop of `weft train`.
 #pragma once
 #include "comm/comm.h"
+#include "data/jsonl.h"
+#include "data/tokenizer.h"
 #include "train/config.h"
+
+// The job's documents (data.source tokenized by data.tokenizer, checked or cut against the
+// longest document `world` ranks can train); *tok receives the tokenizer.
+weft_document_set *weft_train_load_data(const weft_job_config *cfg, int world,
+                                        weft_tokenizer **tok);
+// The train.global_batch_size documents of the job's first step, in training's order.
+void weft_train_first_batch(const weft_job_config *cfg, const weft_document_set *data,
+                            weft_document *out);
 
 // Runs the job to cfg->train.steps: data, model, optimizer, progress, metrics, checkpoints.
 // Returns 0 on success.
