@@ -12,7 +12,7 @@
 
 typedef struct grad_args {
     const char *model_dir, *batch, *out;
-    bool logits, logprobs;
+    bool logits, logprobs, busy;
     int n_overrides;
     char **overrides;
 } grad_args;
@@ -32,6 +32,8 @@ static grad_args parse_args(int argc, char **argv) {
             a.logits = true;
         } else if (!strcmp(argv[i], "--logprobs")) {
             a.logprobs = true;
+        } else if (!strcmp(argv[i], "--busy")) {
+            a.busy = true;
         } else if (argv[i][0] == '-') {
             weft_fatal("grad: unknown option \"%s\"; see weft --help", argv[i]);
         } else {
@@ -41,6 +43,31 @@ static grad_args parse_args(int argc, char **argv) {
     WEFT_CHECK(a.model_dir && a.batch && a.out,
                "grad needs --model DIR --batch FILE.jsonl --out FILE.safetensors");
     return a;
+}
+
+// Per micro-batch of the last gradient computation, every rank's busy seconds, gathered (all ranks
+// enter) and printed by rank 0 with their max over mean: the load balance of the plan.
+static void report_busy(const weft_trainer *t, weft_comm *world) {
+    int W = weft_comm_size(world);
+    double mine = t->n_micro, *counts = weft_alloc(sizeof(double) * W);
+    weft_comm_allgather(world, &mine, counts, 1, WEFT_COMM_F64);
+    int M = 0;
+    for (int r = 0; r < W; r++) M = counts[r] > M ? (int)counts[r] : M;
+    double *local = weft_alloc(sizeof(double) * (M + 1)), *all = weft_alloc(sizeof(double) * W * (M + 1));
+    for (int p = 0; p < M; p++) local[p] = p < t->n_micro ? t->micro_busy[p] : 0.0;
+    weft_comm_allgather(world, local, all, M + 1, WEFT_COMM_F64);
+    for (int p = 0; p < M && weft_comm_rank(world) == 0; p++) {
+        double most = 0, sum = 0;
+        printf("busy: micro-batch %d degree %d:", p + 1, p < t->n_micro ? t->micro_degree[p] : 0);
+        for (int r = 0; r < W; r++) {
+            double b = all[r * (M + 1) + p];
+            printf(" %.4f", b);
+            most = b > most ? b : most;
+            sum += b;
+        }
+        printf(" s; max %.4f mean %.4f imbalance %.3f\n", most, sum / W, sum > 0 ? most * W / sum : 1.0);
+    }
+    weft_free(counts), weft_free(local), weft_free(all);
 }
 
 int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
@@ -110,7 +137,8 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
         weft_free(losses);
     }
     weft_memory_report mem = weft_trainer_memory(t);
-    weft_comm_stats cs = weft_comm_get_stats(world); // the job's collectives, before the report's
+    weft_comm_stats cs = weft_comm_get_stats(world); // the job's collectives, before the reports'
+    if (a.busy) report_busy(t, world);
     // Every rank's peak, gathered (all ranks enter), so the largest is what gets reported.
     int W = weft_comm_size(world);
     double mine = (double)mem.peak_activations, *peaks = weft_alloc(sizeof(double) * W), most = 0;

@@ -11,7 +11,7 @@ static const char *USAGE =
     "commands:\n"
     "  train  [--config FILE.yaml] [key=value ...]\n"
     "         train a model; with no arguments, the built-in default job\n"
-    "  grad   --model DIR --batch FILE.jsonl --out FILE.safetensors [--logits] [--logprobs] [key=value ...]\n"
+    "  grad   --model DIR --batch FILE.jsonl --out FILE.safetensors [--logits] [--logprobs] [--busy] [key=value ...]\n"
     "         loss and gradients of a global batch; with train.steps=K also K AdamW steps\n"
     "  plan   [--config FILE.yaml] [--ranks N] [--batch FILE.jsonl] [key=value ...]\n"
     "         the dynamic context-parallel plan of a global batch on N ranks\n"

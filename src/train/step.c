@@ -62,6 +62,8 @@ void weft_trainer_free(weft_trainer *t) {
     weft_cp_free(t->cp);
     t->model->kv_exchange = NULL;
     weft_batch_free(&t->batch);
+    weft_free(t->micro_degree);
+    weft_free(t->micro_busy);
     weft_free(t->segs);
     weft_free(t);
 }
@@ -209,6 +211,13 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
                "--logits needs a single process; run weft grad without mpirun");
     weft_step_result r = {.mtp_depth = D};
     local_plan plan = plan_local(t, docs, n_docs);
+    if (plan.n_micro > t->micro_capacity) {
+        weft_free(t->micro_degree), weft_free(t->micro_busy);
+        t->micro_capacity = plan.n_micro;
+        t->micro_degree = weft_alloc(sizeof(int) * plan.n_micro);
+        t->micro_busy = weft_alloc(sizeof(double) * plan.n_micro);
+    }
+    t->n_micro = plan.n_micro;
 
     // Every head's global target count, from one all-reduce of the counts this rank owns, before
     // any backward; each micro-batch scales by it, so summing over micro-batches and ranks gives
@@ -240,7 +249,9 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
     // Metrics: per head loss sum and correct count, then this rank's share of the squared norm.
     double metrics[2 * (WEFT_MAX_MTP + 1) + 1] = {0};
     if (plan.n_micro == 0) weft_dp_arm_last_microbatch(t->dp);
+    double cp_comm = 0;
     for (int p = 0; p < plan.n_micro; p++) {
+        double started = weft_now_seconds();
         weft_cp_select(t->cp, plan.degree[p]);
         weft_batch_clear(&t->batch);
         const int *mb_docs = plan.docs + plan.offsets[p];
@@ -258,9 +269,13 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
             memcpy(out->logits + doc_offset[mb_docs[j]] * V, mo.logits + (size_t)t->batch.cu_seqlens[j] * V,
                    sizeof(float) * V * (t->batch.cu_seqlens[j + 1] - t->batch.cu_seqlens[j]));
         weft_free(mo.logits), weft_free(mo.logprobs);
+        double comm = weft_cp_take_comm_seconds(t->cp);
+        cp_comm += comm;
+        t->micro_degree[p] = plan.degree[p];
+        t->micro_busy[p] = weft_now_seconds() - started - comm;
     }
     local_plan_free(&plan);
-    r.cp_comm_seconds = weft_cp_take_comm_seconds(t->cp);
+    r.cp_comm_seconds = cp_comm;
     double sync_start = weft_now_seconds();
     weft_dp_finish_gradients(t->dp);
     r.sync_wait_seconds = weft_now_seconds() - sync_start;

@@ -21,6 +21,11 @@ typedef struct weft_trainer {
     int n_segs;
     weft_job_config cfg;
     weft_batch batch; // reused packing buffer
+    // The last gradient computation's micro-batches on this rank: CP degree and busy seconds
+    // (wall time minus time inside CP collectives), for load-balance reports.
+    int n_micro, micro_capacity;
+    int *micro_degree;
+    double *micro_busy;
 } weft_trainer;
 
 typedef struct weft_step_result {
