@@ -45,12 +45,12 @@ def body(weft, tmp):
 
     # Rank 1 skips the job's last collective and finishes; rank 0 waits for a partner that never
     # comes, until the timeout names what it waited on.
-    r, took = launch(weft, mdir, {"WEFT_TEST_SKIP_COLLECTIVE": "1:15"},
+    r, took = launch(weft, mdir, {"WEFT_TEST_SKIP_COLLECTIVE": "1:16"},
                      "parallel.collective_timeout=5")
     print(f"last call skipped: exit {r.returncode} after {took:.1f} s\n{r.stderr.strip()[:800]}")
     if r.returncode == 0 or took > 30:
         failures.append(f"last call skipped: exit {r.returncode} after {took:.1f} s")
-    if "allgather #15 on group world timed out" not in r.stderr:
+    if "allgather #16 on group world timed out" not in r.stderr:
         failures.append("last call skipped: no timeout message naming the op and group")
     return failures
 
