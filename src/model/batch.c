@@ -61,7 +61,7 @@ static void fill_row(weft_batch *b, int i, const int32_t *tokens, const uint8_t 
     b->tokens[i] = p < len ? tokens[p] : 0;
     b->positions[i] = p;
     // Position p predicts token p+1: the target sits on the row whose logits predict it.
-    bool next = p >= 0 && is_target(loss_mask, len, p + 1);
+    bool next = is_target(loss_mask, len, p + 1);
     b->targets[i] = next ? tokens[p + 1] : -1;
     b->n_targets += next;
     for (int k = 1; k <= b->mtp_depth; k++) {

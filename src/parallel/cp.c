@@ -2,15 +2,16 @@
 
 #include <stdio.h>
 
-enum { MAX_LOG2 = 20 };
+enum { MAX_GROUPS = 31 }; // dynamic CP: one per power of two up to the world
 
 struct weft_cp {
     weft_comm *world;
-    weft_comm *groups[MAX_LOG2 + 1]; // dynamic: groups[i] is this rank's aligned group of 2^i
-    weft_comm *static_group;         // static: this rank's group of context_parallel_size
+    bool dynamic;
+    int n_groups;
+    int group_size[MAX_GROUPS];      // this rank's aligned groups, built once: their sizes
+    weft_comm *groups[MAX_GROUPS];   // and communicators
     weft_comm *group;  // the selected degree's (NULL at degree 1)
     int size, rank;    // selected degree, and this rank's place in its group
-    int static_size;   // parallel.context_parallel_size (dynamic: 0)
     weft_model *model;
     weft_backend *be;
     const weft_batch *batch;  // the micro-batch the exchange serves
@@ -20,23 +21,25 @@ struct weft_cp {
 
 int weft_cp_size(const weft_cp *cp) { return cp->size; }
 int weft_cp_rank(const weft_cp *cp) { return cp->rank; }
-bool weft_cp_is_dynamic(const weft_cp *cp) { return cp->static_size == 0; }
+bool weft_cp_is_dynamic(const weft_cp *cp) { return cp->dynamic; }
 int weft_cp_dp_rank(const weft_cp *cp) { return weft_comm_rank(cp->world) / cp->size; }
 int weft_cp_dp_size(const weft_cp *cp) { return weft_comm_size(cp->world) / cp->size; }
 
-static int log2_of(int c) {
-    int i = 0;
-    while ((1 << i) < c) i++;
-    return i;
+int weft_cp_rows(int len, int c) {
+    if (c == 1) return len;
+    int s = (len + 2 * c - 1) / (2 * c);
+    return 2 * (s > 0 ? s : 1); // an empty document still gives every rank a row
 }
 
+int weft_cp_max_len(int rows, int c) { return c == 1 ? rows : c * (rows / 2) * 2; }
+
 void weft_cp_select(weft_cp *cp, int degree) {
-    int i = log2_of(degree);
-    bool dynamic_ok = !cp->static_size && (1 << i) == degree && (degree == 1 || cp->groups[i]);
-    WEFT_CHECK(dynamic_ok || degree == cp->static_size,
-               "internal: no context-parallel group of %d ranks was built", degree);
+    cp->group = NULL;
+    for (int i = 0; i < cp->n_groups; i++)
+        if (cp->group_size[i] == degree) cp->group = cp->groups[i];
+    WEFT_CHECK(degree == 1 || cp->group, "internal: no context-parallel group of %d ranks was built",
+               degree);
     cp->size = degree;
-    cp->group = cp->static_size ? cp->static_group : cp->groups[i];
     cp->rank = cp->group ? weft_comm_rank(cp->group) : 0;
     if (cp->model) cp->model->kv_exchange = degree > 1 ? &cp->exchange : NULL;
 }
@@ -47,8 +50,7 @@ int weft_cp_chunks(const weft_cp *cp, int len, int start[2], int *chunk_len, int
         *chunk_len = *padded_len = len;
         return 1;
     }
-    int parts = 2 * cp->size, s = (len + parts - 1) / parts;
-    if (s == 0) s = 1; // an empty document still gives every rank a row, so layouts agree
+    int parts = 2 * cp->size, s = weft_cp_rows(len, cp->size) / 2;
     start[0] = cp->rank * s;
     start[1] = (parts - 1 - cp->rank) * s;
     *chunk_len = s;
@@ -101,46 +103,47 @@ static void reduce_scatter(void *ctx, const void *dkv_full, void *dkv, int width
     cp->comm_seconds += weft_now_seconds() - t0;
 }
 
-// This rank's group of `size` consecutive ranks, named for errors. Collective over the world.
-static weft_comm *split_group(weft_comm *world, int size, const weft_parallel_config *cfg) {
-    int first = weft_comm_rank(world) / size * size;
+// Builds this rank's group of `size` consecutive ranks, named for errors. Collective over the
+// world.
+static void add_group(weft_cp *cp, int size, const weft_parallel_config *cfg) {
+    int first = weft_comm_rank(cp->world) / size * size;
     char name[32];
     snprintf(name, sizeof name, "cp%d[%d-%d]", size, first, first + size - 1);
-    weft_comm *g = weft_comm_split(world, first, weft_comm_rank(world), name);
+    weft_comm *g = weft_comm_split(cp->world, first, weft_comm_rank(cp->world), name);
     weft_comm_configure(g, cfg->debug_collectives, cfg->collective_timeout);
-    return g;
+    cp->group_size[cp->n_groups] = size;
+    cp->groups[cp->n_groups++] = g;
 }
 
 weft_cp *weft_cp_create(weft_comm *world, const weft_parallel_config *cfg) {
     int n = weft_comm_size(world), cp_size = cfg->context_parallel_size;
     weft_cp *cp = weft_alloc(sizeof *cp);
     cp->world = world;
-    if (cfg->dynamic_context_parallel) {
-        WEFT_CHECK(n <= (1 << MAX_LOG2) && (n & (n - 1)) == 0,
+    cp->dynamic = cfg->dynamic_context_parallel;
+    if (cp->dynamic) {
+        WEFT_CHECK((n & (n - 1)) == 0,
                    "parallel.dynamic_context_parallel needs a power-of-two number of ranks, not "
                    "%d: its groups are aligned runs of 1, 2, 4, ... ranks", n);
         WEFT_CHECK(cp_size == 1, "parallel.context_parallel_size=%d and "
                    "parallel.dynamic_context_parallel=true exclude each other; drop one", cp_size);
         // Every degree's groups, built once: each micro-batch step picks its own.
-        for (int i = 1; (1 << i) <= n; i++) cp->groups[i] = split_group(world, 1 << i, cfg);
+        for (int size = 2; size <= n; size *= 2) add_group(cp, size, cfg);
     } else {
         WEFT_CHECK(cp_size >= 1 && n % cp_size == 0,
                    "parallel.context_parallel_size=%d does not divide the %d rank%s of this job; "
                    "launch a multiple of it (mpirun -np) or choose a divisor",
                    cp_size, n, n == 1 ? "" : "s");
-        cp->static_size = cp_size;
-        if (cp_size > 1) cp->static_group = split_group(world, cp_size, cfg);
+        if (cp_size > 1) add_group(cp, cp_size, cfg);
     }
     cp->exchange = (weft_kv_exchange){.ctx = cp, .gather = gather, .reduce_scatter = reduce_scatter};
-    weft_cp_select(cp, cp->static_size ? cp->static_size : 1);
+    weft_cp_select(cp, cp->dynamic ? 1 : cp_size);
     return cp;
 }
 
 void weft_cp_free(weft_cp *cp) {
     if (!cp) return;
     if (cp->model) cp->model->kv_exchange = NULL;
-    for (int i = 0; i <= MAX_LOG2; i++) weft_comm_free(cp->groups[i]);
-    weft_comm_free(cp->static_group);
+    for (int i = 0; i < cp->n_groups; i++) weft_comm_free(cp->groups[i]);
     weft_free(cp);
 }
 

@@ -20,6 +20,12 @@ weft_cp *weft_cp_create(weft_comm *world, const weft_parallel_config *cfg);
 void weft_cp_free(weft_cp *cp);
 int weft_cp_size(const weft_cp *cp);
 int weft_cp_rank(const weft_cp *cp);
+// Rows one rank holds of a document of len tokens at CP degree c: 2 chunks of ceil(len / 2c)
+// (the document padded to a multiple of 2c), or the whole document at c = 1.
+int weft_cp_rows(int len, int c);
+// The longest document whose rows at degree c fit `rows` per rank.
+int weft_cp_max_len(int rows, int c);
+
 // Static CP: this rank's data-parallel coordinate, which share of the global batch its group
 // trains. Dynamic CP (parallel.dynamic_context_parallel) has none: the planner spreads documents.
 bool weft_cp_is_dynamic(const weft_cp *cp);

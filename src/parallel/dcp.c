@@ -7,12 +7,6 @@ double weft_cost_of(const weft_cost_model *cm, int len) {
     return cm->alpha * (double)len * len + cm->beta * len + cm->gamma;
 }
 
-int weft_cp_rows(int len, int c) {
-    if (c == 1) return len;
-    int s = (len + 2 * c - 1) / (2 * c);
-    return 2 * (s > 0 ? s : 1);
-}
-
 // The smallest power of two c whose per-rank rows of the document fit the limit.
 static int degree_for(int len, int limit) {
     int c = 1;
@@ -87,7 +81,7 @@ weft_dcp_plan weft_dcp_plan_uniform(const int *lengths, int n, int world, int li
                    "document %d has %d tokens: it needs more than the %d ranks of this job at "
                    "parallel.max_seqlen_per_rank = %d (at most %d tokens fit); raise the limit, "
                    "launch more ranks or set data.truncate=true",
-                   i + 1, lengths[i], world, limit, world == 1 ? limit : world * (limit / 2) * 2);
+                   i + 1, lengths[i], world, limit, weft_cp_max_len(limit, world));
     weft_dcp_plan p = {.world = world, .steps = weft_alloc(sizeof(weft_dcp_step) * (n > 0 ? n : 1))};
     doc_item *items = weft_alloc(sizeof(doc_item) * (n > 0 ? n : 1));
     for (int i = 0; i < n; i++) items[i] = (doc_item){lengths[i], i};

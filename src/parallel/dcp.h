@@ -5,6 +5,7 @@
 // rank computes the same plan from the batch's lengths alone.
 #pragma once
 #include "core/core.h"
+#include "parallel/cp.h"
 
 // Estimated time of a document of L tokens: alpha*L^2 + beta*L (+ gamma), in arbitrary units.
 typedef struct weft_cost_model {
@@ -12,9 +13,6 @@ typedef struct weft_cost_model {
 } weft_cost_model;
 
 double weft_cost_of(const weft_cost_model *cm, int len);
-// Rows one rank holds of a document of len tokens at CP degree c: 2 chunks of ceil(len / 2c)
-// (the document padded to a multiple of 2c), or the whole document at c = 1.
-int weft_cp_rows(int len, int c);
 
 typedef struct weft_dcp_step {
     int degree;        // c

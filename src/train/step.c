@@ -10,16 +10,15 @@ int weft_trainer_max_document_len(const weft_job_config *cfg, int world, char *w
     if (cfg->parallel.dynamic_context_parallel) {
         int limit = cfg->parallel.max_seqlen_per_rank;
         snprintf(why, why_size, "parallel.max_seqlen_per_rank = %d on %d ranks", limit, world);
-        return world == 1 ? limit : world * (limit / 2) * 2;
+        return weft_cp_max_len(limit, world);
     }
     if (c <= 1) {
         snprintf(why, why_size, "train.max_tokens_per_microbatch = %d", budget);
         return budget;
     }
-    // A rank holds 2 chunks of ceil(len / 2c) rows: len <= (budget / 2) * 2c keeps them in budget.
     snprintf(why, why_size, "train.max_tokens_per_microbatch = %d per rank and "
              "parallel.context_parallel_size = %d", budget, c);
-    return budget / 2 * 2 * c;
+    return weft_cp_max_len(budget, c);
 }
 
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
@@ -59,8 +58,7 @@ void weft_trainer_free(weft_trainer *t) {
     if (!t) return;
     weft_optimizer_free(t->opt);
     weft_dp_free(t->dp);
-    weft_cp_free(t->cp);
-    t->model->kv_exchange = NULL;
+    weft_cp_free(t->cp); // takes the model's exchange back
     weft_batch_free(&t->batch);
     weft_free(t->micro_degree);
     weft_free(t->micro_busy);
@@ -68,28 +66,18 @@ void weft_trainer_free(weft_trainer *t) {
     weft_free(t);
 }
 
-// Targets of head k (0: next token, k: MTP depth k) that this rank owns in a document: those
-// predicted from positions in its chunks, i.e. tokens p+k+1 marked by the loss mask for p there.
-static long count_owned_targets(const weft_cp *cp, const weft_document *d, int k) {
+// Adds what this rank owns of a document to counts: counts[k] for head k (0: next token, k: MTP
+// depth k) the targets predicted from positions in its chunks (tokens p+k+1 marked by the loss
+// mask), counts[heads] its real tokens there. Each target and token has exactly one owner.
+static void add_owned_counts(const weft_cp *cp, const weft_document *d, int heads, double *counts) {
     int start[2], chunk_len, padded;
     int n_chunks = weft_cp_chunks(cp, d->len, start, &chunk_len, &padded);
-    long n = 0;
     for (int c = 0; c < n_chunks; c++)
-        for (int p = start[c]; p < start[c] + chunk_len && p + k + 1 < d->len; p++)
-            n += d->loss_mask ? d->loss_mask[p + k + 1] != 0 : 1;
-    return n;
-}
-
-// Tokens of a document in this rank's chunks (padding excluded): each token has one owner.
-static long count_owned_tokens(const weft_cp *cp, const weft_document *d) {
-    int start[2], chunk_len, padded;
-    int n_chunks = weft_cp_chunks(cp, d->len, start, &chunk_len, &padded);
-    long n = 0;
-    for (int c = 0; c < n_chunks; c++) {
-        int end = start[c] + chunk_len < d->len ? start[c] + chunk_len : d->len;
-        n += end > start[c] ? end - start[c] : 0;
-    }
-    return n;
+        for (int p = start[c]; p < start[c] + chunk_len && p < d->len; p++) {
+            counts[heads] += 1;
+            for (int k = 0; k < heads && p + k + 1 < d->len; k++)
+                counts[k] += d->loss_mask ? d->loss_mask[p + k + 1] != 0 : 1;
+        }
 }
 
 static void append_local(weft_trainer *t, const weft_document *d) {
@@ -230,8 +218,7 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
         for (int k = plan.offsets[p]; k < plan.offsets[p + 1]; k++) {
             const weft_document *d = &docs[plan.docs[k]];
             r.local_tokens += weft_cp_rows(d->len, weft_cp_size(t->cp));
-            for (int h = 0; h < heads; h++) counts[h] += (double)count_owned_targets(t->cp, d, h);
-            counts[heads] += (double)count_owned_tokens(t->cp, d);
+            add_owned_counts(t->cp, d, heads, counts);
         }
     }
     weft_comm_allreduce_sum(t->world, counts, heads + 1, WEFT_COMM_F64);
