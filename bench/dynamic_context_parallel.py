@@ -12,14 +12,14 @@ Usage: /usr/bin/python3 bench/dynamic_context_parallel.py [--weft build/weft] [-
 Timings are medians of steps 2..K. This machine has 2 cores, so 4 ranks share them; busy times
 then include time a rank waited for a core, which is spread evenly enough to compare layouts.
 """
-import argparse, os, re, statistics, subprocess, sys, tempfile
+import argparse, os, re, statistics, sys, tempfile
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from reference import qwen2  # noqa: E402
-from reference.mpi import mpirun  # noqa: E402
+from reference.mpi import run_ranks  # noqa: E402
 
 CFG = dict(vocab_size=2048, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
@@ -42,10 +42,7 @@ def measure(weft, mdir, steps, *options):
     args = [weft, "grad", "--model", mdir, "--batch", os.path.join(mdir, "batch.jsonl"),
             "--out", os.path.join(mdir, "out.safetensors"), f"train.steps={steps}", "--busy",
             "parallel.use_distributed_optimizer=false", *options]
-    r = subprocess.run(mpirun(W, *args), capture_output=True, text=True, timeout=1800,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(args)} failed:\n{r.stderr}")
+    r = run_ranks(W, args, timeout=1800)
     rows = [(float(s), float(c)) for s, c in STEP.findall(r.stdout)][1:]
     busy = [(int(p), int(c), float(mx), float(mean), float(imb))
             for p, c, mx, mean, imb in BUSY.findall(r.stdout)]

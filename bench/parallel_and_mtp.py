@@ -10,12 +10,12 @@
 Usage: /usr/bin/python3 bench/parallel_and_mtp.py [--weft build/weft] [--steps 6]
 Timings are medians of steps 2..K; they mean little while other work runs on the machine.
 """
-import argparse, os, re, statistics, subprocess, sys, tempfile
+import argparse, os, re, statistics, sys, tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 from reference import qwen2  # noqa: E402
-from reference.mpi import mpirun  # noqa: E402
+from reference.mpi import run_ranks  # noqa: E402
 
 CFG = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
            num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
@@ -28,13 +28,7 @@ STEP = re.compile(r"^step (\d+)/\d+: .*?, ([0-9.e+-]+) s, ([0-9.e+-]+) tokens/s,
 def measure(weft, mdir, ranks, threads, steps, *options):
     args = [weft, "grad", "--model", mdir, "--batch", os.path.join(mdir, "batch.jsonl"),
             "--out", os.path.join(mdir, "out.safetensors"), f"train.steps={steps}", *options]
-    cmd = mpirun(ranks, *args) if ranks > 1 else args
-    if ranks > 1:
-        cmd[cmd.index("OMP_NUM_THREADS=1")] = f"OMP_NUM_THREADS={threads}"
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{r.stderr}")
+    r = run_ranks(ranks, args, threads=threads, timeout=900)
     rows = [(float(s), float(tok), float(w)) for _, s, tok, w in STEP.findall(r.stdout)][1:]
     return (statistics.median(x[0] for x in rows), statistics.median(x[1] for x in rows),
             statistics.median(x[2] for x in rows))

@@ -3,11 +3,11 @@
 (`memory: ... peak_activations=N`, every activation byte lives in the arena that figure
 measures). Only the whole-document keys and values of one layer at a time are not split, and
 with grouped-query heads they are small. The loss must not change."""
-import os, re, subprocess, sys
+import os, re, sys
 
 from reference import qwen2
 from reference.fixtures import model_and_batch, run_test
-from reference.mpi import mpirun
+from reference.mpi import run_ranks
 
 LIMIT = 0.3
 CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
@@ -15,13 +15,8 @@ CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_lay
 
 
 def run(weft, mdir, bpath, out, cp):
-    args = [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
-            f"parallel.context_parallel_size={cp}"]
-    cmd = mpirun(cp, *args) if cp > 1 else args
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    r = run_ranks(cp, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
+                       f"parallel.context_parallel_size={cp}"], timeout=600)
     peak = int(re.search(r"peak_activations=(\d+)", r.stdout).group(1))
     return peak, float(qwen2.read_safetensors(out)["loss"])
 

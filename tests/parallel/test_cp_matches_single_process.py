@@ -8,13 +8,13 @@ logits, so the gathered ones are the log-probabilities of the right tokens in ba
 document of 131 tokens gives chunks longer than the CPU attention's 64-row tiles. The model is
 the well-conditioned fixture of parallel/test_dp_matches_single_process.py (see there why
 parameter comparisons after several steps need one)."""
-import os, re, subprocess, sys
+import os, re, sys
 
 import numpy as np
 
 from reference import qwen2
 from reference.fixtures import model_and_batch, run_test
-from reference.mpi import mpirun
+from reference.mpi import run_ranks
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -36,13 +36,8 @@ STEPS = ["train.steps=3", "optim.warmup_steps=1", "optim.min_lr=1e-4"]
 
 
 def run(weft, mdir, bpath, out, dp, cp, *options):
-    args = [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out, "--logprobs", *STEPS,
-            f"parallel.context_parallel_size={cp}", *options]
-    cmd = mpirun(dp * cp, *args) if dp * cp > 1 else args
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    r = run_ranks(dp * cp, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
+                            "--logprobs", *STEPS, f"parallel.context_parallel_size={cp}", *options])
     stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
         l for l in r.stdout.splitlines() if l.startswith("collectives:"))))
     return qwen2.read_safetensors(out), {k: int(v) for k, v in stats.items()}

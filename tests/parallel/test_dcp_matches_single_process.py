@@ -1,7 +1,7 @@
 """Dynamic context parallelism (uniform mode) on W = 4 and 8 ranks with max_seqlen_per_rank = 16:
 a batch of one 61-token document (which needs c = 4) and ten of 1 to 16 tokens (c = 1), whose
 plan (printed by `weft plan`, checked here) includes a micro-batch with fewer documents than
-ranks, so its degree is raised. With MTP off and on: loss, MTP losses, every gradient, the
+ranks, so its degree is raised; the job runs the plan's degrees (its `--busy` report). With MTP off and on: loss, MTP losses, every gradient, the
 gathered log-probs and the parameters after 3 AdamW steps equal the single-process run to 1e-5
 relative. Every rank's peak activation bytes stay within what max_seqlen_per_rank implies (the
 job reports both). A document longer than W x max_seqlen_per_rank fails before any compute with
@@ -10,7 +10,7 @@ import os, re, subprocess, sys
 
 from reference import qwen2
 from reference.fixtures import model_and_batch, run_test
-from reference.mpi import mpirun
+from reference.mpi import mpirun, run_ranks
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -27,23 +27,15 @@ STEPS = ["train.steps=3", "optim.warmup_steps=1", "optim.min_lr=1e-4"]
 DCP = ["parallel.dynamic_context_parallel=true", f"parallel.max_seqlen_per_rank={LIMIT}"]
 
 
-def weft_cmd(weft, ranks, *args):
-    cmd = [weft, *args]
-    return mpirun(ranks, *cmd) if ranks > 1 else cmd
-
-
 def run(weft, mdir, bpath, out, ranks, *options):
-    cmd = weft_cmd(weft, ranks, "grad", "--model", mdir, "--batch", bpath, "--out", out,
-                   "--logprobs", *STEPS, *options)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    r = run_ranks(ranks, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
+                          "--logprobs", *STEPS, *options])
     return qwen2.read_safetensors(out), r.stdout
 
 
 def check_plan(weft, bpath, ranks, failures):
-    """The plan has a step with fewer documents than ranks, whose degree was therefore raised."""
+    """The plan has a step with fewer documents than ranks, whose degree was therefore raised.
+    Returns the plan's degrees, step by step."""
     r = subprocess.run([weft, "plan", "--ranks", str(ranks), "--batch", bpath, *DCP],
                        capture_output=True, text=True, timeout=60)
     print(r.stdout)
@@ -52,6 +44,7 @@ def check_plan(weft, bpath, ranks, failures):
     if r.returncode != 0 or not any(d < ranks for d in docs):
         failures.append(f"W={ranks}: the plan has no micro-batch with fewer documents than ranks "
                         f"(documents per step {docs})")
+    return [int(d) for d in re.findall(r"^micro-batch \d+: degree (\d+)", r.stdout, flags=re.M)]
 
 
 def check_memory(stdout, tag, failures):
@@ -70,7 +63,7 @@ def check_too_long(weft, mdir, tmp, ranks, failures):
     bpath = os.path.join(tmp, "long.jsonl")
     qwen2.make_batch(bpath, [5, ranks * LIMIT + 1, 3], [1, 1, 1], CFG["vocab_size"], 3)
     out = os.path.join(tmp, "never.safetensors")
-    cmd = weft_cmd(weft, ranks, "grad", "--model", mdir, "--batch", bpath, "--out", out, *DCP)
+    cmd = mpirun(ranks, weft, "grad", "--model", mdir, "--batch", bpath, "--out", out, *DCP)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, OMP_NUM_THREADS="1"))
     # Every rank finds the same document and says so (their lines may interleave).
@@ -91,11 +84,16 @@ def body(weft, tmp):
         _, _, bpath, _ = model_and_batch(mdir, cfg, SEED, LENGTHS, PROMPTS, SEED + 1)
         ref, _ = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1)
         for ranks in (4, 8):
+            planned = check_plan(weft, bpath, ranks, failures)
             if mtp == 0:
-                check_plan(weft, bpath, ranks, failures)
                 check_too_long(weft, mdir, tmp, ranks, failures)
             tag = f"mtp={mtp} W={ranks}"
-            got, stdout = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), ranks, *DCP)
+            got, stdout = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), ranks,
+                              "--busy", *DCP)
+            # The job ran the plan: the same degrees, micro-batch by micro-batch.
+            ran = [int(d) for d in re.findall(r"^busy: micro-batch \d+ degree (\d+):", stdout, flags=re.M)]
+            if ran != planned or 4 not in ran:
+                failures.append(f"{tag}: the job ran degrees {ran}, the plan says {planned}")
             worst = max((qwen2.rel_err(got[k], ref[k])[0], k) for k in ref)
             status = "ok" if worst[0] <= TOL else "FAIL"
             print(f"{status} {tag}: worst {worst[1]} {worst[0]:.2e} (tol {TOL}); loss "

@@ -6,11 +6,11 @@ and all-gather instead of bucket all-reduces.
 The model is the well-conditioned fixture of train/test_adamw_steps_match_pytorch.py: AdamW turns
 fp32 round-off in near-zero gradient elements into parameter changes of order lr, so comparing
 parameters after several steps at 1e-5 needs a model where no element sits at that edge."""
-import os, re, subprocess, sys
+import os, re, sys
 
 from reference import qwen2
 from reference.fixtures import model_and_batch, run_test
-from reference.mpi import mpirun
+from reference.mpi import run_ranks
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -24,12 +24,8 @@ STEPS = ["train.steps=5", "optim.warmup_steps=2", "optim.min_lr=1e-4"]
 
 
 def run(weft, mdir, bpath, out, np_, *options):
-    args = [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out, *STEPS, *options]
-    cmd = mpirun(np_, *args) if np_ > 1 else args
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    r = run_ranks(np_, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out, *STEPS,
+                        *options])
     stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
         l for l in r.stdout.splitlines() if l.startswith(("memory: param", "collectives:")))))
     return qwen2.read_safetensors(out), {k: int(v) for k, v in stats.items()}
