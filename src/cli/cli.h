@@ -6,3 +6,4 @@ int weft_cmd_train(int argc, char **argv, weft_comm *world);
 int weft_cmd_tokenize(int argc, char **argv);
 int weft_cmd_plot(int argc, char **argv);
 int weft_cmd_plan(int argc, char **argv);
+int weft_cmd_calibrate(int argc, char **argv, weft_comm *world);

@@ -45,27 +45,52 @@ static grad_args parse_args(int argc, char **argv) {
     return a;
 }
 
-// Per micro-batch of the last gradient computation, every rank's busy seconds, gathered (all ranks
-// enter) and printed by rank 0 with their max over mean: the load balance of the plan.
+// Prints values[r * stride + p] for p < n over ranks r, with their max over mean.
+static void print_spread(const char *what, const double *values, int W, int stride, int p) {
+    double most = 0, sum = 0;
+    printf("busy: %s:", what);
+    for (int r = 0; r < W; r++) {
+        double b = values[r * stride + p];
+        printf(" %.4f", b);
+        most = b > most ? b : most;
+        sum += b;
+    }
+    printf(" s; max %.4f mean %.4f imbalance %.3f\n", most, sum / W, sum > 0 ? most * W / sum : 1.0);
+}
+
+// The last gradient computation's micro-batches, gathered from every rank (all ranks enter) and
+// printed by rank 0: each rank's degrees and busy seconds; per micro-batch across ranks when all
+// ranks ran the same degrees (uniform DCP, static CP), so the p-th ran side by side; and each
+// rank's total, with max over mean: the load balance of the plan.
 static void report_busy(const weft_trainer *t, weft_comm *world) {
     int W = weft_comm_size(world);
     double mine = t->n_micro, *counts = weft_alloc(sizeof(double) * W);
     weft_comm_allgather(world, &mine, counts, 1, WEFT_COMM_F64);
     int M = 0;
     for (int r = 0; r < W; r++) M = counts[r] > M ? (int)counts[r] : M;
-    double *local = weft_alloc(sizeof(double) * (M + 1)), *all = weft_alloc(sizeof(double) * W * (M + 1));
-    for (int p = 0; p < M; p++) local[p] = p < t->n_micro ? t->micro_busy[p] : 0.0;
-    weft_comm_allgather(world, local, all, M + 1, WEFT_COMM_F64);
-    for (int p = 0; p < M && weft_comm_rank(world) == 0; p++) {
-        double most = 0, sum = 0;
-        printf("busy: micro-batch %d degree %d:", p + 1, p < t->n_micro ? t->micro_degree[p] : 0);
+    int stride = 2 * M + 1; // busy, degree per micro-batch, then the total
+    double *local = weft_alloc(sizeof(double) * stride), *all = weft_alloc(sizeof(double) * W * stride);
+    for (int p = 0; p < t->n_micro; p++) {
+        local[p] = t->micro_busy[p];
+        local[M + p] = t->micro_degree[p];
+        local[2 * M] += t->micro_busy[p];
+    }
+    weft_comm_allgather(world, local, all, stride, WEFT_COMM_F64);
+    if (weft_comm_rank(world) == 0) {
+        bool same = true;
         for (int r = 0; r < W; r++) {
-            double b = all[r * (M + 1) + p];
-            printf(" %.4f", b);
-            most = b > most ? b : most;
-            sum += b;
+            printf("busy: rank %d:", r);
+            for (int p = 0; p < counts[r]; p++)
+                printf(" %.4f(%d)", all[r * stride + p], (int)all[r * stride + M + p]);
+            printf(" s (degree); total %.4f s\n", all[r * stride + 2 * M]);
+            for (int p = 0; p < M; p++) same = same && all[r * stride + M + p] == all[M + p];
         }
-        printf(" s; max %.4f mean %.4f imbalance %.3f\n", most, sum / W, sum > 0 ? most * W / sum : 1.0);
+        for (int p = 0; p < M && same; p++) {
+            char what[64];
+            snprintf(what, sizeof what, "micro-batch %d degree %d", p + 1, (int)all[M + p]);
+            print_spread(what, all, W, stride, p);
+        }
+        print_spread("total per rank", all, W, stride, 2 * M);
     }
     weft_free(counts), weft_free(local), weft_free(all);
 }

@@ -13,8 +13,11 @@ static const char *USAGE =
     "         train a model; with no arguments, the built-in default job\n"
     "  grad   --model DIR --batch FILE.jsonl --out FILE.safetensors [--logits] [--logprobs] [--busy] [key=value ...]\n"
     "         loss and gradients of a global batch; with train.steps=K also K AdamW steps\n"
-    "  plan   [--config FILE.yaml] [--ranks N] [--batch FILE.jsonl] [key=value ...]\n"
-    "         the dynamic context-parallel plan of a global batch on N ranks\n"
+    "  plan   [--config FILE.yaml] [--ranks N] [--batch FILE.jsonl | --lengths FILE] [key=value ...]\n"
+    "         the dynamic context-parallel plan of a global batch on N ranks, or a simulation\n"
+    "         of heterogeneous DCP, uniform DCP and static CP on a trace of lengths\n"
+    "  calibrate [--config FILE.yaml] [--out FILE.yaml] [--repeats N] [key=value ...]\n"
+    "         time the model on these ranks (run it under mpirun) and fit the planner's cost\n"
     "  tokenize [--tokenizer FILE.json] [--decode]\n"
     "         encode stdin to token ids (or decode ids back to text)\n"
     "  plot   METRICS.jsonl -o FILE.png\n"
@@ -26,12 +29,14 @@ int main(int argc, char **argv) {
         fputs(USAGE, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    bool parallel = !strcmp(argv[1], "train") || !strcmp(argv[1], "grad");
+    bool parallel = !strcmp(argv[1], "train") || !strcmp(argv[1], "grad") ||
+                    !strcmp(argv[1], "calibrate");
     if (parallel) {
         // Under mpirun every rank runs the same command; launched alone, a one-rank world.
         weft_comm *world = weft_comm_init(&argc, &argv);
-        int rc = !strcmp(argv[1], "train") ? weft_cmd_train(argc - 2, argv + 2, world)
-                                           : weft_cmd_grad(argc - 2, argv + 2, world);
+        int rc = !strcmp(argv[1], "train")  ? weft_cmd_train(argc - 2, argv + 2, world)
+                 : !strcmp(argv[1], "grad") ? weft_cmd_grad(argc - 2, argv + 2, world)
+                                            : weft_cmd_calibrate(argc - 2, argv + 2, world);
         weft_comm_finalize(world);
         return rc;
     }

@@ -9,67 +9,77 @@
 #include <string.h>
 #include <strings.h>
 
-typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STRING } key_type;
+typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STRING, KEY_CHOICE } key_type;
 
 typedef struct key_def {
     const char *key;
     key_type type;
     size_t offset;
     const char *help;
+    const char *const *choices; // KEY_CHOICE: the names of the int's values 0, 1, ..., then NULL
 } key_def;
+
+static const char *const DCP_MODES[] = {"uniform", "heterogeneous", NULL}; // weft_dcp_mode
 
 #define F(f) offsetof(weft_job_config, f)
 static const key_def KEYS[] = {
-    {"model.path", KEY_STRING, F(model.path), "Hugging Face model directory; empty: from scratch"},
-    {"model.hidden_size", KEY_INT, F(model.hidden_size), "hidden size (from scratch)"},
-    {"model.intermediate_size", KEY_INT, F(model.intermediate_size), "MLP size (from scratch)"},
-    {"model.num_layers", KEY_INT, F(model.num_layers), "decoder layers (from scratch)"},
-    {"model.num_heads", KEY_INT, F(model.num_heads), "attention heads (from scratch)"},
-    {"model.num_kv_heads", KEY_INT, F(model.num_kv_heads), "key/value heads (from scratch)"},
-    {"model.rope_theta", KEY_REAL, F(model.rope_theta), "RoPE base (from scratch)"},
-    {"model.tie_word_embeddings", KEY_BOOL, F(model.tie_word_embeddings), "share embedding and head"},
-    {"model.mtp_layers", KEY_INT, F(model.mtp_layers), "multi-token prediction modules (from scratch)"},
-    {"model.mtp_loss_scale", KEY_REAL, F(model.mtp_loss_scale), "MTP loss weight lambda (from scratch)"},
-    {"data.source", KEY_STRING, F(data.source), "\"synthetic\" or a JSONL file"},
-    {"data.tokenizer", KEY_STRING, F(data.tokenizer), "tokenizer.json; empty: byte-level"},
-    {"data.synthetic_documents", KEY_INT, F(data.synthetic_documents), "synthetic task size"},
-    {"data.truncate", KEY_BOOL, F(data.truncate), "truncate documents over the token budget"},
-    {"train.steps", KEY_INT, F(train.steps), "optimizer steps"},
-    {"train.global_batch_size", KEY_INT, F(train.global_batch_size), "documents per step"},
+    {"model.path", KEY_STRING, F(model.path), "Hugging Face model directory; empty: from scratch", NULL},
+    {"model.hidden_size", KEY_INT, F(model.hidden_size), "hidden size (from scratch)", NULL},
+    {"model.intermediate_size", KEY_INT, F(model.intermediate_size), "MLP size (from scratch)", NULL},
+    {"model.num_layers", KEY_INT, F(model.num_layers), "decoder layers (from scratch)", NULL},
+    {"model.num_heads", KEY_INT, F(model.num_heads), "attention heads (from scratch)", NULL},
+    {"model.num_kv_heads", KEY_INT, F(model.num_kv_heads), "key/value heads (from scratch)", NULL},
+    {"model.rope_theta", KEY_REAL, F(model.rope_theta), "RoPE base (from scratch)", NULL},
+    {"model.tie_word_embeddings", KEY_BOOL, F(model.tie_word_embeddings), "share embedding and head", NULL},
+    {"model.mtp_layers", KEY_INT, F(model.mtp_layers), "multi-token prediction modules (from scratch)", NULL},
+    {"model.mtp_loss_scale", KEY_REAL, F(model.mtp_loss_scale), "MTP loss weight lambda (from scratch)", NULL},
+    {"data.source", KEY_STRING, F(data.source), "\"synthetic\" or a JSONL file", NULL},
+    {"data.tokenizer", KEY_STRING, F(data.tokenizer), "tokenizer.json; empty: byte-level", NULL},
+    {"data.synthetic_documents", KEY_INT, F(data.synthetic_documents), "synthetic task size", NULL},
+    {"data.truncate", KEY_BOOL, F(data.truncate), "truncate documents over the token budget", NULL},
+    {"train.steps", KEY_INT, F(train.steps), "optimizer steps", NULL},
+    {"train.global_batch_size", KEY_INT, F(train.global_batch_size), "documents per step", NULL},
     {"train.max_tokens_per_microbatch", KEY_INT, F(train.max_tokens_per_microbatch),
-     "token budget of a micro-batch (0: use train.micro_batches)"},
-    {"train.micro_batches", KEY_INT, F(train.micro_batches), "micro-batches per global batch"},
-    {"train.recompute", KEY_BOOL, F(train.recompute), "recompute block activations in backward"},
-    {"train.freeze_mtp", KEY_BOOL, F(train.freeze_mtp), "keep the MTP modules fixed"},
-    {"train.seed", KEY_INT, F(train.seed), "seed of initialisation and data order"},
-    {"train.output_dir", KEY_STRING, F(train.output_dir), "where checkpoints and metrics go"},
-    {"train.save_every", KEY_INT, F(train.save_every), "checkpoint every N steps (0: at the end)"},
-    {"train.log_every", KEY_INT, F(train.log_every), "plain log line every N steps"},
+     "token budget of a micro-batch (0: use train.micro_batches)", NULL},
+    {"train.micro_batches", KEY_INT, F(train.micro_batches), "micro-batches per global batch", NULL},
+    {"train.recompute", KEY_BOOL, F(train.recompute), "recompute block activations in backward", NULL},
+    {"train.freeze_mtp", KEY_BOOL, F(train.freeze_mtp), "keep the MTP modules fixed", NULL},
+    {"train.seed", KEY_INT, F(train.seed), "seed of initialisation and data order", NULL},
+    {"train.output_dir", KEY_STRING, F(train.output_dir), "where checkpoints and metrics go", NULL},
+    {"train.save_every", KEY_INT, F(train.save_every), "checkpoint every N steps (0: at the end)", NULL},
+    {"train.log_every", KEY_INT, F(train.log_every), "plain log line every N steps", NULL},
     {"parallel.use_distributed_optimizer", KEY_BOOL, F(parallel.use_distributed_optimizer),
-     "shard AdamW state over data-parallel ranks (ZeRO-1)"},
+     "shard AdamW state over data-parallel ranks (ZeRO-1)", NULL},
     {"parallel.context_parallel_size", KEY_INT, F(parallel.context_parallel_size),
-     "ranks that split each document (context parallelism); world = dp x this"},
+     "ranks that split each document (context parallelism); world = dp x this", NULL},
     {"parallel.dynamic_context_parallel", KEY_BOOL, F(parallel.dynamic_context_parallel),
-     "pick a context-parallel degree per micro-batch (DCP); world must be a power of two"},
+     "pick a context-parallel degree per micro-batch (DCP); world must be a power of two", NULL},
     {"parallel.max_seqlen_per_rank", KEY_INT, F(parallel.max_seqlen_per_rank),
-     "DCP: most rows of a micro-batch one rank holds"},
+     "DCP: most rows of a micro-batch one rank holds", NULL},
+    {"parallel.dcp_mode", KEY_CHOICE, F(parallel.dcp_mode),
+     "DCP: uniform (one degree per micro-batch step) or heterogeneous (one per document)",
+     DCP_MODES},
     {"parallel.cost_alpha", KEY_REAL, F(parallel.cost_alpha),
-     "planner's document cost alpha*L^2 + beta*L: alpha"},
-    {"parallel.cost_beta", KEY_REAL, F(parallel.cost_beta), "planner's document cost: beta"},
+     "planner's cost of a document (alpha*L^2 + beta*L)/c + gamma: alpha (weft calibrate)", NULL},
+    {"parallel.cost_beta", KEY_REAL, F(parallel.cost_beta), "planner's document cost: beta", NULL},
+    {"parallel.cost_gamma", KEY_REAL, F(parallel.cost_gamma),
+     "planner's document cost: gamma, fixed per document and rank", NULL},
+    {"parallel.cost_delta", KEY_REAL, F(parallel.cost_delta),
+     "planner's CP exchange cost: per key/value row a rank receives", NULL},
     {"parallel.debug_collectives", KEY_BOOL, F(parallel.debug_collectives),
-     "cross-check every rank's collective sequence"},
+     "cross-check every rank's collective sequence", NULL},
     {"parallel.collective_timeout", KEY_REAL, F(parallel.collective_timeout),
-     "seconds a collective may wait before the job aborts"},
-    {"parallel.bucket_mb", KEY_INT, F(parallel.bucket_mb), "DDP gradient bucket size (MiB)"},
-    {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from"},
-    {"optim.lr", KEY_REAL, F(optim.lr), "peak learning rate"},
-    {"optim.min_lr", KEY_REAL, F(optim.min_lr), "learning rate at the end of cosine decay"},
-    {"optim.warmup_steps", KEY_INT, F(optim.warmup_steps), "linear warmup steps"},
-    {"optim.beta1", KEY_REAL, F(optim.beta1), "AdamW beta1"},
-    {"optim.beta2", KEY_REAL, F(optim.beta2), "AdamW beta2"},
-    {"optim.eps", KEY_REAL, F(optim.eps), "AdamW epsilon"},
-    {"optim.weight_decay", KEY_REAL, F(optim.weight_decay), "decoupled weight decay"},
-    {"optim.clip_grad", KEY_REAL, F(optim.clip_grad), "global gradient-norm clip, 0 = off"},
+     "seconds a collective may wait before the job aborts", NULL},
+    {"parallel.bucket_mb", KEY_INT, F(parallel.bucket_mb), "DDP gradient bucket size (MiB)", NULL},
+    {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from", NULL},
+    {"optim.lr", KEY_REAL, F(optim.lr), "peak learning rate", NULL},
+    {"optim.min_lr", KEY_REAL, F(optim.min_lr), "learning rate at the end of cosine decay", NULL},
+    {"optim.warmup_steps", KEY_INT, F(optim.warmup_steps), "linear warmup steps", NULL},
+    {"optim.beta1", KEY_REAL, F(optim.beta1), "AdamW beta1", NULL},
+    {"optim.beta2", KEY_REAL, F(optim.beta2), "AdamW beta2", NULL},
+    {"optim.eps", KEY_REAL, F(optim.eps), "AdamW epsilon", NULL},
+    {"optim.weight_decay", KEY_REAL, F(optim.weight_decay), "decoupled weight decay", NULL},
+    {"optim.clip_grad", KEY_REAL, F(optim.clip_grad), "global gradient-norm clip, 0 = off", NULL},
 };
 #undef F
 enum { N_KEYS = sizeof KEYS / sizeof KEYS[0] };
@@ -160,6 +170,19 @@ void weft_job_config_set(weft_job_config *cfg, const char *key, const char *valu
         WEFT_CHECK(strlen(value) < WEFT_PATH_MAX, "%s: %s: value too long", source, key);
         snprintf(dst, WEFT_PATH_MAX, "%s", value);
         break;
+    case KEY_CHOICE: {
+        int i = 0;
+        while (k->choices[i] && strcmp(k->choices[i], value)) i++;
+        if (!k->choices[i]) {
+            char all[256] = "";
+            for (int j = 0; k->choices[j]; j++)
+                snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", j ? ", " : "",
+                         k->choices[j]);
+            weft_fatal("%s: %s=%s: expected one of %s", source, key, value, all);
+        }
+        *(int *)dst = i;
+        break;
+    }
     case KEY_BOOL:
         if (!strcasecmp(value, "true") || !strcmp(value, "1")) *(bool *)dst = true;
         else if (!strcasecmp(value, "false") || !strcmp(value, "0")) *(bool *)dst = false;
@@ -259,6 +282,7 @@ bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path) {
         case KEY_REAL: snprintf(value, sizeof value, "%.17g", *(const double *)src); break;
         case KEY_BOOL: snprintf(value, sizeof value, "%s", *(const bool *)src ? "true" : "false"); break;
         case KEY_STRING: snprintf(value, sizeof value, "\"%s\"", (const char *)src); break;
+        case KEY_CHOICE: snprintf(value, sizeof value, "%s", KEYS[i].choices[*(const int *)src]); break;
         }
         len += (size_t)snprintf(buf + len, cap - len, "%s: %s\n", KEYS[i].key, value);
         WEFT_CHECK(len < cap, "internal: config too large to save");

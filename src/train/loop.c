@@ -117,10 +117,14 @@ static FILE *open_metrics(const char *path, int step) {
 
 // ------------------------------------------------------------------------------------ setup ----
 
+weft_tokenizer *weft_train_tokenizer(const weft_job_config *cfg) {
+    return cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
+                                  : weft_tokenizer_byte_level();
+}
+
 weft_document_set *weft_train_load_data(const weft_job_config *cfg, int world,
                                         weft_tokenizer **tok) {
-    *tok = cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
-                                  : weft_tokenizer_byte_level();
+    *tok = weft_train_tokenizer(cfg);
     char why[160];
     weft_dataset_options dopt = {
         .source = cfg->data.source,
@@ -142,34 +146,39 @@ void weft_train_first_batch(const weft_job_config *cfg, const weft_document_set 
     weft_free(order.perm);
 }
 
-static weft_model *build_model(weft_backend *be, const weft_comm *world,
-                               const weft_job_config *cfg, int vocab) {
-    weft_model_config mc;
+void weft_train_model_config(const weft_job_config *cfg, int vocab, weft_model_config *mc) {
     char path[WEFT_PATH_MAX + 32];
     if (cfg->model.path[0]) {
         snprintf(path, sizeof path, "%s/config.json", cfg->model.path);
-        weft_model_config_load(path, &mc);
-        WEFT_CHECK(mc.vocab_size >= vocab,
+        weft_model_config_load(path, mc);
+        WEFT_CHECK(mc->vocab_size >= vocab,
                    "%s: vocab_size %d is smaller than the tokenizer's %d; use the model's tokenizer",
-                   path, mc.vocab_size, vocab);
-    } else {
-        mc = (weft_model_config){
-            .vocab_size = vocab,
-            .hidden_size = cfg->model.hidden_size,
-            .intermediate_size = cfg->model.intermediate_size,
-            .num_layers = cfg->model.num_layers,
-            .num_heads = cfg->model.num_heads,
-            .num_kv_heads = cfg->model.num_kv_heads,
-            .head_dim = cfg->model.hidden_size / cfg->model.num_heads,
-            .rope_theta = cfg->model.rope_theta,
-            .rms_norm_eps = 1e-6,
-            .tie_word_embeddings = cfg->model.tie_word_embeddings,
-            .attention_bias = true,
-            .num_mtp = cfg->model.mtp_layers,
-            .mtp_loss_scale = cfg->model.mtp_loss_scale,
-        };
-        weft_model_config_validate(&mc, "model settings");
+                   path, mc->vocab_size, vocab);
+        return;
     }
+    *mc = (weft_model_config){
+        .vocab_size = vocab,
+        .hidden_size = cfg->model.hidden_size,
+        .intermediate_size = cfg->model.intermediate_size,
+        .num_layers = cfg->model.num_layers,
+        .num_heads = cfg->model.num_heads,
+        .num_kv_heads = cfg->model.num_kv_heads,
+        .head_dim = cfg->model.hidden_size / cfg->model.num_heads,
+        .rope_theta = cfg->model.rope_theta,
+        .rms_norm_eps = 1e-6,
+        .tie_word_embeddings = cfg->model.tie_word_embeddings,
+        .attention_bias = true,
+        .num_mtp = cfg->model.mtp_layers,
+        .mtp_loss_scale = cfg->model.mtp_loss_scale,
+    };
+    weft_model_config_validate(mc, "model settings");
+}
+
+weft_model *weft_train_build_model(weft_backend *be, const weft_comm *world,
+                                   const weft_job_config *cfg, int vocab) {
+    weft_model_config mc;
+    char path[WEFT_PATH_MAX + 32];
+    weft_train_model_config(cfg, vocab, &mc);
     weft_model *m = weft_trainer_build_model(be, world, &mc);
     if (cfg->model.path[0]) {
         snprintf(path, sizeof path, "%s/model.safetensors", cfg->model.path);
@@ -188,7 +197,7 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
     weft_tokenizer *tok;
     weft_document_set *data = weft_train_load_data(cfg, weft_comm_size(world), &tok);
     weft_backend *be = weft_backend_cpu_create();
-    weft_model *m = build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
+    weft_model *m = weft_train_build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
     weft_trainer *t = weft_trainer_create(m, world, cfg, true);
     // Created only once every input has been read and checked: a bad one leaves nothing behind.
     WEFT_CHECK(weft_mkdirs(run_dir) && access(run_dir, W_OK) == 0,

@@ -134,26 +134,24 @@ static local_plan plan_static(const weft_trainer *t, const weft_document *docs, 
     return p;
 }
 
-// Dynamic layout: the planner's steps, each run by every rank; this rank's part of step s is
-// its group's documents at that step's degree.
+// Dynamic layout: the planner's micro-batches whose group holds this rank, in plan order, each at
+// its own degree.
 static local_plan plan_dynamic(const weft_trainer *t, const int *lengths, int n_docs) {
-    weft_cost_model cm = {t->cfg.parallel.cost_alpha, t->cfg.parallel.cost_beta, 0};
-    weft_dcp_plan dp = weft_dcp_plan_uniform(lengths, n_docs, weft_comm_size(t->world),
-                                             t->cfg.parallel.max_seqlen_per_rank, &cm);
-    int rank = weft_comm_rank(t->world), total = 0;
-    for (int s = 0; s < dp.n_steps; s++) {
-        const weft_dcp_step *st = &dp.steps[s];
-        int g = rank / st->degree;
-        total += st->offsets[g + 1] - st->offsets[g];
-    }
-    local_plan p = local_plan_alloc(dp.n_steps, total);
-    for (int s = 0, k = 0; s < dp.n_steps; s++) {
-        const weft_dcp_step *st = &dp.steps[s];
-        int g = rank / st->degree;
-        p.degree[s] = st->degree;
-        p.offsets[s] = k;
-        for (int j = st->offsets[g]; j < st->offsets[g + 1]; j++) p.docs[k++] = st->docs[j];
-        p.offsets[s + 1] = k;
+    const weft_parallel_config *pc = &t->cfg.parallel;
+    weft_cost_model cm = weft_dcp_cost_model(pc);
+    weft_dcp_plan dp = weft_dcp_plan_make(pc->dcp_mode, lengths, n_docs, weft_comm_size(t->world),
+                                          pc->max_seqlen_per_rank, &cm);
+    int rank = weft_comm_rank(t->world), n_micro = 0, total = 0;
+    for (int m = 0; m < dp.n_micro; m++)
+        if (weft_dcp_micro_holds(&dp.micro[m], rank))
+            n_micro++, total += dp.offsets[m + 1] - dp.offsets[m];
+    local_plan p = local_plan_alloc(n_micro, total);
+    for (int m = 0, q = 0, k = 0; m < dp.n_micro; m++) {
+        if (!weft_dcp_micro_holds(&dp.micro[m], rank)) continue;
+        p.degree[q] = dp.micro[m].degree;
+        p.offsets[q] = k;
+        for (int j = dp.offsets[m]; j < dp.offsets[m + 1]; j++) p.docs[k++] = dp.docs[j];
+        p.offsets[++q] = k;
     }
     weft_dcp_plan_free(&dp);
     return p;

@@ -1,7 +1,9 @@
-"""Dynamic context parallelism (uniform mode) on W = 4 and 8 ranks with max_seqlen_per_rank = 16:
-a batch of one 61-token document (which needs c = 4) and ten of 1 to 16 tokens (c = 1), whose
-plan (printed by `weft plan`, checked here) includes a micro-batch with fewer documents than
-ranks, so its degree is raised; the job runs the plan's degrees (its `--busy` report). With MTP off and on: loss, MTP losses, every gradient, the
+"""Dynamic context parallelism on W = 4 and 8 ranks with max_seqlen_per_rank = 16: a batch of one
+61-token document (which needs c = 4) and ten of 1 to 16 tokens (c = 1).
+Uniform mode (W = 4, 8): the plan (printed by `weft plan`, checked here) includes a micro-batch
+with fewer documents than ranks, so its degree is raised. Heterogeneous mode (W = 8): the plan
+runs groups of different sizes side by side. Either way every rank runs the plan's
+micro-batches at the plan's degrees (the job's `--busy` report). With MTP off and on: loss, MTP losses, every gradient, the
 gathered log-probs and the parameters after 3 AdamW steps equal the single-process run to 1e-5
 relative. Every rank's peak activation bytes stay within what max_seqlen_per_rank implies (the
 job reports both). A document longer than W x max_seqlen_per_rank fails before any compute with
@@ -33,18 +35,36 @@ def run(weft, mdir, bpath, out, ranks, *options):
     return qwen2.read_safetensors(out), r.stdout
 
 
-def check_plan(weft, bpath, ranks, failures):
-    """The plan has a step with fewer documents than ranks, whose degree was therefore raised.
-    Returns the plan's degrees, step by step."""
-    r = subprocess.run([weft, "plan", "--ranks", str(ranks), "--batch", bpath, *DCP],
-                       capture_output=True, text=True, timeout=60)
+def check_plan(weft, bpath, ranks, mode, failures):
+    """Uniform: the plan has a step with fewer documents than ranks, whose degree was therefore
+    raised. Heterogeneous: a step runs groups of different degrees side by side. Returns each
+    rank's degrees, micro-batch by micro-batch, as the plan gives them."""
+    r = subprocess.run([weft, "plan", "--ranks", str(ranks), "--batch", bpath, *DCP,
+                        f"parallel.dcp_mode={mode}"], capture_output=True, text=True, timeout=60)
     print(r.stdout)
     steps = re.split(r"^micro-batch \d+: ", r.stdout, flags=re.M)[1:]
     docs = [len(re.findall(r" \d+\(\d+\)", s)) for s in steps]
-    if r.returncode != 0 or not any(d < ranks for d in docs):
+    mixed = re.findall(r"^micro-batch \d+: degrees \d+ to \d+", r.stdout, flags=re.M)
+    if r.returncode != 0:
+        failures.append(f"W={ranks} {mode}: weft plan failed: {r.stderr}")
+    elif mode == "uniform" and not any(d < ranks for d in docs):
         failures.append(f"W={ranks}: the plan has no micro-batch with fewer documents than ranks "
                         f"(documents per step {docs})")
-    return [int(d) for d in re.findall(r"^micro-batch \d+: degree (\d+)", r.stdout, flags=re.M)]
+    elif mode == "heterogeneous" and not mixed:
+        failures.append(f"W={ranks} {mode}: no step runs groups of different degrees")
+    per_rank = [[] for _ in range(ranks)]
+    for lo, hi, c in re.findall(r"^  ranks (\d+)-(\d+) \(degree (\d+)\)", r.stdout, flags=re.M):
+        for rank in range(int(lo), int(hi) + 1):
+            per_rank[rank].append(int(c))
+    return per_rank
+
+
+def ran_degrees(stdout, ranks):
+    """Each rank's degrees, micro-batch by micro-batch, from the job's --busy report."""
+    per_rank = [[] for _ in range(ranks)]
+    for rank, rest in re.findall(r"^busy: rank (\d+):(.*) s \(degree\)", stdout, flags=re.M):
+        per_rank[int(rank)] = [int(c) for c in re.findall(r"\((\d+)\)", rest)]
+    return per_rank
 
 
 def check_memory(stdout, tag, failures):
@@ -83,16 +103,16 @@ def body(weft, tmp):
         mdir = os.path.join(tmp, f"mtp{mtp}")
         _, _, bpath, _ = model_and_batch(mdir, cfg, SEED, LENGTHS, PROMPTS, SEED + 1)
         ref, _ = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1)
-        for ranks in (4, 8):
-            planned = check_plan(weft, bpath, ranks, failures)
-            if mtp == 0:
+        for ranks, mode in ((4, "uniform"), (8, "uniform"), (8, "heterogeneous")):
+            planned = check_plan(weft, bpath, ranks, mode, failures)
+            if mtp == 0 and mode == "uniform":
                 check_too_long(weft, mdir, tmp, ranks, failures)
-            tag = f"mtp={mtp} W={ranks}"
+            tag = f"mtp={mtp} W={ranks} {mode}"
             got, stdout = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), ranks,
-                              "--busy", *DCP)
-            # The job ran the plan: the same degrees, micro-batch by micro-batch.
-            ran = [int(d) for d in re.findall(r"^busy: micro-batch \d+ degree (\d+):", stdout, flags=re.M)]
-            if ran != planned or 4 not in ran:
+                              "--busy", *DCP, f"parallel.dcp_mode={mode}")
+            # The job ran the plan: every rank the same degrees, micro-batch by micro-batch.
+            ran = ran_degrees(stdout, ranks)
+            if ran != planned or not any(4 in r for r in ran):
                 failures.append(f"{tag}: the job ran degrees {ran}, the plan says {planned}")
             worst = max((qwen2.rel_err(got[k], ref[k])[0], k) for k in ref)
             status = "ok" if worst[0] <= TOL else "FAIL"
