@@ -1,16 +1,20 @@
-"""Dynamic context parallelism (uniform mode) against static CP on this machine, in one run, at
-the same global batch of a long-tail length mix on W = 4 ranks (1 thread each):
+"""Dynamic context parallelism (heterogeneous and uniform modes) against static CP on this
+machine, in one run, at the same global batch of a long-tail length mix on W = 4 ranks (1 thread
+each):
 
-  - step time of DCP (max_seqlen_per_rank = 512) against static cp = 4 (= W, budget 512 rows per
-    rank) and static cp = 2 x dp = 2 (budget 1024 rows per rank, twice DCP's memory: at 512 the
-    longest document would not fit), as ratios;
-  - per micro-batch, every rank's busy time (wall time minus time inside CP collectives) and its
-    max/mean imbalance, from `weft grad --busy`;
-  - the time inside CP collectives per step.
+  - `weft calibrate` on the same 4 ranks fits the planner's cost model first (its fit error is
+    printed); both DCP modes plan with it;
+  - heterogeneous DCP: every rank's measured busy time (wall time minus time inside CP
+    collectives, `weft grad --busy`, the last step) against the planner's prediction for that
+    rank (`weft plan`), as a ratio;
+  - step time of heterogeneous DCP (max_seqlen_per_rank = 512) against uniform DCP, static
+    cp = 4 (= W, budget 512 rows per rank) and static cp = 2 x dp = 2 (budget 1024 rows per rank,
+    twice DCP's memory: at 512 the longest document would not fit), as ratios;
+  - per rank, the busy total's max/mean imbalance, and the time inside CP collectives per step.
 
 Usage: /usr/bin/python3 bench/dynamic_context_parallel.py [--weft build/weft] [--steps 4]
 Timings are medians of steps 2..K. This machine has 2 cores, so 4 ranks share them; busy times
-then include time a rank waited for a core, which is spread evenly enough to compare layouts.
+then include time a rank waited for a core, which calibration (run the same way) includes too.
 """
 import argparse, os, re, statistics, sys, tempfile
 
@@ -27,8 +31,8 @@ CFG = dict(vocab_size=2048, hidden_size=128, intermediate_size=344, num_hidden_l
 W = 4
 STEP = re.compile(r"^step \d+/\d+: .*?, ([0-9.e+-]+) s, [0-9.e+-]+ tokens/s, sync wait "
                   r"[0-9.e+-]+ s, cp comm ([0-9.e+-]+) s", re.M)
-BUSY = re.compile(r"^busy: micro-batch (\d+) degree (\d+): .*; max ([0-9.]+) mean ([0-9.]+) "
-                  r"imbalance ([0-9.]+)", re.M)
+BUSY = re.compile(r"^busy: rank (\d+):.* s \(degree\); total ([0-9.]+) s", re.M)
+LIMIT = 512
 
 
 def long_tail(n, seed):
@@ -44,9 +48,26 @@ def measure(weft, mdir, steps, *options):
             "parallel.use_distributed_optimizer=false", *options]
     r = run_ranks(W, args, timeout=1800)
     rows = [(float(s), float(c)) for s, c in STEP.findall(r.stdout)][1:]
-    busy = [(int(p), int(c), float(mx), float(mean), float(imb))
-            for p, c, mx, mean, imb in BUSY.findall(r.stdout)]
+    busy = [float(total) for _, total in sorted(BUSY.findall(r.stdout), key=lambda x: int(x[0]))]
     return statistics.median(x[0] for x in rows), statistics.median(x[1] for x in rows), busy
+
+
+def calibrate(weft, mdir):
+    """Fits the cost model on the W ranks; returns its settings as key=value arguments."""
+    out = os.path.join(mdir, "cost.yaml")
+    r = run_ranks(W, [weft, "calibrate", "--out", out, f"model.path={mdir}",
+                      f"parallel.max_seqlen_per_rank={LIMIT}"], timeout=1800)
+    print("\n".join(l for l in r.stdout.splitlines() if l.startswith("fit")))
+    return [l.strip().replace(": ", "=") for l in open(out) if l.startswith("parallel.")]
+
+
+def predicted_compute(weft, mdir, options):
+    """The planner's compute seconds per rank for the batch (weft plan's estimate)."""
+    r = run_ranks(1, [weft, "plan", "--ranks", str(W), "--batch", os.path.join(mdir, "batch.jsonl"),
+                      *options])
+    line = re.search(r"^estimate: compute per rank (.*)$", r.stdout, re.M).group(1)
+    print(re.search(r"^estimate: critical path.*$", r.stdout, re.M).group(0))
+    return [float(x) for x in line.split()]
 
 
 def main():
@@ -64,31 +85,35 @@ def main():
           f"{CFG['vocab_size']}; global batch {len(lengths)} documents, {sum(lengths)} tokens "
           f"(max {max(lengths)}, median {int(np.median(lengths))}); {W} ranks x 1 thread; "
           f"median of steps 2-{a.steps}\n")
+    cost = calibrate(weft, mdir)
+    dcp = ["parallel.dynamic_context_parallel=true", f"parallel.max_seqlen_per_rank={LIMIT}", *cost]
     layouts = [
-        ("DCP uniform, max_seqlen_per_rank=512",
-         ["parallel.dynamic_context_parallel=true", "parallel.max_seqlen_per_rank=512"]),
-        (f"static cp={W}, 512 rows/rank",
-         [f"parallel.context_parallel_size={W}", "train.max_tokens_per_microbatch=512"]),
-        ("static cp=2 x dp=2, 1024 rows/rank",
-         ["parallel.context_parallel_size=2", "train.max_tokens_per_microbatch=1024"]),
+        (f"DCP heterogeneous, max_seqlen_per_rank={LIMIT}", dcp + ["parallel.dcp_mode=heterogeneous"]),
+        (f"DCP uniform, max_seqlen_per_rank={LIMIT}", dcp + ["parallel.dcp_mode=uniform"]),
+        (f"static cp={W}, {LIMIT} rows/rank",
+         [f"parallel.context_parallel_size={W}", f"train.max_tokens_per_microbatch={LIMIT}"]),
+        (f"static cp=2 x dp=2, {2 * LIMIT} rows/rank",
+         ["parallel.context_parallel_size=2", f"train.max_tokens_per_microbatch={2 * LIMIT}"]),
     ]
+    predicted = predicted_compute(weft, mdir, layouts[0][1])
     results = []
     for name, options in layouts:
         sec, comm, busy = measure(weft, mdir, a.steps, *options)
         results.append((name, sec, comm, busy))
-        print(f"{name}: step {sec:.3f} s, CP collectives {comm:.3f} s")
-        for p, c, mx, mean, imb in busy:
-            print(f"  micro-batch {p:2d} degree {c}: busy max {mx:.4f} s mean {mean:.4f} s, "
-                  f"imbalance {imb:.3f}")
+        print(f"{name}: step {sec:.3f} s, CP collectives {comm:.3f} s, busy per rank "
+              f"{' '.join(f'{b:.3f}' for b in busy)} s")
         sys.stdout.flush()
-    dcp = results[0][1]
-    print(f"\n{'layout':40s} {'step s':>8s} {'DCP speed-up':>13s} {'mean imbalance':>15s}")
+    busy = results[0][3]
+    ratios = [b / p for b, p in zip(busy, predicted)]
+    print(f"\nheterogeneous DCP, busy per rank measured / predicted: "
+          f"{' '.join(f'{x:.3f}' for x in ratios)} (worst deviation "
+          f"{max(abs(x - 1) for x in ratios) * 100:.1f}%)")
+    first = results[0][1]
+    print(f"\n{'layout':42s} {'step s':>8s} {'vs heterogeneous':>17s} {'busy max/mean':>14s}")
     for name, sec, _, busy in results:
-        weights = [mean for _, _, _, mean, _ in busy]
-        imb = sum(i * w for (_, _, _, _, i), w in zip(busy, weights)) / max(sum(weights), 1e-12)
-        print(f"{name:40s} {sec:8.3f} {sec / dcp:13.2f} {imb:15.3f}")
-    print("(DCP speed-up: the layout's step time over DCP's; mean imbalance: max/mean busy time "
-          "per micro-batch, weighted by its mean)")
+        print(f"{name:42s} {sec:8.3f} {sec / first:17.2f} {max(busy) / statistics.mean(busy):14.3f}")
+    print("(vs heterogeneous: the layout's step time over heterogeneous DCP's; busy max/mean: the "
+          "ranks' busy totals of the last step)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 // way training will run (mpirun -np W, the same threads per rank): times forward-backward
 // micro-batches of the job's model on every rank at once, at CP degree 1 over a range of lengths
 // and packings and at each degree up to W, fits the planner's cost model (parallel.cost_alpha,
-// _beta, _gamma, _delta) and prints it with its fit error; --out writes it as YAML settings.
+// _beta, _gamma, _delta, _epsilon) and prints it with its fit error; --out writes it as YAML settings.
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -116,7 +116,7 @@ static void print_fit(const weft_cost_sample *s, int n, const weft_cost_model *c
     printf("calibrate: %-34s %12s %12s %8s %12s %12s %8s\n", "micro-batch", "compute s",
            "predicted", "error", "exchange s", "predicted", "error");
     for (int i = 0; i < n; i++) {
-        double c = weft_cost_compute(cm, s[i].len, s[i].degree) * s[i].n_docs;
+        double c = weft_cost_sample_compute(cm, &s[i]);
         double x = weft_cost_comm(cm, s[i].len, s[i].degree) * s[i].n_docs;
         char what[64];
         snprintf(what, sizeof what, "%d x %d tokens at degree %d", s[i].n_docs, s[i].len,
@@ -128,7 +128,8 @@ static void print_fit(const weft_cost_sample *s, int n, const weft_cost_model *c
         printf("\n");
     }
     printf("fit: parallel.cost_alpha=%.6g parallel.cost_beta=%.6g parallel.cost_gamma=%.6g "
-           "parallel.cost_delta=%.6g\n", cm->alpha, cm->beta, cm->gamma, cm->delta);
+           "parallel.cost_delta=%.6g parallel.cost_epsilon=%.6g\n", cm->alpha, cm->beta,
+           cm->gamma, cm->delta, cm->epsilon);
     printf("fit error: compute RMS %.1f%%, max %.1f%%; exchange RMS %.1f%%, max %.1f%%\n",
            100 * e->compute_rms, 100 * e->compute_max, 100 * e->comm_rms, 100 * e->comm_max);
 }
@@ -139,10 +140,11 @@ static void save_fit(const char *path, const weft_cost_model *cm, const weft_cos
     int len = snprintf(text, sizeof text,
                        "# weft calibrate on %d rank%s x %d thread%s: compute fit error RMS %.1f%%, "
                        "exchange %.1f%%\nparallel.cost_alpha: %.9g\nparallel.cost_beta: %.9g\n"
-                       "parallel.cost_gamma: %.9g\nparallel.cost_delta: %.9g\n", world,
+                       "parallel.cost_gamma: %.9g\nparallel.cost_delta: %.9g\n"
+                       "parallel.cost_epsilon: %.9g\n", world,
                        world == 1 ? "" : "s", weft_num_threads(), weft_num_threads() == 1 ? "" : "s",
                        100 * e->compute_rms, 100 * e->comm_rms, cm->alpha, cm->beta, cm->gamma,
-                       cm->delta);
+                       cm->delta, cm->epsilon);
     WEFT_CHECK(weft_write_file_atomic(path, text, (size_t)len), "%s: cannot write the fitted cost "
                "model (%s)", path, strerror(errno));
 }

@@ -8,14 +8,15 @@ extern void dgels_(const char *trans, const int *m, const int *n, const int *nrh
                    const int *lda, double *b, const int *ldb, double *work, const int *lwork,
                    int *info);
 
-enum { N_TERMS = 3 }; // alpha, beta, gamma
+enum { N_TERMS = 4 }; // alpha, beta, gamma, epsilon
 
-// The compute terms of a sample, per the model: n_docs * ((L^2, L) / c, 1).
+// The compute terms of a sample (one micro-batch), per the model: n_docs * ((L^2, L) / c, 1), 1.
 static void compute_terms(const weft_cost_sample *s, double f[N_TERMS]) {
     double L = s->len, k = s->n_docs;
     f[0] = k * L * L / s->degree;
     f[1] = k * L / s->degree;
     f[2] = k;
+    f[3] = 1;
 }
 
 // Minimizes sum ((f . x - y) / y)^2 over the terms in `active`, the others held at 0.
@@ -51,14 +52,18 @@ static void solve(const weft_cost_sample *s, int n, const bool active[N_TERMS], 
     weft_free(a), weft_free(b), weft_free(work);
 }
 
+double weft_cost_sample_compute(const weft_cost_model *cm, const weft_cost_sample *s) {
+    return weft_cost_compute(cm, s->len, s->degree) * s->n_docs + cm->epsilon;
+}
+
 weft_cost_model weft_cost_fit(const weft_cost_sample *s, int n, weft_cost_fit_error *err) {
     for (int i = 0; i < n; i++)
         WEFT_CHECK(s[i].compute > 0 && s[i].len > 0 && s[i].n_docs > 0 && s[i].degree > 0,
                    "calibrate: sample %d (%d documents of %d tokens at degree %d) has no "
                    "positive time", i + 1, s[i].n_docs, s[i].len, s[i].degree);
     // Non-negative least squares by elimination: a term that fits negative is dropped and the
-    // rest refitted (with three terms this finds the constrained optimum's support).
-    bool active[N_TERMS] = {true, true, true};
+    // rest refitted.
+    bool active[N_TERMS] = {true, true, true, true};
     double x[N_TERMS];
     for (;;) {
         solve(s, n, active, x);
@@ -68,7 +73,7 @@ weft_cost_model weft_cost_fit(const weft_cost_sample *s, int n, weft_cost_fit_er
         if (worst < 0) break;
         active[worst] = false;
     }
-    weft_cost_model cm = {.alpha = x[0], .beta = x[1], .gamma = x[2]};
+    weft_cost_model cm = {.alpha = x[0], .beta = x[1], .gamma = x[2], .epsilon = x[3]};
     // delta: one term through the origin, relative error: sum(u/y) / sum((u/y)^2), u the rows.
     double num = 0, den = 0;
     for (int i = 0; i < n; i++) {
@@ -82,7 +87,7 @@ weft_cost_model weft_cost_fit(const weft_cost_sample *s, int n, weft_cost_fit_er
     weft_cost_fit_error e = {0};
     int n_comm = 0;
     for (int i = 0; i < n; i++) {
-        double c = weft_cost_compute(&cm, s[i].len, s[i].degree) * s[i].n_docs;
+        double c = weft_cost_sample_compute(&cm, &s[i]);
         double rel = fabs(c - s[i].compute) / s[i].compute;
         e.compute_rms += rel * rel / n;
         e.compute_max = fmax(e.compute_max, rel);

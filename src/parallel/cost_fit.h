@@ -15,7 +15,10 @@ typedef struct weft_cost_fit_error {
     double comm_rms, comm_max;       // over the samples with degree > 1 (0 when none)
 } weft_cost_fit_error;
 
-// Least squares in relative error, coefficients kept non-negative: alpha, beta and gamma from
-// every sample's compute, delta from the exchange of those with degree > 1 (0 when none).
-// The model's prediction for a sample is n_docs times the per-document cost.
+// The model's compute for a sample: n_docs times the per-document cost, plus epsilon.
+double weft_cost_sample_compute(const weft_cost_model *cm, const weft_cost_sample *s);
+
+// Least squares in relative error, coefficients kept non-negative: alpha, beta, gamma and
+// epsilon from every sample's compute, delta from the exchange of those with degree > 1 (0 when
+// none).
 weft_cost_model weft_cost_fit(const weft_cost_sample *s, int n, weft_cost_fit_error *err);

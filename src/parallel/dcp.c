@@ -5,7 +5,8 @@
 #include <string.h>
 
 weft_cost_model weft_dcp_cost_model(const weft_parallel_config *cfg) {
-    return (weft_cost_model){cfg->cost_alpha, cfg->cost_beta, cfg->cost_gamma, cfg->cost_delta};
+    return (weft_cost_model){cfg->cost_alpha, cfg->cost_beta, cfg->cost_gamma, cfg->cost_delta,
+                             cfg->cost_epsilon};
 }
 
 double weft_cost_compute(const weft_cost_model *cm, int len, int c) {
@@ -77,7 +78,7 @@ static void add_micro(builder *b, int first, int c, const int *docs, int k) {
     weft_dcp_plan *p = &b->p;
     weft_dcp_micro *m = &p->micro[p->n_micro];
     int at = p->offsets[p->n_micro];
-    *m = (weft_dcp_micro){.first_rank = first, .degree = c};
+    *m = (weft_dcp_micro){.first_rank = first, .degree = c, .compute = b->cm->epsilon};
     memcpy(p->docs + at, docs, sizeof(int) * k);
     qsort(p->docs + at, (size_t)k, sizeof(int), ascending);
     for (int j = 0; j < k; j++) {
@@ -282,24 +283,30 @@ static weft_dcp_plan plan_heterogeneous_at(const int *lengths, int n, int world,
     return builder_finish(&b);
 }
 
+// Keeps the plan with the shorter simulated critical path in *best (the earlier on ties).
+static void keep_shorter(weft_dcp_plan *best, double *best_path, weft_dcp_plan p,
+                         const int *lengths, const weft_cost_model *cm) {
+    double path = weft_dcp_simulate(&p, lengths, cm, NULL).critical_path;
+    if (path < *best_path) {
+        weft_dcp_plan_free(best);
+        *best = p, *best_path = path;
+    } else {
+        weft_dcp_plan_free(&p);
+    }
+}
+
 // Raising a document's degree shortens it but costs exchange and fixed time on more ranks; the
-// right threshold depends on the batch, so a few are tried and the shortest critical path kept
-// (ties: the one with fewer raises).
+// right threshold depends on the batch, so a few are tried, and the uniform plan too (one of the
+// plans this mode allows, better on some small batches), and the shortest critical path kept
+// (ties: the fewest raises).
 static weft_dcp_plan plan_heterogeneous(const int *lengths, int n, int world, int limit,
                                         const weft_cost_model *cm) {
-    double bound = lower_bound(lengths, NULL, n, world, limit, cm);
+    double bound = lower_bound(lengths, NULL, n, world, limit, cm), best_path = INFINITY;
     weft_dcp_plan best = {0};
-    double best_path = INFINITY;
-    for (double f = 1.0; f >= 1.0 / 16; f /= 2) {
-        weft_dcp_plan p = plan_heterogeneous_at(lengths, n, world, limit, cm, f * bound);
-        double path = weft_dcp_simulate(&p, lengths, cm, NULL).critical_path;
-        if (path < best_path) {
-            weft_dcp_plan_free(&best);
-            best = p, best_path = path;
-        } else {
-            weft_dcp_plan_free(&p);
-        }
-    }
+    for (double f = 1.0; f >= 1.0 / 16; f /= 2)
+        keep_shorter(&best, &best_path,
+                     plan_heterogeneous_at(lengths, n, world, limit, cm, f * bound), lengths, cm);
+    keep_shorter(&best, &best_path, plan_uniform(lengths, n, world, limit, cm), lengths, cm);
     return best;
 }
 

@@ -15,12 +15,13 @@
 //   compute  (alpha*L^2 + beta*L) / c + gamma   (the 2c-chunk split balances causal attention;
 //                                                gamma is the fixed cost every rank pays)
 //   exchange delta * (c-1) * rows(L, c)          (the other ranks' key/value rows arriving)
+// and epsilon per micro-batch (a forward-backward pass's fixed cost), whatever it holds.
 // `weft calibrate` fits the coefficients on the machine at hand.
 typedef struct weft_cost_model {
-    double alpha, beta, gamma, delta;
+    double alpha, beta, gamma, delta, epsilon;
 } weft_cost_model;
 
-// The job's cost model: parallel.cost_alpha, _beta, _gamma and _delta.
+// The job's cost model: parallel.cost_alpha, _beta, _gamma, _delta and _epsilon.
 weft_cost_model weft_dcp_cost_model(const weft_parallel_config *cfg);
 double weft_cost_compute(const weft_cost_model *cm, int len, int c);
 double weft_cost_comm(const weft_cost_model *cm, int len, int c);
@@ -34,7 +35,7 @@ typedef struct weft_dcp_micro {
     int first_rank, degree; // run by ranks [first_rank, first_rank + degree)
     int step;               // how many micro-batches its ranks ran before it
     int rows;               // rows per rank, at most the plan's limit
-    double compute, comm;   // estimated seconds per rank
+    double compute, comm;   // estimated seconds per rank (compute with epsilon)
 } weft_dcp_micro;
 
 static inline bool weft_dcp_micro_holds(const weft_dcp_micro *m, int rank) {

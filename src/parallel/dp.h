@@ -13,7 +13,7 @@ typedef struct weft_parallel_config {
     int max_seqlen_per_rank;        // parallel.max_seqlen_per_rank: DCP's rows per rank
     int dcp_mode;                   // parallel.dcp_mode: a weft_dcp_mode (uniform, heterogeneous)
     // parallel.cost_*: the planner's cost model (weft_cost_model), fitted by `weft calibrate`
-    double cost_alpha, cost_beta, cost_gamma, cost_delta;
+    double cost_alpha, cost_beta, cost_gamma, cost_delta, cost_epsilon;
     bool debug_collectives;         // parallel.debug_collectives: cross-check every collective
     double collective_timeout;      // parallel.collective_timeout: seconds before a wait aborts
     int bucket_mb;                  // parallel.bucket_mb: DDP gradient bucket size

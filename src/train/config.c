@@ -66,6 +66,8 @@ static const key_def KEYS[] = {
      "planner's document cost: gamma, fixed per document and rank", NULL},
     {"parallel.cost_delta", KEY_REAL, F(parallel.cost_delta),
      "planner's CP exchange cost: per key/value row a rank receives", NULL},
+    {"parallel.cost_epsilon", KEY_REAL, F(parallel.cost_epsilon),
+     "planner's cost: fixed per micro-batch and rank", NULL},
     {"parallel.debug_collectives", KEY_BOOL, F(parallel.debug_collectives),
      "cross-check every rank's collective sequence", NULL},
     {"parallel.collective_timeout", KEY_REAL, F(parallel.collective_timeout),
