@@ -20,6 +20,7 @@ bench: all
 	/usr/bin/python3 bench/parallel_and_mtp.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/context_parallel.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/dynamic_context_parallel.py --weft $(BUILD)/weft
+	/usr/bin/python3 bench/dcp_simulation.py --weft $(BUILD)/weft
 
 clean:
 	rm -rf $(BUILD) build-asan

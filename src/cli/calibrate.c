@@ -24,7 +24,7 @@ typedef struct calibrate_args {
 } calibrate_args;
 
 static calibrate_args parse_args(int argc, char **argv) {
-    calibrate_args a = {.repeats = 3, .overrides = argv};
+    calibrate_args a = {.repeats = 5, .overrides = argv};
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i];
         if (!strcmp(opt, "--config") || !strcmp(opt, "--out") || !strcmp(opt, "--repeats")) {
@@ -48,11 +48,11 @@ static calibrate_args parse_args(int argc, char **argv) {
     return a;
 }
 
-enum { MAX_PROBES = 64, MIN_LEN = 16, MAX_PACKED = 8 };
+enum { MAX_PROBES = 64, MIN_LEN = 16, MAX_PACKED = 32 };
 
-// What gets timed: at degree 1, one document and a packed micro-batch of each length from the
-// limit down (halving); at every degree c > 1, documents whose c-way split fills the limit and a
-// quarter of it. Returns how many.
+// What gets timed: at degree 1, one document and a micro-batch packed full of each length from
+// the limit down (halving); at every degree c > 1, a document whose c-way split fills the limit,
+// as a training micro-batch at that degree does. Returns how many.
 static int choose_probes(int limit, int world, weft_cost_sample *p) {
     int n = 0;
     for (int len = limit; len >= MIN_LEN && n < MAX_PROBES / 2; len /= 2) {
@@ -60,12 +60,8 @@ static int choose_probes(int limit, int world, weft_cost_sample *p) {
         int packed = limit / len < MAX_PACKED ? limit / len : MAX_PACKED;
         if (packed > 1) p[n++] = (weft_cost_sample){.len = len, .n_docs = packed, .degree = 1};
     }
-    for (int c = 2; c <= world && n + 2 <= MAX_PROBES; c *= 2)
-        for (int quarter = 1; quarter <= 4; quarter *= 4) {
-            int len = weft_cp_max_len(limit / quarter, c);
-            if (weft_cp_rows(len, c) >= 2 && len > weft_cp_max_len(limit / quarter, c / 2))
-                p[n++] = (weft_cost_sample){.len = len, .n_docs = 1, .degree = c};
-        }
+    for (int c = 2; c <= world && n < MAX_PROBES; c *= 2)
+        p[n++] = (weft_cost_sample){.len = weft_cp_max_len(limit, c), .n_docs = 1, .degree = c};
     return n;
 }
 

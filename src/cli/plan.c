@@ -165,12 +165,9 @@ static int *read_lengths(const char *path, int *n) {
         errno = 0;
         long len = strtol(p, &end, 10);
         while (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n') end++;
-        if (end == p || *end || errno || len < 1 || len > INT_MAX) {
-            free(line);
-            fclose(f);
-            weft_fatal("%s:%ld: \"%.*s\" is not a document length; the trace holds one positive "
-                       "integer per line", path, lineno, (int)strcspn(p, "\r\n"), p);
-        }
+        WEFT_CHECK(end != p && !*end && !errno && len >= 1 && len <= INT_MAX,
+                   "%s:%ld: \"%.*s\" is not a document length; the trace holds one positive "
+                   "integer per line", path, lineno, (int)strcspn(p, "\r\n"), p);
         if (*n == cap) {
             int *w = weft_alloc(sizeof(int) * cap * 2);
             memcpy(w, v, sizeof(int) * cap);

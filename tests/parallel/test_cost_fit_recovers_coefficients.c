@@ -13,7 +13,7 @@ static int make_samples(const weft_cost_model *truth, double noise, weft_rng *rn
                         weft_cost_sample *s) {
     int n = 0;
     for (int len = 4096; len >= 16; len /= 2)
-        for (int k = 1; k <= 4; k *= 4) {
+        for (int k = 1; k <= 16; k *= 2) {
             s[n] = (weft_cost_sample){.len = len, .n_docs = k, .degree = 1};
             s[n].compute = weft_cost_sample_compute(truth, &s[n]) * (1 + noise * weft_rng_normal(rng));
             n++;
@@ -40,7 +40,7 @@ static void zero_time_sample(const char *label) {
 int main(void) {
     weft_rng rng;
     weft_rng_seed(&rng, 5);
-    weft_cost_sample s[64];
+    weft_cost_sample s[128];
     const weft_cost_model truth = {2.2e-7, 1.5e-4, 3.7e-4, 1.7e-5, 7e-4};
     weft_cost_fit_error e;
 
