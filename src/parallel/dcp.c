@@ -260,20 +260,12 @@ static double lower_bound(const int *lengths, const int *docs, int n, int world,
     return fmax(rank_seconds / world, longest);
 }
 
-// Each document at the least degree that fits the limit, raised while its time exceeds
-// `threshold` and raising shortens it; then list-scheduled largest degree first.
-static weft_dcp_plan plan_heterogeneous_at(const int *lengths, int n, int world, int limit,
-                                           const weft_cost_model *cm, double threshold) {
+// Documents at the degrees in items (freed here) list-scheduled largest degree first onto the
+// aligned groups free soonest, each group's packed into micro-batches.
+static weft_dcp_plan plan_items(doc_item *items, const int *lengths, int n, int world, int limit,
+                                const weft_cost_model *cm) {
     builder b = builder_start(lengths, n, world, limit, cm);
     int cap = n > 0 ? n : 1;
-    doc_item *items = weft_alloc(sizeof(doc_item) * cap);
-    for (int i = 0; i < n; i++) {
-        int len = lengths[i], c = weft_dcp_min_degree(len, limit);
-        while (c < world && doc_time(cm, len, c) > threshold &&
-               doc_time(cm, len, 2 * c) < doc_time(cm, len, c))
-            c *= 2;
-        items[i] = (doc_item){.len = len, .index = i, .degree = c, .time = doc_time(cm, len, c)};
-    }
     qsort(items, n, sizeof *items, by_degree_then_time);
     int *group_of = weft_alloc(sizeof(int) * cap), *docs = weft_alloc(sizeof(int) * cap);
     double *finish = weft_alloc(sizeof(double) * world);
@@ -281,6 +273,25 @@ static weft_dcp_plan plan_heterogeneous_at(const int *lengths, int n, int world,
     add_scheduled(&b, items, n, group_of, docs);
     weft_free(items), weft_free(group_of), weft_free(docs), weft_free(finish);
     return builder_finish(&b);
+}
+
+static doc_item item_at(const weft_cost_model *cm, const int *lengths, int i, int c) {
+    return (doc_item){.len = lengths[i], .index = i, .degree = c, .time = doc_time(cm, lengths[i], c)};
+}
+
+// Each document at the least degree that fits the limit, raised while its time exceeds
+// `threshold` and raising shortens it.
+static weft_dcp_plan plan_heterogeneous_at(const int *lengths, int n, int world, int limit,
+                                           const weft_cost_model *cm, double threshold) {
+    doc_item *items = weft_alloc(sizeof(doc_item) * (n > 0 ? n : 1));
+    for (int i = 0; i < n; i++) {
+        int len = lengths[i], c = weft_dcp_min_degree(len, limit);
+        while (c < world && doc_time(cm, len, c) > threshold &&
+               doc_time(cm, len, 2 * c) < doc_time(cm, len, c))
+            c *= 2;
+        items[i] = item_at(cm, lengths, i, c);
+    }
+    return plan_items(items, lengths, n, world, limit, cm);
 }
 
 // Keeps the plan with the shorter simulated critical path in *best (the earlier on ties).
@@ -324,19 +335,9 @@ weft_dcp_plan weft_dcp_plan_static(const int *lengths, int n, int world, int c, 
         WEFT_CHECK(weft_cp_rows(lengths[i], c) <= limit,
                    "document %d has %d tokens: more than %d rows per rank at CP size %d",
                    i + 1, lengths[i], limit, c);
-    builder b = builder_start(lengths, n, world, limit, cm);
-    int cap = n > 0 ? n : 1;
-    doc_item *items = weft_alloc(sizeof(doc_item) * cap);
-    for (int i = 0; i < n; i++)
-        items[i] = (doc_item){.len = lengths[i], .index = i, .degree = c,
-                              .time = doc_time(cm, lengths[i], c)};
-    qsort(items, n, sizeof *items, by_degree_then_time);
-    int *group_of = weft_alloc(sizeof(int) * cap), *docs = weft_alloc(sizeof(int) * cap);
-    double *finish = weft_alloc(sizeof(double) * world);
-    schedule(items, n, world, finish, group_of);
-    add_scheduled(&b, items, n, group_of, docs);
-    weft_free(items), weft_free(group_of), weft_free(docs), weft_free(finish);
-    return builder_finish(&b);
+    doc_item *items = weft_alloc(sizeof(doc_item) * (n > 0 ? n : 1));
+    for (int i = 0; i < n; i++) items[i] = item_at(cm, lengths, i, c);
+    return plan_items(items, lengths, n, world, limit, cm);
 }
 
 void weft_dcp_plan_free(weft_dcp_plan *p) {
