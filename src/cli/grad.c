@@ -45,7 +45,7 @@ static grad_args parse_args(int argc, char **argv) {
     return a;
 }
 
-// Prints values[r * stride + p] for p < n over ranks r, with their max over mean.
+// Prints column p of every rank's row (values[r * stride + p]), with its max over mean.
 static void print_spread(const char *what, const double *values, int W, int stride, int p) {
     double most = 0, sum = 0;
     printf("busy: %s:", what);

@@ -294,10 +294,24 @@ static weft_dcp_plan plan_heterogeneous_at(const int *lengths, int n, int world,
     return plan_items(items, lengths, n, world, limit, cm);
 }
 
-// Keeps the plan with the shorter simulated critical path in *best (the earlier on ties).
-static void keep_shorter(weft_dcp_plan *best, double *best_path, weft_dcp_plan p,
-                         const int *lengths, const weft_cost_model *cm) {
-    double path = weft_dcp_simulate(&p, lengths, cm, NULL).critical_path;
+// When the plan's last rank is done, a group starting once all its ranks are free.
+static double critical_path(const weft_dcp_plan *p) {
+    double *finish = weft_alloc(sizeof(double) * p->world), path = 0;
+    for (int m = 0; m < p->n_micro; m++) {
+        const weft_dcp_micro *mb = &p->micro[m];
+        int lo = mb->first_rank, hi = lo + mb->degree;
+        double start = 0;
+        for (int r = lo; r < hi; r++) start = fmax(start, finish[r]);
+        for (int r = lo; r < hi; r++) finish[r] = start + mb->compute + mb->comm;
+        path = fmax(path, start + mb->compute + mb->comm);
+    }
+    weft_free(finish);
+    return path;
+}
+
+// Keeps the plan with the shorter critical path in *best (the earlier on ties).
+static void keep_shorter(weft_dcp_plan *best, double *best_path, weft_dcp_plan p) {
+    double path = critical_path(&p);
     if (path < *best_path) {
         weft_dcp_plan_free(best);
         *best = p, *best_path = path;
@@ -315,9 +329,8 @@ static weft_dcp_plan plan_heterogeneous(const int *lengths, int n, int world, in
     double bound = lower_bound(lengths, NULL, n, world, limit, cm), best_path = INFINITY;
     weft_dcp_plan best = {0};
     for (double f = 1.0; f >= 1.0 / 16; f /= 2)
-        keep_shorter(&best, &best_path,
-                     plan_heterogeneous_at(lengths, n, world, limit, cm, f * bound), lengths, cm);
-    keep_shorter(&best, &best_path, plan_uniform(lengths, n, world, limit, cm), lengths, cm);
+        keep_shorter(&best, &best_path, plan_heterogeneous_at(lengths, n, world, limit, cm, f * bound));
+    keep_shorter(&best, &best_path, plan_uniform(lengths, n, world, limit, cm));
     return best;
 }
 
@@ -350,28 +363,23 @@ void weft_dcp_plan_free(weft_dcp_plan *p) {
 weft_dcp_estimate weft_dcp_simulate(const weft_dcp_plan *p, const int *lengths,
                                     const weft_cost_model *cm, double *rank_compute) {
     int W = p->world;
-    double *finish = weft_alloc(sizeof(double) * W), *busy = weft_alloc(sizeof(double) * W);
+    double *busy = weft_alloc(sizeof(double) * W);
     if (rank_compute) memset(rank_compute, 0, sizeof(double) * W);
-    weft_dcp_estimate e = {0};
+    weft_dcp_estimate e = {.critical_path = critical_path(p)};
     for (int m = 0; m < p->n_micro; m++) {
         const weft_dcp_micro *mb = &p->micro[m];
-        int lo = mb->first_rank, hi = lo + mb->degree;
-        double start = 0, t = mb->compute + mb->comm;
-        for (int r = lo; r < hi; r++) start = fmax(start, finish[r]);
-        for (int r = lo; r < hi; r++) {
-            finish[r] = start + t;
-            busy[r] += t;
+        for (int r = mb->first_rank; r < mb->first_rank + mb->degree; r++) {
+            busy[r] += mb->compute + mb->comm;
             if (rank_compute) rank_compute[r] += mb->compute;
         }
         for (int k = p->offsets[m]; k < p->offsets[m + 1]; k++)
             e.exchanged_rows += weft_dcp_exchanged_rows(lengths[p->docs[k]], mb->degree);
     }
     for (int r = 0; r < W; r++) {
-        e.critical_path = fmax(e.critical_path, finish[r]);
         e.max_busy = fmax(e.max_busy, busy[r]);
         e.mean_busy += busy[r] / W;
     }
     e.lower_bound = lower_bound(lengths, p->docs, p->offsets[p->n_micro], W, p->limit, cm);
-    weft_free(finish), weft_free(busy);
+    weft_free(busy);
     return e;
 }
