@@ -8,3 +8,8 @@ void weft_backend_destroy(weft_backend *b) {
     weft_free(b->impl);
     weft_free(b);
 }
+
+weft_backend *weft_backend_create(weft_device device, int local_rank) {
+    return device == WEFT_DEVICE_CUDA ? weft_backend_cuda_create(local_rank)
+                                      : weft_backend_cpu_create();
+}

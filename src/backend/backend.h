@@ -32,6 +32,10 @@ typedef struct weft_backend weft_backend;
 struct weft_backend {
     const char *name;
     weft_dtype act_dtype, param_dtype;
+    // Buffers from `alloc` live on a GPU: the host reaches them only through to_host/to_device,
+    // and collectives on them go through NCCL instead of MPI.
+    bool device_memory;
+    void *stream; // the cudaStream_t every op is queued on (NULL on the CPU)
 
     void *(*alloc)(weft_backend *self, size_t bytes); // zeroed
     void (*free)(weft_backend *self, void *p);
@@ -126,4 +130,12 @@ struct weft_backend {
 };
 
 weft_backend *weft_backend_cpu_create(void);
+// The GPU with index local_rank % (visible GPUs): one rank per GPU on each node. In a build
+// without CUDA it ends the job with a message saying so.
+weft_backend *weft_backend_cuda_create(int local_rank);
+// Visible CUDA GPUs; 0 without a GPU, a driver, or CUDA support in this build.
+int weft_cuda_device_count(void);
+typedef enum { WEFT_DEVICE_CPU, WEFT_DEVICE_CUDA } weft_device;
+// The backend of a job's `device` setting.
+weft_backend *weft_backend_create(weft_device device, int local_rank);
 void weft_backend_destroy(weft_backend *b);

@@ -1,0 +1,45 @@
+// Helpers shared by the CUDA kernel files: bf16 conversion, grid sizing, block reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ size_t global_index() {
+    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ size_t global_stride() { return (size_t)gridDim.x * blockDim.x; }
+
+// Blocks for a grid-stride loop of 256-thread blocks over N elements: enough to fill the GPU,
+// few enough that each thread loops when N is large.
+static inline unsigned grid_for(size_t N) {
+    size_t blocks = (N + 255) / 256;
+    return (unsigned)(blocks < 8192 ? blocks : 8192);
+}
+
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ T warp_max(T v) {
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block, returned to every thread. `partial` holds one value per warp; blockDim.x
+// is a multiple of 32. Safe to call repeatedly: the leading barrier protects `partial`.
+template <typename T> __device__ T block_sum(T v, T *partial) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    T total = 0;
+    for (int w = 0; w < warps; w++) total += partial[w];
+    return total;
+}

@@ -1,0 +1,468 @@
+// The CUDA backend: bf16 parameters and activations, fp32 gradients, optimizer state and master
+// weights (DESIGN.md section 9). GEMMs go through cuBLASLt with fp32 accumulation; everything else
+// is weft's own kernels (kernels.h). All work is queued on one stream, so ops are ordered exactly
+// as the model calls them and the host only waits where it reads a result.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/kernels.h"
+
+enum { WORKSPACE_BYTES = 32 << 20, MATMUL_CACHE = 96 };
+
+// One GEMM shape's cuBLASLt descriptors and chosen algorithm, kept so steady-state training
+// queries the heuristic once per shape.
+typedef struct matmul_plan {
+    bool used;
+    bool trans_a, trans_b;
+    int m, n, k, lda, ldb, ldc, align;
+    weft_matmul_types types;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} matmul_plan;
+
+typedef struct cuda_state {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace;
+    double *sum_result;          // device scalar for sum_f32 / sumsq_f32
+    float *scratch;              // attention backward's delta (H, Tq), grown on demand
+    size_t scratch_bytes;
+    matmul_plan plans[MATMUL_CACHE];
+    int next_plan;               // round-robin replacement once the cache is full
+} cuda_state;
+
+static cuda_state *state(weft_backend *b) { return b->impl; }
+
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        WEFT_CHECK(err_ == cudaSuccess, "cuda: %s failed: %s", #call, cudaGetErrorString(err_));   \
+    } while (0)
+
+#define LT_CHECK(call)                                                                             \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        WEFT_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cublasLt: %s failed (status %d)", #call,       \
+                   (int)st_);                                                                      \
+    } while (0)
+
+// After each kernel launch: a bad configuration shows up here, named by the op.
+static void check_launch(const char *op) {
+    cudaError_t err = cudaGetLastError();
+    WEFT_CHECK(err == cudaSuccess, "cuda: %s kernel failed to launch: %s", op,
+               cudaGetErrorString(err));
+}
+
+// ------------------------------------------------------------------------------ memory ----
+
+static void *cuda_alloc(weft_backend *self, size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 1;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        char want[32], have[32];
+        weft_format_bytes(want, sizeof want, bytes);
+        weft_format_bytes(have, sizeof have, free_b);
+        weft_fatal("cuda: out of GPU memory allocating %s (%s free on device %d); lower "
+                   "train.max_tokens_per_microbatch, turn on train.recompute, or add ranks",
+                   want, have, state(self)->device);
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, state(self)->stream));
+    return p;
+}
+
+static void cuda_free(weft_backend *self, void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+// Host <-> device copies wait for completion: the host buffer may be reused or freed right after.
+static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    cudaStream_t s = state(self)->stream;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return;
+    cudaStream_t s = state(self)->stream;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+static void cuda_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state(self)->stream));
+}
+
+static void cuda_zero(weft_backend *self, void *dst, size_t bytes) {
+    if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state(self)->stream));
+}
+
+static void cuda_synchronize(weft_backend *self) {
+    CUDA_CHECK(cudaStreamSynchronize(state(self)->stream));
+}
+
+// Scratch of at least `bytes`, kept for later calls. Freed memory may still be in use by queued
+// kernels, so growth waits for the stream first.
+static float *scratch(weft_backend *self, size_t bytes) {
+    cuda_state *st = state(self);
+    if (bytes > st->scratch_bytes) {
+        cuda_synchronize(self);
+        cuda_free(self, st->scratch);
+        st->scratch = cuda_alloc(self, bytes);
+        st->scratch_bytes = bytes;
+    }
+    return st->scratch;
+}
+
+// ------------------------------------------------------------------------------ matmul ----
+
+static cudaDataType_t cuda_type(weft_dtype t) { return t == WEFT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// Largest power of two (up to 256) dividing every address: what cuBLASLt may assume.
+static int common_alignment(const void *a, const void *b, const void *c) {
+    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | 256;
+    return (int)(bits & (~bits + 1));
+}
+
+// Row-major C (m, n) = op(A) op(B) is column-major C^T (n, m) = op(B)^T op(A)^T: cuBLASLt's "A"
+// is our B and its "B" our A, each a column-major view of the stored row-major matrix.
+static void build_plan(cuda_state *st, matmul_plan *p) {
+    cublasOperation_t opa = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    // Stored shapes in column-major terms (rows, cols, ld).
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, cuda_type(p->types.b), p->trans_b ? p->k : p->n,
+                                        p->trans_b ? p->n : p->k, p->ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, cuda_type(p->types.a), p->trans_a ? p->m : p->k,
+                                        p->trans_a ? p->k : p->m, p->lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, cuda_type(p->types.c), p->n, p->m, p->ldc));
+
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = WORKSPACE_BYTES;
+    uint32_t align = (uint32_t)p->align;
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws));
+    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
+                                            &result, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    WEFT_CHECK(found > 0, "cublasLt: no algorithm for a %dx%dx%d GEMM (types %d,%d,%d)", p->m,
+               p->n, p->k, p->types.a, p->types.b, p->types.c);
+    p->algo = result.algo;
+}
+
+static void destroy_plan(matmul_plan *p) {
+    if (!p->used) return;
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+    cublasLtMatmulDescDestroy(p->op);
+    p->used = false;
+}
+
+static bool same_shape(const matmul_plan *p, const matmul_plan *q) {
+    return p->trans_a == q->trans_a && p->trans_b == q->trans_b && p->m == q->m && p->n == q->n &&
+           p->k == q->k && p->lda == q->lda && p->ldb == q->ldb && p->ldc == q->ldc &&
+           p->align == q->align && p->types.a == q->types.a && p->types.b == q->types.b &&
+           p->types.c == q->types.c;
+}
+
+static const matmul_plan *find_plan(cuda_state *st, const matmul_plan *want) {
+    for (int i = 0; i < MATMUL_CACHE; i++)
+        if (st->plans[i].used && same_shape(&st->plans[i], want)) return &st->plans[i];
+    matmul_plan *slot = &st->plans[st->next_plan];
+    st->next_plan = (st->next_plan + 1) % MATMUL_CACHE;
+    destroy_plan(slot);
+    *slot = *want;
+    build_plan(st, slot);
+    slot->used = true;
+    return slot;
+}
+
+static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
+                        const void *a, int lda, const void *b, int ldb, float beta, void *c,
+                        int ldc, weft_matmul_types types) {
+    WEFT_CHECK(types.a == WEFT_BF16 && types.b == WEFT_BF16,
+               "internal: the cuda backend multiplies bf16 matrices");
+    if (m == 0 || n == 0) return;
+    cuda_state *st = state(self);
+    if (k == 0) { // an empty sum: C = beta * C, and the model only ever asks for beta 0 or 1
+        WEFT_CHECK(beta == 0.0f || beta == 1.0f, "internal: empty GEMM with beta %g", beta);
+        if (beta == 0.0f) {
+            size_t esz = weft_dtype_size(types.c);
+            CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * esz, 0, (size_t)n * esz, (size_t)m,
+                                         st->stream));
+        }
+        return;
+    }
+    matmul_plan want = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda,
+                        .ldb = ldb, .ldc = ldc, .align = common_alignment(a, b, c),
+                        .types = types};
+    const matmul_plan *p = find_plan(st, &want);
+    LT_CHECK(cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
+                            &p->algo, st->workspace, WORKSPACE_BYTES, st->stream));
+}
+
+// ------------------------------------------------------------------------- kernel ops ----
+
+#define STREAM(self) ((weft_cuda_stream)state(self)->stream)
+
+static void cuda_embedding_forward(weft_backend *self, const int32_t *ids, const void *table,
+                                   void *out, int T, int C) {
+    weft_cuda_embedding_forward(STREAM(self), ids, table, out, T, C);
+    check_launch("embedding_forward");
+}
+
+static void cuda_embedding_backward(weft_backend *self, const int32_t *ids, const void *dout,
+                                    float *dtable, int T, int C) {
+    weft_cuda_embedding_backward(STREAM(self), ids, dout, dtable, T, C);
+    check_launch("embedding_backward");
+}
+
+static void cuda_rmsnorm_forward(weft_backend *self, const void *x, const void *w, float eps,
+                                 void *out, float *rstd, int T, int C) {
+    weft_cuda_rmsnorm_forward(STREAM(self), x, w, eps, out, rstd, T, C);
+    check_launch("rmsnorm_forward");
+}
+
+static void cuda_rmsnorm_backward(weft_backend *self, const void *x, const void *w,
+                                  const float *rstd, const void *dout, void *dx, float *dw, int T,
+                                  int C) {
+    weft_cuda_rmsnorm_backward(STREAM(self), x, w, rstd, dout, dx, dw, T, C);
+    check_launch("rmsnorm_backward");
+}
+
+static void cuda_bias_forward(weft_backend *self, void *x, const void *bias, int T, int C) {
+    weft_cuda_bias_forward(STREAM(self), x, bias, T, C);
+    check_launch("bias_forward");
+}
+
+static void cuda_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
+    weft_cuda_bias_backward(STREAM(self), dout, dbias, T, C);
+    check_launch("bias_backward");
+}
+
+static void cuda_rope_forward(weft_backend *self, void *x, const int32_t *positions, double theta,
+                              int T, int H, int D) {
+    weft_cuda_rope(STREAM(self), x, positions, theta, T, H, D, 1.0f);
+    check_launch("rope_forward");
+}
+
+static void cuda_rope_backward(weft_backend *self, void *dx, const int32_t *positions,
+                               double theta, int T, int H, int D) {
+    weft_cuda_rope(STREAM(self), dx, positions, theta, T, H, D, -1.0f);
+    check_launch("rope_backward");
+}
+
+static weft_cuda_attention_args attention_args(const weft_attention_layout *l, int H, int KV,
+                                               int D) {
+    WEFT_CHECK(D <= WEFT_CUDA_MAX_HEAD_DIM,
+               "model: head_dim %d is over the cuda attention kernel's limit of %d", D,
+               WEFT_CUDA_MAX_HEAD_DIM);
+    return (weft_cuda_attention_args){.n_docs = l->n_docs, .Tq = l->Tq, .Tkv = l->Tkv, .H = H,
+                                      .KV = KV, .D = D, .cu_q = l->cu_q, .cu_kv = l->cu_kv,
+                                      .q_pos = l->q_pos};
+}
+
+static void cuda_attention_forward(weft_backend *self, const void *q, const void *k, const void *v,
+                                   const weft_attention_layout *layout, void *out, float *lse,
+                                   int H, int KV, int D) {
+    if (layout->n_docs == 0) return;
+    weft_cuda_attention_args a = attention_args(layout, H, KV, D);
+    weft_cuda_attention_forward(STREAM(self), &a, q, k, v, out, lse);
+    check_launch("attention_forward");
+}
+
+static void cuda_attention_backward(weft_backend *self, const void *q, const void *k,
+                                    const void *v, const weft_attention_layout *layout,
+                                    const void *out, const float *lse, const void *dout, void *dq,
+                                    void *dk, void *dv, int H, int KV, int D) {
+    if (layout->n_docs == 0) return;
+    weft_cuda_attention_args a = attention_args(layout, H, KV, D);
+    float *delta = scratch(self, sizeof(float) * (size_t)H * (layout->Tq > 0 ? layout->Tq : 1));
+    weft_cuda_attention_backward(STREAM(self), &a, q, k, v, out, lse, dout, dq, dk, dv, delta);
+    check_launch("attention_backward");
+}
+
+static void cuda_swiglu_forward(weft_backend *self, const void *gate, const void *up, void *out,
+                                size_t N) {
+    weft_cuda_swiglu_forward(STREAM(self), gate, up, out, N);
+    check_launch("swiglu_forward");
+}
+
+static void cuda_swiglu_backward(weft_backend *self, const void *gate, const void *up,
+                                 const void *dout, void *dgate, void *dup, size_t N) {
+    weft_cuda_swiglu_backward(STREAM(self), gate, up, dout, dgate, dup, N);
+    check_launch("swiglu_backward");
+}
+
+static void cuda_add_inplace(weft_backend *self, void *y, const void *x, size_t N) {
+    weft_cuda_add_bf16(STREAM(self), y, x, N);
+    check_launch("add_inplace");
+}
+
+static void cuda_cross_entropy(weft_backend *self, void *logits, const int32_t *targets,
+                               float scale, float *row_loss, float *correct, int T, int V) {
+    weft_cuda_cross_entropy(STREAM(self), logits, targets, scale, row_loss, correct, T, V);
+    check_launch("cross_entropy");
+}
+
+static double reduce_f32(weft_backend *self, const float *x, size_t N, bool squares) {
+    cuda_state *st = state(self);
+    weft_cuda_sum_f32(STREAM(self), x, N, squares, st->sum_result);
+    check_launch("sum_f32");
+    double result;
+    cuda_to_host(self, &result, st->sum_result, sizeof result);
+    return result;
+}
+
+static double cuda_sum_f32(weft_backend *self, const float *x, size_t N) {
+    return reduce_f32(self, x, N, false);
+}
+
+static double cuda_sumsq_f32(weft_backend *self, const float *x, size_t N) {
+    return reduce_f32(self, x, N, true);
+}
+
+static void cuda_scale_f32(weft_backend *self, float *x, float s, size_t N) {
+    weft_cuda_scale_f32(STREAM(self), x, s, N);
+    check_launch("scale_f32");
+}
+
+static void cuda_adamw(weft_backend *self, void *param, float *master, const float *grad, float *m,
+                       float *v, size_t N, float lr, float beta1, float beta2, float eps,
+                       float weight_decay, int step) {
+    weft_cuda_adamw(STREAM(self), param, master, grad, m, v, N, lr, beta1, beta2, eps,
+                    weight_decay, step);
+    check_launch("adamw");
+}
+
+// ------------------------------------------------------------------------- conversions ----
+
+// Round to nearest even, as __float2bfloat16_rn does on the device; NaN stays NaN.
+static uint16_t bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float f32_from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void cuda_from_f32(weft_backend *self, void *dst, weft_dtype dst_type, const float *src,
+                          size_t N) {
+    if (dst_type == WEFT_F32) {
+        cuda_to_device(self, dst, src, N * sizeof(float));
+        return;
+    }
+    uint16_t *h = weft_alloc(N * sizeof(uint16_t) + 1);
+    for (size_t i = 0; i < N; i++) h[i] = bf16_from_f32(src[i]);
+    cuda_to_device(self, dst, h, N * sizeof(uint16_t));
+    weft_free(h);
+}
+
+static void cuda_to_f32(weft_backend *self, float *dst, const void *src, weft_dtype src_type,
+                        size_t N) {
+    if (src_type == WEFT_F32) {
+        cuda_to_host(self, dst, src, N * sizeof(float));
+        return;
+    }
+    uint16_t *h = weft_alloc(N * sizeof(uint16_t) + 1);
+    cuda_to_host(self, h, src, N * sizeof(uint16_t));
+    for (size_t i = 0; i < N; i++) dst[i] = f32_from_bf16(h[i]);
+    weft_free(h);
+}
+
+// ------------------------------------------------------------------------------- table ----
+
+static void cuda_destroy(weft_backend *self) {
+    cuda_state *st = state(self);
+    cudaStreamSynchronize(st->stream);
+    for (int i = 0; i < MATMUL_CACHE; i++) destroy_plan(&st->plans[i]);
+    cudaFree(st->scratch);
+    cudaFree(st->sum_result);
+    cudaFree(st->workspace);
+    cublasLtDestroy(st->lt);
+    cudaStreamDestroy(st->stream);
+}
+
+int weft_cuda_device_count(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+weft_backend *weft_backend_cuda_create(int local_rank) {
+    int n = weft_cuda_device_count();
+    WEFT_CHECK(n > 0, "device=cuda: no CUDA GPU is visible to this process (check the driver "
+                      "with nvidia-smi and CUDA_VISIBLE_DEVICES), or run with device=cpu");
+    cuda_state *st = weft_alloc(sizeof *st);
+    st->device = local_rank % n; // one GPU per rank on a node, in local rank order
+    CUDA_CHECK(cudaSetDevice(st->device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
+    LT_CHECK(cublasLtCreate(&st->lt));
+    CUDA_CHECK(cudaMalloc(&st->workspace, WORKSPACE_BYTES));
+    CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
+
+    weft_backend *b = weft_alloc(sizeof *b);
+    *b = (weft_backend){
+        .name = "cuda",
+        .act_dtype = WEFT_BF16,
+        .param_dtype = WEFT_BF16,
+        .device_memory = true,
+        .stream = st->stream,
+        .alloc = cuda_alloc,
+        .free = cuda_free,
+        .to_device = cuda_to_device,
+        .to_host = cuda_to_host,
+        .copy = cuda_copy,
+        .zero = cuda_zero,
+        .synchronize = cuda_synchronize,
+        .matmul = cuda_matmul,
+        .embedding_forward = cuda_embedding_forward,
+        .embedding_backward = cuda_embedding_backward,
+        .rmsnorm_forward = cuda_rmsnorm_forward,
+        .rmsnorm_backward = cuda_rmsnorm_backward,
+        .bias_forward = cuda_bias_forward,
+        .bias_backward = cuda_bias_backward,
+        .rope_forward = cuda_rope_forward,
+        .rope_backward = cuda_rope_backward,
+        .attention_forward = cuda_attention_forward,
+        .attention_backward = cuda_attention_backward,
+        .swiglu_forward = cuda_swiglu_forward,
+        .swiglu_backward = cuda_swiglu_backward,
+        .add_inplace = cuda_add_inplace,
+        .cross_entropy = cuda_cross_entropy,
+        .sum_f32 = cuda_sum_f32,
+        .sumsq_f32 = cuda_sumsq_f32,
+        .scale_f32 = cuda_scale_f32,
+        .adamw = cuda_adamw,
+        .from_f32 = cuda_from_f32,
+        .to_f32 = cuda_to_f32,
+        .destroy = cuda_destroy,
+        .impl = st,
+    };
+    return b;
+}

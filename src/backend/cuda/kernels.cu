@@ -1,0 +1,268 @@
+// Elementwise, normalization, embedding, reduction and optimizer kernels of the CUDA backend.
+// Storage is bf16; arithmetic is fp32 (reductions that feed metrics in double), so the bf16
+// rounding happens once per stored tensor, as in the PyTorch bf16 reference.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+// ------------------------------------------------------------------------------- embedding ----
+
+__global__ void embedding_forward_kernel(const int32_t *ids, const bf16 *table, bf16 *out, int C) {
+    int t = blockIdx.x;
+    const bf16 *src = table + (size_t)ids[t] * C;
+    bf16 *dst = out + (size_t)t * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
+}
+
+// Repeated ids add into the same row, hence atomics; fp32 atomics make the sum order vary in the
+// last bits, which the bf16 activations dwarf.
+__global__ void embedding_backward_kernel(const int32_t *ids, const bf16 *dout, float *dtable,
+                                          int C) {
+    int t = blockIdx.x;
+    float *dst = dtable + (size_t)ids[t] * C;
+    const bf16 *src = dout + (size_t)t * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dst + c, to_f32(src[c]));
+}
+
+extern "C" void weft_cuda_embedding_forward(weft_cuda_stream s, const int32_t *ids,
+                                            const void *table, void *out, int T, int C) {
+    if (T == 0) return;
+    embedding_forward_kernel<<<T, 256, 0, s>>>(ids, (const bf16 *)table, (bf16 *)out, C);
+}
+
+extern "C" void weft_cuda_embedding_backward(weft_cuda_stream s, const int32_t *ids,
+                                             const void *dout, float *dtable, int T, int C) {
+    if (T == 0) return;
+    embedding_backward_kernel<<<T, 256, 0, s>>>(ids, (const bf16 *)dout, dtable, C);
+}
+
+// --------------------------------------------------------------------------------- rmsnorm ----
+
+enum { NORM_THREADS = 256, ROWS_PER_COLUMN_BLOCK = 32 };
+
+// One block per row.
+__global__ void rmsnorm_forward_kernel(const bf16 *x, const bf16 *w, float eps, bf16 *out,
+                                       float *rstd, int C) {
+    __shared__ float partial[NORM_THREADS / 32];
+    const bf16 *xr = x + (size_t)blockIdx.x * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float v = to_f32(xr[c]);
+        ss += v * v;
+    }
+    ss = block_sum(ss, partial);
+    float r = rsqrtf(ss / C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    bf16 *o = out + (size_t)blockIdx.x * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        o[c] = to_bf16(to_f32(xr[c]) * r * to_f32(w[c]));
+}
+
+// A block owns ROWS_PER_COLUMN_BLOCK rows: it adds their dx, and sums their dw contributions in
+// registers (each thread its own columns) before one atomic per column, so atomics scale with
+// T / 32 rather than T.
+__global__ void rmsnorm_backward_kernel(const bf16 *x, const bf16 *w, const float *rstd,
+                                        const bf16 *dout, bf16 *dx, float *dw, int T, int C) {
+    __shared__ float partial[NORM_THREADS / 32];
+    extern __shared__ float dw_acc[]; // (C)
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dw_acc[c] = 0.0f;
+    int t0 = blockIdx.x * ROWS_PER_COLUMN_BLOCK;
+    int t1 = min(t0 + ROWS_PER_COLUMN_BLOCK, T);
+    for (int t = t0; t < t1; t++) {
+        const bf16 *xr = x + (size_t)t * C, *dy = dout + (size_t)t * C;
+        bf16 *dxr = dx + (size_t)t * C;
+        float r = rstd[t], dot = 0.0f;
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            dot += to_f32(dy[c]) * to_f32(w[c]) * to_f32(xr[c]);
+        dot = block_sum(dot, partial);
+        float k = dot * r * r * r / C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) {
+            float xv = to_f32(xr[c]), g = to_f32(dy[c]);
+            dxr[c] = to_bf16(to_f32(dxr[c]) + r * to_f32(w[c]) * g - k * xv);
+            dw_acc[c] += g * xv * r; // each thread touches only its own columns
+        }
+    }
+    for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dw + c, dw_acc[c]);
+}
+
+extern "C" void weft_cuda_rmsnorm_forward(weft_cuda_stream s, const void *x, const void *w,
+                                          float eps, void *out, float *rstd, int T, int C) {
+    if (T == 0) return;
+    rmsnorm_forward_kernel<<<T, NORM_THREADS, 0, s>>>((const bf16 *)x, (const bf16 *)w, eps,
+                                                      (bf16 *)out, rstd, C);
+}
+
+static int column_blocks(int T) { return (T + ROWS_PER_COLUMN_BLOCK - 1) / ROWS_PER_COLUMN_BLOCK; }
+
+extern "C" void weft_cuda_rmsnorm_backward(weft_cuda_stream s, const void *x, const void *w,
+                                           const float *rstd, const void *dout, void *dx,
+                                           float *dw, int T, int C) {
+    if (T == 0) return;
+    rmsnorm_backward_kernel<<<column_blocks(T), NORM_THREADS, sizeof(float) * C, s>>>(
+        (const bf16 *)x, (const bf16 *)w, rstd, (const bf16 *)dout, (bf16 *)dx, dw, T, C);
+}
+
+// ------------------------------------------------------------------------------------ bias ----
+
+__global__ void bias_forward_kernel(bf16 *x, const bf16 *bias, size_t N, int C) {
+    for (size_t i = global_index(); i < N; i += global_stride())
+        x[i] = to_bf16(to_f32(x[i]) + to_f32(bias[i % C]));
+}
+
+__global__ void column_sums_kernel(const bf16 *x, float *out, int T, int C) {
+    int t0 = blockIdx.x * ROWS_PER_COLUMN_BLOCK, t1 = min(t0 + ROWS_PER_COLUMN_BLOCK, T);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int t = t0; t < t1; t++) acc += to_f32(x[(size_t)t * C + c]);
+        atomicAdd(out + c, acc);
+    }
+}
+
+extern "C" void weft_cuda_bias_forward(weft_cuda_stream s, void *x, const void *bias, int T,
+                                       int C) {
+    size_t N = (size_t)T * C;
+    if (N == 0) return;
+    bias_forward_kernel<<<grid_for(N), 256, 0, s>>>((bf16 *)x, (const bf16 *)bias, N, C);
+}
+
+extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias, int T,
+                                        int C) {
+    if (T == 0) return;
+    column_sums_kernel<<<column_blocks(T), 256, 0, s>>>((const bf16 *)dout, dbias, T, C);
+}
+
+// ------------------------------------------------------------------------------------ rope ----
+
+// One thread per (row, head, pair). The angle is formed in double, as on the CPU: positions
+// reach the tens of thousands, where an fp32 angle drifts by more than bf16 can hide.
+__global__ void rope_kernel(bf16 *x, const int32_t *positions, double theta, int T, int H, int D,
+                            float sign) {
+    int half = D / 2;
+    size_t N = (size_t)T * H * half;
+    for (size_t i = global_index(); i < N; i += global_stride()) {
+        int pair = (int)(i % half);
+        size_t row_head = i / half; // t * H + h
+        int t = (int)(row_head / H);
+        double angle = positions[t] * pow(theta, -2.0 * pair / D);
+        double sn, cs;
+        sincos(angle, &sn, &cs);
+        float c = (float)cs, sgn = sign * (float)sn;
+        bf16 *v = x + row_head * D;
+        float a = to_f32(v[pair]), b = to_f32(v[pair + half]);
+        v[pair] = to_bf16(a * c - b * sgn);
+        v[pair + half] = to_bf16(b * c + a * sgn);
+    }
+}
+
+extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions, double theta,
+                               int T, int H, int D, float sign) {
+    size_t N = (size_t)T * H * (D / 2);
+    if (N == 0) return;
+    rope_kernel<<<grid_for(N), 256, 0, s>>>((bf16 *)x, positions, theta, T, H, D, sign);
+}
+
+// ---------------------------------------------------------------------------------- swiglu ----
+
+__device__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+__global__ void swiglu_forward_kernel(const bf16 *gate, const bf16 *up, bf16 *out, size_t N) {
+    for (size_t i = global_index(); i < N; i += global_stride()) {
+        float g = to_f32(gate[i]);
+        out[i] = to_bf16(g * sigmoid(g) * to_f32(up[i]));
+    }
+}
+
+__global__ void swiglu_backward_kernel(const bf16 *gate, const bf16 *up, const bf16 *dout,
+                                       bf16 *dgate, bf16 *dup, size_t N) {
+    for (size_t i = global_index(); i < N; i += global_stride()) {
+        float g = to_f32(gate[i]), u = to_f32(up[i]), d = to_f32(dout[i]);
+        float sg = sigmoid(g);
+        dgate[i] = to_bf16(d * u * sg * (1.0f + g * (1.0f - sg)));
+        dup[i] = to_bf16(d * g * sg);
+    }
+}
+
+extern "C" void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up,
+                                         void *out, size_t N) {
+    if (N == 0) return;
+    swiglu_forward_kernel<<<grid_for(N), 256, 0, s>>>((const bf16 *)gate, (const bf16 *)up,
+                                                      (bf16 *)out, N);
+}
+
+extern "C" void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void *up,
+                                          const void *dout, void *dgate, void *dup, size_t N) {
+    if (N == 0) return;
+    swiglu_backward_kernel<<<grid_for(N), 256, 0, s>>>((const bf16 *)gate, (const bf16 *)up,
+                                                       (const bf16 *)dout, (bf16 *)dgate,
+                                                       (bf16 *)dup, N);
+}
+
+// ------------------------------------------------------------------------- small arithmetic ----
+
+__global__ void add_bf16_kernel(bf16 *y, const bf16 *x, size_t N) {
+    for (size_t i = global_index(); i < N; i += global_stride())
+        y[i] = to_bf16(to_f32(y[i]) + to_f32(x[i]));
+}
+
+__global__ void scale_f32_kernel(float *x, float scale, size_t N) {
+    for (size_t i = global_index(); i < N; i += global_stride()) x[i] *= scale;
+}
+
+__global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double *result) {
+    __shared__ double partial[32];
+    double acc = 0.0;
+    for (size_t i = global_index(); i < N; i += global_stride()) {
+        double v = x[i];
+        acc += squares ? v * v : v;
+    }
+    acc = block_sum(acc, partial);
+    if (threadIdx.x == 0) atomicAdd(result, acc);
+}
+
+extern "C" void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N) {
+    if (N == 0) return;
+    add_bf16_kernel<<<grid_for(N), 256, 0, s>>>((bf16 *)y, (const bf16 *)x, N);
+}
+
+extern "C" void weft_cuda_scale_f32(weft_cuda_stream s, float *x, float scale, size_t N) {
+    if (N == 0) return;
+    scale_f32_kernel<<<grid_for(N), 256, 0, s>>>(x, scale, N);
+}
+
+extern "C" void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, bool squares,
+                                  double *result) {
+    cudaMemsetAsync(result, 0, sizeof(double), s);
+    if (N == 0) return;
+    sum_f32_kernel<<<grid_for(N), 256, 0, s>>>(x, N, squares, result);
+}
+
+// ----------------------------------------------------------------------------------- adamw ----
+
+// The CPU backend's update, element for element (decoupled decay, bias-corrected moments).
+__global__ void adamw_kernel(bf16 *param_bf16, float *p, const float *grad, float *m, float *v,
+                             size_t N, float beta1, float beta2, float eps, float step_size,
+                             float decay, float bc2_sqrt) {
+    for (size_t i = global_index(); i < N; i += global_stride()) {
+        float g = grad[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        p[i] = pi;
+        if (param_bf16) param_bf16[i] = to_bf16(pi);
+    }
+}
+
+extern "C" void weft_cuda_adamw(weft_cuda_stream s, void *param, float *master, const float *grad,
+                                float *m, float *v, size_t N, float lr, float beta1, float beta2,
+                                float eps, float weight_decay, int step) {
+    if (N == 0) return;
+    float bc1 = (float)(1.0 - pow(beta1, step)), bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
+    float *p = master ? master : (float *)param;
+    adamw_kernel<<<grid_for(N), 256, 0, s>>>(master ? (bf16 *)param : NULL, p, grad, m, v, N,
+                                             beta1, beta2, eps, lr / bc1,
+                                             1.0f - lr * weight_decay, bc2_sqrt);
+}

@@ -1,0 +1,81 @@
+// The CUDA kernels' C interface, implemented in the .cu files beside it. The backend table
+// (cuda.c) is plain C and calls only these launchers, so no weft header is ever compiled as C++.
+// Tensors named "bf16" hold bfloat16 bits; every launch is asynchronous on `stream`.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CUstream_st *weft_cuda_stream;
+
+// Attention head dimensions the kernels are built for (one lane owns up to 4 of 128 dims).
+enum { WEFT_CUDA_MAX_HEAD_DIM = 128 };
+
+// out (T, C) bf16 = table[ids] ; dtable (V, C) f32 += rows of dout (T, C) bf16
+void weft_cuda_embedding_forward(weft_cuda_stream s, const int32_t *ids, const void *table,
+                                 void *out, int T, int C);
+void weft_cuda_embedding_backward(weft_cuda_stream s, const int32_t *ids, const void *dout,
+                                  float *dtable, int T, int C);
+
+// RMSNorm over rows of x (T, C) bf16 with weight w (C) bf16; rstd (T) f32.
+// backward: dx (T, C) bf16 += ..., dw (C) f32 += ...
+void weft_cuda_rmsnorm_forward(weft_cuda_stream s, const void *x, const void *w, float eps,
+                               void *out, float *rstd, int T, int C);
+void weft_cuda_rmsnorm_backward(weft_cuda_stream s, const void *x, const void *w,
+                                const float *rstd, const void *dout, void *dx, float *dw, int T,
+                                int C);
+
+// x (T, C) bf16 += bias (C) bf16 ; dbias (C) f32 += column sums of dout (T, C) bf16
+void weft_cuda_bias_forward(weft_cuda_stream s, void *x, const void *bias, int T, int C);
+void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias, int T, int C);
+
+// Rotates pairs (i, i + D/2) of x (T, H, D) bf16 in place by sign * pos * theta^(-2i/D).
+void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions, double theta, int T,
+                    int H, int D, float sign);
+
+// out (N) = silu(gate) * up ; backward overwrites dgate, dup. All bf16.
+void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up, void *out,
+                              size_t N);
+void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void *up,
+                               const void *dout, void *dgate, void *dup, size_t N);
+
+// y (N) bf16 += x (N) bf16 ; x (N) f32 *= scale
+void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N);
+void weft_cuda_scale_f32(weft_cuda_stream s, float *x, float scale, size_t N);
+// *result (device double) = sum of x, or of x squared; the caller reads it back.
+void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, bool squares,
+                       double *result);
+
+// AdamW over N elements with fp32 state; with master != NULL the fp32 master is updated and
+// param (bf16) is its rounding, else param is the fp32 tensor itself.
+void weft_cuda_adamw(weft_cuda_stream s, void *param, float *master, const float *grad, float *m,
+                     float *v, size_t N, float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int step);
+
+// Fused masked cross-entropy in place on logits (T, V) bf16: rows with a target become
+// scale * (softmax - onehot), the rest 0; row_loss (T) f32, correct (T) f32 or NULL.
+void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const int32_t *targets,
+                             float scale, float *row_loss, float *correct, int T, int V);
+
+// Varlen causal attention, grouped-query heads, as the backend op (backend.h) describes.
+// q (Tq, H, D), k/v (Tkv, KV, D), out (Tq, H, D) bf16; lse (H, Tq) f32.
+typedef struct weft_cuda_attention_args {
+    int n_docs, Tq, Tkv, H, KV, D;
+    const int32_t *cu_q, *cu_kv, *q_pos; // device arrays
+} weft_cuda_attention_args;
+void weft_cuda_attention_forward(weft_cuda_stream s, const weft_cuda_attention_args *a,
+                                 const void *q, const void *k, const void *v, void *out,
+                                 float *lse);
+// dq, dk, dv overwritten (bf16). delta: (H, Tq) f32 scratch.
+void weft_cuda_attention_backward(weft_cuda_stream s, const weft_cuda_attention_args *a,
+                                  const void *q, const void *k, const void *v, const void *out,
+                                  const float *lse, const void *dout, void *dq, void *dk,
+                                  void *dv, float *delta);
+
+#ifdef __cplusplus
+}
+#endif
