@@ -8,22 +8,29 @@
 #include <string.h>
 #include <time.h>
 
+#include "comm/nccl.h"
+
 struct weft_comm {
     bool mpi;          // false: a one-rank group without MPI
     MPI_Comm handle;
     int rank, size;
     int world_rank; // for messages: a subgroup's rank numbers are its own
+    int local_rank; // among the ranks on this node (which GPU is this rank's)
     char name[32];
     bool debug;
     double timeout;
     long seq;          // collectives issued on this group
     weft_comm_stats stats;
     long fault_skip, fault_kill; // test hooks: this rank skips / dies at that call (-1: never)
+    weft_backend *be;  // whose buffers may be passed (NULL: host memory only)
+    weft_nccl *nccl;   // for buffers in GPU memory; NULL on one rank or without a GPU backend
 };
 
+// A collective in flight: an MPI request, or the completion event of an NCCL op.
 struct weft_comm_request {
     weft_comm *comm;
     MPI_Request req;
+    weft_nccl_event *event;
     weft_comm_op op;
     long seq;
 };
@@ -62,6 +69,10 @@ weft_comm *weft_comm_init(int *argc, char ***argv) {
         MPI_Comm_set_errhandler(c->handle, MPI_ERRORS_RETURN);
         MPI_Comm_rank(c->handle, &c->rank);
         MPI_Comm_size(c->handle, &c->size);
+        MPI_Comm node;
+        MPI_Comm_split_type(c->handle, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &c->local_rank);
+        MPI_Comm_free(&node);
     }
     c->world_rank = c->rank;
     c->fault_skip = fault_at("WEFT_TEST_SKIP_COLLECTIVE", c->rank);
@@ -77,6 +88,7 @@ weft_comm *weft_comm_split(weft_comm *parent, int color, int key, const char *na
     c->timeout = parent->timeout;
     c->size = 1;
     c->world_rank = parent->world_rank;
+    c->local_rank = parent->local_rank;
     c->fault_skip = c->fault_kill = -1; // fault injection counts the world group's calls only
     if (c->mpi) {
         // Blocking, but only at set-up, where every rank of the parent calls it in one order.
@@ -86,16 +98,29 @@ weft_comm *weft_comm_split(weft_comm *parent, int color, int key, const char *na
         MPI_Comm_rank(c->handle, &c->rank);
         MPI_Comm_size(c->handle, &c->size);
     }
+    if (parent->be) weft_comm_use_backend(c, parent->be);
     return c;
+}
+
+void weft_comm_use_backend(weft_comm *c, weft_backend *be) {
+    c->be = be;
+    if (!be->device_memory || !c->mpi || c->size < 2 || c->nccl) return;
+    const char *error = "";
+    c->nccl = weft_nccl_create(c->handle, c->rank, c->size, be->stream, &error);
+    if (!c->nccl)
+        comm_abort(c, "could not set up NCCL for group %s (%s); check that every rank sees its "
+                      "own GPU and that NCCL works (NCCL_DEBUG=WARN tells more)", c->name, error);
 }
 
 void weft_comm_free(weft_comm *c) {
     if (!c) return;
+    weft_nccl_free(c->nccl);
     if (c->mpi) MPI_Comm_free(&c->handle);
     weft_free(c);
 }
 
 void weft_comm_finalize(weft_comm *c) {
+    weft_nccl_free(c->nccl);
     if (c->mpi) {
         MPI_Comm_free(&c->handle);
         MPI_Finalize();
@@ -104,6 +129,7 @@ void weft_comm_finalize(weft_comm *c) {
 }
 
 int weft_comm_rank(const weft_comm *c) { return c->rank; }
+int weft_comm_local_rank(const weft_comm *c) { return c->local_rank; }
 int weft_comm_size(const weft_comm *c) { return c->size; }
 const char *weft_comm_name(const weft_comm *c) { return c->name; }
 weft_comm_stats weft_comm_get_stats(const weft_comm *c) { return c->stats; }
@@ -121,30 +147,44 @@ static noreturn void comm_abort(weft_comm *c, const char *fmt, ...) {
     fputc('\n', stderr);
     va_end(ap);
     fflush(stderr);
+    weft_nccl_abort(c->nccl); // GPU work of a dead collective would otherwise never end
     if (c->mpi) MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1);
 }
 
-// Polls instead of blocking in MPI so the wait can expire; sleeps between polls because ranks
-// often share cores, where a spinning waiter steals time from the rank it waits for.
-static void wait_request(weft_comm *c, MPI_Request *req, weft_comm_op op, long seq) {
+// One poll of a request: true once it is complete. A failure ends the job, naming the call.
+static bool request_done(weft_comm_request *r) {
+    weft_comm *c = r->comm;
+    if (r->event) {
+        const char *error = "";
+        int state = weft_nccl_poll(c->nccl, r->event, &error);
+        if (state < 0)
+            comm_abort(c, "%s #%ld on group %s failed in NCCL: %s", OP_NAMES[r->op], r->seq,
+                       c->name, error);
+        if (state > 0) r->event = NULL;
+        return state > 0;
+    }
+    int done = 0, rc = MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, text, &len);
+        comm_abort(c, "%s #%ld on group %s failed: %s (ranks called different collectives, "
+                      "or a peer died)", OP_NAMES[r->op], r->seq, c->name, text);
+    }
+    return done;
+}
+
+// Polls instead of blocking in MPI or CUDA so the wait can expire; sleeps between polls because
+// ranks often share cores, where a spinning waiter steals time from the rank it waits for.
+static void wait_request(weft_comm_request *r) {
     double start = weft_now_seconds();
-    int done = 0;
-    for (long spins = 0;; spins++) {
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) {
-            char text[MPI_MAX_ERROR_STRING];
-            int len = 0;
-            MPI_Error_string(rc, text, &len);
-            comm_abort(c, "%s #%ld on group %s failed: %s (ranks called different collectives, "
-                          "or a peer died)", OP_NAMES[op], seq, c->name, text);
-        }
-        if (done) return;
-        if (weft_now_seconds() - start > c->timeout)
-            comm_abort(c,
+    for (long spins = 0; !request_done(r); spins++) {
+        if (weft_now_seconds() - start > r->comm->timeout)
+            comm_abort(r->comm,
                        "%s #%ld on group %s timed out after %.0f s: a peer rank died, hangs, or "
                        "took another path (rerun with parallel.debug_collectives=true to find it)",
-                       OP_NAMES[op], seq, c->name, c->timeout);
+                       OP_NAMES[r->op], r->seq, r->comm->name, r->comm->timeout);
         if (spins > 100) {
             struct timespec ts = {0, spins > 10000 ? 1000000 : 50000};
             nanosleep(&ts, NULL);
@@ -152,14 +192,18 @@ static void wait_request(weft_comm *c, MPI_Request *req, weft_comm_op op, long s
     }
 }
 
+static weft_comm_request pending(weft_comm *c, weft_comm_op op, long seq) {
+    return (weft_comm_request){.comm = c, .req = MPI_REQUEST_NULL, .op = op, .seq = seq};
+}
+
 // Debug mode: all ranks exchange (seq, op, count) of the call they are about to make; any
 // difference is reported with every rank's call, then the job ends.
 static void cross_check(weft_comm *c, long seq, weft_comm_op op, size_t count) {
     long mine[3] = {seq, (long)op, (long)count};
     long *all = weft_alloc(sizeof(long) * 3 * c->size);
-    MPI_Request req;
-    MPI_Iallgather(mine, 3, MPI_LONG, all, 3, MPI_LONG, c->handle, &req);
-    wait_request(c, &req, op, seq);
+    weft_comm_request r = pending(c, op, seq);
+    MPI_Iallgather(mine, 3, MPI_LONG, all, 3, MPI_LONG, c->handle, &r.req);
+    wait_request(&r);
     bool same = true;
     for (int r = 1; r < c->size; r++)
         same = same && !memcmp(all, all + 3 * r, sizeof(long) * 3);
@@ -193,19 +237,58 @@ static bool begin(weft_comm *c, weft_comm_op op, size_t count, size_t bytes) {
     return true;
 }
 
-static MPI_Datatype mpi_type(weft_comm_type t) { return t == WEFT_COMM_F64 ? MPI_DOUBLE : MPI_FLOAT; }
-static size_t type_size(weft_comm_type t) { return t == WEFT_COMM_F64 ? 8 : 4; }
+weft_comm_type weft_comm_type_of(weft_dtype t) {
+    return t == WEFT_BF16 ? WEFT_COMM_BF16 : WEFT_COMM_F32;
+}
+
+static size_t type_size(weft_comm_type t) {
+    return t == WEFT_COMM_F64 ? 8 : t == WEFT_COMM_BF16 ? 2 : 4;
+}
+
+// MPI has no bf16: it moves bf16 as 16-bit words and never sums it (GPU buffers, the only bf16
+// ones, are summed by NCCL).
+static MPI_Datatype mpi_type(weft_comm *c, weft_comm_type t, bool sums) {
+    if (t == WEFT_COMM_BF16 && sums)
+        comm_abort(c, "internal: a bf16 sum on group %s has host buffers; it needs NCCL", c->name);
+    return t == WEFT_COMM_F64 ? MPI_DOUBLE : t == WEFT_COMM_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+}
+
+// Whether a call's buffers are the GPU backend's, which NCCL moves instead of MPI.
+static bool on_device(const weft_comm *c, const void *buf) {
+    return c->be && c->be->device_memory && weft_nccl_is_device_pointer(buf);
+}
+
+// A one-rank group's reduce-scatter or all-gather is a copy, on whichever side the data lives.
+static void local_copy(weft_comm *c, void *dst, const void *src, size_t bytes) {
+    if (on_device(c, dst)) c->be->copy(c->be, dst, src, bytes);
+    else memmove(dst, src, bytes);
+}
+
+// Starts an NCCL op for r, ending the job with the op's name if NCCL refuses it.
+static void start_nccl(weft_comm_request *r, weft_nccl_kind kind, const void *send, void *recv,
+                       size_t count, weft_comm_type t, int root) {
+    weft_comm *c = r->comm;
+    const char *error = "";
+    r->event = weft_nccl_start(c->nccl, kind, send, recv, count, t, root, &error);
+    if (!r->event)
+        comm_abort(c, "%s #%ld on group %s: NCCL refused it: %s", OP_NAMES[r->op], r->seq,
+                   c->name, error);
+}
 
 weft_comm_request *weft_comm_iallreduce_sum(weft_comm *c, void *buf, size_t n, weft_comm_type t) {
     weft_comm_request *r = weft_alloc(sizeof *r);
-    *r = (weft_comm_request){.comm = c, .req = MPI_REQUEST_NULL, .op = WEFT_OP_ALLREDUCE, .seq = c->seq};
-    if (begin(c, WEFT_OP_ALLREDUCE, n, n * type_size(t)))
-        MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(t), MPI_SUM, c->handle, &r->req);
+    *r = pending(c, WEFT_OP_ALLREDUCE, c->seq);
+    if (!begin(c, WEFT_OP_ALLREDUCE, n, n * type_size(t))) return r;
+    if (c->nccl && on_device(c, buf))
+        start_nccl(r, WEFT_NCCL_ALLREDUCE, buf, buf, n, t, 0);
+    else
+        MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(c, t, true), MPI_SUM, c->handle,
+                       &r->req);
     return r;
 }
 
 void weft_comm_wait(weft_comm_request *r) {
-    if (r->req != MPI_REQUEST_NULL) wait_request(r->comm, &r->req, r->op, r->seq);
+    if (r->req != MPI_REQUEST_NULL || r->event) wait_request(r);
     weft_free(r);
 }
 
@@ -215,42 +298,50 @@ void weft_comm_allreduce_sum(weft_comm *c, void *buf, size_t n, weft_comm_type t
 
 void weft_comm_reduce_scatter_sum(weft_comm *c, const void *send, void *recv, size_t n,
                                   weft_comm_type t) {
-    long seq = c->seq;
+    weft_comm_request r = pending(c, WEFT_OP_REDUCE_SCATTER, c->seq);
     if (!begin(c, WEFT_OP_REDUCE_SCATTER, n, n * c->size * type_size(t))) {
-        if (!c->mpi) memmove(recv, send, n * type_size(t));
+        if (!c->mpi) local_copy(c, recv, send, n * type_size(t));
         return;
     }
-    MPI_Request req;
-    MPI_Ireduce_scatter_block(send, recv, (int)n, mpi_type(t), MPI_SUM, c->handle, &req);
-    wait_request(c, &req, WEFT_OP_REDUCE_SCATTER, seq);
+    if (c->nccl && on_device(c, recv))
+        start_nccl(&r, WEFT_NCCL_REDUCE_SCATTER, send, recv, n, t, 0);
+    else
+        MPI_Ireduce_scatter_block(send, recv, (int)n, mpi_type(c, t, true), MPI_SUM, c->handle,
+                                  &r.req);
+    wait_request(&r);
 }
 
 void weft_comm_allgather(weft_comm *c, const void *send, void *recv, size_t n, weft_comm_type t) {
-    long seq = c->seq;
+    weft_comm_request r = pending(c, WEFT_OP_ALLGATHER, c->seq);
     size_t bytes = n * type_size(t);
     if (!begin(c, WEFT_OP_ALLGATHER, n, bytes * c->size)) {
-        if (!c->mpi) memmove(recv, send, bytes);
+        if (!c->mpi) local_copy(c, recv, send, bytes);
         return;
     }
     const char *own = (const char *)recv + bytes * c->rank;
-    MPI_Request req;
-    MPI_Iallgather(send == own ? MPI_IN_PLACE : send, (int)n, mpi_type(t), recv, (int)n,
-                   mpi_type(t), c->handle, &req);
-    wait_request(c, &req, WEFT_OP_ALLGATHER, seq);
+    if (c->nccl && on_device(c, recv)) {
+        start_nccl(&r, WEFT_NCCL_ALLGATHER, send, recv, n, t, 0);
+    } else {
+        MPI_Datatype mt = mpi_type(c, t, false);
+        MPI_Iallgather(send == own ? MPI_IN_PLACE : send, (int)n, mt, recv, (int)n, mt, c->handle,
+                       &r.req);
+    }
+    wait_request(&r);
 }
 
 void weft_comm_broadcast(weft_comm *c, void *buf, size_t bytes, int root) {
-    long seq = c->seq;
+    weft_comm_request r = pending(c, WEFT_OP_BROADCAST, c->seq);
     if (!begin(c, WEFT_OP_BROADCAST, bytes, bytes)) return;
-    MPI_Request req;
-    MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->handle, &req);
-    wait_request(c, &req, WEFT_OP_BROADCAST, seq);
+    if (c->nccl && on_device(c, buf))
+        start_nccl(&r, WEFT_NCCL_BROADCAST, buf, buf, bytes, WEFT_COMM_F32, root);
+    else
+        MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->handle, &r.req);
+    wait_request(&r);
 }
 
 void weft_comm_barrier(weft_comm *c) {
-    long seq = c->seq;
+    weft_comm_request r = pending(c, WEFT_OP_BARRIER, c->seq);
     if (!begin(c, WEFT_OP_BARRIER, 0, 0)) return;
-    MPI_Request req;
-    MPI_Ibarrier(c->handle, &req);
-    wait_request(c, &req, WEFT_OP_BARRIER, seq);
+    MPI_Ibarrier(c->handle, &r.req);
+    wait_request(&r);
 }

@@ -5,12 +5,14 @@
 // section 4). In debug mode each collective is preceded by a cross-check of every rank's call
 // (sequence number, op, element count), which names the first divergent call and the ranks.
 #pragma once
-#include "core/core.h"
+#include "backend/backend.h"
 
 typedef struct weft_comm weft_comm;
 typedef struct weft_comm_request weft_comm_request;
 
-typedef enum weft_comm_type { WEFT_COMM_F32, WEFT_COMM_F64 } weft_comm_type;
+typedef enum weft_comm_type { WEFT_COMM_F32, WEFT_COMM_F64, WEFT_COMM_BF16 } weft_comm_type;
+// The element type of a backend dtype's buffers.
+weft_comm_type weft_comm_type_of(weft_dtype t);
 
 typedef enum weft_comm_op {
     WEFT_OP_ALLREDUCE,
@@ -34,6 +36,13 @@ int weft_comm_rank(const weft_comm *c);
 int weft_comm_size(const weft_comm *c);
 const char *weft_comm_name(const weft_comm *c);
 void weft_comm_configure(weft_comm *c, bool debug_checks, double timeout_seconds);
+// This rank's index among the ranks on its node: which GPU it drives.
+int weft_comm_local_rank(const weft_comm *c);
+// Lets collectives take `be`'s buffers. With a GPU backend on several ranks this sets up NCCL
+// (collective over the group, set-up time); groups split off later inherit it. A call whose
+// buffers are GPU memory then goes through NCCL, one on host memory (metrics, counts) through MPI,
+// both in the group's one call order and under its timeout.
+void weft_comm_use_backend(weft_comm *c, weft_backend *be);
 
 // Sums n elements over the group, in place.
 void weft_comm_allreduce_sum(weft_comm *c, void *buf, size_t n, weft_comm_type t);

@@ -89,7 +89,7 @@ static void gather(void *ctx, const void *kv, void *kv_full, int width, void *sc
     char *own = (char *)scratch + (size_t)cp->rank * n * weft_dtype_size(cp->be->act_dtype);
     cp->be->copy(cp->be, own, kv, n * weft_dtype_size(cp->be->act_dtype));
     double t0 = weft_now_seconds();
-    weft_comm_allgather(cp->group, own, scratch, n, WEFT_COMM_F32);
+    weft_comm_allgather(cp->group, own, scratch, n, weft_comm_type_of(cp->be->act_dtype));
     cp->comm_seconds += weft_now_seconds() - t0;
     permute(cp, scratch, kv_full, width, true);
 }
@@ -99,7 +99,7 @@ static void reduce_scatter(void *ctx, const void *dkv_full, void *dkv, int width
     permute(cp, scratch, (void *)dkv_full, width, false);
     double t0 = weft_now_seconds();
     weft_comm_reduce_scatter_sum(cp->group, scratch, dkv, 2 * (size_t)cp->batch->T * width,
-                                 WEFT_COMM_F32);
+                                 weft_comm_type_of(cp->be->act_dtype));
     cp->comm_seconds += weft_now_seconds() - t0;
 }
 
@@ -148,8 +148,6 @@ void weft_cp_free(weft_cp *cp) {
 }
 
 void weft_cp_attach(weft_cp *cp, weft_model *m, const weft_batch *batch) {
-    WEFT_CHECK(m->be->act_dtype == WEFT_F32,
-               "context parallelism exchanges fp32 activations only on this backend");
     cp->model = m;
     cp->be = m->be;
     cp->batch = batch;

@@ -135,9 +135,8 @@ void weft_dp_gather_parameters(weft_dp *dp) {
     weft_model *m = dp->model;
     size_t lo, hi, esz = weft_dtype_size(m->be->param_dtype);
     weft_dp_owned_range(dp, &lo, &hi);
-    WEFT_CHECK(m->be->param_dtype == WEFT_F32, "internal: gathering non-f32 parameters");
     weft_comm_allgather(dp->world, (char *)m->param_buf + lo * esz, m->param_buf, hi - lo,
-                        WEFT_COMM_F32);
+                        weft_comm_type_of(m->be->param_dtype));
 }
 
 void weft_dp_gather_gradients(weft_dp *dp) {
