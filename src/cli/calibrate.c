@@ -164,7 +164,7 @@ int weft_cmd_calibrate(int argc, char **argv, weft_comm *world) {
     bool writer = weft_comm_rank(world) == 0;
     weft_tokenizer *tok = weft_train_tokenizer(&cfg);
     int vocab = weft_tokenizer_vocab_size(tok);
-    weft_backend *be = weft_backend_cpu_create();
+    weft_backend *be = weft_train_backend(&cfg, world);
     weft_model *m = weft_train_build_model(be, world, &cfg, vocab);
     weft_trainer *t = weft_trainer_create(m, world, &cfg, false);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "train/loop.h"
 #include "data/jsonl.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -106,7 +107,7 @@ int weft_cmd_grad(int argc, char **argv, weft_comm *world) {
     weft_model_config mc;
     snprintf(path, sizeof path, "%s/config.json", a.model_dir);
     weft_model_config_load(path, &mc);
-    weft_backend *be = weft_backend_cpu_create();
+    weft_backend *be = weft_train_backend(&cfg, world);
     weft_model *m = weft_trainer_build_model(be, world, &mc);
     snprintf(path, sizeof path, "%s/model.safetensors", a.model_dir);
     weft_model_load_safetensors(m, path);

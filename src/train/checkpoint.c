@@ -39,16 +39,19 @@ static bool file_digest(const char *path, size_t *bytes, uint64_t *hash) {
     return true;
 }
 
-static void save_model_weights(const weft_model *m, const char *path) {
+// The weights as fp32: the optimizer's master copy where parameters are low precision (`master`,
+// laid out like the whole buffer), so a resumed run continues from exactly these values.
+static void save_model_weights(const weft_model *m, const char *path, const float *master) {
     weft_safetensors_writer *w = weft_safetensors_writer_create();
     weft_safetensors_writer_add_metadata(w, "format", "pt");
-    weft_model_add_tensors(m, w, "", NULL, 0);
+    weft_model_add_tensors(m, w, "", master, 0);
     WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write checkpoint weights", path);
     weft_safetensors_writer_free(w);
 }
 
-// A moment buffer laid out like the whole parameter buffer: the optimizer's own when it holds
-// every element, else the shards of all ranks gathered (every rank enters the collective).
+// An optimizer buffer (moment, master weights) laid out like the whole parameter buffer: NULL
+// when the optimizer's own holds every element, else the shards of all ranks gathered (every rank
+// enters the collective).
 static float *whole_moment(const weft_trainer *t, float *mine) {
     const weft_optimizer *o = t->opt;
     weft_model *m = t->model;
@@ -107,12 +110,14 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
         WEFT_CHECK(weft_mkdirs(tmp), "%s: cannot create directory (%s)", tmp, strerror(errno));
     save_optimizer(t, path, writer); // collective: every rank enters, rank 0 writes
     weft_free(path);
+    const float *master = t->opt->master;
+    float *master_all = master ? whole_moment(t, t->opt->master) : NULL; // collective too
     if (writer) {
         path = join(tmp, "config.json");
         WEFT_CHECK(weft_model_config_save(&t->model->cfg, path), "%s: cannot write", path);
         weft_free(path);
         path = join(tmp, "model.safetensors");
-        save_model_weights(t->model, path);
+        save_model_weights(t->model, path, master_all ? master_all : master);
         weft_free(path);
         save_state(tmp, s);
         // Replace a checkpoint of the same step (a resumed run re-saving), then publish atomically.
@@ -121,6 +126,7 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
         WEFT_CHECK(rename(tmp, final_dir) == 0, "%s: cannot publish checkpoint (%s)", final_dir,
                    strerror(errno));
     }
+    if (master_all) t->model->be->free(t->model->be, master_all);
     weft_free(tmp);
     return final_dir;
 }
@@ -226,8 +232,8 @@ static void check_same_shape(const char *dir, const weft_model_config *want) {
     weft_free(path);
 }
 
-// Reads one moment for every parameter into a whole-buffer-shaped dst, then keeps this
-// optimizer's range.
+// Reads one fp32 tensor per parameter (a moment, or the weights themselves with prefix "") into a
+// whole-buffer-shaped dst, then keeps this optimizer's range in `own`.
 static void load_moments(const weft_safetensors *st, const char *path, const weft_optimizer *o,
                          const weft_model *m, const char *prefix, float *own) {
     float *dst = m->be->alloc(m->be, m->n_padded * sizeof(float));
@@ -251,6 +257,11 @@ weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
     check_same_shape(dir, &t->model->cfg);
     char *path = join(dir, "model.safetensors");
     weft_model_load_safetensors(t->model, path);
+    if (t->opt->master) { // the fp32 weights, not their low-precision rounding
+        weft_safetensors *st = weft_safetensors_load(path);
+        load_moments(st, path, t->opt, t->model, "", t->opt->master);
+        weft_safetensors_free(st);
+    }
     weft_free(path);
     path = join(dir, "optimizer.safetensors");
     weft_safetensors *st = weft_safetensors_load(path);

@@ -20,6 +20,7 @@ typedef struct key_def {
 } key_def;
 
 static const char *const DCP_MODES[] = {"uniform", "heterogeneous", NULL}; // weft_dcp_mode
+static const char *const DEVICES[] = {"cpu", "cuda", NULL};                   // weft_device
 
 #define F(f) offsetof(weft_job_config, f)
 static const key_def KEYS[] = {
@@ -73,6 +74,8 @@ static const key_def KEYS[] = {
     {"parallel.collective_timeout", KEY_REAL, F(parallel.collective_timeout),
      "seconds a collective may wait before the job aborts", NULL},
     {"parallel.bucket_mb", KEY_INT, F(parallel.bucket_mb), "DDP gradient bucket size (MiB)", NULL},
+    {"device", KEY_CHOICE, F(device), "where the model runs: cpu (fp32) or cuda (bf16, one GPU per rank)",
+     DEVICES},
     {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from", NULL},
     {"optim.lr", KEY_REAL, F(optim.lr), "peak learning rate", NULL},
     {"optim.min_lr", KEY_REAL, F(optim.min_lr), "learning rate at the end of cosine decay", NULL},

@@ -30,6 +30,7 @@ typedef struct weft_job_config {
         int save_every, log_every;
     } train;
     weft_parallel_config parallel;
+    int device;                 // device: a weft_device (cpu, cuda)
     char resume[WEFT_PATH_MAX]; // resume: a run directory (or one of its checkpoints) to continue
     weft_optim_config optim;
 } weft_job_config;

@@ -174,6 +174,12 @@ void weft_train_model_config(const weft_job_config *cfg, int vocab, weft_model_c
     weft_model_config_validate(mc, "model settings");
 }
 
+weft_backend *weft_train_backend(const weft_job_config *cfg, weft_comm *world) {
+    weft_backend *be = weft_backend_create(cfg->device, weft_comm_local_rank(world));
+    weft_comm_use_backend(world, be);
+    return be;
+}
+
 weft_model *weft_train_build_model(weft_backend *be, const weft_comm *world,
                                    const weft_job_config *cfg, int vocab) {
     weft_model_config mc;
@@ -196,7 +202,7 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
 
     weft_tokenizer *tok;
     weft_document_set *data = weft_train_load_data(cfg, weft_comm_size(world), &tok);
-    weft_backend *be = weft_backend_cpu_create();
+    weft_backend *be = weft_train_backend(cfg, world);
     weft_model *m = weft_train_build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
     weft_trainer *t = weft_trainer_create(m, world, cfg, true);
     // Created only once every input has been read and checked: a bad one leaves nothing behind.

@@ -17,6 +17,9 @@ weft_document_set *weft_train_load_data(const weft_job_config *cfg, int world,
 void weft_train_first_batch(const weft_job_config *cfg, const weft_document_set *data,
                             weft_document *out);
 
+// The backend of the job's `device`, one GPU per rank of a node, with `world`'s collectives able
+// to move its buffers.
+weft_backend *weft_train_backend(const weft_job_config *cfg, weft_comm *world);
 // The job's model: from model.path's config.json, or from the model.* settings with the
 // tokenizer's `vocab` entries.
 void weft_train_model_config(const weft_job_config *cfg, int vocab, weft_model_config *mc);
