@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all test sanitize bench clean
+.PHONY: all test sanitize bench bench-gpu clean
 all:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
@@ -21,6 +21,10 @@ bench: all
 	/usr/bin/python3 bench/context_parallel.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/dynamic_context_parallel.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/dcp_simulation.py --weft $(BUILD)/weft
+
+# Needs an NVIDIA GPU and a CUDA build (nvcc found when CMake configured).
+bench-gpu: all
+	/usr/bin/python3 bench/gpu_train_throughput.py --weft $(BUILD)/weft
 
 clean:
 	rm -rf $(BUILD) build-asan

@@ -1,0 +1,331 @@
+// Every op of the CUDA backend (bf16 storage, fp32 math) against the CPU backend (fp32) on the
+// same inputs: the inputs are rounded to bf16 first, so the difference is the CUDA op's own
+// rounding. Tolerance: max|cuda - cpu| / max|cpu| <= 2e-2 per output (bf16 keeps 8 bits, 4e-3
+// relative per stored value; outputs built from long sums of such values reach about 1e-2).
+// fp32 outputs of fp32 inputs (gradients accumulated into f32, reductions, AdamW) get 1e-4.
+// Needs a GPU: exits 77 (skipped) where none is visible, so a CPU-only CI reports it skipped.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "../testing.h"
+#include "backend/backend.h"
+
+static const double BF16_TOL = 2e-2, F32_TOL = 1e-4;
+
+static weft_backend *cpu, *gpu;
+static weft_rng rng;
+static int failures;
+
+// A tensor held by both backends: host values (bf16-exact where the GPU stores bf16), the CPU
+// backend's fp32 copy and the GPU backend's copy in `type`.
+typedef struct twin {
+    size_t n;
+    weft_dtype type;
+    float *host;
+    void *c, *g;
+} twin;
+
+static float bf16_round(float x) { // as the GPU backend's from_f32 rounds
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static twin make(size_t n, weft_dtype type, double scale, bool random) {
+    twin t = {n, type, weft_alloc(n * sizeof(float) + 4), NULL, NULL};
+    for (size_t i = 0; i < n && random; i++) {
+        float v = (float)(weft_rng_normal(&rng) * scale);
+        t.host[i] = type == WEFT_BF16 ? bf16_round(v) : v;
+    }
+    t.c = cpu->alloc(cpu, n * sizeof(float));
+    t.g = gpu->alloc(gpu, n * weft_dtype_size(type));
+    cpu->from_f32(cpu, t.c, WEFT_F32, t.host, n);
+    gpu->from_f32(gpu, t.g, type, t.host, n);
+    return t;
+}
+
+static twin act(size_t n, double scale) { return make(n, WEFT_BF16, scale, true); }
+static twin f32(size_t n, double scale) { return make(n, WEFT_F32, scale, true); }
+static twin zeros(size_t n, weft_dtype type) { return make(n, type, 0, false); }
+
+static void release(twin *t) {
+    cpu->free(cpu, t->c);
+    gpu->free(gpu, t->g);
+    weft_free(t->host);
+}
+
+// Integer arrays (ids, positions, offsets) on both devices.
+typedef struct ints {
+    int32_t *c, *g;
+} ints;
+
+static ints upload_ints(const int32_t *v, size_t n) {
+    ints t = {cpu->alloc(cpu, n * 4 + 4), gpu->alloc(gpu, n * 4 + 4)};
+    cpu->to_device(cpu, t.c, v, n * 4);
+    gpu->to_device(gpu, t.g, v, n * 4);
+    return t;
+}
+
+static void release_ints(ints *t) {
+    cpu->free(cpu, t->c);
+    gpu->free(gpu, t->g);
+}
+
+// max|gpu - cpu| / max|cpu| of the tensor's current contents, reported against tol.
+static void compare(const char *what, const twin *t, double tol) {
+    float *a = weft_alloc(t->n * sizeof(float) + 4), *b = weft_alloc(t->n * sizeof(float) + 4);
+    cpu->to_f32(cpu, a, t->c, WEFT_F32, t->n);
+    gpu->to_f32(gpu, b, t->g, t->type, t->n);
+    double diff = 0, ref = 0;
+    bool finite = true;
+    for (size_t i = 0; i < t->n; i++) {
+        finite = finite && isfinite(b[i]);
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        ref = fmax(ref, fabs((double)a[i]));
+    }
+    double rel = ref > 0 ? diff / ref : diff;
+    bool ok = finite && rel <= tol;
+    printf("%-52s rel err %.2e (tol %.0e) %s\n", what, rel, tol, ok ? "ok" : "FAIL");
+    failures += !ok;
+    weft_free(a);
+    weft_free(b);
+}
+
+// ---------------------------------------------------------------------------------- tests ----
+
+static void test_matmul(bool ta, bool tb, bool f32_out) {
+    int m = 37, n = 48, k = 70, lda = ta ? m + 3 : k + 5, ldb = tb ? k + 2 : n + 1, ldc = n + 4;
+    twin a = act((size_t)(ta ? k : m) * lda, 1), b = act((size_t)(tb ? n : k) * ldb, 1);
+    twin c = f32_out ? f32((size_t)m * ldc, 1) : act((size_t)m * ldc, 1);
+    float beta = f32_out ? 1.0f : 0.0f;
+    weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32};
+    weft_matmul_types tg = {WEFT_BF16, WEFT_BF16, f32_out ? WEFT_F32 : WEFT_BF16};
+    cpu->matmul(cpu, ta, tb, m, n, k, 0.5f, a.c, lda, b.c, ldb, beta, c.c, ldc, tc);
+    gpu->matmul(gpu, ta, tb, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, c.g, ldc, tg);
+    char name[96];
+    snprintf(name, sizeof name, "matmul ta=%d tb=%d %s", ta, tb,
+             f32_out ? "f32 C += (dW)" : "bf16 C =");
+    compare(name, &c, BF16_TOL);
+    release(&a), release(&b), release(&c);
+}
+
+static void test_embedding(void) {
+    int V = 50, C = 96, T = 40;
+    int32_t id[40];
+    for (int t = 0; t < T; t++) id[t] = (int32_t)(weft_rng_next(&rng) % 7) * 7; // repeats
+    ints ids = upload_ints(id, T);
+    twin table = act((size_t)V * C, 1), out = zeros((size_t)T * C, WEFT_BF16);
+    twin dout = act((size_t)T * C, 1), dtable = f32((size_t)V * C, 1);
+    cpu->embedding_forward(cpu, ids.c, table.c, out.c, T, C);
+    gpu->embedding_forward(gpu, ids.g, table.g, out.g, T, C);
+    compare("embedding_forward", &out, 0);
+    cpu->embedding_backward(cpu, ids.c, dout.c, dtable.c, T, C);
+    gpu->embedding_backward(gpu, ids.g, dout.g, dtable.g, T, C);
+    compare("embedding_backward (f32 +=)", &dtable, F32_TOL);
+    release(&table), release(&out), release(&dout), release(&dtable), release_ints(&ids);
+}
+
+static void test_rmsnorm(void) {
+    int T = 45, C = 300; // more rows than one backward block, C not a multiple of the block
+    twin x = act((size_t)T * C, 2), w = act(C, 1), out = zeros((size_t)T * C, WEFT_BF16);
+    twin rstd = zeros(T, WEFT_F32), dout = act((size_t)T * C, 1), dx = act((size_t)T * C, 1);
+    twin dw = f32(C, 1);
+    cpu->rmsnorm_forward(cpu, x.c, w.c, 1e-6f, out.c, rstd.c, T, C);
+    gpu->rmsnorm_forward(gpu, x.g, w.g, 1e-6f, out.g, rstd.g, T, C);
+    compare("rmsnorm_forward out", &out, BF16_TOL);
+    compare("rmsnorm_forward rstd", &rstd, 1e-3);
+    cpu->rmsnorm_backward(cpu, x.c, w.c, rstd.c, dout.c, dx.c, dw.c, T, C);
+    gpu->rmsnorm_backward(gpu, x.g, w.g, rstd.g, dout.g, dx.g, dw.g, T, C);
+    compare("rmsnorm_backward dx (+=)", &dx, BF16_TOL);
+    compare("rmsnorm_backward dw (f32 +=)", &dw, 1e-3);
+    release(&x), release(&w), release(&out), release(&rstd), release(&dout), release(&dx),
+        release(&dw);
+}
+
+static void test_bias(void) {
+    int T = 70, C = 40;
+    twin x = act((size_t)T * C, 1), b = act(C, 1), db = f32(C, 1);
+    cpu->bias_forward(cpu, x.c, b.c, T, C);
+    gpu->bias_forward(gpu, x.g, b.g, T, C);
+    compare("bias_forward", &x, BF16_TOL);
+    cpu->bias_backward(cpu, x.c, db.c, T, C);
+    gpu->bias_backward(gpu, x.g, db.g, T, C);
+    compare("bias_backward (f32 +=)", &db, 1e-3);
+    release(&x), release(&b), release(&db);
+}
+
+static void test_rope(void) {
+    int T = 20, H = 3, D = 16;
+    int32_t p[20];
+    for (int t = 0; t < T; t++) p[t] = t * 997; // large positions: the double-precision angle
+    ints pos = upload_ints(p, T);
+    twin x = act((size_t)T * H * D, 1);
+    cpu->rope_forward(cpu, x.c, pos.c, 1e6, T, H, D);
+    gpu->rope_forward(gpu, x.g, pos.g, 1e6, T, H, D);
+    compare("rope_forward", &x, BF16_TOL);
+    cpu->rope_backward(cpu, x.c, pos.c, 1e6, T, H, D);
+    gpu->rope_backward(gpu, x.g, pos.g, 1e6, T, H, D);
+    compare("rope_backward (inverse rotation)", &x, BF16_TOL);
+    release(&x), release_ints(&pos);
+}
+
+static void test_swiglu_add_scale_sums(void) {
+    size_t N = 1000;
+    twin g = act(N, 2), u = act(N, 1), out = zeros(N, WEFT_BF16), dout = act(N, 1);
+    twin dg = zeros(N, WEFT_BF16), du = zeros(N, WEFT_BF16);
+    cpu->swiglu_forward(cpu, g.c, u.c, out.c, N);
+    gpu->swiglu_forward(gpu, g.g, u.g, out.g, N);
+    compare("swiglu_forward", &out, BF16_TOL);
+    cpu->swiglu_backward(cpu, g.c, u.c, dout.c, dg.c, du.c, N);
+    gpu->swiglu_backward(gpu, g.g, u.g, dout.g, dg.g, du.g, N);
+    compare("swiglu_backward dgate", &dg, BF16_TOL);
+    compare("swiglu_backward dup", &du, BF16_TOL);
+    cpu->add_inplace(cpu, u.c, g.c, N);
+    gpu->add_inplace(gpu, u.g, g.g, N);
+    compare("add_inplace", &u, BF16_TOL);
+
+    twin x = f32(100003, 1);
+    double sc = cpu->sum_f32(cpu, x.c, x.n), sg = gpu->sum_f32(gpu, x.g, x.n);
+    double qc = cpu->sumsq_f32(cpu, x.c, x.n), qg = gpu->sumsq_f32(gpu, x.g, x.n);
+    bool ok = fabs(sc - sg) <= 1e-6 * qc && fabs(qc - qg) <= 1e-9 * qc;
+    printf("%-52s |d sum| %.2e |d sumsq| %.2e %s\n", "sum_f32 / sumsq_f32", fabs(sc - sg),
+           fabs(qc - qg), ok ? "ok" : "FAIL");
+    failures += !ok;
+    cpu->scale_f32(cpu, x.c, 0.3f, x.n);
+    gpu->scale_f32(gpu, x.g, 0.3f, x.n);
+    compare("scale_f32", &x, 1e-7);
+    release(&g), release(&u), release(&out), release(&dout), release(&dg), release(&du),
+        release(&x);
+}
+
+static void test_cross_entropy(void) {
+    int T = 9, V = 5000;
+    int32_t y[9] = {3, -1, 4999, 0, 17, -1, 2500, 1, 4000};
+    ints targets = upload_ints(y, T);
+    twin logits = act((size_t)T * V, 3), loss = zeros(T, WEFT_F32), correct = zeros(T, WEFT_F32);
+    cpu->cross_entropy(cpu, logits.c, targets.c, 0.25f, loss.c, correct.c, T, V);
+    gpu->cross_entropy(gpu, logits.g, targets.g, 0.25f, loss.g, correct.g, T, V);
+    compare("cross_entropy gradient (in place)", &logits, BF16_TOL);
+    compare("cross_entropy row loss", &loss, 1e-5);
+    compare("cross_entropy correct", &correct, 0);
+    release(&logits), release(&loss), release(&correct), release_ints(&targets);
+}
+
+static void test_adamw(void) {
+    size_t N = 777;
+    twin master = f32(N, 1), grad = f32(N, 1), m = f32(N, 0.1), v = make(N, WEFT_F32, 0, false);
+    for (size_t i = 0; i < N; i++) v.host[i] = 0.01f * (float)(i % 13);
+    cpu->from_f32(cpu, v.c, WEFT_F32, v.host, N);
+    gpu->from_f32(gpu, v.g, WEFT_F32, v.host, N);
+    twin param = zeros(N, WEFT_BF16);
+    for (int step = 1; step <= 3; step++) {
+        cpu->adamw(cpu, master.c, NULL, grad.c, m.c, v.c, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        gpu->adamw(gpu, param.g, master.g, grad.g, m.g, v.g, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                   step);
+    }
+    compare("adamw master (3 steps)", &master, 1e-5);
+    compare("adamw exp_avg_sq", &v, 1e-5);
+    cpu->copy(cpu, param.c, master.c, N * sizeof(float)); // the bf16 params round the master
+    compare("adamw bf16 params = rounded master", &param, 8e-3);
+    release(&master), release(&grad), release(&m), release(&v), release(&param);
+}
+
+// Attention on a layout: n_docs documents with query rows cu_q, key rows cu_kv, positions q_pos.
+static void check_attention(const char *label, int H, int KV, int D, int n_docs,
+                            const int32_t *cu_q, const int32_t *cu_kv, const int32_t *q_pos) {
+    int Tq = cu_q[n_docs], Tkv = cu_kv[n_docs];
+    ints cq = upload_ints(cu_q, n_docs + 1), ck = upload_ints(cu_kv, n_docs + 1);
+    ints pos = upload_ints(q_pos, Tq);
+    weft_attention_layout lc = {n_docs, Tq, Tkv, cq.c, ck.c, pos.c};
+    weft_attention_layout lg = {n_docs, Tq, Tkv, cq.g, ck.g, pos.g};
+    twin q = act((size_t)Tq * H * D, 1), k = act((size_t)Tkv * KV * D, 1);
+    twin v = act((size_t)Tkv * KV * D, 1), out = zeros((size_t)Tq * H * D, WEFT_BF16);
+    twin lse = zeros((size_t)H * Tq, WEFT_F32), dout = act((size_t)Tq * H * D, 1);
+    twin dq = zeros(q.n, WEFT_BF16), dk = zeros(k.n, WEFT_BF16), dv = zeros(v.n, WEFT_BF16);
+    cpu->attention_forward(cpu, q.c, k.c, v.c, &lc, out.c, lse.c, H, KV, D);
+    gpu->attention_forward(gpu, q.g, k.g, v.g, &lg, out.g, lse.g, H, KV, D);
+    char name[128];
+    snprintf(name, sizeof name, "attention %s out", label);
+    compare(name, &out, BF16_TOL);
+    snprintf(name, sizeof name, "attention %s lse", label);
+    compare(name, &lse, 1e-3);
+    // Backward from the same (bf16) forward output on both sides.
+    float *o = weft_alloc(out.n * sizeof(float));
+    gpu->to_f32(gpu, o, out.g, WEFT_BF16, out.n);
+    cpu->from_f32(cpu, out.c, WEFT_F32, o, out.n);
+    weft_free(o);
+    cpu->attention_backward(cpu, q.c, k.c, v.c, &lc, out.c, lse.c, dout.c, dq.c, dk.c, dv.c, H,
+                            KV, D);
+    gpu->attention_backward(gpu, q.g, k.g, v.g, &lg, out.g, lse.g, dout.g, dq.g, dk.g, dv.g, H,
+                            KV, D);
+    const char *names[3] = {"dq", "dk", "dv"};
+    const twin *grads[3] = {&dq, &dk, &dv};
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "attention %s %s", label, names[i]);
+        compare(name, grads[i], BF16_TOL);
+    }
+    release(&q), release(&k), release(&v), release(&out), release(&lse), release(&dout);
+    release(&dq), release(&dk), release(&dv);
+    release_ints(&cq), release_ints(&ck), release_ints(&pos);
+}
+
+// Whole documents: queries and keys are the same rows, positions restart per document.
+static void attention_whole(const char *label, int H, int KV, int D, const int *lens, int n) {
+    int32_t cu[16] = {0}, pos[1024];
+    for (int d = 0; d < n; d++) {
+        for (int i = 0; i < lens[d]; i++) pos[cu[d] + i] = i;
+        cu[d + 1] = cu[d] + lens[d];
+    }
+    check_attention(label, H, KV, D, n, cu, cu, pos);
+}
+
+// Context parallelism, rank 1 of 2: each document of length L (padded to 4s) contributes its
+// chunks 1 and 2 of 4 as queries; the keys are the whole padded document.
+static void attention_cp_chunks(void) {
+    const int lens[2] = {40, 72}, H = 4, KV = 2, D = 32;
+    int32_t cu_q[3] = {0}, cu_kv[3] = {0}, pos[128];
+    for (int d = 0; d < 2; d++) {
+        int s = lens[d] / 4;
+        for (int i = 0; i < s; i++) {
+            pos[cu_q[d] + i] = s + i;         // chunk 1
+            pos[cu_q[d] + s + i] = 2 * s + i; // chunk 2
+        }
+        cu_q[d + 1] = cu_q[d] + 2 * s;
+        cu_kv[d + 1] = cu_kv[d] + lens[d];
+    }
+    check_attention("CP rank 1/2 [40,72] H4 KV2 D32", H, KV, D, 2, cu_q, cu_kv, pos);
+}
+
+int main(void) {
+    if (weft_cuda_device_count() == 0) {
+        printf("no CUDA GPU visible: skipped\n");
+        return 77;
+    }
+    cpu = weft_backend_cpu_create();
+    gpu = weft_backend_cuda_create(0);
+    weft_rng_seed(&rng, 20261121);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) test_matmul(ta, tb, false);
+    test_matmul(true, false, true); // the dW product
+    test_embedding();
+    test_rmsnorm();
+    test_bias();
+    test_rope();
+    test_swiglu_add_scale_sums();
+    test_cross_entropy();
+    test_adamw();
+    const int mixed[] = {1, 33, 5, 70, 2}, single[] = {100};
+    attention_whole("[1,33,5,70,2] H4 KV2 D16", 4, 2, 16, mixed, 5);
+    attention_whole("[1,33,5,70,2] H6 KV2 D64", 6, 2, 64, mixed, 5);
+    attention_whole("[100] H2 KV1 D128", 2, 1, 128, single, 1);
+    attention_whole("[1,33,5,70,2] H2 KV2 D80", 2, 2, 80, mixed, 5);
+    attention_cp_chunks();
+    weft_backend_destroy(gpu);
+    weft_backend_destroy(cpu);
+    printf("%d op comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
