@@ -258,6 +258,10 @@ static bool on_device(const weft_comm *c, const void *buf) {
     return c->be && c->be->device_memory && weft_nccl_is_device_pointer(buf);
 }
 
+// Whether a call goes through NCCL: a multi-rank group with a GPU backend always has it
+// (weft_comm_use_backend ends the job otherwise), and uses it for GPU buffers.
+static bool via_nccl(const weft_comm *c, const void *buf) { return c->nccl && on_device(c, buf); }
+
 // A one-rank group's reduce-scatter or all-gather is a copy, on whichever side the data lives.
 static void local_copy(weft_comm *c, void *dst, const void *src, size_t bytes) {
     if (on_device(c, dst)) c->be->copy(c->be, dst, src, bytes);
@@ -279,7 +283,7 @@ weft_comm_request *weft_comm_iallreduce_sum(weft_comm *c, void *buf, size_t n, w
     weft_comm_request *r = weft_alloc(sizeof *r);
     *r = pending(c, WEFT_OP_ALLREDUCE, c->seq);
     if (!begin(c, WEFT_OP_ALLREDUCE, n, n * type_size(t))) return r;
-    if (c->nccl && on_device(c, buf))
+    if (via_nccl(c, buf))
         start_nccl(r, WEFT_NCCL_ALLREDUCE, buf, buf, n, t, 0);
     else
         MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(c, t, true), MPI_SUM, c->handle,
@@ -303,7 +307,7 @@ void weft_comm_reduce_scatter_sum(weft_comm *c, const void *send, void *recv, si
         if (!c->mpi) local_copy(c, recv, send, n * type_size(t));
         return;
     }
-    if (c->nccl && on_device(c, recv))
+    if (via_nccl(c, recv))
         start_nccl(&r, WEFT_NCCL_REDUCE_SCATTER, send, recv, n, t, 0);
     else
         MPI_Ireduce_scatter_block(send, recv, (int)n, mpi_type(c, t, true), MPI_SUM, c->handle,
@@ -319,7 +323,7 @@ void weft_comm_allgather(weft_comm *c, const void *send, void *recv, size_t n, w
         return;
     }
     const char *own = (const char *)recv + bytes * c->rank;
-    if (c->nccl && on_device(c, recv)) {
+    if (via_nccl(c, recv)) {
         start_nccl(&r, WEFT_NCCL_ALLGATHER, send, recv, n, t, 0);
     } else {
         MPI_Datatype mt = mpi_type(c, t, false);
@@ -332,7 +336,7 @@ void weft_comm_allgather(weft_comm *c, const void *send, void *recv, size_t n, w
 void weft_comm_broadcast(weft_comm *c, void *buf, size_t bytes, int root) {
     weft_comm_request r = pending(c, WEFT_OP_BROADCAST, c->seq);
     if (!begin(c, WEFT_OP_BROADCAST, bytes, bytes)) return;
-    if (c->nccl && on_device(c, buf))
+    if (via_nccl(c, buf))
         start_nccl(&r, WEFT_NCCL_BROADCAST, buf, buf, bytes, WEFT_COMM_F32, root);
     else
         MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, c->handle, &r.req);

@@ -2,7 +2,8 @@
 // same inputs: the inputs are rounded to bf16 first, so the difference is the CUDA op's own
 // rounding. Tolerance: max|cuda - cpu| / max|cpu| <= 2e-2 per output (bf16 keeps 8 bits, 4e-3
 // relative per stored value; outputs built from long sums of such values reach about 1e-2).
-// fp32 outputs of fp32 inputs (gradients accumulated into f32, reductions, AdamW) get 1e-4.
+// fp32 outputs computed in fp32 from bf16-exact inputs (gradients accumulated into f32, rstd,
+// reductions, AdamW) get 1e-4 or tighter.
 // Needs a GPU: exits 77 (skipped) where none is visible, so a CPU-only CI reports it skipped.
 #include <math.h>
 #include <stdio.h>
@@ -137,25 +138,26 @@ static void test_rmsnorm(void) {
     cpu->rmsnorm_forward(cpu, x.c, w.c, 1e-6f, out.c, rstd.c, T, C);
     gpu->rmsnorm_forward(gpu, x.g, w.g, 1e-6f, out.g, rstd.g, T, C);
     compare("rmsnorm_forward out", &out, BF16_TOL);
-    compare("rmsnorm_forward rstd", &rstd, 1e-3);
+    compare("rmsnorm_forward rstd", &rstd, F32_TOL);
     cpu->rmsnorm_backward(cpu, x.c, w.c, rstd.c, dout.c, dx.c, dw.c, T, C);
     gpu->rmsnorm_backward(gpu, x.g, w.g, rstd.g, dout.g, dx.g, dw.g, T, C);
     compare("rmsnorm_backward dx (+=)", &dx, BF16_TOL);
-    compare("rmsnorm_backward dw (f32 +=)", &dw, 1e-3);
+    compare("rmsnorm_backward dw (f32 +=)", &dw, F32_TOL);
     release(&x), release(&w), release(&out), release(&rstd), release(&dout), release(&dx),
         release(&dw);
 }
 
 static void test_bias(void) {
     int T = 70, C = 40;
-    twin x = act((size_t)T * C, 1), b = act(C, 1), db = f32(C, 1);
+    twin x = act((size_t)T * C, 1), b = act(C, 1), dout = act((size_t)T * C, 1), db = f32(C, 1);
     cpu->bias_forward(cpu, x.c, b.c, T, C);
     gpu->bias_forward(gpu, x.g, b.g, T, C);
     compare("bias_forward", &x, BF16_TOL);
-    cpu->bias_backward(cpu, x.c, db.c, T, C);
-    gpu->bias_backward(gpu, x.g, db.g, T, C);
-    compare("bias_backward (f32 +=)", &db, 1e-3);
-    release(&x), release(&b), release(&db);
+    // From bf16-exact gradients on both sides: the column sums themselves are fp32.
+    cpu->bias_backward(cpu, dout.c, db.c, T, C);
+    gpu->bias_backward(gpu, dout.g, db.g, T, C);
+    compare("bias_backward (f32 +=)", &db, F32_TOL);
+    release(&x), release(&b), release(&dout), release(&db);
 }
 
 static void test_rope(void) {
@@ -191,7 +193,8 @@ static void test_swiglu_add_scale_sums(void) {
     twin x = f32(100003, 1);
     double sc = cpu->sum_f32(cpu, x.c, x.n), sg = gpu->sum_f32(gpu, x.g, x.n);
     double qc = cpu->sumsq_f32(cpu, x.c, x.n), qg = gpu->sumsq_f32(gpu, x.g, x.n);
-    bool ok = fabs(sc - sg) <= 1e-6 * qc && fabs(qc - qg) <= 1e-9 * qc;
+    // Both accumulate in double: only the summation order differs.
+    bool ok = fabs(sc - sg) <= 1e-9 * qc && fabs(qc - qg) <= 1e-9 * qc;
     printf("%-52s |d sum| %.2e |d sumsq| %.2e %s\n", "sum_f32 / sumsq_f32", fabs(sc - sg),
            fabs(qc - qg), ok ? "ok" : "FAIL");
     failures += !ok;
@@ -230,7 +233,7 @@ static void test_adamw(void) {
     compare("adamw master (3 steps)", &master, 1e-5);
     compare("adamw exp_avg_sq", &v, 1e-5);
     cpu->copy(cpu, param.c, master.c, N * sizeof(float)); // the bf16 params round the master
-    compare("adamw bf16 params = rounded master", &param, 8e-3);
+    compare("adamw bf16 params = rounded master", &param, 4e-3); // 2^-9 rounding, with margin
     release(&master), release(&grad), release(&m), release(&v), release(&param);
 }
 
@@ -252,7 +255,7 @@ static void check_attention(const char *label, int H, int KV, int D, int n_docs,
     snprintf(name, sizeof name, "attention %s out", label);
     compare(name, &out, BF16_TOL);
     snprintf(name, sizeof name, "attention %s lse", label);
-    compare(name, &lse, 1e-3);
+    compare(name, &lse, 1e-5); // fp32 on bf16-exact inputs on both sides
     // Backward from the same (bf16) forward output on both sides.
     float *o = weft_alloc(out.n * sizeof(float));
     gpu->to_f32(gpu, o, out.g, WEFT_BF16, out.n);
