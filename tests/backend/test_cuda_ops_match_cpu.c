@@ -237,6 +237,9 @@ static void test_adamw(void) {
     release(&master), release(&grad), release(&m), release(&v), release(&param);
 }
 
+// Which attention kernels the GPU backend under test runs (WEFT_CUDA_ATTENTION).
+static const char *family = "";
+
 // Attention on a layout: n_docs documents with query rows cu_q, key rows cu_kv, positions q_pos.
 static void check_attention(const char *label, int H, int KV, int D, int n_docs,
                             const int32_t *cu_q, const int32_t *cu_kv, const int32_t *q_pos) {
@@ -252,9 +255,9 @@ static void check_attention(const char *label, int H, int KV, int D, int n_docs,
     cpu->attention_forward(cpu, q.c, k.c, v.c, &lc, out.c, lse.c, H, KV, D);
     gpu->attention_forward(gpu, q.g, k.g, v.g, &lg, out.g, lse.g, H, KV, D);
     char name[128];
-    snprintf(name, sizeof name, "attention %s out", label);
+    snprintf(name, sizeof name, "attention/%s %s out", family, label);
     compare(name, &out, BF16_TOL);
-    snprintf(name, sizeof name, "attention %s lse", label);
+    snprintf(name, sizeof name, "attention/%s %s lse", family, label);
     compare(name, &lse, 1e-5); // fp32 on bf16-exact inputs on both sides
     // Backward from the same (bf16) forward output on both sides.
     float *o = weft_alloc(out.n * sizeof(float));
@@ -268,7 +271,7 @@ static void check_attention(const char *label, int H, int KV, int D, int n_docs,
     const char *names[3] = {"dq", "dk", "dv"};
     const twin *grads[3] = {&dq, &dk, &dv};
     for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "attention %s %s", label, names[i]);
+        snprintf(name, sizeof name, "attention/%s %s %s", family, label, names[i]);
         compare(name, grads[i], BF16_TOL);
     }
     release(&q), release(&k), release(&v), release(&out), release(&lse), release(&dout);
@@ -321,13 +324,22 @@ int main(void) {
     test_swiglu_add_scale_sums();
     test_cross_entropy();
     test_adamw();
-    const int mixed[] = {1, 33, 5, 70, 2}, single[] = {100};
-    attention_whole("[1,33,5,70,2] H4 KV2 D16", 4, 2, 16, mixed, 5);
-    attention_whole("[1,33,5,70,2] H6 KV2 D64", 6, 2, 64, mixed, 5);
-    attention_whole("[100] H2 KV1 D128", 2, 1, 128, single, 1);
-    attention_whole("[1,33,5,70,2] H2 KV2 D80", 2, 2, 80, mixed, 5);
-    attention_cp_chunks();
     weft_backend_destroy(gpu);
+    // Both attention kernel families, each on a backend of its own.
+    const char *families[] = {"mma", "simt"};
+    const int mixed[] = {1, 33, 5, 70, 2}, single[] = {100}, long_docs[] = {150, 7, 90};
+    for (int f = 0; f < 2; f++) {
+        family = families[f];
+        setenv("WEFT_CUDA_ATTENTION", family, 1);
+        gpu = weft_backend_cuda_create(0);
+        attention_whole("[1,33,5,70,2] H4 KV2 D16", 4, 2, 16, mixed, 5);
+        attention_whole("[1,33,5,70,2] H6 KV2 D64", 6, 2, 64, mixed, 5);
+        attention_whole("[100] H2 KV1 D128", 2, 1, 128, single, 1);
+        attention_whole("[1,33,5,70,2] H2 KV2 D80", 2, 2, 80, mixed, 5);
+        attention_whole("[150,7,90] H2 KV1 D32", 2, 1, 32, long_docs, 3);
+        attention_cp_chunks();
+        weft_backend_destroy(gpu);
+    }
     weft_backend_destroy(cpu);
     printf("%d op comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;

@@ -13,24 +13,13 @@
 // whose rows straddle documents scans the union of their key ranges; the mask keeps them apart.
 // This one rule covers whole documents (keys = queries) and context-parallel chunks (queries are
 // two chunks of a document, keys the whole gathered document) alike.
+#include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/kernels.h"
 
 #include <limits.h>
 #include <math.h>
 
 enum { TILE = 32, ROWS = 8 };
-
-// Document of packed row `row`: the last d with cu[d] <= row.
-__device__ int find_doc(const int32_t *cu, int n_docs, int row) {
-    int lo = 0, hi = n_docs - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (cu[mid] <= row) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
 
 // Loads key rows [j0, j0 + TILE) of kv head g (rows past `end` as zeros) into a padded tile.
 __device__ void load_tile(float *dst, const bf16 *src, int j0, int end, int g, int KV, int D) {
@@ -67,12 +56,8 @@ __device__ void key_ranges(const weft_cuda_attention_args &a, int r0, int *lo, i
     *union_hi = 0;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
-        int row = r0 + r;
-        lo[r] = hi[r] = 0;
-        if (row < a.Tq) {
-            int d = find_doc(a.cu_q, a.n_docs, row);
-            lo[r] = a.cu_kv[d];
-            hi[r] = lo[r] + a.q_pos[row] + 1;
+        row_key_range(a, r0 + r, &lo[r], &hi[r]);
+        if (hi[r] > lo[r]) {
             *union_lo = min(*union_lo, lo[r]);
             *union_hi = max(*union_hi, hi[r]);
         }
@@ -314,9 +299,10 @@ static size_t rows_smem(int D, int row_sets) {
     default: CALL(4); break;                                                                       \
     }
 
-extern "C" void weft_cuda_attention_forward(weft_cuda_stream s, const weft_cuda_attention_args *a,
-                                            const void *q, const void *k, const void *v,
-                                            void *out, float *lse) {
+extern "C" void weft_cuda_attention_forward_simt(weft_cuda_stream s,
+                                                 const weft_cuda_attention_args *a, const void *q,
+                                                 const void *k, const void *v, void *out,
+                                                 float *lse) {
     if (a->Tq == 0) return;
     dim3 grid((a->Tq + ROWS - 1) / ROWS, a->H);
     size_t smem = rows_smem(a->D, 1);
@@ -333,16 +319,21 @@ extern "C" void weft_cuda_attention_forward(weft_cuda_stream s, const weft_cuda_
 #undef LAUNCH
 }
 
-extern "C" void weft_cuda_attention_backward(weft_cuda_stream s, const weft_cuda_attention_args *a,
-                                             const void *q, const void *k, const void *v,
-                                             const void *out, const float *lse, const void *dout,
-                                             void *dq, void *dk, void *dv, float *delta) {
+extern "C" void weft_cuda_attention_delta(weft_cuda_stream s, const void *out, const void *dout,
+                                          float *delta, int Tq, int H, int D) {
+    size_t items = (size_t)Tq * H;
+    if (items == 0) return;
+    attention_delta_kernel<<<(unsigned)((items + 3) / 4), 128, 0, s>>>(
+        (const bf16 *)out, (const bf16 *)dout, delta, Tq, H, D);
+}
+
+extern "C" void weft_cuda_attention_backward_simt(weft_cuda_stream s,
+                                                  const weft_cuda_attention_args *a, const void *q,
+                                                  const void *k, const void *v, const float *lse,
+                                                  const void *dout, const float *delta, void *dq,
+                                                  void *dk, void *dv) {
     if (a->Tq == 0) return;
     float scale = 1.0f / sqrtf((float)a->D);
-    size_t items = (size_t)a->Tq * a->H;
-    attention_delta_kernel<<<(unsigned)((items + 3) / 4), 128, 0, s>>>(
-        (const bf16 *)out, (const bf16 *)dout, delta, a->Tq, a->H, a->D);
-
     dim3 grid_q((a->Tq + ROWS - 1) / ROWS, a->H);
     size_t smem_q = rows_smem(a->D, 2);
 #define LAUNCH(NC)                                                                                 \

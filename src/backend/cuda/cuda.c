@@ -4,6 +4,8 @@
 // as the model calls them and the host only waits where it reads a result.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -30,6 +32,7 @@ typedef struct cuda_state {
     void *workspace;
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
     float *scratch;              // attention backward's delta (H, Tq), grown on demand
+    bool attention_mma;          // tensor-core attention where the head_dim allows it
     size_t scratch_bytes;
     matmul_plan plans[MATMUL_CACHE];
     int next_plan;               // round-robin replacement once the cache is full
@@ -281,12 +284,26 @@ static weft_cuda_attention_args attention_args(const weft_attention_layout *l, i
                                       .q_pos = l->q_pos};
 }
 
+// The tensor-core kernels need head_dim in 16s and 4-byte aligned rows; the fp32 ones take
+// anything up to the limit.
+static bool attention_on_tensor_cores(weft_backend *self, int D, const void *const *tensors,
+                                      int n) {
+    if (!state(self)->attention_mma || D % 16 != 0) return false;
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)tensors[i] % 4 != 0) return false;
+    return true;
+}
+
 static void cuda_attention_forward(weft_backend *self, const void *q, const void *k, const void *v,
                                    const weft_attention_layout *layout, void *out, float *lse,
                                    int H, int KV, int D) {
     if (layout->n_docs == 0) return;
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
-    weft_cuda_attention_forward(STREAM(self), &a, q, k, v, out, lse);
+    const void *tensors[] = {q, k, v, out};
+    if (attention_on_tensor_cores(self, D, tensors, 4))
+        weft_cuda_attention_forward_mma(STREAM(self), &a, q, k, v, out, lse);
+    else
+        weft_cuda_attention_forward_simt(STREAM(self), &a, q, k, v, out, lse);
     check_launch("attention_forward");
 }
 
@@ -297,7 +314,13 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     if (layout->n_docs == 0) return;
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     float *delta = scratch(self, sizeof(float) * (size_t)H * (layout->Tq > 0 ? layout->Tq : 1));
-    weft_cuda_attention_backward(STREAM(self), &a, q, k, v, out, lse, dout, dq, dk, dv, delta);
+    weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
+    const void *tensors[] = {q, k, v, dout, dq, dk, dv};
+    if (attention_on_tensor_cores(self, D, tensors, 7))
+        weft_cuda_attention_backward_mma(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv);
+    else
+        weft_cuda_attention_backward_simt(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk,
+                                          dv);
     check_launch("attention_backward");
 }
 
@@ -409,6 +432,22 @@ static void cuda_destroy(weft_backend *self) {
     cudaStreamDestroy(st->stream);
 }
 
+// WEFT_CUDA_ATTENTION=mma|simt picks the attention kernels (mma, the tensor-core ones, where the
+// GPU has bf16 mma: compute capability 8.0 and up); simt is there to compare against.
+static bool attention_kernel_choice(int device) {
+    int major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const char *choice = getenv("WEFT_CUDA_ATTENTION");
+    if (!choice || !*choice) return major >= 8;
+    WEFT_CHECK(!strcmp(choice, "mma") || !strcmp(choice, "simt"),
+               "WEFT_CUDA_ATTENTION=%s: expected mma or simt", choice);
+    WEFT_CHECK(strcmp(choice, "mma") || major >= 8,
+               "WEFT_CUDA_ATTENTION=mma: GPU %d (compute capability %d.x) has no bf16 mma; use "
+               "simt",
+               device, major);
+    return !strcmp(choice, "mma");
+}
+
 int weft_cuda_device_count(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -425,6 +464,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     LT_CHECK(cublasLtCreate(&st->lt));
     CUDA_CHECK(cudaMalloc(&st->workspace, WORKSPACE_BYTES));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
+    st->attention_mma = attention_kernel_choice(st->device);
 
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){

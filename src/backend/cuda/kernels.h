@@ -62,19 +62,34 @@ void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const int32_t *ta
                              float scale, float *row_loss, float *correct, int T, int V);
 
 // Varlen causal attention, grouped-query heads, as the backend op (backend.h) describes.
-// q (Tq, H, D), k/v (Tkv, KV, D), out (Tq, H, D) bf16; lse (H, Tq) f32.
+// q (Tq, H, D), k/v (Tkv, KV, D), out (Tq, H, D) bf16; lse (H, Tq) f32. Every tensor is dense
+// and 4-byte aligned.
 typedef struct weft_cuda_attention_args {
     int n_docs, Tq, Tkv, H, KV, D;
     const int32_t *cu_q, *cu_kv, *q_pos; // device arrays
 } weft_cuda_attention_args;
-void weft_cuda_attention_forward(weft_cuda_stream s, const weft_cuda_attention_args *a,
-                                 const void *q, const void *k, const void *v, void *out,
-                                 float *lse);
-// dq, dk, dv overwritten (bf16). delta: (H, Tq) f32 scratch.
-void weft_cuda_attention_backward(weft_cuda_stream s, const weft_cuda_attention_args *a,
-                                  const void *q, const void *k, const void *v, const void *out,
-                                  const float *lse, const void *dout, void *dq, void *dk,
-                                  void *dv, float *delta);
+
+// Two kernel families behind one contract: "mma" runs QK^T, PV and the backward products on the
+// tensor cores (bf16 mma.sync, fp32 accumulators; head_dim a multiple of 16, sm_80 or newer);
+// "simt" is the fp32 CUDA-core version for any head_dim up to the limit.
+void weft_cuda_attention_forward_mma(weft_cuda_stream s, const weft_cuda_attention_args *a,
+                                     const void *q, const void *k, const void *v, void *out,
+                                     float *lse);
+void weft_cuda_attention_forward_simt(weft_cuda_stream s, const weft_cuda_attention_args *a,
+                                      const void *q, const void *k, const void *v, void *out,
+                                      float *lse);
+// delta (H, Tq) f32 = rowsum(dout * out), the backward's first pass.
+void weft_cuda_attention_delta(weft_cuda_stream s, const void *out, const void *dout,
+                               float *delta, int Tq, int H, int D);
+// dq, dk, dv overwritten (bf16), from the forward's lse and the delta above.
+void weft_cuda_attention_backward_mma(weft_cuda_stream s, const weft_cuda_attention_args *a,
+                                      const void *q, const void *k, const void *v,
+                                      const float *lse, const void *dout, const float *delta,
+                                      void *dq, void *dk, void *dv);
+void weft_cuda_attention_backward_simt(weft_cuda_stream s, const weft_cuda_attention_args *a,
+                                       const void *q, const void *k, const void *v,
+                                       const float *lse, const void *dout, const float *delta,
+                                       void *dq, void *dk, void *dv);
 
 #ifdef __cplusplus
 }

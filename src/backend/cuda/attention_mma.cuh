@@ -1,0 +1,458 @@
+// Varlen causal attention on the tensor cores (FlashAttention-2 structure, bf16 mma.sync with
+// fp32 accumulators). Same contract and masking rule as the fp32 kernels in attention.cu: query
+// row i of document d sees keys cu_kv[d] + [0, q_pos[i]].
+//
+// Every product is a warp-level mma.sync.m16n8k16: A is 16x16 (row-major), B is 16x8, C/D 16x8
+// fp32. With g = lane / 4 and t = lane % 4 (PTX ISA, "matrix fragments for mma.m16n8k16"):
+//   A regs: {row g, cols 2t..2t+1}, {row g+8, cols 2t..}, {row g, cols 2t+8..}, {row g+8, 2t+8..}
+//   B regs: {rows (k) 2t..2t+1, col (n) g}, {rows 2t+8..2t+9, col g}
+//   C:      c0,c1 at row g, cols 2t, 2t+1; c2,c3 at row g+8, same cols
+// so two neighbouring C tiles of a score product are exactly the A fragment of the next product:
+// probabilities never leave registers. B operands are read from shared memory tiles stored
+// "n-major" (row n holds its k values), which makes each B register one 32-bit load; tiles that
+// a product needs the other way round are also staged transposed. Rows are padded by 8 bf16, so
+// the 8 groups x 4 lanes of a fragment load hit 32 distinct banks for every head_dim.
+//
+// Kernels: forward (a block = 64 query rows of one head, a warp = 16 rows, keys in tiles of 64);
+// dQ (same split, recomputing P from the forward's lse); dK/dV (a block = 64 keys of one kv
+// head, a warp = 16 keys, walking the query rows that can see them, 32 at a time, for every
+// query head of the group). Each output element has one writer: no atomics.
+#pragma once
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+#include <limits.h>
+#include <math.h>
+
+namespace {
+
+constexpr int WARPS = 4, THREADS = 32 * WARPS;
+constexpr int BLOCK_ROWS = 64; // query rows per forward / dQ block (16 per warp)
+constexpr int BLOCK_KEYS = 64; // keys per tile (forward, dQ) and per dK/dV block (16 per warp)
+constexpr int STEP_ROWS = 32;  // query rows per step of the dK/dV kernel
+constexpr int PAD = 8;         // bf16 of padding per shared-memory row
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t load_u32(const bf16 *p) {
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { // lo in the low half
+    return (uint32_t)__bfloat16_as_ushort(to_bf16(lo)) |
+           (uint32_t)__bfloat16_as_ushort(to_bf16(hi)) << 16;
+}
+
+// c (16x8) += a (16x16) b (16x8)
+__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#if defined(WEFT_CUDA_EMULATION) // the CPU test harness (tests/backend/cuda_emulation.h)
+    weft_emulated_mma(c, a, b0, b1);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap(); // the launcher never selects these kernels below sm_80
+#endif
+}
+
+// A fragment of the 16 rows at `m` (row stride ld), columns k0 .. k0+15; rows >= n_rows read as 0.
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *m, size_t ld, int k0,
+                                       int n_rows = 16) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const bf16 *r0 = m + (size_t)g * ld + k0 + 2 * t, *r1 = r0 + 8 * ld;
+    bool ok0 = g < n_rows, ok1 = g + 8 < n_rows;
+    a[0] = ok0 ? load_u32(r0) : 0u;
+    a[1] = ok1 ? load_u32(r1) : 0u;
+    a[2] = ok0 ? load_u32(r0 + 8) : 0u;
+    a[3] = ok1 ? load_u32(r1 + 8) : 0u;
+}
+
+// B fragment (k0 .. k0+15) x (n0 .. n0+7) of a matrix stored n-major: row n of `m` holds B[., n].
+__device__ __forceinline__ void load_b(uint32_t *b0, uint32_t *b1, const bf16 *m, int ld, int n0,
+                                       int k0) {
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    const bf16 *p = m + (size_t)(n0 + g) * ld + k0 + 2 * t;
+    *b0 = load_u32(p);
+    *b1 = load_u32(p + 8);
+}
+
+// The A fragment for k-chunk kc of a product whose A is the result c (16 x 8·n) of an earlier one.
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*c)[4], int kc) {
+    a[0] = pack_bf16(c[2 * kc][0], c[2 * kc][1]);
+    a[1] = pack_bf16(c[2 * kc][2], c[2 * kc][3]);
+    a[2] = pack_bf16(c[2 * kc + 1][0], c[2 * kc + 1][1]);
+    a[3] = pack_bf16(c[2 * kc + 1][2], c[2 * kc + 1][3]);
+}
+
+// c (16 x 8·NT) = A (16 x D, as DK fragments) times the n-major matrix `m` (8·NT rows of D).
+template <int NT, int DK>
+__device__ __forceinline__ void product_a_regs(float (*c)[4], const uint32_t (*a)[4],
+                                               const bf16 *m, int ld) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < DK; kc++) {
+            uint32_t b0, b1;
+            load_b(&b0, &b1, m, ld, nt * 8, kc * 16);
+            mma(c[nt], a[kc], b0, b1);
+        }
+    }
+}
+
+// acc (16 x 8·NO) += C-held A (16 x 16·KC) times the n-major matrix `m` (8·NO rows of 16·KC).
+template <int KC, int NO>
+__device__ __forceinline__ void accumulate_c_times(float (*acc)[4], const float (*c)[4],
+                                                   const bf16 *m, int ld) {
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        uint32_t a[4];
+        c_to_a(a, c, kc);
+#pragma unroll
+        for (int no = 0; no < NO; no++) {
+            uint32_t b0, b1;
+            load_b(&b0, &b1, m, ld, no * 8, kc * 16);
+            mma(acc[no], a, b0, b1);
+        }
+    }
+}
+
+// Stages rows [r0, r0 + ROWS) of a (., D) bf16 matrix with row stride src_ld into shared memory:
+// row-major into dst (row stride D + PAD) and/or transposed into dst_t (row stride ROWS + PAD).
+// Rows at or past r_end become zeros, so they contribute nothing (0 * garbage could be NaN).
+template <int D, int ROWS>
+__device__ void stage_rows(bf16 *dst, bf16 *dst_t, const bf16 *src, size_t src_ld, int r0,
+                           int r_end) {
+    constexpr int WORDS = D / 2;
+    for (int idx = threadIdx.x; idx < ROWS * WORDS; idx += THREADS) {
+        int r = idx / WORDS, w = idx - r * WORDS, row = r0 + r;
+        uint32_t word = row < r_end ? load_u32(src + (size_t)row * src_ld + 2 * w) : 0u;
+        if (dst) *reinterpret_cast<uint32_t *>(dst + r * (D + PAD) + 2 * w) = word;
+        if (dst_t) {
+            dst_t[(2 * w) * (ROWS + PAD) + r] = __ushort_as_bfloat16(word & 0xffffu);
+            dst_t[(2 * w + 1) * (ROWS + PAD) + r] = __ushort_as_bfloat16(word >> 16);
+        }
+    }
+}
+
+// Key ranges of the block's query rows r0 .. r0 + BLOCK_ROWS - 1 into shared memory; returns the
+// union of the block's ranges and of this warp's 16 rows. Ends with a barrier.
+struct key_span {
+    int lo, hi;
+};
+__device__ void block_key_ranges(const weft_cuda_attention_args &a, int r0, int *row_lo,
+                                 int *row_hi, key_span *block, key_span *warp) {
+    if (threadIdx.x < BLOCK_ROWS) row_key_range(a, r0 + threadIdx.x, &row_lo[threadIdx.x],
+                                                &row_hi[threadIdx.x]);
+    __syncthreads();
+    *block = {INT_MAX, 0};
+    *warp = {INT_MAX, 0};
+    int first = (threadIdx.x >> 5) * 16;
+    for (int r = 0; r < BLOCK_ROWS; r++) {
+        if (row_hi[r] <= row_lo[r]) continue;
+        block->lo = min(block->lo, row_lo[r]);
+        block->hi = max(block->hi, row_hi[r]);
+        if (r >= first && r < first + 16) {
+            warp->lo = min(warp->lo, row_lo[r]);
+            warp->hi = max(warp->hi, row_hi[r]);
+        }
+    }
+}
+
+// Scales a score tile (16 x BLOCK_KEYS, keys from j0) into log2 units and masks it: the thread's
+// rows g and g+8 see keys [lo[0], hi[0]) and [lo[1], hi[1]).
+template <int NT>
+__device__ __forceinline__ void mask_scores(float (*s)[4], int j0, const int lo[2],
+                                            const int hi[2], float scale_log2) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = e >> 1, j = j0 + nt * 8 + 2 * t + (e & 1);
+            s[nt][e] = (j >= lo[r] && j < hi[r]) ? s[nt][e] * scale_log2 : -INFINITY;
+        }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ------------------------------------------------------------------------------- forward ----
+
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+    forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
+                   bf16 *out, float *lse, float scale_log2) {
+    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(smem);   // (BLOCK_KEYS, D + PAD)
+    bf16 *Vt = Ks + BLOCK_KEYS * (D + PAD);      // (D, BLOCK_KEYS + PAD)
+    int *row_lo = reinterpret_cast<int *>(Vt + D * (BLOCK_KEYS + PAD)), *row_hi = row_lo + BLOCK_ROWS;
+
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int h = blockIdx.y, kvh = h / (a.H / a.KV), r0 = blockIdx.x * BLOCK_ROWS;
+    key_span block, wspan;
+    block_key_ranges(a, r0, row_lo, row_hi, &block, &wspan);
+    int wr = warp * 16, lo[2] = {row_lo[wr + g], row_lo[wr + g + 8]};
+    int hi[2] = {row_hi[wr + g], row_hi[wr + g + 8]};
+
+    size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
+    uint32_t qf[DK][4];
+#pragma unroll
+    for (int kc = 0; kc < DK; kc++)
+        load_a(qf[kc], q + ((size_t)(r0 + wr) * a.H + h) * D, q_ld, kc * 16, a.Tq - (r0 + wr));
+
+    float o[NO][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int j0 = block.lo; j0 < block.hi; j0 += BLOCK_KEYS) {
+        __syncthreads(); // every warp is done with the previous tiles
+        stage_rows<D, BLOCK_KEYS>(Ks, nullptr, k + (size_t)kvh * D, kv_ld, j0, block.hi);
+        stage_rows<D, BLOCK_KEYS>(nullptr, Vt, v + (size_t)kvh * D, kv_ld, j0, block.hi);
+        __syncthreads();
+        if (j0 >= wspan.hi || j0 + BLOCK_KEYS <= wspan.lo) continue;
+
+        float s[NT][4];
+        product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
+        mask_scores<NT>(s, j0, lo, hi, scale_log2);
+        float corr[2], row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            float m_new = fmaxf(m[r], quad_max(tile_max));
+            corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); // nothing seen yet: keep 0s
+            m[r] = m_new;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1;
+                float p = m[r] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[r]);
+                s[nt][e] = p;
+                row_sum[r] += p;
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + row_sum[r]; // this thread's columns
+#pragma unroll
+        for (int no = 0; no < NO; no++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[no][e] *= corr[e >> 1];
+        accumulate_c_times<BLOCK_KEYS / 16, NO>(o, s, Vt, BLOCK_KEYS + PAD);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] = quad_sum(l[r]);
+        int row = r0 + wr + g + 8 * r;
+        if (row >= a.Tq) continue;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        bf16 *dst = out + ((size_t)row * a.H + h) * D + 2 * t;
+#pragma unroll
+        for (int no = 0; no < NO; no++)
+            *reinterpret_cast<uint32_t *>(dst + no * 8) =
+                pack_bf16(o[no][2 * r] * inv, o[no][2 * r + 1] * inv);
+        if (t == 0) lse[(size_t)h * a.Tq + row] = (m[r] + log2f(l[r])) * LN2;
+    }
+}
+
+// ------------------------------------------------------------------------------------ dQ ----
+
+// dS = P (dO V^T - delta) with P = exp(S - lse), then dQ = scale * dS K.
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+    dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
+              const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
+              float scale_log2) {
+    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(smem);   // (BLOCK_KEYS, D + PAD)
+    bf16 *Vs = Ks + BLOCK_KEYS * (D + PAD);      // (BLOCK_KEYS, D + PAD)
+    bf16 *Kt = Vs + BLOCK_KEYS * (D + PAD);      // (D, BLOCK_KEYS + PAD)
+    int *row_lo = reinterpret_cast<int *>(Kt + D * (BLOCK_KEYS + PAD)), *row_hi = row_lo + BLOCK_ROWS;
+
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int h = blockIdx.y, kvh = h / (a.H / a.KV), r0 = blockIdx.x * BLOCK_ROWS;
+    key_span block, wspan;
+    block_key_ranges(a, r0, row_lo, row_hi, &block, &wspan);
+    int wr = warp * 16, lo[2] = {row_lo[wr + g], row_lo[wr + g + 8]};
+    int hi[2] = {row_hi[wr + g], row_hi[wr + g + 8]};
+
+    size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
+    uint32_t qf[DK][4], dof[DK][4];
+#pragma unroll
+    for (int kc = 0; kc < DK; kc++) {
+        size_t at = ((size_t)(r0 + wr) * a.H + h) * D;
+        load_a(qf[kc], q + at, q_ld, kc * 16, a.Tq - (r0 + wr));
+        load_a(dof[kc], dout + at, q_ld, kc * 16, a.Tq - (r0 + wr));
+    }
+    float row_lse[2], row_delta[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = min(r0 + wr + g + 8 * r, a.Tq - 1);
+        row_lse[r] = lse[(size_t)h * a.Tq + row] * LOG2E;
+        row_delta[r] = delta[(size_t)h * a.Tq + row];
+    }
+
+    float acc[NO][4] = {};
+    for (int j0 = block.lo; j0 < block.hi; j0 += BLOCK_KEYS) {
+        __syncthreads();
+        stage_rows<D, BLOCK_KEYS>(Ks, Kt, k + (size_t)kvh * D, kv_ld, j0, block.hi);
+        stage_rows<D, BLOCK_KEYS>(Vs, nullptr, v + (size_t)kvh * D, kv_ld, j0, block.hi);
+        __syncthreads();
+        if (j0 >= wspan.hi || j0 + BLOCK_KEYS <= wspan.lo) continue;
+
+        float s[NT][4], dp[NT][4];
+        product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
+        product_a_regs<NT, DK>(dp, dof, Vs, D + PAD);
+        mask_scores<NT>(s, j0, lo, hi, scale_log2);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1;
+                float p = exp2f(s[nt][e] - row_lse[r]); // masked: exp2(-inf) = 0
+                s[nt][e] = p * (dp[nt][e] - row_delta[r]);
+            }
+        accumulate_c_times<BLOCK_KEYS / 16, NO>(acc, s, Kt, BLOCK_KEYS + PAD);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = r0 + wr + g + 8 * r;
+        if (row >= a.Tq) continue;
+        bf16 *dst = dq + ((size_t)row * a.H + h) * D + 2 * t;
+#pragma unroll
+        for (int no = 0; no < NO; no++)
+            *reinterpret_cast<uint32_t *>(dst + no * 8) =
+                pack_bf16(acc[no][2 * r] * scale, acc[no][2 * r + 1] * scale);
+    }
+}
+
+// ---------------------------------------------------------------------------------- dK dV ----
+
+// For one tile of keys of kv head `kvh`: transposed products, keys as the rows of A.
+//   S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
+//   dV += P^T dO, dK += scale * dS^T Q, over every query head of the group.
+template <int DK>
+__global__ void __launch_bounds__(THREADS)
+    dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
+                const float *lse, const bf16 *dout, const float *delta, bf16 *dk, bf16 *dv,
+                float scale, float scale_log2) {
+    constexpr int D = 16 * DK, NT = STEP_ROWS / 8, NO = D / 8;
+    constexpr int LD = D + PAD, LDT = STEP_ROWS + PAD;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(smem); // (BLOCK_KEYS, LD)
+    bf16 *Vs = Ks + BLOCK_KEYS * LD;           // (BLOCK_KEYS, LD)
+    bf16 *Qs = Vs + BLOCK_KEYS * LD;           // (STEP_ROWS, LD)
+    bf16 *dOs = Qs + STEP_ROWS * LD;           // (STEP_ROWS, LD)
+    bf16 *Qt = dOs + STEP_ROWS * LD;           // (D, LDT)
+    bf16 *dOt = Qt + D * LDT;                  // (D, LDT)
+    int *row_lo = reinterpret_cast<int *>(dOt + D * LDT), *row_hi = row_lo + STEP_ROWS;
+    float *row_lse = reinterpret_cast<float *>(row_hi + STEP_ROWS), *row_delta = row_lse + STEP_ROWS;
+
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int kvh = blockIdx.y, group = a.H / a.KV, j0 = blockIdx.x * BLOCK_KEYS;
+    int j_end = min(j0 + BLOCK_KEYS, a.Tkv);
+    size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
+    stage_rows<D, BLOCK_KEYS>(Ks, nullptr, k + (size_t)kvh * D, kv_ld, j0, j_end);
+    stage_rows<D, BLOCK_KEYS>(Vs, nullptr, v + (size_t)kvh * D, kv_ld, j0, j_end);
+    // The warp's keys [kw0, kw1) and the thread's two keys (C rows g and g+8).
+    int kw0 = j0 + warp * 16, kw1 = min(kw0 + 16, j_end), key[2] = {kw0 + g, kw0 + g + 8};
+    // Query rows that may see these keys: those of the documents the keys belong to.
+    int first_doc = find_doc(a.cu_kv, a.n_docs, j0);
+    int last_doc = find_doc(a.cu_kv, a.n_docs, j_end - 1);
+    int rows_lo = a.cu_q[first_doc], rows_hi = a.cu_q[last_doc + 1];
+    const bf16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
+
+    float dk_acc[NO][4] = {}, dv_acc[NO][4] = {};
+    for (int hh = 0; hh < group; hh++) {
+        int h = kvh * group + hh;
+        for (int i0 = rows_lo; i0 < rows_hi; i0 += STEP_ROWS) {
+            __syncthreads(); // every warp is done with the previous step's rows
+            bool sees = false;
+            if (threadIdx.x < STEP_ROWS) {
+                int i = i0 + threadIdx.x, lo = 0, hi = 0;
+                if (i < rows_hi) row_key_range(a, i, &lo, &hi);
+                row_lo[threadIdx.x] = lo;
+                row_hi[threadIdx.x] = hi;
+                row_lse[threadIdx.x] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
+                row_delta[threadIdx.x] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
+                sees = lo < j_end && hi > j0;
+            }
+            if (!__syncthreads_or(sees)) continue; // causally before every key of the tile
+            stage_rows<D, STEP_ROWS>(Qs, Qt, q + (size_t)h * D, q_ld, i0, rows_hi);
+            stage_rows<D, STEP_ROWS>(dOs, dOt, dout + (size_t)h * D, q_ld, i0, rows_hi);
+            __syncthreads();
+            bool warp_sees = lane < STEP_ROWS && row_lo[lane] < kw1 && row_hi[lane] > kw0;
+            if (!__any_sync(0xffffffffu, warp_sees)) continue;
+
+            float st[NT][4] = {}, dpt[NT][4] = {};
+#pragma unroll
+            for (int kc = 0; kc < DK; kc++) {
+                uint32_t kf[4], vf[4];
+                load_a(kf, Kw, LD, kc * 16);
+                load_a(vf, Vw, LD, kc * 16);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    uint32_t b0, b1;
+                    load_b(&b0, &b1, Qs, LD, nt * 8, kc * 16);
+                    mma(st[nt], kf, b0, b1);
+                    load_b(&b0, &b1, dOs, LD, nt * 8, kc * 16);
+                    mma(dpt[nt], vf, b0, b1);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
+                    bool valid = j >= row_lo[i] && j < row_hi[i];
+                    float p = valid ? exp2f(st[nt][e] * scale_log2 - row_lse[i]) : 0.0f;
+                    st[nt][e] = p;
+                    dpt[nt][e] = p * (dpt[nt][e] - row_delta[i]);
+                }
+            accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOt, LDT);
+            accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qt, LDT);
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (key[r] >= j_end) continue;
+        size_t at = ((size_t)key[r] * a.KV + kvh) * D + 2 * t;
+#pragma unroll
+        for (int no = 0; no < NO; no++) {
+            *reinterpret_cast<uint32_t *>(dk + at + no * 8) =
+                pack_bf16(dk_acc[no][2 * r] * scale, dk_acc[no][2 * r + 1] * scale);
+            *reinterpret_cast<uint32_t *>(dv + at + no * 8) =
+                pack_bf16(dv_acc[no][2 * r], dv_acc[no][2 * r + 1]);
+        }
+    }
+}
+
+// Dynamic shared memory of each kernel, in bytes, for head_dim D.
+size_t forward_smem(int D) {
+    return sizeof(bf16) * (BLOCK_KEYS * (D + PAD) + D * (BLOCK_KEYS + PAD)) +
+           2 * BLOCK_ROWS * sizeof(int);
+}
+size_t dq_smem(int D) {
+    return sizeof(bf16) * (2 * BLOCK_KEYS * (D + PAD) + D * (BLOCK_KEYS + PAD)) +
+           2 * BLOCK_ROWS * sizeof(int);
+}
+size_t dkdv_smem(int D) {
+    return sizeof(bf16) * (2 * BLOCK_KEYS * (D + PAD) + 2 * STEP_ROWS * (D + PAD) +
+                           2 * D * (STEP_ROWS + PAD)) +
+           4 * STEP_ROWS * sizeof(float);
+}
+
+} // namespace

@@ -1,0 +1,232 @@
+// A CPU stand-in for the parts of the CUDA execution model weft's tensor-core kernels use, so
+// their unmodified source runs (slowly) on a machine without a GPU and index mistakes show up in
+// CI. One block at a time: its threads are coroutines (ucontext) that the scheduler runs until
+// each reaches a rendezvous (__syncthreads, a warp shuffle / vote, or an mma.sync); when every
+// participant is there, the scheduler computes all results at once and releases them. A warp
+// primitive reached by only part of a warp, or a barrier that can never complete, is reported as
+// the hang it would be on a GPU.
+//
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate) is emulated from the PTX ISA's fragment tables
+// ("Matrix Fragments for mma.m16n8k16 with floating point type"), written here independently of
+// the kernels: with g = lane / 4 and t = lane % 4,
+//   A (16x16): a[0] = {(g, 2t), (g, 2t+1)}, a[1] = {(g+8, 2t), ..}, a[2] = {(g, 2t+8), ..},
+//              a[3] = {(g+8, 2t+8), ..}; the lower 16 bits hold the lower column
+//   B (16x8):  b[0] = {(2t, g), (2t+1, g)}, b[1] = {(2t+8, g), (2t+9, g)}  (row k, column n)
+//   C (16x8):  c[0] = (g, 2t), c[1] = (g, 2t+1), c[2] = (g+8, 2t), c[3] = (g+8, 2t+1)
+#pragma once
+#define WEFT_CUDA_EMULATION 1
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <functional>
+#include <vector>
+
+namespace emu {
+
+enum op_kind { OP_RUNNABLE, OP_DONE, OP_BLOCK_SYNC, OP_BLOCK_OR, OP_SHFL_XOR, OP_ANY, OP_MMA };
+
+struct thread_state {
+    ucontext_t context;
+    uint3 index;
+    op_kind op;
+    int predicate, lane_mask, predicate_result;
+    float value, value_result;
+    uint32_t a[4], b[2];
+    float c[4], d[4];
+    std::vector<char> stack;
+};
+
+struct block_state {
+    std::vector<thread_state> threads;
+    ucontext_t scheduler;
+    thread_state *current;
+    std::function<void()> body;
+};
+
+inline block_state *g_block;
+inline uint3 g_block_index;
+inline dim3 g_block_dim, g_grid_dim; // blockDim; gridDim stays 1 (blocks run one at a time)
+
+[[noreturn]] inline void fail(const char *what) {
+    fprintf(stderr, "cuda emulation: %s (block %u,%u)\n", what, g_block_index.x, g_block_index.y);
+    exit(1);
+}
+
+inline thread_state *self() { return g_block->current; }
+
+inline void rendezvous(op_kind op) {
+    thread_state *t = self();
+    t->op = op;
+    swapcontext(&t->context, &g_block->scheduler);
+}
+
+inline float bf16_bits_to_float(uint32_t bits) {
+    uint32_t f = (bits & 0xffffu) << 16;
+    float x;
+    memcpy(&x, &f, sizeof x);
+    return x;
+}
+
+// d = a b + c for the warp whose lanes are `lanes`, from the fragment tables above.
+inline void resolve_mma(thread_state *lanes) {
+    float A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const thread_state &s = lanes[lane];
+        int g = lane >> 2, t = lane & 3;
+        for (int half = 0; half < 2; half++) {
+            int col = 2 * t + half, shift = 16 * half;
+            A[g][col] = bf16_bits_to_float(s.a[0] >> shift);
+            A[g + 8][col] = bf16_bits_to_float(s.a[1] >> shift);
+            A[g][col + 8] = bf16_bits_to_float(s.a[2] >> shift);
+            A[g + 8][col + 8] = bf16_bits_to_float(s.a[3] >> shift);
+            B[col][g] = bf16_bits_to_float(s.b[0] >> shift);
+            B[col + 8][g] = bf16_bits_to_float(s.b[1] >> shift);
+            C[g][col] = s.c[half];
+            C[g + 8][col] = s.c[2 + half];
+        }
+    }
+    for (int lane = 0; lane < 32; lane++) {
+        int g = lane >> 2, t = lane & 3;
+        for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+            float acc = C[row][col];
+            for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+            lanes[lane].d[e] = acc;
+        }
+    }
+}
+
+inline void resolve_warp(thread_state *lanes) {
+    op_kind op = lanes[0].op;
+    for (int lane = 1; lane < 32; lane++)
+        if (lanes[lane].op != op) fail("lanes of one warp wait at different primitives");
+    if (op == OP_MMA) resolve_mma(lanes);
+    for (int lane = 0; lane < 32; lane++) {
+        thread_state &s = lanes[lane];
+        if (op == OP_SHFL_XOR) s.value_result = lanes[lane ^ s.lane_mask].value;
+        if (op == OP_ANY) {
+            s.predicate_result = 0;
+            for (int other = 0; other < 32; other++) s.predicate_result |= lanes[other].predicate != 0;
+        }
+        s.op = OP_RUNNABLE;
+    }
+}
+
+inline bool is_warp_op(op_kind op) { return op == OP_SHFL_XOR || op == OP_ANY || op == OP_MMA; }
+inline bool is_block_op(op_kind op) { return op == OP_BLOCK_SYNC || op == OP_BLOCK_OR; }
+
+// Releases whatever rendezvous is complete; false when nothing could be released.
+inline bool resolve(block_state &b) {
+    bool released = false;
+    size_t n = b.threads.size(), waiting_block = 0, done = 0;
+    for (size_t w = 0; w < n; w += 32) {
+        int at_warp_op = 0;
+        for (size_t l = w; l < w + 32; l++) at_warp_op += is_warp_op(b.threads[l].op);
+        if (at_warp_op == 32) {
+            resolve_warp(&b.threads[w]);
+            released = true;
+        } else if (at_warp_op > 0) {
+            fail("a warp primitive was reached by only part of a warp");
+        }
+    }
+    for (auto &t : b.threads) {
+        waiting_block += is_block_op(t.op);
+        done += t.op == OP_DONE;
+    }
+    if (waiting_block > 0 && waiting_block + done == n) {
+        if (done > 0) fail("__syncthreads after some threads of the block returned");
+        int any = 0;
+        for (auto &t : b.threads) any |= t.predicate != 0 && t.op == OP_BLOCK_OR;
+        for (auto &t : b.threads) {
+            t.predicate_result = any;
+            t.op = OP_RUNNABLE;
+        }
+        released = true;
+    }
+    return released;
+}
+
+inline void thread_entry() {
+    g_block->body();
+    self()->op = OP_DONE; // returning resumes the scheduler through uc_link
+}
+
+// Runs `body` as one block of `threads` threads (a multiple of 32) with blockIdx = index.
+inline void run_block(uint3 index, int threads, const std::function<void()> &body) {
+    static block_state b; // stacks are kept between blocks
+    b.body = body;
+    b.threads.resize(threads);
+    g_block = &b;
+    g_block_index = index;
+    g_block_dim = dim3(threads);
+    for (int i = 0; i < threads; i++) {
+        thread_state &t = b.threads[i];
+        t.stack.resize(256 << 10);
+        getcontext(&t.context);
+        t.context.uc_stack.ss_sp = t.stack.data();
+        t.context.uc_stack.ss_size = t.stack.size();
+        t.context.uc_link = &b.scheduler;
+        makecontext(&t.context, thread_entry, 0);
+        t.index = make_uint3(i, 0, 0);
+        t.op = OP_RUNNABLE;
+    }
+    for (;;) {
+        bool ran = false;
+        for (auto &t : b.threads)
+            if (t.op == OP_RUNNABLE) {
+                b.current = &t;
+                swapcontext(&b.scheduler, &t.context);
+                ran = true;
+            }
+        bool all_done = true;
+        for (auto &t : b.threads) all_done = all_done && t.op == OP_DONE;
+        if (all_done) return;
+        if (!resolve(b) && !ran) fail("threads wait at a rendezvous that can never complete");
+    }
+}
+
+} // namespace emu
+
+// The CUDA built-ins the kernels use. (The kernels pun bf16 pairs as 32-bit words, as CUDA code
+// does: build with -fno-strict-aliasing.)
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+#define threadIdx (emu::self()->index)
+#define blockIdx (emu::g_block_index)
+#define blockDim (emu::g_block_dim)
+#define gridDim (emu::g_grid_dim)
+
+inline void __syncthreads() { emu::rendezvous(emu::OP_BLOCK_SYNC); }
+inline int __syncthreads_or(int predicate) {
+    emu::self()->predicate = predicate;
+    emu::rendezvous(emu::OP_BLOCK_OR);
+    return emu::self()->predicate_result;
+}
+inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+    emu::self()->value = value;
+    emu::self()->lane_mask = lane_mask;
+    emu::rendezvous(emu::OP_SHFL_XOR);
+    return emu::self()->value_result;
+}
+inline int __any_sync(unsigned, int predicate) {
+    emu::self()->predicate = predicate;
+    emu::rendezvous(emu::OP_ANY);
+    return emu::self()->predicate_result;
+}
+inline void weft_emulated_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    emu::thread_state *t = emu::self();
+    memcpy(t->a, a, sizeof t->a);
+    t->b[0] = b0;
+    t->b[1] = b1;
+    memcpy(t->c, c, sizeof t->c);
+    emu::rendezvous(emu::OP_MMA);
+    memcpy(c, t->d, sizeof t->d);
+}
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
