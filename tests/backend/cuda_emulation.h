@@ -26,6 +26,9 @@
 #include <functional>
 #include <vector>
 
+// Dynamic shared memory (common.cuh's dynamic_smem): one buffer, as blocks run one at a time.
+alignas(16) unsigned char weft_dynamic_smem[1 << 18];
+
 namespace emu {
 
 enum op_kind { OP_RUNNABLE, OP_DONE, OP_BLOCK_SYNC, OP_BLOCK_OR, OP_SHFL_XOR, OP_ANY, OP_MMA };
@@ -50,7 +53,7 @@ struct block_state {
 
 inline block_state *g_block;
 inline uint3 g_block_index;
-inline dim3 g_block_dim, g_grid_dim; // blockDim; gridDim stays 1 (blocks run one at a time)
+inline dim3 g_block_dim, g_grid_dim;
 
 [[noreturn]] inline void fail(const char *what) {
     fprintf(stderr, "cuda emulation: %s (block %u,%u)\n", what, g_block_index.x, g_block_index.y);
@@ -190,7 +193,26 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
     }
 }
 
+// A kernel launch: every block of `grid`, one at a time, checking the kernel stays inside the
+// dynamic shared memory it was launched with (the bytes past it are a canary).
+inline void launch(dim3 grid, unsigned threads, size_t smem_bytes,
+                   const std::function<void()> &kernel) {
+    constexpr size_t CANARY = 4096;
+    if (smem_bytes + CANARY > sizeof weft_dynamic_smem) fail("shared memory larger than the emulator's");
+    g_grid_dim = grid;
+    for (unsigned y = 0; y < grid.y; y++)
+        for (unsigned x = 0; x < grid.x; x++) {
+            memset(weft_dynamic_smem, 0xA5, smem_bytes + CANARY);
+            run_block(make_uint3(x, y, 0), (int)threads, kernel);
+            for (size_t i = smem_bytes; i < smem_bytes + CANARY; i++)
+                if (weft_dynamic_smem[i] != 0xA5) fail("kernel wrote past its dynamic shared memory");
+        }
+}
+
 } // namespace emu
+
+#define WEFT_LAUNCH(kernel, grid, threads, smem_bytes, stream, ...)                                \
+    emu::launch(dim3(grid), (threads), (size_t)(smem_bytes), [&] { kernel(__VA_ARGS__); })
 
 // The CUDA built-ins the kernels use. (The kernels pun bf16 pairs as 32-bit words, as CUDA code
 // does: build with -fno-strict-aliasing.)

@@ -115,7 +115,7 @@ __device__ void store_rows(bf16 *dst, float (*acc)[NC], const float *factor, int
 template <int NC>
 __global__ void attention_forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k,
                                          const bf16 *v, bf16 *out, float *lse, float scale) {
-    extern __shared__ float smem[];
+    float *smem = dynamic_smem<float>();
     int D = a.D, lane = threadIdx.x;
     float *Ks = smem, *Vs = Ks + TILE * (D + 1), *Qs = Vs + TILE * (D + 1), *Ps = Qs + ROWS * D;
     int h = blockIdx.y, g = h / (a.H / a.KV), r0 = blockIdx.x * ROWS;
@@ -182,7 +182,7 @@ template <int NC>
 __global__ void attention_dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k,
                                     const bf16 *v, const float *lse, const bf16 *dout,
                                     const float *delta, bf16 *dq, float scale) {
-    extern __shared__ float smem[];
+    float *smem = dynamic_smem<float>();
     int D = a.D, lane = threadIdx.x;
     float *Ks = smem, *Vs = Ks + TILE * (D + 1), *Qs = Vs + TILE * (D + 1);
     float *dOs = Qs + ROWS * D, *dSs = dOs + ROWS * D;
@@ -226,7 +226,7 @@ __global__ void attention_dq_kernel(weft_cuda_attention_args a, const bf16 *q, c
 __global__ void attention_dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k,
                                       const bf16 *v, const float *lse, const bf16 *dout,
                                       const float *delta, bf16 *dk, bf16 *dv, float scale) {
-    extern __shared__ float smem[];
+    float *smem = dynamic_smem<float>();
     int D = a.D, stride = D + 1, lane = threadIdx.x;
     float *Ks = smem, *Vs = Ks + TILE * stride, *dKs = Vs + TILE * stride, *dVs = dKs + TILE * stride;
     float *qi = dVs + TILE * stride, *doi = qi + D;
@@ -308,13 +308,8 @@ extern "C" void weft_cuda_attention_forward_simt(weft_cuda_stream s,
     size_t smem = rows_smem(a->D, 1);
     float scale = 1.0f / sqrtf((float)a->D);
 #define LAUNCH(NC)                                                                                 \
-    do {                                                                                           \
-        cudaFuncSetAttribute(attention_forward_kernel<NC>,                                         \
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);              \
-        attention_forward_kernel<NC><<<grid, 32, smem, s>>>(*a, (const bf16 *)q, (const bf16 *)k,  \
-                                                            (const bf16 *)v, (bf16 *)out, lse,     \
-                                                            scale);                                \
-    } while (0)
+    WEFT_LAUNCH(attention_forward_kernel<NC>, grid, 32, smem, s, *a, (const bf16 *)q,              \
+                (const bf16 *)k, (const bf16 *)v, (bf16 *)out, lse, scale)
     DISPATCH_NC(a->D, LAUNCH)
 #undef LAUNCH
 }
@@ -323,8 +318,8 @@ extern "C" void weft_cuda_attention_delta(weft_cuda_stream s, const void *out, c
                                           float *delta, int Tq, int H, int D) {
     size_t items = (size_t)Tq * H;
     if (items == 0) return;
-    attention_delta_kernel<<<(unsigned)((items + 3) / 4), 128, 0, s>>>(
-        (const bf16 *)out, (const bf16 *)dout, delta, Tq, H, D);
+    WEFT_LAUNCH(attention_delta_kernel, (unsigned)((items + 3) / 4), 128, 0, s,
+                (const bf16 *)out, (const bf16 *)dout, delta, Tq, H, D);
 }
 
 extern "C" void weft_cuda_attention_backward_simt(weft_cuda_stream s,
@@ -337,22 +332,16 @@ extern "C" void weft_cuda_attention_backward_simt(weft_cuda_stream s,
     dim3 grid_q((a->Tq + ROWS - 1) / ROWS, a->H);
     size_t smem_q = rows_smem(a->D, 2);
 #define LAUNCH(NC)                                                                                 \
-    do {                                                                                           \
-        cudaFuncSetAttribute(attention_dq_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                             (int)smem_q);                                                         \
-        attention_dq_kernel<NC><<<grid_q, 32, smem_q, s>>>(                                        \
-            *a, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, lse, (const bf16 *)dout,        \
-            delta, (bf16 *)dq, scale);                                                             \
-    } while (0)
+    WEFT_LAUNCH(attention_dq_kernel<NC>, grid_q, 32, smem_q, s, *a, (const bf16 *)q,               \
+                (const bf16 *)k, (const bf16 *)v, lse, (const bf16 *)dout, delta, (bf16 *)dq,      \
+                scale)
     DISPATCH_NC(a->D, LAUNCH)
 #undef LAUNCH
 
     if (a->Tkv == 0) return;
     dim3 grid_kv((a->Tkv + TILE - 1) / TILE, a->KV);
     size_t smem_kv = sizeof(float) * (4 * TILE * (a->D + 1) + 2 * a->D);
-    cudaFuncSetAttribute(attention_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         (int)smem_kv);
-    attention_dkdv_kernel<<<grid_kv, 32, smem_kv, s>>>(*a, (const bf16 *)q, (const bf16 *)k,
-                                                       (const bf16 *)v, lse, (const bf16 *)dout,
-                                                       delta, (bf16 *)dk, (bf16 *)dv, scale);
+    WEFT_LAUNCH(attention_dkdv_kernel, grid_kv, 32, smem_kv, s, *a, (const bf16 *)q,
+                (const bf16 *)k, (const bf16 *)v, lse, (const bf16 *)dout, delta, (bf16 *)dk,
+                (bf16 *)dv, scale);
 }

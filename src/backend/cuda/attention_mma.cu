@@ -1,9 +1,7 @@
 // Launchers of the tensor-core attention kernels (attention_mma.cuh).
 #include "backend/cuda/attention_mma.cuh"
 
-namespace {
-
-// Launches KERNEL<D / 16> with `smem` bytes of dynamic shared memory (opted in past 48 KiB).
+// Runs LAUNCH(D / 16): the kernels are instantiated per head_dim.
 #define DISPATCH_DK(D, LAUNCH)                                                                     \
     switch ((D) / 16) {                                                                            \
     case 1: LAUNCH(1); break;                                                                      \
@@ -15,13 +13,6 @@ namespace {
     case 7: LAUNCH(7); break;                                                                      \
     default: LAUNCH(8); break;                                                                     \
     }
-#define LAUNCH_WITH_SMEM(KERNEL, DK, grid, smem, stream, ...)                                      \
-    do {                                                                                           \
-        cudaFuncSetAttribute(KERNEL<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(smem)); \
-        KERNEL<DK><<<grid, THREADS, smem, stream>>>(__VA_ARGS__);                                  \
-    } while (0)
-
-} // namespace
 
 extern "C" void weft_cuda_attention_forward_mma(weft_cuda_stream s,
                                                 const weft_cuda_attention_args *a, const void *q,
@@ -32,34 +23,46 @@ extern "C" void weft_cuda_attention_forward_mma(weft_cuda_stream s,
     float scale_log2 = LOG2E / sqrtf((float)a->D);
     size_t smem = forward_smem(a->D);
 #define LAUNCH(DK)                                                                                 \
-    LAUNCH_WITH_SMEM(forward_kernel, DK, grid, smem, s, *a, (const bf16 *)q, (const bf16 *)k,      \
-                     (const bf16 *)v, (bf16 *)out, lse, scale_log2)
+    WEFT_LAUNCH(forward_kernel<DK>, grid, THREADS, smem, s, *a, (const bf16 *)q, (const bf16 *)k,  \
+                (const bf16 *)v, (bf16 *)out, lse, scale_log2)
     DISPATCH_DK(a->D, LAUNCH)
 #undef LAUNCH
+}
+
+extern "C" size_t weft_cuda_attention_partials_bytes(const weft_cuda_attention_args *a) {
+    return a->H == a->KV ? 0 : 2 * sizeof(float) * (size_t)a->Tkv * a->H * a->D;
 }
 
 extern "C" void weft_cuda_attention_backward_mma(weft_cuda_stream s,
                                                  const weft_cuda_attention_args *a, const void *q,
                                                  const void *k, const void *v, const float *lse,
                                                  const void *dout, const float *delta, void *dq,
-                                                 void *dk, void *dv) {
+                                                 void *dk, void *dv, float *partials) {
     if (a->Tq == 0) return;
     float scale = 1.0f / sqrtf((float)a->D), scale_log2 = scale * LOG2E;
     dim3 grid_q((a->Tq + BLOCK_ROWS - 1) / BLOCK_ROWS, a->H);
     size_t smem_q = dq_smem(a->D);
 #define LAUNCH(DK)                                                                                 \
-    LAUNCH_WITH_SMEM(dq_kernel, DK, grid_q, smem_q, s, *a, (const bf16 *)q, (const bf16 *)k,       \
-                     (const bf16 *)v, lse, (const bf16 *)dout, delta, (bf16 *)dq, scale,           \
-                     scale_log2)
+    WEFT_LAUNCH(dq_kernel<DK>, grid_q, THREADS, smem_q, s, *a, (const bf16 *)q, (const bf16 *)k,   \
+                (const bf16 *)v, lse, (const bf16 *)dout, delta, (bf16 *)dq, scale, scale_log2)
     DISPATCH_DK(a->D, LAUNCH)
 #undef LAUNCH
     if (a->Tkv == 0) return;
-    dim3 grid_kv((a->Tkv + BLOCK_KEYS - 1) / BLOCK_KEYS, a->KV);
+    bool grouped = a->H != a->KV;
+    float *dk_part = grouped ? partials : NULL;
+    float *dv_part = grouped ? partials + (size_t)a->Tkv * a->H * a->D : NULL;
+    dim3 grid_kv((a->Tkv + BLOCK_KEYS - 1) / BLOCK_KEYS, a->H);
     size_t smem_kv = dkdv_smem(a->D);
 #define LAUNCH(DK)                                                                                 \
-    LAUNCH_WITH_SMEM(dkdv_kernel, DK, grid_kv, smem_kv, s, *a, (const bf16 *)q, (const bf16 *)k,   \
-                     (const bf16 *)v, lse, (const bf16 *)dout, delta, (bf16 *)dk, (bf16 *)dv,      \
-                     scale, scale_log2)
+    WEFT_LAUNCH(dkdv_kernel<DK>, grid_kv, THREADS, smem_kv, s, *a, (const bf16 *)q,                \
+                (const bf16 *)k, (const bf16 *)v, lse, (const bf16 *)dout, delta, (bf16 *)dk,      \
+                (bf16 *)dv, dk_part, dv_part, scale, scale_log2)
     DISPATCH_DK(a->D, LAUNCH)
 #undef LAUNCH
+    if (!grouped) return;
+    size_t N = (size_t)a->Tkv * a->KV * a->D;
+    WEFT_LAUNCH(group_sum_kernel, grid_for(N), 256, 0, s, dk_part, (bf16 *)dk, a->Tkv, a->H, a->KV,
+                a->D);
+    WEFT_LAUNCH(group_sum_kernel, grid_for(N), 256, 0, s, dv_part, (bf16 *)dv, a->Tkv, a->H, a->KV,
+                a->D);
 }

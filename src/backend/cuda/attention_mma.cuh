@@ -14,9 +14,11 @@
 // the 8 groups x 4 lanes of a fragment load hit 32 distinct banks for every head_dim.
 //
 // Kernels: forward (a block = 64 query rows of one head, a warp = 16 rows, keys in tiles of 64);
-// dQ (same split, recomputing P from the forward's lse); dK/dV (a block = 64 keys of one kv
-// head, a warp = 16 keys, walking the query rows that can see them, 32 at a time, for every
-// query head of the group). Each output element has one writer: no atomics.
+// dQ (same split, recomputing P from the forward's lse); dK/dV (a block = 64 keys seen by one
+// query head, a warp = 16 keys, walking the query rows that can see them, 32 at a time). Under
+// grouped-query attention each query head writes fp32 partial dK/dV and a last pass sums the
+// group, so the grid has H (not KV) columns of blocks and the work stays balanced. Each output
+// element has one writer: no atomics, and runs are bit-reproducible.
 #pragma once
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(THREADS)
     forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *out, float *lse, float scale_log2) {
     constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
-    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char *smem = dynamic_smem<unsigned char>();
     bf16 *Ks = reinterpret_cast<bf16 *>(smem);   // (BLOCK_KEYS, D + PAD)
     bf16 *Vt = Ks + BLOCK_KEYS * (D + PAD);      // (D, BLOCK_KEYS + PAD)
     int *row_lo = reinterpret_cast<int *>(Vt + D * (BLOCK_KEYS + PAD)), *row_hi = row_lo + BLOCK_ROWS;
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(THREADS)
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
     constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
-    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char *smem = dynamic_smem<unsigned char>();
     bf16 *Ks = reinterpret_cast<bf16 *>(smem);   // (BLOCK_KEYS, D + PAD)
     bf16 *Vs = Ks + BLOCK_KEYS * (D + PAD);      // (BLOCK_KEYS, D + PAD)
     bf16 *Kt = Vs + BLOCK_KEYS * (D + PAD);      // (D, BLOCK_KEYS + PAD)
@@ -342,15 +344,17 @@ __global__ void __launch_bounds__(THREADS)
 
 // For one tile of keys of kv head `kvh`: transposed products, keys as the rows of A.
 //   S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
-//   dV += P^T dO, dK += scale * dS^T Q, over every query head of the group.
+//   dV += P^T dO, dK += scale * dS^T Q, for query head h = blockIdx.y.
+// Without grouping (H == KV) the results go to dk, dv (bf16); with it, to dk_part, dv_part
+// (Tkv, H, D) fp32, which group_sum_kernel adds up.
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
     dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                 const float *lse, const bf16 *dout, const float *delta, bf16 *dk, bf16 *dv,
-                float scale, float scale_log2) {
+                float *dk_part, float *dv_part, float scale, float scale_log2) {
     constexpr int D = 16 * DK, NT = STEP_ROWS / 8, NO = D / 8;
     constexpr int LD = D + PAD, LDT = STEP_ROWS + PAD;
-    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char *smem = dynamic_smem<unsigned char>();
     bf16 *Ks = reinterpret_cast<bf16 *>(smem); // (BLOCK_KEYS, LD)
     bf16 *Vs = Ks + BLOCK_KEYS * LD;           // (BLOCK_KEYS, LD)
     bf16 *Qs = Vs + BLOCK_KEYS * LD;           // (STEP_ROWS, LD)
@@ -361,7 +365,7 @@ __global__ void __launch_bounds__(THREADS)
     float *row_lse = reinterpret_cast<float *>(row_hi + STEP_ROWS), *row_delta = row_lse + STEP_ROWS;
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int kvh = blockIdx.y, group = a.H / a.KV, j0 = blockIdx.x * BLOCK_KEYS;
+    int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * BLOCK_KEYS;
     int j_end = min(j0 + BLOCK_KEYS, a.Tkv);
     size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
     stage_rows<D, BLOCK_KEYS>(Ks, nullptr, k + (size_t)kvh * D, kv_ld, j0, j_end);
@@ -375,68 +379,86 @@ __global__ void __launch_bounds__(THREADS)
     const bf16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
 
     float dk_acc[NO][4] = {}, dv_acc[NO][4] = {};
-    for (int hh = 0; hh < group; hh++) {
-        int h = kvh * group + hh;
-        for (int i0 = rows_lo; i0 < rows_hi; i0 += STEP_ROWS) {
-            __syncthreads(); // every warp is done with the previous step's rows
-            bool sees = false;
-            if (threadIdx.x < STEP_ROWS) {
-                int i = i0 + threadIdx.x, lo = 0, hi = 0;
-                if (i < rows_hi) row_key_range(a, i, &lo, &hi);
-                row_lo[threadIdx.x] = lo;
-                row_hi[threadIdx.x] = hi;
-                row_lse[threadIdx.x] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
-                row_delta[threadIdx.x] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
-                sees = lo < j_end && hi > j0;
-            }
-            if (!__syncthreads_or(sees)) continue; // causally before every key of the tile
-            stage_rows<D, STEP_ROWS>(Qs, Qt, q + (size_t)h * D, q_ld, i0, rows_hi);
-            stage_rows<D, STEP_ROWS>(dOs, dOt, dout + (size_t)h * D, q_ld, i0, rows_hi);
-            __syncthreads();
-            bool warp_sees = lane < STEP_ROWS && row_lo[lane] < kw1 && row_hi[lane] > kw0;
-            if (!__any_sync(0xffffffffu, warp_sees)) continue;
-
-            float st[NT][4] = {}, dpt[NT][4] = {};
-#pragma unroll
-            for (int kc = 0; kc < DK; kc++) {
-                uint32_t kf[4], vf[4];
-                load_a(kf, Kw, LD, kc * 16);
-                load_a(vf, Vw, LD, kc * 16);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint32_t b0, b1;
-                    load_b(&b0, &b1, Qs, LD, nt * 8, kc * 16);
-                    mma(st[nt], kf, b0, b1);
-                    load_b(&b0, &b1, dOs, LD, nt * 8, kc * 16);
-                    mma(dpt[nt], vf, b0, b1);
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
-                    bool valid = j >= row_lo[i] && j < row_hi[i];
-                    float p = valid ? exp2f(st[nt][e] * scale_log2 - row_lse[i]) : 0.0f;
-                    st[nt][e] = p;
-                    dpt[nt][e] = p * (dpt[nt][e] - row_delta[i]);
-                }
-            accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOt, LDT);
-            accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qt, LDT);
+    for (int i0 = rows_lo; i0 < rows_hi; i0 += STEP_ROWS) {
+        __syncthreads(); // every warp is done with the previous step's rows
+        bool sees = false;
+        if (threadIdx.x < STEP_ROWS) {
+            int i = i0 + threadIdx.x, lo = 0, hi = 0;
+            if (i < rows_hi) row_key_range(a, i, &lo, &hi);
+            row_lo[threadIdx.x] = lo;
+            row_hi[threadIdx.x] = hi;
+            row_lse[threadIdx.x] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
+            row_delta[threadIdx.x] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
+            sees = lo < j_end && hi > j0;
         }
+        if (!__syncthreads_or(sees)) continue; // causally before every key of the tile
+        stage_rows<D, STEP_ROWS>(Qs, Qt, q + (size_t)h * D, q_ld, i0, rows_hi);
+        stage_rows<D, STEP_ROWS>(dOs, dOt, dout + (size_t)h * D, q_ld, i0, rows_hi);
+        __syncthreads();
+        bool warp_sees = lane < STEP_ROWS && row_lo[lane] < kw1 && row_hi[lane] > kw0;
+        if (!__any_sync(0xffffffffu, warp_sees)) continue;
+
+        float st[NT][4] = {}, dpt[NT][4] = {};
+#pragma unroll
+        for (int kc = 0; kc < DK; kc++) {
+            uint32_t kf[4], vf[4];
+            load_a(kf, Kw, LD, kc * 16);
+            load_a(vf, Vw, LD, kc * 16);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b0, b1;
+                load_b(&b0, &b1, Qs, LD, nt * 8, kc * 16);
+                mma(st[nt], kf, b0, b1);
+                load_b(&b0, &b1, dOs, LD, nt * 8, kc * 16);
+                mma(dpt[nt], vf, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
+                bool valid = j >= row_lo[i] && j < row_hi[i];
+                float p = valid ? exp2f(st[nt][e] * scale_log2 - row_lse[i]) : 0.0f;
+                st[nt][e] = p;
+                dpt[nt][e] = p * (dpt[nt][e] - row_delta[i]);
+            }
+        accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOt, LDT);
+        accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qt, LDT);
     }
 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (key[r] >= j_end) continue;
-        size_t at = ((size_t)key[r] * a.KV + kvh) * D + 2 * t;
 #pragma unroll
         for (int no = 0; no < NO; no++) {
-            *reinterpret_cast<uint32_t *>(dk + at + no * 8) =
-                pack_bf16(dk_acc[no][2 * r] * scale, dk_acc[no][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t *>(dv + at + no * 8) =
-                pack_bf16(dv_acc[no][2 * r], dv_acc[no][2 * r + 1]);
+            float2 dk2 = {dk_acc[no][2 * r] * scale, dk_acc[no][2 * r + 1] * scale};
+            float2 dv2 = {dv_acc[no][2 * r], dv_acc[no][2 * r + 1]};
+            if (dk_part) {
+                size_t at = ((size_t)key[r] * a.H + h) * D + no * 8 + 2 * t;
+                *reinterpret_cast<float2 *>(dk_part + at) = dk2;
+                *reinterpret_cast<float2 *>(dv_part + at) = dv2;
+            } else {
+                size_t at = ((size_t)key[r] * a.KV + kvh) * D + no * 8 + 2 * t;
+                *reinterpret_cast<uint32_t *>(dk + at) = pack_bf16(dk2.x, dk2.y);
+                *reinterpret_cast<uint32_t *>(dv + at) = pack_bf16(dv2.x, dv2.y);
+            }
         }
+    }
+}
+
+// out (Tkv, KV, D) bf16 = the sum over each kv head's group of part (Tkv, H, D) fp32, in a fixed
+// order.
+__global__ void group_sum_kernel(const float *part, bf16 *out, int Tkv, int H, int KV, int D) {
+    int group = H / KV;
+    size_t N = (size_t)Tkv * KV * D;
+    for (size_t i = global_index(); i < N; i += global_stride()) {
+        size_t key = i / ((size_t)KV * D);
+        int rem = (int)(i - key * KV * D), g = rem / D, d = rem - g * D;
+        const float *src = part + (key * H + (size_t)g * group) * D + d;
+        float acc = 0.0f;
+        for (int hh = 0; hh < group; hh++) acc += src[(size_t)hh * D];
+        out[i] = to_bf16(acc);
     }
 }
 

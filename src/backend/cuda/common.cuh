@@ -43,3 +43,23 @@ template <typename T> __device__ T block_sum(T v, T *partial) {
     for (int w = 0; w < warps; w++) total += partial[w];
     return total;
 }
+
+// The block's dynamic shared memory (the bytes given at launch), as an array of T. Every kernel
+// reaches it through this one declaration, which the CPU test harness can stand in for.
+template <typename T> __device__ __forceinline__ T *dynamic_smem() {
+    extern __shared__ __align__(16) unsigned char weft_dynamic_smem[];
+    return reinterpret_cast<T *>(weft_dynamic_smem);
+}
+
+// Launches kernel<<<grid, threads, smem, stream>>>(args...), first opting in to more than the
+// default 48 KiB of dynamic shared memory when it asks for that. The CPU test harness
+// (tests/backend/cuda_emulation.h) defines its own WEFT_LAUNCH, so launchers written with this
+// macro run there unchanged.
+#ifndef WEFT_LAUNCH
+#define WEFT_LAUNCH(kernel, grid, threads, smem, stream, ...)                                      \
+    do {                                                                                           \
+        if ((smem) > (48u << 10))                                                                  \
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(smem)); \
+        kernel<<<grid, threads, smem, stream>>>(__VA_ARGS__);                                      \
+    } while (0)
+#endif

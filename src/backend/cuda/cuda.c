@@ -31,7 +31,7 @@ typedef struct cuda_state {
     cublasLtHandle_t lt;
     void *workspace;
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
-    float *scratch;              // attention backward's delta (H, Tq), grown on demand
+    float *scratch;              // attention backward's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
     size_t scratch_bytes;
     matmul_plan plans[MATMUL_CACHE];
@@ -313,11 +313,17 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
                                     void *dk, void *dv, int H, int KV, int D) {
     if (layout->n_docs == 0) return;
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
-    float *delta = scratch(self, sizeof(float) * (size_t)H * (layout->Tq > 0 ? layout->Tq : 1));
-    weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
     const void *tensors[] = {q, k, v, dout, dq, dk, dv};
-    if (attention_on_tensor_cores(self, D, tensors, 7))
-        weft_cuda_attention_backward_mma(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv);
+    bool mma = attention_on_tensor_cores(self, D, tensors, 7);
+    // Scratch: delta (H, Tq), then the mma kernels' per-head dK/dV partials.
+    size_t delta_floats = (size_t)H * layout->Tq + 64; // + 64: the partials stay 256-byte aligned
+    delta_floats -= delta_floats % 64;
+    size_t partial_bytes = mma ? weft_cuda_attention_partials_bytes(&a) : 0;
+    float *delta = scratch(self, sizeof(float) * delta_floats + partial_bytes);
+    weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
+    if (mma)
+        weft_cuda_attention_backward_mma(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv,
+                                         delta + delta_floats);
     else
         weft_cuda_attention_backward_simt(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk,
                                           dv);

@@ -66,7 +66,7 @@ __global__ void rmsnorm_forward_kernel(const bf16 *x, const bf16 *w, float eps, 
 __global__ void rmsnorm_backward_kernel(const bf16 *x, const bf16 *w, const float *rstd,
                                         const bf16 *dout, bf16 *dx, float *dw, int T, int C) {
     __shared__ float partial[NORM_THREADS / 32];
-    extern __shared__ float dw_acc[]; // (C)
+    float *dw_acc = dynamic_smem<float>(); // (C)
     for (int c = threadIdx.x; c < C; c += blockDim.x) dw_acc[c] = 0.0f;
     int t0 = blockIdx.x * ROWS_PER_COLUMN_BLOCK;
     int t1 = min(t0 + ROWS_PER_COLUMN_BLOCK, T);

@@ -81,11 +81,13 @@ void weft_cuda_attention_forward_simt(weft_cuda_stream s, const weft_cuda_attent
 // delta (H, Tq) f32 = rowsum(dout * out), the backward's first pass.
 void weft_cuda_attention_delta(weft_cuda_stream s, const void *out, const void *dout,
                                float *delta, int Tq, int H, int D);
-// dq, dk, dv overwritten (bf16), from the forward's lse and the delta above.
+// dq, dk, dv overwritten (bf16), from the forward's lse and the delta above. The mma backward
+// also needs weft_cuda_attention_partials_bytes(a) of device scratch (0 without grouped heads).
+size_t weft_cuda_attention_partials_bytes(const weft_cuda_attention_args *a);
 void weft_cuda_attention_backward_mma(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                       const void *q, const void *k, const void *v,
                                       const float *lse, const void *dout, const float *delta,
-                                      void *dq, void *dk, void *dv);
+                                      void *dq, void *dk, void *dv, float *partials);
 void weft_cuda_attention_backward_simt(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                        const void *q, const void *k, const void *v,
                                        const float *lse, const void *dout, const float *delta,
