@@ -1,6 +1,6 @@
-// A CPU stand-in for the parts of the CUDA execution model weft's tensor-core kernels use, so
-// their unmodified source runs (slowly) on a machine without a GPU and index mistakes show up in
-// CI. One block at a time: its threads are coroutines (ucontext) that the scheduler runs until
+// A CPU stand-in for the parts of the CUDA execution model weft's kernels use, so their
+// unmodified source (launchers included) runs, slowly, on a machine without a GPU, and index or
+// synchronization mistakes show up in CI. One block at a time: its threads are coroutines (ucontext) that the scheduler runs until
 // each reaches a rendezvous (__syncthreads, a warp shuffle / vote, or an mma.sync); when every
 // participant is there, the scheduler computes all results at once and releases them. A warp
 // primitive reached by only part of a warp, or a barrier that can never complete, is reported as
@@ -17,6 +17,7 @@
 #define WEFT_CUDA_EMULATION 1
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,14 +32,23 @@ alignas(16) unsigned char weft_dynamic_smem[1 << 18];
 
 namespace emu {
 
-enum op_kind { OP_RUNNABLE, OP_DONE, OP_BLOCK_SYNC, OP_BLOCK_OR, OP_SHFL_XOR, OP_ANY, OP_MMA };
+enum op_kind {
+    OP_RUNNABLE,
+    OP_DONE,
+    OP_BLOCK_SYNC,
+    OP_BLOCK_OR,
+    OP_SYNC_WARP,
+    OP_SHFL_XOR,
+    OP_ANY,
+    OP_MMA
+};
 
 struct thread_state {
     ucontext_t context;
     uint3 index;
     op_kind op;
     int predicate, lane_mask, predicate_result;
-    float value, value_result;
+    double value, value_result; // shuffled ints, floats and doubles all fit a double exactly
     uint32_t a[4], b[2];
     float c[4], d[4];
     std::vector<char> stack;
@@ -120,7 +130,9 @@ inline void resolve_warp(thread_state *lanes) {
     }
 }
 
-inline bool is_warp_op(op_kind op) { return op == OP_SHFL_XOR || op == OP_ANY || op == OP_MMA; }
+inline bool is_warp_op(op_kind op) {
+    return op == OP_SYNC_WARP || op == OP_SHFL_XOR || op == OP_ANY || op == OP_MMA;
+}
 inline bool is_block_op(op_kind op) { return op == OP_BLOCK_SYNC || op == OP_BLOCK_OR; }
 
 // Releases whatever rendezvous is complete; false when nothing could be released.
@@ -214,6 +226,12 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes,
 #define WEFT_LAUNCH(kernel, grid, threads, smem_bytes, stream, ...)                                \
     emu::launch(dim3(grid), (threads), (size_t)(smem_bytes), [&] { kernel(__VA_ARGS__); })
 
+// Shared memory: `__shared__` variables are per block, and blocks run one at a time, so static
+// storage stands in for them; dynamic shared memory is the one buffer above.
+#undef __shared__
+#define __shared__ static
+template <typename T> T *dynamic_smem() { return reinterpret_cast<T *>(weft_dynamic_smem); }
+
 // The CUDA built-ins the kernels use. (The kernels pun bf16 pairs as 32-bit words, as CUDA code
 // does: build with -fno-strict-aliasing.)
 #ifndef __launch_bounds__
@@ -230,11 +248,12 @@ inline int __syncthreads_or(int predicate) {
     emu::rendezvous(emu::OP_BLOCK_OR);
     return emu::self()->predicate_result;
 }
-inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
-    emu::self()->value = value;
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::rendezvous(emu::OP_SYNC_WARP); }
+template <typename T> T __shfl_xor_sync(unsigned, T value, int lane_mask) {
+    emu::self()->value = (double)value;
     emu::self()->lane_mask = lane_mask;
     emu::rendezvous(emu::OP_SHFL_XOR);
-    return emu::self()->value_result;
+    return (T)emu::self()->value_result;
 }
 inline int __any_sync(unsigned, int predicate) {
     emu::self()->predicate = predicate;
@@ -250,5 +269,26 @@ inline void weft_emulated_mma(float c[4], const uint32_t a[4], uint32_t b0, uint
     emu::rendezvous(emu::OP_MMA);
     memcpy(c, t->d, sizeof t->d);
 }
+// Threads switch only at the rendezvous points above, so a read-modify-write is atomic.
+inline float atomicAdd(float *p, float x) {
+    float old = *p;
+    *p = old + x;
+    return old;
+}
+inline double atomicAdd(double *p, double x) {
+    double old = *p;
+    *p = old + x;
+    return old;
+}
+inline float __expf(float x) { return expf(x); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+
+// The runtime calls launchers make, on host memory (one test program includes this header).
+extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
+    memset(p, value, bytes);
+    return cudaSuccess;
+}

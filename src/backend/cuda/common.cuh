@@ -46,10 +46,12 @@ template <typename T> __device__ T block_sum(T v, T *partial) {
 
 // The block's dynamic shared memory (the bytes given at launch), as an array of T. Every kernel
 // reaches it through this one declaration, which the CPU test harness can stand in for.
+#ifndef WEFT_CUDA_EMULATION
 template <typename T> __device__ __forceinline__ T *dynamic_smem() {
     extern __shared__ __align__(16) unsigned char weft_dynamic_smem[];
     return reinterpret_cast<T *>(weft_dynamic_smem);
 }
+#endif
 
 // Launches kernel<<<grid, threads, smem, stream>>>(args...), first opting in to more than the
 // default 48 KiB of dynamic shared memory when it asks for that. The CPU test harness

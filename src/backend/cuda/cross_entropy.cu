@@ -76,6 +76,6 @@ extern "C" void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const 
                                         float scale, float *row_loss, float *correct, int T,
                                         int V) {
     if (T == 0) return;
-    cross_entropy_kernel<<<T, CE_THREADS, 0, s>>>((bf16 *)logits, targets, scale, row_loss,
-                                                  correct, V);
+    WEFT_LAUNCH(cross_entropy_kernel, T, CE_THREADS, 0, s, (bf16 *)logits, targets, scale, row_loss,
+                correct, V);
 }

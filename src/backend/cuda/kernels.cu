@@ -29,13 +29,13 @@ __global__ void embedding_backward_kernel(const int32_t *ids, const bf16 *dout, 
 extern "C" void weft_cuda_embedding_forward(weft_cuda_stream s, const int32_t *ids,
                                             const void *table, void *out, int T, int C) {
     if (T == 0) return;
-    embedding_forward_kernel<<<T, 256, 0, s>>>(ids, (const bf16 *)table, (bf16 *)out, C);
+    WEFT_LAUNCH(embedding_forward_kernel, T, 256, 0, s, ids, (const bf16 *)table, (bf16 *)out, C);
 }
 
 extern "C" void weft_cuda_embedding_backward(weft_cuda_stream s, const int32_t *ids,
                                              const void *dout, float *dtable, int T, int C) {
     if (T == 0) return;
-    embedding_backward_kernel<<<T, 256, 0, s>>>(ids, (const bf16 *)dout, dtable, C);
+    WEFT_LAUNCH(embedding_backward_kernel, T, 256, 0, s, ids, (const bf16 *)dout, dtable, C);
 }
 
 // --------------------------------------------------------------------------------- rmsnorm ----
@@ -90,18 +90,18 @@ __global__ void rmsnorm_backward_kernel(const bf16 *x, const bf16 *w, const floa
 extern "C" void weft_cuda_rmsnorm_forward(weft_cuda_stream s, const void *x, const void *w,
                                           float eps, void *out, float *rstd, int T, int C) {
     if (T == 0) return;
-    rmsnorm_forward_kernel<<<T, NORM_THREADS, 0, s>>>((const bf16 *)x, (const bf16 *)w, eps,
-                                                      (bf16 *)out, rstd, C);
+    WEFT_LAUNCH(rmsnorm_forward_kernel, T, NORM_THREADS, 0, s, (const bf16 *)x, (const bf16 *)w,
+                eps, (bf16 *)out, rstd, C);
 }
 
 static int column_blocks(int T) { return (T + ROWS_PER_COLUMN_BLOCK - 1) / ROWS_PER_COLUMN_BLOCK; }
 
 extern "C" void weft_cuda_rmsnorm_backward(weft_cuda_stream s, const void *x, const void *w,
-                                           const float *rstd, const void *dout, void *dx,
-                                           float *dw, int T, int C) {
+                                           const float *rstd, const void *dout, void *dx, float *dw,
+                                           int T, int C) {
     if (T == 0) return;
-    rmsnorm_backward_kernel<<<column_blocks(T), NORM_THREADS, sizeof(float) * C, s>>>(
-        (const bf16 *)x, (const bf16 *)w, rstd, (const bf16 *)dout, (bf16 *)dx, dw, T, C);
+    WEFT_LAUNCH(rmsnorm_backward_kernel, column_blocks(T), NORM_THREADS, sizeof(float) * C, s,
+                (const bf16 *)x, (const bf16 *)w, rstd, (const bf16 *)dout, (bf16 *)dx, dw, T, C);
 }
 
 // ------------------------------------------------------------------------------------ bias ----
@@ -124,13 +124,13 @@ extern "C" void weft_cuda_bias_forward(weft_cuda_stream s, void *x, const void *
                                        int C) {
     size_t N = (size_t)T * C;
     if (N == 0) return;
-    bias_forward_kernel<<<grid_for(N), 256, 0, s>>>((bf16 *)x, (const bf16 *)bias, N, C);
+    WEFT_LAUNCH(bias_forward_kernel, grid_for(N), 256, 0, s, (bf16 *)x, (const bf16 *)bias, N, C);
 }
 
 extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias, int T,
                                         int C) {
     if (T == 0) return;
-    column_sums_kernel<<<column_blocks(T), 256, 0, s>>>((const bf16 *)dout, dbias, T, C);
+    WEFT_LAUNCH(column_sums_kernel, column_blocks(T), 256, 0, s, (const bf16 *)dout, dbias, T, C);
 }
 
 // ------------------------------------------------------------------------------------ rope ----
@@ -160,7 +160,7 @@ extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *posit
                                int T, int H, int D, float sign) {
     size_t N = (size_t)T * H * (D / 2);
     if (N == 0) return;
-    rope_kernel<<<grid_for(N), 256, 0, s>>>((bf16 *)x, positions, theta, T, H, D, sign);
+    WEFT_LAUNCH(rope_kernel, grid_for(N), 256, 0, s, (bf16 *)x, positions, theta, T, H, D, sign);
 }
 
 // ---------------------------------------------------------------------------------- swiglu ----
@@ -187,16 +187,15 @@ __global__ void swiglu_backward_kernel(const bf16 *gate, const bf16 *up, const b
 extern "C" void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up,
                                          void *out, size_t N) {
     if (N == 0) return;
-    swiglu_forward_kernel<<<grid_for(N), 256, 0, s>>>((const bf16 *)gate, (const bf16 *)up,
-                                                      (bf16 *)out, N);
+    WEFT_LAUNCH(swiglu_forward_kernel, grid_for(N), 256, 0, s, (const bf16 *)gate, (const bf16 *)up,
+                (bf16 *)out, N);
 }
 
 extern "C" void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void *up,
                                           const void *dout, void *dgate, void *dup, size_t N) {
     if (N == 0) return;
-    swiglu_backward_kernel<<<grid_for(N), 256, 0, s>>>((const bf16 *)gate, (const bf16 *)up,
-                                                       (const bf16 *)dout, (bf16 *)dgate,
-                                                       (bf16 *)dup, N);
+    WEFT_LAUNCH(swiglu_backward_kernel, grid_for(N), 256, 0, s, (const bf16 *)gate,
+                (const bf16 *)up, (const bf16 *)dout, (bf16 *)dgate, (bf16 *)dup, N);
 }
 
 // ------------------------------------------------------------------------- small arithmetic ----
@@ -223,19 +222,19 @@ __global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double *r
 
 extern "C" void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N) {
     if (N == 0) return;
-    add_bf16_kernel<<<grid_for(N), 256, 0, s>>>((bf16 *)y, (const bf16 *)x, N);
+    WEFT_LAUNCH(add_bf16_kernel, grid_for(N), 256, 0, s, (bf16 *)y, (const bf16 *)x, N);
 }
 
 extern "C" void weft_cuda_scale_f32(weft_cuda_stream s, float *x, float scale, size_t N) {
     if (N == 0) return;
-    scale_f32_kernel<<<grid_for(N), 256, 0, s>>>(x, scale, N);
+    WEFT_LAUNCH(scale_f32_kernel, grid_for(N), 256, 0, s, x, scale, N);
 }
 
 extern "C" void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, bool squares,
                                   double *result) {
     cudaMemsetAsync(result, 0, sizeof(double), s);
     if (N == 0) return;
-    sum_f32_kernel<<<grid_for(N), 256, 0, s>>>(x, N, squares, result);
+    WEFT_LAUNCH(sum_f32_kernel, grid_for(N), 256, 0, s, x, N, squares, result);
 }
 
 // ----------------------------------------------------------------------------------- adamw ----
@@ -262,7 +261,6 @@ extern "C" void weft_cuda_adamw(weft_cuda_stream s, void *param, float *master, 
     if (N == 0) return;
     float bc1 = (float)(1.0 - pow(beta1, step)), bc2_sqrt = (float)sqrt(1.0 - pow(beta2, step));
     float *p = master ? master : (float *)param;
-    adamw_kernel<<<grid_for(N), 256, 0, s>>>(master ? (bf16 *)param : NULL, p, grad, m, v, N,
-                                             beta1, beta2, eps, lr / bc1,
-                                             1.0f - lr * weight_decay, bc2_sqrt);
+    WEFT_LAUNCH(adamw_kernel, grid_for(N), 256, 0, s, master ? (bf16 *)param : NULL, p, grad, m, v,
+                N, beta1, beta2, eps, lr / bc1, 1.0f - lr * weight_decay, bc2_sqrt);
 }

@@ -1,0 +1,417 @@
+// Every CUDA kernel of the backend (src/backend/cuda/*.cu), launcher included, run unchanged on the
+// CPU through cuda_emulation.h, matches a float64 reference: embedding, RMSNorm, bias, RoPE,
+// SwiGLU, the small arithmetic, fused cross-entropy, AdamW, and both attention families (the
+// tensor-core one and the fp32 one) on whole documents, documents spanning several tiles and
+// blocks, and context-parallel chunks. No GPU is needed, so indexing, masking and barrier
+// mistakes fail in CI; on a GPU, test_cuda_ops_match_cpu checks the same ops for real.
+#include "cuda_emulation.h"
+
+#include "backend/cuda/attention.cu"
+#include "backend/cuda/attention_mma.cu"
+#include "backend/cuda/cross_entropy.cu"
+#include "backend/cuda/kernels.cu"
+
+#include <math.h>
+
+#include <algorithm>
+#include <string>
+
+namespace {
+
+// Outputs stored in bf16 carry its rounding (2^-9 = 2e-3 relative); fp32 ones only fp32's.
+constexpr double BF16_TOL = 1e-2, F32_TOL = 1e-5;
+int failures = 0;
+uint64_t rng_state = 20261121;
+
+float uniform(float lo = -1.0f, float hi = 1.0f) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)((rng_state >> 40) * (1.0 / (1 << 24)));
+}
+
+double value_of(float x) { return x; }
+double value_of(double x) { return x; }
+double value_of(bf16 x) { return __bfloat162float(x); }
+
+std::vector<bf16> random_bf16(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<bf16> x(n);
+    for (auto &e : x) e = __float2bfloat16_rn(uniform(lo, hi));
+    return x;
+}
+std::vector<float> random_f32(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::vector<float> x(n);
+    for (auto &e : x) e = uniform(lo, hi);
+    return x;
+}
+template <typename T> std::vector<double> widen(const std::vector<T> &x) {
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); i++) out[i] = value_of(x[i]);
+    return out;
+}
+
+// max |got - want| / max |want|, and every element finite (outputs start as NaN where the kernel
+// overwrites them, so an element it never writes fails).
+template <typename T>
+void compare(const std::string &what, const std::vector<T> &got, const std::vector<double> &want,
+             double tol) {
+    double diff = 0, ref = 0;
+    bool finite = got.size() == want.size();
+    for (size_t i = 0; i < want.size() && finite; i++) {
+        double x = value_of(got[i]);
+        finite = std::isfinite(x);
+        diff = std::max(diff, fabs(x - want[i]));
+        ref = std::max(ref, fabs(want[i]));
+    }
+    double rel = ref > 0 ? diff / ref : diff;
+    bool ok = finite && rel <= tol;
+    printf("%-58s rel err %.2e (tol %.0e) %s\n", what.c_str(), rel, tol, ok ? "ok" : "FAIL");
+    failures += !ok;
+}
+
+const bf16 NAN_BF16 = __ushort_as_bfloat16(0x7fff);
+
+// ------------------------------------------------------------------------- small kernels ----
+
+void test_embedding() {
+    int T = 37, C = 300, V = 11;
+    std::vector<int32_t> ids(T);
+    for (int t = 0; t < T; t++) ids[t] = (t * 7) % V; // repeated ids: the backward adds up
+    std::vector<bf16> table = random_bf16((size_t)V * C), dout = random_bf16((size_t)T * C);
+    std::vector<bf16> out((size_t)T * C, NAN_BF16);
+    std::vector<float> dtable = random_f32((size_t)V * C);
+    std::vector<double> want_out((size_t)T * C), want_dtable = widen(dtable);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            want_out[(size_t)t * C + c] = value_of(table[(size_t)ids[t] * C + c]);
+            want_dtable[(size_t)ids[t] * C + c] += value_of(dout[(size_t)t * C + c]);
+        }
+    weft_cuda_embedding_forward(nullptr, ids.data(), table.data(), out.data(), T, C);
+    weft_cuda_embedding_backward(nullptr, ids.data(), dout.data(), dtable.data(), T, C);
+    compare("embedding out", out, want_out, 0.0);
+    compare("embedding dtable +=", dtable, want_dtable, F32_TOL);
+}
+
+void test_rmsnorm() {
+    int T = 70, C = 300; // 3 column blocks, C not a multiple of the block
+    float eps = 1e-5f;
+    std::vector<bf16> x = random_bf16((size_t)T * C), w = random_bf16(C, 0.5f, 1.5f);
+    std::vector<bf16> dout = random_bf16((size_t)T * C), dx = random_bf16((size_t)T * C);
+    std::vector<bf16> out((size_t)T * C, NAN_BF16);
+    std::vector<float> rstd(T, NAN), dw = random_f32(C);
+    std::vector<double> want_out((size_t)T * C), want_rstd(T), want_dx = widen(dx);
+    std::vector<double> want_dw = widen(dw);
+    for (int t = 0; t < T; t++) {
+        double ss = 0, dot = 0;
+        for (int c = 0; c < C; c++) ss += value_of(x[(size_t)t * C + c]) * value_of(x[(size_t)t * C + c]);
+        double r = 1.0 / sqrt(ss / C + eps);
+        want_rstd[t] = r;
+        for (int c = 0; c < C; c++) {
+            size_t i = (size_t)t * C + c;
+            want_out[i] = value_of(x[i]) * r * value_of(w[c]);
+            dot += value_of(dout[i]) * value_of(w[c]) * value_of(x[i]);
+        }
+        for (int c = 0; c < C; c++) {
+            size_t i = (size_t)t * C + c;
+            want_dx[i] += r * value_of(w[c]) * value_of(dout[i]) - value_of(x[i]) * r * r * r * dot / C;
+            want_dw[c] += value_of(dout[i]) * value_of(x[i]) * r;
+        }
+    }
+    weft_cuda_rmsnorm_forward(nullptr, x.data(), w.data(), eps, out.data(), rstd.data(), T, C);
+    compare("rmsnorm out", out, want_out, BF16_TOL);
+    compare("rmsnorm rstd", rstd, want_rstd, F32_TOL);
+    weft_cuda_rmsnorm_backward(nullptr, x.data(), w.data(), rstd.data(), dout.data(), dx.data(),
+                               dw.data(), T, C);
+    compare("rmsnorm dx +=", dx, want_dx, BF16_TOL);
+    compare("rmsnorm dw +=", dw, want_dw, F32_TOL);
+}
+
+void test_bias() {
+    int T = 70, C = 300;
+    std::vector<bf16> x = random_bf16((size_t)T * C), bias = random_bf16(C);
+    std::vector<bf16> dout = random_bf16((size_t)T * C);
+    std::vector<float> dbias = random_f32(C);
+    std::vector<double> want_x = widen(x), want_dbias = widen(dbias);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            want_x[(size_t)t * C + c] += value_of(bias[c]);
+            want_dbias[c] += value_of(dout[(size_t)t * C + c]);
+        }
+    weft_cuda_bias_forward(nullptr, x.data(), bias.data(), T, C);
+    weft_cuda_bias_backward(nullptr, dout.data(), dbias.data(), T, C);
+    compare("bias x +=", x, want_x, BF16_TOL);
+    compare("bias dbias +=", dbias, want_dbias, F32_TOL);
+}
+
+void test_rope() {
+    int T = 9, H = 3, D = 64;
+    double theta = 500000.0;
+    std::vector<int32_t> pos(T);
+    for (int t = 0; t < T; t++) pos[t] = t * 4999; // up to ~40k: angles need double
+    for (float sign : {1.0f, -1.0f}) {
+        std::vector<bf16> x = random_bf16((size_t)T * H * D);
+        std::vector<double> want = widen(x);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++)
+                for (int i = 0; i < D / 2; i++) {
+                    double angle = pos[t] * pow(theta, -2.0 * i / D);
+                    double c = cos(angle), s = sign * sin(angle);
+                    size_t at = ((size_t)t * H + h) * D;
+                    double a = value_of(x[at + i]), b = value_of(x[at + i + D / 2]);
+                    want[at + i] = a * c - b * s;
+                    want[at + i + D / 2] = b * c + a * s;
+                }
+        weft_cuda_rope(nullptr, x.data(), pos.data(), theta, T, H, D, sign);
+        compare(sign > 0 ? "rope forward" : "rope backward (inverse rotation)", x, want, BF16_TOL);
+    }
+}
+
+void test_swiglu() {
+    size_t N = 1000;
+    std::vector<bf16> gate = random_bf16(N, -4, 4), up = random_bf16(N), dout = random_bf16(N);
+    std::vector<bf16> out(N, NAN_BF16), dgate(N, NAN_BF16), dup(N, NAN_BF16);
+    std::vector<double> want_out(N), want_dgate(N), want_dup(N);
+    for (size_t i = 0; i < N; i++) {
+        double g = value_of(gate[i]), u = value_of(up[i]), d = value_of(dout[i]);
+        double sg = 1.0 / (1.0 + exp(-g));
+        want_out[i] = g * sg * u;
+        want_dgate[i] = d * u * sg * (1.0 + g * (1.0 - sg));
+        want_dup[i] = d * g * sg;
+    }
+    weft_cuda_swiglu_forward(nullptr, gate.data(), up.data(), out.data(), N);
+    weft_cuda_swiglu_backward(nullptr, gate.data(), up.data(), dout.data(), dgate.data(),
+                              dup.data(), N);
+    compare("swiglu out", out, want_out, BF16_TOL);
+    compare("swiglu dgate", dgate, want_dgate, BF16_TOL);
+    compare("swiglu dup", dup, want_dup, BF16_TOL);
+}
+
+void test_small_arithmetic() {
+    size_t N = 70001; // a ragged last block
+    std::vector<bf16> y = random_bf16(N), x = random_bf16(N);
+    std::vector<float> f = random_f32(N);
+    std::vector<double> want_y = widen(y), want_f = widen(f), sums(2, 0.0), got(2, NAN);
+    for (size_t i = 0; i < N; i++) {
+        want_y[i] += value_of(x[i]);
+        sums[0] += f[i];
+        sums[1] += (double)f[i] * f[i];
+        want_f[i] *= 0.37;
+    }
+    weft_cuda_add_bf16(nullptr, y.data(), x.data(), N);
+    weft_cuda_sum_f32(nullptr, f.data(), N, false, &got[0]);
+    weft_cuda_sum_f32(nullptr, f.data(), N, true, &got[1]);
+    weft_cuda_scale_f32(nullptr, f.data(), 0.37f, N);
+    compare("add_bf16 y +=", y, want_y, BF16_TOL);
+    compare("sum_f32 (sum, sum of squares)", got, sums, 1e-12);
+    compare("scale_f32", f, want_f, F32_TOL);
+}
+
+void test_cross_entropy() {
+    int T = 37, V = 1000; // V not a multiple of the block
+    float scale = 0.25f;
+    std::vector<bf16> logits = random_bf16((size_t)T * V, -6, 6);
+    std::vector<int32_t> targets(T);
+    for (int t = 0; t < T; t++) targets[t] = t % 5 == 4 ? -1 : (t * 131) % V;
+    // A row whose target is its maximum, so `correct` is exercised both ways.
+    logits[(size_t)1 * V + targets[1]] = __float2bfloat16_rn(9.0f);
+    std::vector<double> want_grad((size_t)T * V, 0.0), want_loss(T, 0.0), want_correct(T, 0.0);
+    for (int t = 0; t < T; t++) {
+        if (targets[t] < 0) continue;
+        const bf16 *row = &logits[(size_t)t * V];
+        double mx = -INFINITY, sum = 0;
+        int arg = 0;
+        for (int j = 0; j < V; j++)
+            if (value_of(row[j]) > mx) mx = value_of(row[j]), arg = j;
+        for (int j = 0; j < V; j++) sum += exp(value_of(row[j]) - mx);
+        want_loss[t] = mx + log(sum) - value_of(row[targets[t]]);
+        want_correct[t] = arg == targets[t];
+        for (int j = 0; j < V; j++)
+            want_grad[(size_t)t * V + j] =
+                scale * (exp(value_of(row[j]) - mx) / sum - (j == targets[t] ? 1.0 : 0.0));
+    }
+    std::vector<float> loss(T, NAN), correct(T, NAN);
+    weft_cuda_cross_entropy(nullptr, logits.data(), targets.data(), scale, loss.data(),
+                            correct.data(), T, V);
+    compare("cross_entropy row loss", loss, want_loss, F32_TOL);
+    compare("cross_entropy correct", correct, want_correct, 0.0);
+    compare("cross_entropy grad (in place)", logits, want_grad, BF16_TOL);
+}
+
+void test_adamw() {
+    size_t N = 5000;
+    float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+    for (bool with_master : {true, false}) {
+        std::vector<float> p = random_f32(N), m(N, 0.0f), v(N, 0.0f);
+        std::vector<bf16> param(N, NAN_BF16);
+        std::vector<double> want_p = widen(p), want_m(N, 0.0), want_v(N, 0.0);
+        for (int step = 1; step <= 3; step++) {
+            std::vector<float> g = random_f32(N);
+            double bc1 = 1 - pow(b1, step), bc2 = 1 - pow(b2, step);
+            for (size_t i = 0; i < N; i++) {
+                want_m[i] = b1 * want_m[i] + (1 - b1) * g[i];
+                want_v[i] = b2 * want_v[i] + (1 - b2) * (double)g[i] * g[i];
+                want_p[i] = want_p[i] * (1 - lr * wd) -
+                            lr / bc1 * want_m[i] / (sqrt(want_v[i]) / sqrt(bc2) + eps);
+            }
+            if (with_master)
+                weft_cuda_adamw(nullptr, param.data(), p.data(), g.data(), m.data(), v.data(), N,
+                                lr, b1, b2, eps, wd, step);
+            else
+                weft_cuda_adamw(nullptr, p.data(), nullptr, g.data(), m.data(), v.data(), N, lr,
+                                b1, b2, eps, wd, step);
+        }
+        std::string label = with_master ? "adamw (fp32 master, bf16 param)" : "adamw (fp32)";
+        compare(label + " param, 3 steps", p, want_p, F32_TOL);
+        compare(label + " exp_avg_sq", v, want_v, F32_TOL);
+        if (with_master) compare(label + " bf16 = rounded master", param, widen(p), 4e-3);
+    }
+}
+
+// ---------------------------------------------------------------------------- attention ----
+
+struct layout {
+    std::string label;
+    int H, KV, D;
+    std::vector<int32_t> cu_q, cu_kv, q_pos;
+    int n_docs() const { return (int)cu_q.size() - 1; }
+    int Tq() const { return cu_q.back(); }
+    int Tkv() const { return cu_kv.back(); }
+};
+
+// Whole documents: queries and keys are the same rows.
+layout whole(const char *label, int H, int KV, int D, std::vector<int> lens) {
+    layout l{label, H, KV, D, {0}, {0}, {}};
+    for (int len : lens) {
+        for (int i = 0; i < len; i++) l.q_pos.push_back(i);
+        l.cu_q.push_back(l.cu_q.back() + len);
+    }
+    l.cu_kv = l.cu_q;
+    return l;
+}
+
+// Context parallelism: this rank's queries are chunks rank and 2·world-1-rank of each document
+// (lengths divisible by 2·world); the keys are the whole document.
+layout cp_chunks(const char *label, int H, int KV, int D, std::vector<int> lens, int rank,
+                 int world) {
+    layout l{label, H, KV, D, {0}, {0}, {}};
+    for (int len : lens) {
+        int chunk = len / (2 * world);
+        for (int c : {rank, 2 * world - 1 - rank})
+            for (int i = 0; i < chunk; i++) l.q_pos.push_back(c * chunk + i);
+        l.cu_q.push_back(l.cu_q.back() + 2 * chunk);
+        l.cu_kv.push_back(l.cu_kv.back() + len);
+    }
+    return l;
+}
+
+struct attention_ref {
+    std::vector<double> out, lse, dq, dk, dv;
+};
+
+// float64 attention: out (Tq, H, D), lse (H, Tq); from dout, dq (Tq, H, D), dk and dv (Tkv, KV, D).
+attention_ref attend(const layout &l, const std::vector<double> &q, const std::vector<double> &k,
+                     const std::vector<double> &v, const std::vector<double> &dout) {
+    int H = l.H, KV = l.KV, D = l.D, Tq = l.Tq(), Tkv = l.Tkv();
+    double scale = 1.0 / sqrt((double)D);
+    attention_ref r{std::vector<double>((size_t)Tq * H * D), std::vector<double>((size_t)H * Tq),
+                    std::vector<double>((size_t)Tq * H * D),
+                    std::vector<double>((size_t)Tkv * KV * D),
+                    std::vector<double>((size_t)Tkv * KV * D)};
+    for (int d = 0; d < l.n_docs(); d++)
+        for (int i = l.cu_q[d]; i < l.cu_q[d + 1]; i++)
+            for (int h = 0; h < H; h++) {
+                int g = h / (H / KV), j0 = l.cu_kv[d], n = l.q_pos[i] + 1;
+                size_t qi = ((size_t)i * H + h) * D;
+                std::vector<double> s(n), dp(n);
+                double mx = -INFINITY, sum = 0, delta = 0;
+                for (int j = 0; j < n; j++) {
+                    size_t kj = ((size_t)(j0 + j) * KV + g) * D;
+                    s[j] = dp[j] = 0;
+                    for (int e = 0; e < D; e++) {
+                        s[j] += q[qi + e] * k[kj + e] * scale;
+                        dp[j] += dout[qi + e] * v[kj + e];
+                    }
+                    mx = std::max(mx, s[j]);
+                }
+                for (int j = 0; j < n; j++) sum += exp(s[j] - mx);
+                double lse = mx + log(sum);
+                r.lse[(size_t)h * Tq + i] = lse;
+                for (int j = 0; j < n; j++) {
+                    double p = exp(s[j] - lse);
+                    delta += p * dp[j];
+                    for (int e = 0; e < D; e++)
+                        r.out[qi + e] += p * v[((size_t)(j0 + j) * KV + g) * D + e];
+                }
+                for (int j = 0; j < n; j++) {
+                    double p = exp(s[j] - lse), ds = p * (dp[j] - delta);
+                    size_t kj = ((size_t)(j0 + j) * KV + g) * D;
+                    for (int e = 0; e < D; e++) {
+                        r.dq[qi + e] += scale * ds * k[kj + e];
+                        r.dk[kj + e] += scale * ds * q[qi + e];
+                        r.dv[kj + e] += p * dout[qi + e];
+                    }
+                }
+            }
+    return r;
+}
+
+// One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
+void test_attention(const layout &l, bool mma) {
+    int H = l.H, KV = l.KV, D = l.D, Tq = l.Tq(), Tkv = l.Tkv();
+    std::vector<bf16> q = random_bf16((size_t)Tq * H * D), k = random_bf16((size_t)Tkv * KV * D);
+    std::vector<bf16> v = random_bf16((size_t)Tkv * KV * D), dout = random_bf16((size_t)Tq * H * D);
+    attention_ref want = attend(l, widen(q), widen(k), widen(v), widen(dout));
+    weft_cuda_attention_args a = {l.n_docs(), Tq, Tkv, H, KV, D,
+                                  l.cu_q.data(), l.cu_kv.data(), l.q_pos.data()};
+    std::vector<bf16> out(q.size(), NAN_BF16), dq(q.size(), NAN_BF16);
+    std::vector<bf16> dk(k.size(), NAN_BF16), dv(v.size(), NAN_BF16);
+    std::vector<float> lse((size_t)H * Tq, NAN), delta((size_t)H * Tq, NAN);
+    std::vector<float> partials(weft_cuda_attention_partials_bytes(&a) / sizeof(float), NAN);
+    if (mma)
+        weft_cuda_attention_forward_mma(nullptr, &a, q.data(), k.data(), v.data(), out.data(),
+                                        lse.data());
+    else
+        weft_cuda_attention_forward_simt(nullptr, &a, q.data(), k.data(), v.data(), out.data(),
+                                         lse.data());
+    weft_cuda_attention_delta(nullptr, out.data(), dout.data(), delta.data(), Tq, H, D);
+    if (mma)
+        weft_cuda_attention_backward_mma(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
+                                         dout.data(), delta.data(), dq.data(), dk.data(),
+                                         dv.data(), partials.data());
+    else
+        weft_cuda_attention_backward_simt(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
+                                          dout.data(), delta.data(), dq.data(), dk.data(),
+                                          dv.data());
+    std::string name = std::string("attention/") + (mma ? "mma  " : "simt ") + l.label;
+    compare(name + " out", out, want.out, BF16_TOL);
+    compare(name + " lse", lse, want.lse, F32_TOL);
+    compare(name + " dq", dq, want.dq, BF16_TOL);
+    compare(name + " dk", dk, want.dk, BF16_TOL);
+    compare(name + " dv", dv, want.dv, BF16_TOL);
+}
+
+} // namespace
+
+int main() {
+    test_embedding();
+    test_rmsnorm();
+    test_bias();
+    test_rope();
+    test_swiglu();
+    test_small_arithmetic();
+    test_cross_entropy();
+    test_adamw();
+    std::vector<int> mixed = {1, 33, 5, 70, 2};
+    const layout layouts[] = {
+        whole("whole [1,33,5,70,2] H4 KV2 D16", 4, 2, 16, mixed),
+        whole("whole [1,33,5,70,2] H6 KV2 D64", 6, 2, 64, mixed),
+        whole("whole [1,33,5,70,2] H2 KV2 D80", 2, 2, 80, mixed),
+        whole("whole [100] H2 KV1 D128", 2, 1, 128, {100}),
+        whole("whole [150,7,90] H2 KV1 D32 (tiles, blocks)", 2, 1, 32, {150, 7, 90}),
+        cp_chunks("CP rank 1/2 [40,72] H4 KV2 D32", 4, 2, 32, {40, 72}, 1, 2),
+        cp_chunks("CP rank 0/2 [136,64] H2 KV1 D64", 2, 1, 64, {136, 64}, 0, 2),
+    };
+    for (bool mma : {true, false})
+        for (const layout &l : layouts) test_attention(l, mma);
+    test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), false); // simt only
+    printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
+    return failures ? 1 : 0;
+}
