@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run THERE, in the repo root or anywhere:  bash scripts/device/build.sh
+# Sets up the dependencies (setup.sh), configures and builds weft into build/ and fails if
+# build/weft has an unresolved library. WEFT_CUDA=OFF builds without CUDA (the chroot test);
+# CUDA_ARCH (default 90: H100/H200) picks the GPU architecture.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export WEFT_CUDA=${WEFT_CUDA:-ON}
+# shellcheck source=setup.sh
+source scripts/device/setup.sh || { echo "build.sh: a dependency is MISSING (see above)" >&2; exit 1; }
+
+args=(-S . -B build -DCMAKE_BUILD_TYPE=Release -DWEFT_CUDA="$WEFT_CUDA")
+[ "$WEFT_CUDA" != OFF ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
+command -v python3 >/dev/null && args+=(-DWEFT_PYTHON="$(command -v python3)") # ctest's Python
+[ ! -e build/CMakeCache.txt ] && command -v ninja >/dev/null && args+=(-G Ninja)
+read -ra extra <<<"${WEFT_CMAKE_ARGS:-}"
+echo "+ cmake ${args[*]} ${extra[*]}"
+cmake "${args[@]}" "${extra[@]}"
+cmake --build build -j "${JOBS:-16}"
+
+echo "ldd build/weft (kit, MPI, BLAS, NCCL, CUDA libraries):"
+ldd build/weft | grep -E "${WEFT_KIT_PREFIX:-/opt/weftkit}|mpi|blas|nccl|cuda|cublas|gomp|jansson|yaml|pcre2" || true
+if ldd build/weft build/tests/* | grep "not found"; then
+  echo "build.sh: FAILED: unresolved libraries above" >&2
+  exit 1
+fi
+echo "build.sh: OK"

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU session's one entry point, run THERE in the repo root (carry .devkit):
+#   bash scripts/device/session.sh all            # build ops parity bench-small bench-1b mpi
+#   bash scripts/device/session.sh ops parity     # or any steps by name
+# Each step's log goes to $OUT/<step>.log when $OUT is set (6 logs + 2 JSON files: the tool
+# returns at most 8). Steps go on after a failure; a summary table (step, exit code, seconds)
+# comes last. SESSION_BUDGET (default 570 s) caps the whole run so the summary always prints
+# inside the tool's 10 minutes; each step also has its own limit.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+export PYTHONUNBUFFERED=1
+BUDGET=${SESSION_BUDGET:-570}
+START=$SECONDS
+LOGDIR=${OUT:-}
+[ -n "$LOGDIR" ] && mkdir -p "$LOGDIR"
+declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [bench-small]=120 [bench-1b]=300 [mpi]=60)
+
+info() {
+  echo "== $(date -u +%FT%TZ) $(uname -srm); $(. /etc/os-release && echo "$PRETTY_NAME"); $(nproc) cores"
+  nvidia-smi -L || echo "nvidia-smi failed"
+  local nv; nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  "$nv" --version | tail -2 || echo "no nvcc"
+  echo "python3: $(command -v python3)"
+  python3 -c 'import torch, numpy; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "numpy", numpy.__version__)' || echo "python3 cannot import torch/numpy"
+  cmake --version | head -1
+}
+
+ensure_env() { # the kit's exports (each step is its own process; setup.sh is idempotent)
+  source scripts/device/setup.sh >/dev/null || true
+}
+
+run_step() {
+  case $1 in
+    build) info; bash scripts/device/build.sh ;;
+    ops) ensure_env; ./build/tests/backend_test_cuda_ops_match_cpu build/weft ;;
+    parity) ensure_env; PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 tests/backend/test_cuda_matches_cpu_backend.py --weft build/weft ;;
+    bench-small|bench-1b)
+      ensure_env
+      local m=${1#bench-} rc
+      python3 bench/gpu_train_throughput.py --weft build/weft --model "$m" --out "runs/gpu_train_throughput_$m.json"
+      rc=$?
+      [ -n "$LOGDIR" ] && [ -f "runs/gpu_train_throughput_$m.json" ] && cp "runs/gpu_train_throughput_$m.json" "$LOGDIR/"
+      return $rc ;;
+    mpi) # MPI sanity on the CPU: 2 ranks must give the single process's losses
+      ensure_env
+      local t=(model.hidden_size=32 model.intermediate_size=64 model.num_layers=1 model.num_heads=2
+               model.num_kv_heads=1 train.global_batch_size=8 data.synthetic_documents=64 train.steps=4)
+      rm -rf /tmp/weft_mpi1 /tmp/weft_mpi2
+      ./build/weft train "${t[@]}" train.output_dir=/tmp/weft_mpi1 | tail -1 &&
+        mpirun --allow-run-as-root --oversubscribe -np 2 ./build/weft train "${t[@]}" train.output_dir=/tmp/weft_mpi2 | tail -1 &&
+        python3 -c 'import json, sys
+a, b = (json.loads(open(f"/tmp/weft_mpi{i}/metrics.jsonl").read().splitlines()[-1])["loss"] for i in (1, 2))
+print(f"mpi: last loss 1 rank {a!r}, 2 ranks {b!r}"); sys.exit(abs(a - b) > 1e-6 * abs(a))' ;;
+  esac
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+[ "${steps[*]}" = all ] && steps=(build ops parity bench-small bench-1b mpi)
+for s in "${steps[@]}"; do
+  [ -n "${LIMIT[$s]:-}" ] || { echo "unknown step $s (all, ${!LIMIT[*]})" >&2; exit 2; }
+done
+rows=()
+built_ok=1
+export -f run_step info ensure_env
+export LOGDIR
+for s in "${steps[@]}"; do
+  left=$((BUDGET - (SECONDS - START)))
+  lim=${LIMIT[$s]}
+  [ "$lim" -gt $((left - 5)) ] && lim=$((left - 5))
+  t0=$SECONDS
+  if [ "$lim" -le 0 ]; then rc=124; echo "== $s: skipped, session budget spent"
+  elif [ $built_ok = 0 ]; then rc=125; echo "== $s: skipped, build failed"
+  else
+    echo "== $s (limit ${lim}s)"
+    timeout -k 10 "$lim" bash -c "run_step $s" 2>&1 | tee ${LOGDIR:+"$LOGDIR/$s.log"}
+    rc=${PIPESTATUS[0]}
+    [ "$s" = build ] && [ "$rc" != 0 ] && built_ok=0
+  fi
+  rows+=("$(printf '%-12s %5s %7s' "$s" "$rc" $((SECONDS - t0)))")
+done
+
+echo
+echo "step          exit seconds   (124: step limit hit; 125: skipped after a failed build)"
+printf '%s\n' "${rows[@]}"
+for r in "${rows[@]}"; do [ "$(echo "$r" | awk '{print $2}')" = 0 ] || exit 1; done
