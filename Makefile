@@ -22,9 +22,11 @@ bench: all
 	/usr/bin/python3 bench/dynamic_context_parallel.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/dcp_simulation.py --weft $(BUILD)/weft
 
-# Needs an NVIDIA GPU and a CUDA build (nvcc found when CMake configured).
+# Needs an NVIDIA GPU and a CUDA build (nvcc found when CMake configured), and a Python whose torch
+# sees the GPU: the first python3 on PATH unless GPU_PYTHON says otherwise.
+GPU_PYTHON ?= python3
 bench-gpu: all
-	/usr/bin/python3 bench/gpu_train_throughput.py --weft $(BUILD)/weft
+	$(GPU_PYTHON) bench/gpu_train_throughput.py --weft $(BUILD)/weft
 
 clean:
 	rm -rf $(BUILD) build-asan
