@@ -124,17 +124,25 @@ __device__ __forceinline__ void accumulate_c_times(float (*acc)[4], const float 
 // Stages rows [r0, r0 + ROWS) of a (., D) bf16 matrix with row stride src_ld into shared memory:
 // row-major into dst (row stride D + PAD) and/or transposed into dst_t (row stride ROWS + PAD).
 // Rows at or past r_end become zeros, so they contribute nothing (0 * garbage could be NaN).
+// Each thread moves 16-byte chunks, and the lanes of a warp take consecutive rows of one chunk
+// column: their transposed 2-byte stores then fall in consecutive addresses (no bank conflicts),
+// and their row-major 16-byte stores, D + PAD apart, cover all 32 banks per 8 lanes.
 template <int D, int ROWS>
 __device__ void stage_rows(bf16 *dst, bf16 *dst_t, const bf16 *src, size_t src_ld, int r0,
                            int r_end) {
-    constexpr int WORDS = D / 2;
-    for (int idx = threadIdx.x; idx < ROWS * WORDS; idx += THREADS) {
-        int r = idx / WORDS, w = idx - r * WORDS, row = r0 + r;
-        uint32_t word = row < r_end ? load_u32(src + (size_t)row * src_ld + 2 * w) : 0u;
-        if (dst) *reinterpret_cast<uint32_t *>(dst + r * (D + PAD) + 2 * w) = word;
+    constexpr int CHUNKS = D / 8;
+    for (int idx = threadIdx.x; idx < ROWS * CHUNKS; idx += THREADS) {
+        int r = idx % ROWS, c = idx / ROWS, row = r0 + r;
+        uint4 chunk = make_uint4(0u, 0u, 0u, 0u);
+        if (row < r_end) chunk = *reinterpret_cast<const uint4 *>(src + (size_t)row * src_ld + 8 * c);
+        if (dst) *reinterpret_cast<uint4 *>(dst + r * (D + PAD) + 8 * c) = chunk;
         if (dst_t) {
-            dst_t[(2 * w) * (ROWS + PAD) + r] = __ushort_as_bfloat16(word & 0xffffu);
-            dst_t[(2 * w + 1) * (ROWS + PAD) + r] = __ushort_as_bfloat16(word >> 16);
+            const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                dst_t[(8 * c + 2 * e) * (ROWS + PAD) + r] = __ushort_as_bfloat16(words[e] & 0xffffu);
+                dst_t[(8 * c + 2 * e + 1) * (ROWS + PAD) + r] = __ushort_as_bfloat16(words[e] >> 16);
+            }
         }
     }
 }

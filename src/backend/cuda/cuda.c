@@ -284,13 +284,13 @@ static weft_cuda_attention_args attention_args(const weft_attention_layout *l, i
                                       .q_pos = l->q_pos};
 }
 
-// The tensor-core kernels need head_dim in 16s and 4-byte aligned rows; the fp32 ones take
-// anything up to the limit.
+// The tensor-core kernels need head_dim in 16s and 16-byte aligned tensors (they move rows in
+// 16-byte chunks); the fp32 ones take anything up to the limit.
 static bool attention_on_tensor_cores(weft_backend *self, int D, const void *const *tensors,
                                       int n) {
     if (!state(self)->attention_mma || D % 16 != 0) return false;
     for (int i = 0; i < n; i++)
-        if ((uintptr_t)tensors[i] % 4 != 0) return false;
+        if ((uintptr_t)tensors[i] % 16 != 0) return false;
     return true;
 }
 

@@ -62,8 +62,8 @@ void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const int32_t *ta
                              float scale, float *row_loss, float *correct, int T, int V);
 
 // Varlen causal attention, grouped-query heads, as the backend op (backend.h) describes.
-// q (Tq, H, D), k/v (Tkv, KV, D), out (Tq, H, D) bf16; lse (H, Tq) f32. Every tensor is dense
-// and 4-byte aligned.
+// q (Tq, H, D), k/v (Tkv, KV, D), out (Tq, H, D) bf16; lse (H, Tq) f32. Every tensor is dense;
+// the mma kernels also need them 16-byte aligned.
 typedef struct weft_cuda_attention_args {
     int n_docs, Tq, Tkv, H, KV, D;
     const int32_t *cu_q, *cu_kv, *q_pos; // device arrays
