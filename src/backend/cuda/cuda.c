@@ -84,14 +84,15 @@ static void cuda_free(weft_backend *self, void *p) {
     if (p) CUDA_CHECK(cudaFree(p));
 }
 
-// Host <-> device copies wait for completion: the host buffer may be reused or freed right after.
+// An upload from pageable host memory returns once the driver has staged the bytes, so the caller
+// may reuse its buffer at once, and it waits for nothing queued before it: the host keeps queueing
+// the next micro-batch while the GPU finishes the last one.
 static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
-    cudaStream_t s = state(self)->stream;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, state(self)->stream));
 }
 
+// A download waits for the value: the host reads it next.
 static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     cudaStream_t s = state(self)->stream;
