@@ -274,9 +274,14 @@ def run_weft(a, mdir, batch):
            f"train.steps={a.steps}", f"train.max_tokens_per_microbatch={TOKENS_PER_MICROBATCH}",
            f"optim.lr={OPTIM['lr']}", f"optim.clip_grad={OPTIM['clip']}"]
     print("$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(os.environ, WEFT_CUDA_PROFILE="1") if a.profile else None
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"weft failed:\n{r.stdout}")
+    if a.profile:  # the backend's per-op table, printed when it shuts down
+        lines = r.stdout.splitlines()
+        start = next((i for i, l in enumerate(lines) if l.startswith("cuda profile")), len(lines))
+        print("\n".join(lines[start:]))
     secs = [float(m.group(4)) for m in map(STEP_RE.match, r.stdout.splitlines()) if m]
     losses = [float(m.group(3)) for m in map(STEP_RE.match, r.stdout.splitlines()) if m]
     return secs, losses
@@ -300,6 +305,8 @@ def main():
     p.add_argument("--peak", type=float, help="peak dense bf16 FLOP/s (default: by GPU name)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "runs",
                                                  "gpu_train_throughput.json"))
+    p.add_argument("--profile", action="store_true",
+                   help="print weft's GPU time per op (WEFT_CUDA_PROFILE=1); skips PyTorch")
     p.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", help=argparse.SUPPRESS)
     a, _ = p.parse_known_args()
@@ -323,7 +330,7 @@ def main():
     results = {}
     w_secs, w_losses = run_weft(a, mdir, batch)
     results["weft"] = dict(seconds=w_secs, losses=w_losses)
-    peer = run_peer(a, mdir, batch)
+    peer = None if a.profile else run_peer(a, mdir, batch)
     if peer:
         results["torch"] = peer
     rows = []

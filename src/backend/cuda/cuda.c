@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/profile.h"
 
 enum { WORKSPACE_BYTES = 32 << 20, MATMUL_CACHE = 96 };
 
@@ -33,6 +34,7 @@ typedef struct cuda_state {
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
     float *scratch;              // attention backward's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
+    weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
     matmul_plan plans[MATMUL_CACHE];
     int next_plan;               // round-robin replacement once the cache is full
@@ -53,11 +55,13 @@ static cuda_state *state(weft_backend *b) { return b->impl; }
                    (int)st_);                                                                      \
     } while (0)
 
-// After each kernel launch: a bad configuration shows up here, named by the op.
-static void check_launch(const char *op) {
+// After each op is queued: a bad launch configuration shows up here, named by the op, and the
+// profile (if on) marks the op's end.
+static void launched(weft_backend *self, const char *op) {
     cudaError_t err = cudaGetLastError();
     WEFT_CHECK(err == cudaSuccess, "cuda: %s kernel failed to launch: %s", op,
                cudaGetErrorString(err));
+    weft_cuda_profile_op(state(self)->profile, op);
 }
 
 // ------------------------------------------------------------------------------ memory ----
@@ -90,6 +94,7 @@ static void cuda_free(weft_backend *self, void *p) {
 static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, state(self)->stream));
+    launched(self, "upload");
 }
 
 // A download waits for the value: the host reads it next.
@@ -97,16 +102,20 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
     if (bytes == 0) return;
     cudaStream_t s = state(self)->stream;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    launched(self, "download");
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 static void cuda_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes == 0 || dst == src) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state(self)->stream));
+    launched(self, "copy");
 }
 
 static void cuda_zero(weft_backend *self, void *dst, size_t bytes) {
-    if (bytes) CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state(self)->stream));
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state(self)->stream));
+    launched(self, "zero");
 }
 
 static void cuda_synchronize(weft_backend *self) {
@@ -222,6 +231,7 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
     const matmul_plan *p = find_plan(st, &want);
     LT_CHECK(cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
                             &p->algo, st->workspace, WORKSPACE_BYTES, st->stream));
+    launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)" : "matmul");
 }
 
 // ------------------------------------------------------------------------- kernel ops ----
@@ -231,48 +241,48 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
 static void cuda_embedding_forward(weft_backend *self, const int32_t *ids, const void *table,
                                    void *out, int T, int C) {
     weft_cuda_embedding_forward(STREAM(self), ids, table, out, T, C);
-    check_launch("embedding_forward");
+    launched(self, "embedding_forward");
 }
 
 static void cuda_embedding_backward(weft_backend *self, const int32_t *ids, const void *dout,
                                     float *dtable, int T, int C) {
     weft_cuda_embedding_backward(STREAM(self), ids, dout, dtable, T, C);
-    check_launch("embedding_backward");
+    launched(self, "embedding_backward");
 }
 
 static void cuda_rmsnorm_forward(weft_backend *self, const void *x, const void *w, float eps,
                                  void *out, float *rstd, int T, int C) {
     weft_cuda_rmsnorm_forward(STREAM(self), x, w, eps, out, rstd, T, C);
-    check_launch("rmsnorm_forward");
+    launched(self, "rmsnorm_forward");
 }
 
 static void cuda_rmsnorm_backward(weft_backend *self, const void *x, const void *w,
                                   const float *rstd, const void *dout, void *dx, float *dw, int T,
                                   int C) {
     weft_cuda_rmsnorm_backward(STREAM(self), x, w, rstd, dout, dx, dw, T, C);
-    check_launch("rmsnorm_backward");
+    launched(self, "rmsnorm_backward");
 }
 
 static void cuda_bias_forward(weft_backend *self, void *x, const void *bias, int T, int C) {
     weft_cuda_bias_forward(STREAM(self), x, bias, T, C);
-    check_launch("bias_forward");
+    launched(self, "bias_forward");
 }
 
 static void cuda_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
     weft_cuda_bias_backward(STREAM(self), dout, dbias, T, C);
-    check_launch("bias_backward");
+    launched(self, "bias_backward");
 }
 
 static void cuda_rope_forward(weft_backend *self, void *x, const int32_t *positions, double theta,
                               int T, int H, int D) {
     weft_cuda_rope(STREAM(self), x, positions, theta, T, H, D, 1.0f);
-    check_launch("rope_forward");
+    launched(self, "rope_forward");
 }
 
 static void cuda_rope_backward(weft_backend *self, void *dx, const int32_t *positions,
                                double theta, int T, int H, int D) {
     weft_cuda_rope(STREAM(self), dx, positions, theta, T, H, D, -1.0f);
-    check_launch("rope_backward");
+    launched(self, "rope_backward");
 }
 
 static weft_cuda_attention_args attention_args(const weft_attention_layout *l, int H, int KV,
@@ -301,11 +311,12 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     if (layout->n_docs == 0) return;
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     const void *tensors[] = {q, k, v, out};
-    if (attention_on_tensor_cores(self, D, tensors, 4))
+    bool mma = attention_on_tensor_cores(self, D, tensors, 4);
+    if (mma)
         weft_cuda_attention_forward_mma(STREAM(self), &a, q, k, v, out, lse);
     else
         weft_cuda_attention_forward_simt(STREAM(self), &a, q, k, v, out, lse);
-    check_launch("attention_forward");
+    launched(self, mma ? "attention_forward (mma)" : "attention_forward (simt)");
 }
 
 static void cuda_attention_backward(weft_backend *self, const void *q, const void *k,
@@ -328,36 +339,36 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     else
         weft_cuda_attention_backward_simt(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk,
                                           dv);
-    check_launch("attention_backward");
+    launched(self, mma ? "attention_backward (mma)" : "attention_backward (simt)");
 }
 
 static void cuda_swiglu_forward(weft_backend *self, const void *gate, const void *up, void *out,
                                 size_t N) {
     weft_cuda_swiglu_forward(STREAM(self), gate, up, out, N);
-    check_launch("swiglu_forward");
+    launched(self, "swiglu_forward");
 }
 
 static void cuda_swiglu_backward(weft_backend *self, const void *gate, const void *up,
                                  const void *dout, void *dgate, void *dup, size_t N) {
     weft_cuda_swiglu_backward(STREAM(self), gate, up, dout, dgate, dup, N);
-    check_launch("swiglu_backward");
+    launched(self, "swiglu_backward");
 }
 
 static void cuda_add_inplace(weft_backend *self, void *y, const void *x, size_t N) {
     weft_cuda_add_bf16(STREAM(self), y, x, N);
-    check_launch("add_inplace");
+    launched(self, "add_inplace");
 }
 
 static void cuda_cross_entropy(weft_backend *self, void *logits, const int32_t *targets,
                                float scale, float *row_loss, float *correct, int T, int V) {
     weft_cuda_cross_entropy(STREAM(self), logits, targets, scale, row_loss, correct, T, V);
-    check_launch("cross_entropy");
+    launched(self, "cross_entropy");
 }
 
 static double reduce_f32(weft_backend *self, const float *x, size_t N, bool squares) {
     cuda_state *st = state(self);
     weft_cuda_sum_f32(STREAM(self), x, N, squares, st->sum_result);
-    check_launch("sum_f32");
+    launched(self, "sum_f32");
     double result;
     cuda_to_host(self, &result, st->sum_result, sizeof result);
     return result;
@@ -373,7 +384,7 @@ static double cuda_sumsq_f32(weft_backend *self, const float *x, size_t N) {
 
 static void cuda_scale_f32(weft_backend *self, float *x, float s, size_t N) {
     weft_cuda_scale_f32(STREAM(self), x, s, N);
-    check_launch("scale_f32");
+    launched(self, "scale_f32");
 }
 
 static void cuda_adamw(weft_backend *self, void *param, float *master, const float *grad, float *m,
@@ -381,7 +392,7 @@ static void cuda_adamw(weft_backend *self, void *param, float *master, const flo
                        float weight_decay, int step) {
     weft_cuda_adamw(STREAM(self), param, master, grad, m, v, N, lr, beta1, beta2, eps,
                     weight_decay, step);
-    check_launch("adamw");
+    launched(self, "adamw");
 }
 
 // ------------------------------------------------------------------------- conversions ----
@@ -431,6 +442,7 @@ static void cuda_to_f32(weft_backend *self, float *dst, const void *src, weft_dt
 static void cuda_destroy(weft_backend *self) {
     cuda_state *st = state(self);
     cudaStreamSynchronize(st->stream);
+    weft_cuda_profile_finish(st->profile);
     for (int i = 0; i < MATMUL_CACHE; i++) destroy_plan(&st->plans[i]);
     cudaFree(st->scratch);
     cudaFree(st->sum_result);
@@ -472,6 +484,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     CUDA_CHECK(cudaMalloc(&st->workspace, WORKSPACE_BYTES));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
     st->attention_mma = attention_kernel_choice(st->device);
+    st->profile = weft_cuda_profile_create(st->stream);
 
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){
