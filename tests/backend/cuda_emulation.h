@@ -40,7 +40,16 @@ enum op_kind {
     OP_SYNC_WARP,
     OP_SHFL_XOR,
     OP_ANY,
-    OP_MMA
+    OP_MMA,
+    OP_LDMATRIX
+};
+
+// A cp.async copy in flight: done when its thread waits for its group.
+struct pending_copy {
+    void *dst;
+    const void *src;
+    bool valid;
+    int group;
 };
 
 struct thread_state {
@@ -51,6 +60,11 @@ struct thread_state {
     double value, value_result; // shuffled ints, floats and doubles all fit a double exactly
     uint32_t a[4], b[2];
     float c[4], d[4];
+    const void *row;     // ldmatrix: the row this lane names
+    bool transposed;
+    uint32_t fragment[4];
+    std::vector<pending_copy> copies;
+    int committed_groups;
     std::vector<char> stack;
 };
 
@@ -62,6 +76,10 @@ struct block_state {
 };
 
 inline block_state *g_block;
+// When a cp.async copy lands: at the wait (the latest the hardware allows: reading a tile before
+// waiting for it reads stale bytes) or at issue (the earliest: refilling a buffer before every
+// warp is done with it clobbers data still being read). Tests run both.
+inline bool g_copies_land_at_issue = false;
 inline uint3 g_block_index;
 inline dim3 g_block_dim, g_grid_dim;
 
@@ -114,11 +132,31 @@ inline void resolve_mma(thread_state *lanes) {
     }
 }
 
+// ldmatrix.x4: lanes 8i .. 8i+7 name the rows of matrix i; lane l gets, of each matrix, row l/4,
+// columns 2(l%4) and +1 (transposed: rows 2(l%4) and +1 of column l/4), lower column (row) in
+// the low half.
+inline void resolve_ldmatrix(thread_state *lanes) {
+    uint16_t M[4][8][8];
+    for (int i = 0; i < 4; i++)
+        for (int r = 0; r < 8; r++) memcpy(M[i][r], lanes[8 * i + r].row, 16);
+    for (int lane = 0; lane < 32; lane++) {
+        int g = lane >> 2, t = lane & 3;
+        bool tr = lanes[lane].transposed;
+        if (tr != lanes[0].transposed) fail("ldmatrix lanes disagree on .trans");
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo = tr ? M[i][2 * t][g] : M[i][g][2 * t];
+            uint32_t hi = tr ? M[i][2 * t + 1][g] : M[i][g][2 * t + 1];
+            lanes[lane].fragment[i] = lo | hi << 16;
+        }
+    }
+}
+
 inline void resolve_warp(thread_state *lanes) {
     op_kind op = lanes[0].op;
     for (int lane = 1; lane < 32; lane++)
         if (lanes[lane].op != op) fail("lanes of one warp wait at different primitives");
     if (op == OP_MMA) resolve_mma(lanes);
+    if (op == OP_LDMATRIX) resolve_ldmatrix(lanes);
     for (int lane = 0; lane < 32; lane++) {
         thread_state &s = lanes[lane];
         if (op == OP_SHFL_XOR) s.value_result = lanes[lane ^ s.lane_mask].value;
@@ -131,7 +169,8 @@ inline void resolve_warp(thread_state *lanes) {
 }
 
 inline bool is_warp_op(op_kind op) {
-    return op == OP_SYNC_WARP || op == OP_SHFL_XOR || op == OP_ANY || op == OP_MMA;
+    return op == OP_SYNC_WARP || op == OP_SHFL_XOR || op == OP_ANY || op == OP_MMA ||
+           op == OP_LDMATRIX;
 }
 inline bool is_block_op(op_kind op) { return op == OP_BLOCK_SYNC || op == OP_BLOCK_OR; }
 
@@ -168,6 +207,7 @@ inline bool resolve(block_state &b) {
 
 inline void thread_entry() {
     g_block->body();
+    if (!self()->copies.empty()) fail("a thread returned with cp.async copies never waited for");
     self()->op = OP_DONE; // returning resumes the scheduler through uc_link
 }
 
@@ -189,6 +229,8 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
         makecontext(&t.context, thread_entry, 0);
         t.index = make_uint3(i, 0, 0);
         t.op = OP_RUNNABLE;
+        t.copies.clear();
+        t.committed_groups = 0;
     }
     for (;;) {
         bool ran = false;
@@ -282,6 +324,38 @@ inline double atomicAdd(double *p, double x) {
 }
 inline float __expf(float x) { return expf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// ldmatrix and cp.async (attention_mma.cuh's wrappers call these under emulation); see
+// g_copies_land_at_issue for when a copy lands.
+inline void weft_emulated_ldmatrix(uint32_t r[4], const void *row, bool transposed) {
+    emu::thread_state *t = emu::self();
+    t->row = row;
+    t->transposed = transposed;
+    emu::rendezvous(emu::OP_LDMATRIX);
+    memcpy(r, t->fragment, sizeof t->fragment);
+}
+inline void weft_emulated_cp_async16(void *dst, const void *src, bool valid) {
+    emu::thread_state *t = emu::self();
+    if (emu::g_copies_land_at_issue) {
+        if (valid) memcpy(dst, src, 16);
+        else memset(dst, 0, 16);
+        return;
+    }
+    t->copies.push_back({dst, src, valid, t->committed_groups});
+}
+inline void weft_emulated_cp_async_commit() { emu::self()->committed_groups++; }
+inline void weft_emulated_cp_async_wait(int pending_groups) {
+    emu::thread_state *t = emu::self();
+    std::vector<emu::pending_copy> later;
+    for (const emu::pending_copy &c : t->copies) {
+        if (c.group < t->committed_groups - pending_groups) {
+            if (c.valid) memcpy(c.dst, c.src, 16);
+            else memset(c.dst, 0, 16);
+        } else {
+            later.push_back(c);
+        }
+    }
+    t->copies = later;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float max(float a, float b) { return fmaxf(a, b); }

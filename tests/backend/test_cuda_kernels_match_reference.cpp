@@ -63,7 +63,7 @@ void compare(const std::string &what, const std::vector<T> &got, const std::vect
     }
     double rel = ref > 0 ? diff / ref : diff;
     bool ok = finite && rel <= tol;
-    printf("%-58s rel err %.2e (tol %.0e) %s\n", what.c_str(), rel, tol, ok ? "ok" : "FAIL");
+    printf("%-76s rel err %.2e (tol %.0e) %s\n", what.c_str(), rel, tol, ok ? "ok" : "FAIL");
     failures += !ok;
 }
 
@@ -354,7 +354,7 @@ attention_ref attend(const layout &l, const std::vector<double> &q, const std::v
 }
 
 // One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
-void test_attention(const layout &l, bool mma) {
+void test_attention(const layout &l, bool mma, const char *note = "") {
     int H = l.H, KV = l.KV, D = l.D, Tq = l.Tq(), Tkv = l.Tkv();
     std::vector<bf16> q = random_bf16((size_t)Tq * H * D), k = random_bf16((size_t)Tkv * KV * D);
     std::vector<bf16> v = random_bf16((size_t)Tkv * KV * D), dout = random_bf16((size_t)Tq * H * D);
@@ -380,7 +380,7 @@ void test_attention(const layout &l, bool mma) {
         weft_cuda_attention_backward_simt(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
                                           dout.data(), delta.data(), dq.data(), dk.data(),
                                           dv.data());
-    std::string name = std::string("attention/") + (mma ? "mma  " : "simt ") + l.label;
+    std::string name = std::string("attention/") + (mma ? "mma  " : "simt ") + l.label + note;
     compare(name + " out", out, want.out, BF16_TOL);
     compare(name + " lse", lse, want.lse, F32_TOL);
     compare(name + " dq", dq, want.dq, BF16_TOL);
@@ -409,8 +409,11 @@ int main() {
         cp_chunks("CP rank 1/2 [40,72] H4 KV2 D32", 4, 2, 32, {40, 72}, 1, 2),
         cp_chunks("CP rank 0/2 [136,64] H2 KV1 D64", 2, 1, 64, {136, 64}, 0, 2),
     };
-    for (bool mma : {true, false})
-        for (const layout &l : layouts) test_attention(l, mma);
+    for (const layout &l : layouts) test_attention(l, false);
+    for (bool early : {false, true}) { // cp.async copies landing as late, then as early as allowed
+        emu::g_copies_land_at_issue = early;
+        for (const layout &l : layouts) test_attention(l, true, early ? " (copies land early)" : "");
+    }
     test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), false); // simt only
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;

@@ -8,10 +8,12 @@
 //   B regs: {rows (k) 2t..2t+1, col (n) g}, {rows 2t+8..2t+9, col g}
 //   C:      c0,c1 at row g, cols 2t, 2t+1; c2,c3 at row g+8, same cols
 // so two neighbouring C tiles of a score product are exactly the A fragment of the next product:
-// probabilities never leave registers. B operands are read from shared memory tiles stored
-// "n-major" (row n holds its k values), which makes each B register one 32-bit load; tiles that
-// a product needs the other way round are also staged transposed. Rows are padded by 8 bf16, so
-// the 8 groups x 4 lanes of a fragment load hit 32 distinct banks for every head_dim.
+// probabilities never leave registers. Operands in shared memory are loaded with ldmatrix, four
+// 8x8 matrices per instruction; its .trans form reads a row-major tile as the B operand of the
+// transposed product (V in P V, K in dS K, Q and dO in the dK/dV products), so every tile is
+// staged once, row-major, by cp.async. Rows are padded by 8 bf16, so the 8 rows an ldmatrix
+// phase reads fall in 32 distinct banks for every head_dim. The forward and dQ kernels double-
+// buffer their key tiles: tile j+1 is in flight while tile j is multiplied.
 //
 // Kernels: forward (a block = 64 query rows of one head, a warp = 16 rows, keys in tiles of 64);
 // dQ (same split, recomputing P from the forward's lse); dK/dV (a block = 64 keys seen by one
@@ -59,6 +61,61 @@ __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0
 #endif
 }
 
+// Four 8x8 bf16 matrices from shared memory: lane l names row (l & 15), columns 8 * (l >> 4) ..
+// of the 16x16 block at `m` (row stride ld) from (row0, col0), so r[0..3] are the blocks
+// (top, left), (bottom, left), (top, right), (bottom, right). Lane l receives, of each block,
+// row l/4, columns 2(l%4) and +1 (transposed: rows 2(l%4) and +1 of column l/4).
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *m, int ld, int row0,
+                                            int col0) {
+    int lane = threadIdx.x & 31;
+    const bf16 *p = m + (size_t)(row0 + (lane & 15)) * ld + col0 + 8 * (lane >> 4);
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_ldmatrix(r, p, TRANS);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t address = (uint32_t)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(address));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(address));
+#else
+    __trap();
+#endif
+}
+
+// 16 bytes global -> shared without passing through registers; zeros when !valid.
+__device__ __forceinline__ void cp_async16(bf16 *dst, const bf16 *src, bool valid) {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_cp_async16(dst, src, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+#else
+    __trap();
+#endif
+}
+
+// Closes the group of copies issued so far; waits until at most `pending` groups are in flight.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_cp_async_wait(PENDING);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+#endif
+}
+
 // A fragment of the 16 rows at `m` (row stride ld), columns k0 .. k0+15; rows >= n_rows read as 0.
 __device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *m, size_t ld, int k0,
                                        int n_rows = 16) {
@@ -71,15 +128,6 @@ __device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *m, size_t ld, 
     a[3] = ok1 ? load_u32(r1 + 8) : 0u;
 }
 
-// B fragment (k0 .. k0+15) x (n0 .. n0+7) of a matrix stored n-major: row n of `m` holds B[., n].
-__device__ __forceinline__ void load_b(uint32_t *b0, uint32_t *b1, const bf16 *m, int ld, int n0,
-                                       int k0) {
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    const bf16 *p = m + (size_t)(n0 + g) * ld + k0 + 2 * t;
-    *b0 = load_u32(p);
-    *b1 = load_u32(p + 8);
-}
-
 // The A fragment for k-chunk kc of a product whose A is the result c (16 x 8·n) of an earlier one.
 __device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*c)[4], int kc) {
     a[0] = pack_bf16(c[2 * kc][0], c[2 * kc][1]);
@@ -88,23 +136,36 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*c)[4], int k
     a[3] = pack_bf16(c[2 * kc + 1][2], c[2 * kc + 1][3]);
 }
 
-// c (16 x 8·NT) = A (16 x D, as DK fragments) times the n-major matrix `m` (8·NT rows of D).
+// c (16 x 8·NT) = A (16 x D, as DK fragments in registers) times B^T, where B (8·NT x D) is the
+// row-major tile `m`: scores Q K^T, dP = dO V^T, and their transposes.
 template <int NT, int DK>
 __device__ __forceinline__ void product_a_regs(float (*c)[4], const uint32_t (*a)[4],
                                                const bf16 *m, int ld) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-        c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+    for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt += 2)
 #pragma unroll
         for (int kc = 0; kc < DK; kc++) {
-            uint32_t b0, b1;
-            load_b(&b0, &b1, m, ld, nt * 8, kc * 16);
-            mma(c[nt], a[kc], b0, b1);
+            uint32_t b[4]; // b0, b1 of n-tiles nt and nt + 1
+            ldmatrix_x4<false>(b, m, ld, nt * 8, kc * 16);
+            mma(c[nt], a[kc], b[0], b[2]);
+            mma(c[nt + 1], a[kc], b[1], b[3]);
         }
-    }
 }
 
-// acc (16 x 8·NO) += C-held A (16 x 16·KC) times the n-major matrix `m` (8·NO rows of 16·KC).
+// c (16 x 8·NT) = A (16 x D) times B^T as above, with A the 16 rows of the row-major tile `am`.
+template <int NT, int DK>
+__device__ __forceinline__ void product_a_smem(float (*c)[4], const bf16 *am, const bf16 *m,
+                                               int ld) {
+    uint32_t a[DK][4];
+#pragma unroll
+    for (int kc = 0; kc < DK; kc++) ldmatrix_x4<false>(a[kc], am, ld, 0, kc * 16);
+    product_a_regs<NT, DK>(c, a, m, ld);
+}
+
+// acc (16 x 8·NO) += C-held A (16 x 16·KC) times B, where B (16·KC x 8·NO) is the row-major tile
+// `m` read transposed by ldmatrix: P V, dS K, P^T dO, dS^T Q.
 template <int KC, int NO>
 __device__ __forceinline__ void accumulate_c_times(float (*acc)[4], const float (*c)[4],
                                                    const bf16 *m, int ld) {
@@ -113,37 +174,27 @@ __device__ __forceinline__ void accumulate_c_times(float (*acc)[4], const float 
         uint32_t a[4];
         c_to_a(a, c, kc);
 #pragma unroll
-        for (int no = 0; no < NO; no++) {
-            uint32_t b0, b1;
-            load_b(&b0, &b1, m, ld, no * 8, kc * 16);
-            mma(acc[no], a, b0, b1);
+        for (int no = 0; no < NO; no += 2) {
+            uint32_t b[4]; // b0, b1 of n-tile no, then of no + 1
+            ldmatrix_x4<true>(b, m, ld, kc * 16, no * 8);
+            mma(acc[no], a, b[0], b[1]);
+            mma(acc[no + 1], a, b[2], b[3]);
         }
     }
 }
 
-// Stages rows [r0, r0 + ROWS) of a (., D) bf16 matrix with row stride src_ld into shared memory:
-// row-major into dst (row stride D + PAD) and/or transposed into dst_t (row stride ROWS + PAD).
-// Rows at or past r_end become zeros, so they contribute nothing (0 * garbage could be NaN).
-// Each thread moves 16-byte chunks, and the lanes of a warp take consecutive rows of one chunk
-// column: their transposed 2-byte stores then fall in consecutive addresses (no bank conflicts),
-// and their row-major 16-byte stores, D + PAD apart, cover all 32 banks per 8 lanes.
+// Issues the copies of rows [r0, r0 + ROWS) of a (., D) bf16 matrix with row stride src_ld into
+// the row-major tile dst (row stride D + PAD); rows at or past r_end become zeros (0 * garbage
+// could be NaN). Consecutive threads take consecutive 16-byte chunks of a row: coalesced reads,
+// conflict-free writes. The caller commits and waits.
 template <int D, int ROWS>
-__device__ void stage_rows(bf16 *dst, bf16 *dst_t, const bf16 *src, size_t src_ld, int r0,
-                           int r_end) {
+__device__ void stage_rows(bf16 *dst, const bf16 *src, size_t src_ld, int r0, int r_end) {
     constexpr int CHUNKS = D / 8;
     for (int idx = threadIdx.x; idx < ROWS * CHUNKS; idx += THREADS) {
-        int r = idx % ROWS, c = idx / ROWS, row = r0 + r;
-        uint4 chunk = make_uint4(0u, 0u, 0u, 0u);
-        if (row < r_end) chunk = *reinterpret_cast<const uint4 *>(src + (size_t)row * src_ld + 8 * c);
-        if (dst) *reinterpret_cast<uint4 *>(dst + r * (D + PAD) + 8 * c) = chunk;
-        if (dst_t) {
-            const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                dst_t[(8 * c + 2 * e) * (ROWS + PAD) + r] = __ushort_as_bfloat16(words[e] & 0xffffu);
-                dst_t[(8 * c + 2 * e + 1) * (ROWS + PAD) + r] = __ushort_as_bfloat16(words[e] >> 16);
-            }
-        }
+        int r = idx / CHUNKS, c = idx - r * CHUNKS, row = r0 + r;
+        bool valid = row < r_end;
+        cp_async16(dst + r * (D + PAD) + 8 * c, valid ? src + (size_t)row * src_ld + 8 * c : src,
+                   valid);
     }
 }
 
@@ -198,15 +249,52 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // ------------------------------------------------------------------------------- forward ----
 
+// One key tile of the forward for a warp's 16 rows: scores, online softmax (running max m, sum l
+// per row; this thread's rows g and g + 8), and o += P V.
+template <int DK>
+__device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], const bf16 *Ks,
+                                            const bf16 *Vs, int j0, const int lo[2],
+                                            const int hi[2], float scale_log2,
+                                            float (*o)[4], float m[2], float l[2]) {
+    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
+    float s[NT][4];
+    product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
+    mask_scores<NT>(s, j0, lo, hi, scale_log2);
+    float corr[2], row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        float m_new = fmaxf(m[r], quad_max(tile_max));
+        corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); // nothing seen yet: keep 0s
+        m[r] = m_new;
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = e >> 1;
+            float p = m[r] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[r]);
+            s[nt][e] = p;
+            row_sum[r] += p;
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + row_sum[r]; // this thread's columns
+#pragma unroll
+    for (int no = 0; no < NO; no++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[no][e] *= corr[e >> 1];
+    accumulate_c_times<BLOCK_KEYS / 16, NO>(o, s, Vs, D + PAD);
+}
+
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
     forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *out, float *lse, float scale_log2) {
-    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
-    unsigned char *smem = dynamic_smem<unsigned char>();
-    bf16 *Ks = reinterpret_cast<bf16 *>(smem);   // (BLOCK_KEYS, D + PAD)
-    bf16 *Vt = Ks + BLOCK_KEYS * (D + PAD);      // (D, BLOCK_KEYS + PAD)
-    int *row_lo = reinterpret_cast<int *>(Vt + D * (BLOCK_KEYS + PAD)), *row_hi = row_lo + BLOCK_ROWS;
+    constexpr int D = 16 * DK, NO = D / 8, TILE = BLOCK_KEYS * (D + PAD);
+    bf16 *tiles = dynamic_smem<bf16>(); // K, V of buffer 0, then of buffer 1: (BLOCK_KEYS, D + PAD)
+    int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + BLOCK_ROWS;
 
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     int h = blockIdx.y, kvh = h / (a.H / a.KV), r0 = blockIdx.x * BLOCK_ROWS;
@@ -221,43 +309,26 @@ __global__ void __launch_bounds__(THREADS)
     for (int kc = 0; kc < DK; kc++)
         load_a(qf[kc], q + ((size_t)(r0 + wr) * a.H + h) * D, q_ld, kc * 16, a.Tq - (r0 + wr));
 
+    auto stage = [&](int buffer, int j0) {
+        bf16 *Ks = tiles + 2 * buffer * TILE;
+        stage_rows<D, BLOCK_KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, block.hi);
+        stage_rows<D, BLOCK_KEYS>(Ks + TILE, v + (size_t)kvh * D, kv_ld, j0, block.hi);
+        cp_async_commit();
+    };
     float o[NO][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    for (int j0 = block.lo; j0 < block.hi; j0 += BLOCK_KEYS) {
-        __syncthreads(); // every warp is done with the previous tiles
-        stage_rows<D, BLOCK_KEYS>(Ks, nullptr, k + (size_t)kvh * D, kv_ld, j0, block.hi);
-        stage_rows<D, BLOCK_KEYS>(nullptr, Vt, v + (size_t)kvh * D, kv_ld, j0, block.hi);
-        __syncthreads();
-        if (j0 >= wspan.hi || j0 + BLOCK_KEYS <= wspan.lo) continue;
-
-        float s[NT][4];
-        product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
-        mask_scores<NT>(s, j0, lo, hi, scale_log2);
-        float corr[2], row_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float tile_max = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            float m_new = fmaxf(m[r], quad_max(tile_max));
-            corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); // nothing seen yet: keep 0s
-            m[r] = m_new;
+    if (block.lo < block.hi) stage(0, block.lo);
+    for (int j0 = block.lo, buffer = 0; j0 < block.hi; j0 += BLOCK_KEYS, buffer ^= 1) {
+        if (j0 + BLOCK_KEYS < block.hi) { // the next tiles fly while these are used
+            stage(buffer ^ 1, j0 + BLOCK_KEYS);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = e >> 1;
-                float p = m[r] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[r]);
-                s[nt][e] = p;
-                row_sum[r] += p;
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + row_sum[r]; // this thread's columns
-#pragma unroll
-        for (int no = 0; no < NO; no++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[no][e] *= corr[e >> 1];
-        accumulate_c_times<BLOCK_KEYS / 16, NO>(o, s, Vt, BLOCK_KEYS + PAD);
+        __syncthreads(); // this buffer has landed, for every thread's copies
+        const bf16 *Ks = tiles + 2 * buffer * TILE, *Vs = Ks + TILE;
+        if (j0 < wspan.hi && j0 + BLOCK_KEYS > wspan.lo)
+            attend_tile<DK>(qf, Ks, Vs, j0, lo, hi, scale_log2, o, m, l);
+        __syncthreads(); // every warp is done with this buffer before it is refilled
     }
 
 #pragma unroll
@@ -283,12 +354,9 @@ __global__ void __launch_bounds__(THREADS)
     dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
-    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
-    unsigned char *smem = dynamic_smem<unsigned char>();
-    bf16 *Ks = reinterpret_cast<bf16 *>(smem);   // (BLOCK_KEYS, D + PAD)
-    bf16 *Vs = Ks + BLOCK_KEYS * (D + PAD);      // (BLOCK_KEYS, D + PAD)
-    bf16 *Kt = Vs + BLOCK_KEYS * (D + PAD);      // (D, BLOCK_KEYS + PAD)
-    int *row_lo = reinterpret_cast<int *>(Kt + D * (BLOCK_KEYS + PAD)), *row_hi = row_lo + BLOCK_ROWS;
+    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8, TILE = BLOCK_KEYS * (D + PAD);
+    bf16 *tiles = dynamic_smem<bf16>(); // K, V of buffer 0, then of buffer 1: (BLOCK_KEYS, D + PAD)
+    int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + BLOCK_ROWS;
 
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     int h = blockIdx.y, kvh = h / (a.H / a.KV), r0 = blockIdx.x * BLOCK_ROWS;
@@ -313,27 +381,39 @@ __global__ void __launch_bounds__(THREADS)
         row_delta[r] = delta[(size_t)h * a.Tq + row];
     }
 
+    auto stage = [&](int buffer, int j0) {
+        bf16 *Ks = tiles + 2 * buffer * TILE;
+        stage_rows<D, BLOCK_KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, block.hi);
+        stage_rows<D, BLOCK_KEYS>(Ks + TILE, v + (size_t)kvh * D, kv_ld, j0, block.hi);
+        cp_async_commit();
+    };
     float acc[NO][4] = {};
-    for (int j0 = block.lo; j0 < block.hi; j0 += BLOCK_KEYS) {
+    if (block.lo < block.hi) stage(0, block.lo);
+    for (int j0 = block.lo, buffer = 0; j0 < block.hi; j0 += BLOCK_KEYS, buffer ^= 1) {
+        if (j0 + BLOCK_KEYS < block.hi) {
+            stage(buffer ^ 1, j0 + BLOCK_KEYS);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
-        stage_rows<D, BLOCK_KEYS>(Ks, Kt, k + (size_t)kvh * D, kv_ld, j0, block.hi);
-        stage_rows<D, BLOCK_KEYS>(Vs, nullptr, v + (size_t)kvh * D, kv_ld, j0, block.hi);
+        const bf16 *Ks = tiles + 2 * buffer * TILE, *Vs = Ks + TILE;
+        if (j0 < wspan.hi && j0 + BLOCK_KEYS > wspan.lo) {
+            float s[NT][4], dp[NT][4];
+            product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
+            product_a_regs<NT, DK>(dp, dof, Vs, D + PAD);
+            mask_scores<NT>(s, j0, lo, hi, scale_log2);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1;
+                    float p = exp2f(s[nt][e] - row_lse[r]); // masked: exp2(-inf) = 0
+                    s[nt][e] = p * (dp[nt][e] - row_delta[r]);
+                }
+            accumulate_c_times<BLOCK_KEYS / 16, NO>(acc, s, Ks, D + PAD);
+        }
         __syncthreads();
-        if (j0 >= wspan.hi || j0 + BLOCK_KEYS <= wspan.lo) continue;
-
-        float s[NT][4], dp[NT][4];
-        product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
-        product_a_regs<NT, DK>(dp, dof, Vs, D + PAD);
-        mask_scores<NT>(s, j0, lo, hi, scale_log2);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = e >> 1;
-                float p = exp2f(s[nt][e] - row_lse[r]); // masked: exp2(-inf) = 0
-                s[nt][e] = p * (dp[nt][e] - row_delta[r]);
-            }
-        accumulate_c_times<BLOCK_KEYS / 16, NO>(acc, s, Kt, BLOCK_KEYS + PAD);
     }
 
 #pragma unroll
@@ -360,24 +440,22 @@ __global__ void __launch_bounds__(THREADS)
     dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                 const float *lse, const bf16 *dout, const float *delta, bf16 *dk, bf16 *dv,
                 float *dk_part, float *dv_part, float scale, float scale_log2) {
-    constexpr int D = 16 * DK, NT = STEP_ROWS / 8, NO = D / 8;
-    constexpr int LD = D + PAD, LDT = STEP_ROWS + PAD;
+    constexpr int D = 16 * DK, NT = STEP_ROWS / 8, NO = D / 8, LD = D + PAD;
     unsigned char *smem = dynamic_smem<unsigned char>();
     bf16 *Ks = reinterpret_cast<bf16 *>(smem); // (BLOCK_KEYS, LD)
     bf16 *Vs = Ks + BLOCK_KEYS * LD;           // (BLOCK_KEYS, LD)
     bf16 *Qs = Vs + BLOCK_KEYS * LD;           // (STEP_ROWS, LD)
     bf16 *dOs = Qs + STEP_ROWS * LD;           // (STEP_ROWS, LD)
-    bf16 *Qt = dOs + STEP_ROWS * LD;           // (D, LDT)
-    bf16 *dOt = Qt + D * LDT;                  // (D, LDT)
-    int *row_lo = reinterpret_cast<int *>(dOt + D * LDT), *row_hi = row_lo + STEP_ROWS;
+    int *row_lo = reinterpret_cast<int *>(dOs + STEP_ROWS * LD), *row_hi = row_lo + STEP_ROWS;
     float *row_lse = reinterpret_cast<float *>(row_hi + STEP_ROWS), *row_delta = row_lse + STEP_ROWS;
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * BLOCK_KEYS;
     int j_end = min(j0 + BLOCK_KEYS, a.Tkv);
     size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
-    stage_rows<D, BLOCK_KEYS>(Ks, nullptr, k + (size_t)kvh * D, kv_ld, j0, j_end);
-    stage_rows<D, BLOCK_KEYS>(Vs, nullptr, v + (size_t)kvh * D, kv_ld, j0, j_end);
+    stage_rows<D, BLOCK_KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, j_end);
+    stage_rows<D, BLOCK_KEYS>(Vs, v + (size_t)kvh * D, kv_ld, j0, j_end);
+    cp_async_commit(); // waited for with the first rows' copies
     // The warp's keys [kw0, kw1) and the thread's two keys (C rows g and g+8).
     int kw0 = j0 + warp * 16, kw1 = min(kw0 + 16, j_end), key[2] = {kw0 + g, kw0 + g + 8};
     // Query rows that may see these keys: those of the documents the keys belong to.
@@ -400,27 +478,17 @@ __global__ void __launch_bounds__(THREADS)
             sees = lo < j_end && hi > j0;
         }
         if (!__syncthreads_or(sees)) continue; // causally before every key of the tile
-        stage_rows<D, STEP_ROWS>(Qs, Qt, q + (size_t)h * D, q_ld, i0, rows_hi);
-        stage_rows<D, STEP_ROWS>(dOs, dOt, dout + (size_t)h * D, q_ld, i0, rows_hi);
+        stage_rows<D, STEP_ROWS>(Qs, q + (size_t)h * D, q_ld, i0, rows_hi);
+        stage_rows<D, STEP_ROWS>(dOs, dout + (size_t)h * D, q_ld, i0, rows_hi);
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         bool warp_sees = lane < STEP_ROWS && row_lo[lane] < kw1 && row_hi[lane] > kw0;
         if (!__any_sync(0xffffffffu, warp_sees)) continue;
 
-        float st[NT][4] = {}, dpt[NT][4] = {};
-#pragma unroll
-        for (int kc = 0; kc < DK; kc++) {
-            uint32_t kf[4], vf[4];
-            load_a(kf, Kw, LD, kc * 16);
-            load_a(vf, Vw, LD, kc * 16);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b0, b1;
-                load_b(&b0, &b1, Qs, LD, nt * 8, kc * 16);
-                mma(st[nt], kf, b0, b1);
-                load_b(&b0, &b1, dOs, LD, nt * 8, kc * 16);
-                mma(dpt[nt], vf, b0, b1);
-            }
-        }
+        float st[NT][4], dpt[NT][4];
+        product_a_smem<NT, DK>(st, Kw, Qs, LD);
+        product_a_smem<NT, DK>(dpt, Vw, dOs, LD);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -431,9 +499,10 @@ __global__ void __launch_bounds__(THREADS)
                 st[nt][e] = p;
                 dpt[nt][e] = p * (dpt[nt][e] - row_delta[i]);
             }
-        accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOt, LDT);
-        accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qt, LDT);
+        accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOs, LD);
+        accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qs, LD);
     }
+    cp_async_wait<0>(); // the K, V copies, when no step needed them
 
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -471,18 +540,12 @@ __global__ void group_sum_kernel(const float *part, bf16 *out, int Tkv, int H, i
 }
 
 // Dynamic shared memory of each kernel, in bytes, for head_dim D.
-size_t forward_smem(int D) {
-    return sizeof(bf16) * (BLOCK_KEYS * (D + PAD) + D * (BLOCK_KEYS + PAD)) +
-           2 * BLOCK_ROWS * sizeof(int);
+size_t forward_smem(int D) { // two buffers of K and V tiles
+    return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * BLOCK_ROWS * sizeof(int);
 }
-size_t dq_smem(int D) {
-    return sizeof(bf16) * (2 * BLOCK_KEYS * (D + PAD) + D * (BLOCK_KEYS + PAD)) +
-           2 * BLOCK_ROWS * sizeof(int);
-}
-size_t dkdv_smem(int D) {
-    return sizeof(bf16) * (2 * BLOCK_KEYS * (D + PAD) + 2 * STEP_ROWS * (D + PAD) +
-                           2 * D * (STEP_ROWS + PAD)) +
-           4 * STEP_ROWS * sizeof(float);
+size_t dq_smem(int D) { return forward_smem(D); }
+size_t dkdv_smem(int D) { // K, V tiles; Q, dO rows; their rows' ranges, lse and delta
+    return sizeof(bf16) * (2 * BLOCK_KEYS + 2 * STEP_ROWS) * (D + PAD) + 4 * STEP_ROWS * sizeof(float);
 }
 
 } // namespace
