@@ -1,15 +1,13 @@
 // Every CUDA kernel of the backend (src/backend/cuda/*.cu), launcher included, run unchanged on the
-// CPU through cuda_emulation.h, matches a float64 reference: embedding, RMSNorm, bias, RoPE,
+// CPU through cuda_emulation.h (cuda_emulated_kernels.cpp), matches a float64 reference: embedding, RMSNorm, bias, RoPE,
 // SwiGLU, the small arithmetic, fused cross-entropy, AdamW, and both attention families (the
 // tensor-core one and the fp32 one) on whole documents, documents spanning several tiles and
 // blocks, and context-parallel chunks. No GPU is needed, so indexing, masking and barrier
 // mistakes fail in CI; on a GPU, test_cuda_ops_match_cpu checks the same ops for real.
 #include "cuda_emulation.h"
 
-#include "backend/cuda/attention.cu"
-#include "backend/cuda/attention_mma.cu"
-#include "backend/cuda/cross_entropy.cu"
-#include "backend/cuda/kernels.cu"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
 
 #include <math.h>
 

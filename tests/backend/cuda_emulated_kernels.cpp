@@ -1,0 +1,8 @@
+// The CUDA backend's kernels and launchers (src/backend/cuda/*.cu), compiled for the CPU through
+// cuda_emulation.h: with cuda_emulated_runtime.cpp they stand in for the GPU in weft_emulated.
+#include "cuda_emulation.h"
+
+#include "backend/cuda/attention.cu"
+#include "backend/cuda/attention_mma.cu"
+#include "backend/cuda/cross_entropy.cu"
+#include "backend/cuda/kernels.cu"
