@@ -288,62 +288,104 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], const bf16 
     accumulate_c_times<BLOCK_KEYS / 16, NO>(o, s, Vs, D + PAD);
 }
 
+// What the forward and dQ kernels share: the block's BLOCK_ROWS query rows of head blockIdx.y
+// (16 per warp; this thread's rows are g and g + 8 of its warp's), the keys they see, and a walk
+// over those keys' tiles, double-buffered: tile j + 1 is in flight while tile j is used.
+template <int DK> struct query_block {
+    static constexpr int D = 16 * DK, TILE = BLOCK_KEYS * (D + PAD);
+    weft_cuda_attention_args a; // a copy: kernel parameters are not addressable cheaply
+    bf16 *tiles; // K and V of buffer 0, then of buffer 1: (BLOCK_KEYS, D + PAD) each
+    int g, t, h, kvh, first_row, lo[2], hi[2];
+    key_span block, warp;
+
+    __device__ explicit query_block(const weft_cuda_attention_args &args) : a(args) {
+        tiles = dynamic_smem<bf16>();
+        int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + BLOCK_ROWS;
+        int w = threadIdx.x >> 5;
+        g = (threadIdx.x & 31) >> 2;
+        t = threadIdx.x & 3;
+        h = blockIdx.y;
+        kvh = h / (a.H / a.KV);
+        block_key_ranges(a, blockIdx.x * BLOCK_ROWS, row_lo, row_hi, &block, &warp);
+        first_row = blockIdx.x * BLOCK_ROWS + 16 * w;
+        for (int r = 0; r < 2; r++) {
+            lo[r] = row_lo[16 * w + g + 8 * r];
+            hi[r] = row_hi[16 * w + g + 8 * r];
+        }
+    }
+
+    // A fragments of the warp's 16 rows of a (Tq, H, D) tensor (this head); rows past Tq are 0.
+    __device__ void load_rows(uint32_t (*frag)[4], const bf16 *x) const {
+#pragma unroll
+        for (int kc = 0; kc < DK; kc++)
+            load_a(frag[kc], x + ((size_t)first_row * a.H + h) * D, (size_t)a.H * D, kc * 16,
+                   a.Tq - first_row);
+    }
+
+    // Calls work(j0, Ks, Vs) for every key tile [j0, j0 + BLOCK_KEYS) the warp's rows see.
+    template <typename F> __device__ void for_each_key_tile(const bf16 *k, const bf16 *v, F work) {
+        size_t ld = (size_t)a.KV * D;
+        auto stage = [&](int buffer, int j0) {
+            bf16 *Ks = tiles + 2 * buffer * TILE;
+            stage_rows<D, BLOCK_KEYS>(Ks, k + (size_t)kvh * D, ld, j0, block.hi);
+            stage_rows<D, BLOCK_KEYS>(Ks + TILE, v + (size_t)kvh * D, ld, j0, block.hi);
+            cp_async_commit();
+        };
+        if (block.lo < block.hi) stage(0, block.lo);
+        for (int j0 = block.lo, buffer = 0; j0 < block.hi; j0 += BLOCK_KEYS, buffer ^= 1) {
+            if (j0 + BLOCK_KEYS < block.hi) {
+                stage(buffer ^ 1, j0 + BLOCK_KEYS);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads(); // this buffer has landed, for every thread's copies
+            const bf16 *Ks = tiles + 2 * buffer * TILE;
+            if (j0 < warp.hi && j0 + BLOCK_KEYS > warp.lo) work(j0, Ks, Ks + TILE);
+            __syncthreads(); // every warp is done with this buffer before it is refilled
+        }
+    }
+
+    // Row r (0: g, 1: g + 8) of the warp, or -1 past Tq.
+    __device__ int row(int r) const {
+        int i = first_row + g + 8 * r;
+        return i < a.Tq ? i : -1;
+    }
+
+    // Stores acc (16 x D, C fragments) times factor[r] as bf16 rows of a (Tq, H, D) tensor.
+    __device__ void store_rows(bf16 *x, const float (*acc)[4], const float factor[2]) const {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (row(r) < 0) continue;
+            bf16 *dst = x + ((size_t)row(r) * a.H + h) * D + 2 * t;
+#pragma unroll
+            for (int no = 0; no < D / 8; no++)
+                *reinterpret_cast<uint32_t *>(dst + no * 8) =
+                    pack_bf16(acc[no][2 * r] * factor[r], acc[no][2 * r + 1] * factor[r]);
+        }
+    }
+};
+
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
     forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *out, float *lse, float scale_log2) {
-    constexpr int D = 16 * DK, NO = D / 8, TILE = BLOCK_KEYS * (D + PAD);
-    bf16 *tiles = dynamic_smem<bf16>(); // K, V of buffer 0, then of buffer 1: (BLOCK_KEYS, D + PAD)
-    int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + BLOCK_ROWS;
-
-    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    int h = blockIdx.y, kvh = h / (a.H / a.KV), r0 = blockIdx.x * BLOCK_ROWS;
-    key_span block, wspan;
-    block_key_ranges(a, r0, row_lo, row_hi, &block, &wspan);
-    int wr = warp * 16, lo[2] = {row_lo[wr + g], row_lo[wr + g + 8]};
-    int hi[2] = {row_hi[wr + g], row_hi[wr + g + 8]};
-
-    size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
+    query_block<DK> b(a);
     uint32_t qf[DK][4];
-#pragma unroll
-    for (int kc = 0; kc < DK; kc++)
-        load_a(qf[kc], q + ((size_t)(r0 + wr) * a.H + h) * D, q_ld, kc * 16, a.Tq - (r0 + wr));
-
-    auto stage = [&](int buffer, int j0) {
-        bf16 *Ks = tiles + 2 * buffer * TILE;
-        stage_rows<D, BLOCK_KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, block.hi);
-        stage_rows<D, BLOCK_KEYS>(Ks + TILE, v + (size_t)kvh * D, kv_ld, j0, block.hi);
-        cp_async_commit();
-    };
-    float o[NO][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    if (block.lo < block.hi) stage(0, block.lo);
-    for (int j0 = block.lo, buffer = 0; j0 < block.hi; j0 += BLOCK_KEYS, buffer ^= 1) {
-        if (j0 + BLOCK_KEYS < block.hi) { // the next tiles fly while these are used
-            stage(buffer ^ 1, j0 + BLOCK_KEYS);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads(); // this buffer has landed, for every thread's copies
-        const bf16 *Ks = tiles + 2 * buffer * TILE, *Vs = Ks + TILE;
-        if (j0 < wspan.hi && j0 + BLOCK_KEYS > wspan.lo)
-            attend_tile<DK>(qf, Ks, Vs, j0, lo, hi, scale_log2, o, m, l);
-        __syncthreads(); // every warp is done with this buffer before it is refilled
-    }
-
+    b.load_rows(qf, q);
+    float o[2 * DK][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    b.for_each_key_tile(k, v, [&](int j0, const bf16 *Ks, const bf16 *Vs) {
+        attend_tile<DK>(qf, Ks, Vs, j0, b.lo, b.hi, scale_log2, o, m, l);
+    });
+    float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] = quad_sum(l[r]);
-        int row = r0 + wr + g + 8 * r;
-        if (row >= a.Tq) continue;
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        bf16 *dst = out + ((size_t)row * a.H + h) * D + 2 * t;
-#pragma unroll
-        for (int no = 0; no < NO; no++)
-            *reinterpret_cast<uint32_t *>(dst + no * 8) =
-                pack_bf16(o[no][2 * r] * inv, o[no][2 * r + 1] * inv);
-        if (t == 0) lse[(size_t)h * a.Tq + row] = (m[r] + log2f(l[r])) * LN2;
+        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        if (b.t == 0 && b.row(r) >= 0)
+            lse[(size_t)b.h * a.Tq + b.row(r)] = (m[r] + log2f(l[r])) * LN2;
     }
+    b.store_rows(out, o, inv);
 }
 
 // ------------------------------------------------------------------------------------ dQ ----
@@ -354,78 +396,36 @@ __global__ void __launch_bounds__(THREADS)
     dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
-    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8, TILE = BLOCK_KEYS * (D + PAD);
-    bf16 *tiles = dynamic_smem<bf16>(); // K, V of buffer 0, then of buffer 1: (BLOCK_KEYS, D + PAD)
-    int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + BLOCK_ROWS;
-
-    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-    int h = blockIdx.y, kvh = h / (a.H / a.KV), r0 = blockIdx.x * BLOCK_ROWS;
-    key_span block, wspan;
-    block_key_ranges(a, r0, row_lo, row_hi, &block, &wspan);
-    int wr = warp * 16, lo[2] = {row_lo[wr + g], row_lo[wr + g + 8]};
-    int hi[2] = {row_hi[wr + g], row_hi[wr + g + 8]};
-
-    size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
+    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
+    query_block<DK> b(a);
     uint32_t qf[DK][4], dof[DK][4];
-#pragma unroll
-    for (int kc = 0; kc < DK; kc++) {
-        size_t at = ((size_t)(r0 + wr) * a.H + h) * D;
-        load_a(qf[kc], q + at, q_ld, kc * 16, a.Tq - (r0 + wr));
-        load_a(dof[kc], dout + at, q_ld, kc * 16, a.Tq - (r0 + wr));
-    }
+    b.load_rows(qf, q);
+    b.load_rows(dof, dout);
     float row_lse[2], row_delta[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        int row = min(r0 + wr + g + 8 * r, a.Tq - 1);
-        row_lse[r] = lse[(size_t)h * a.Tq + row] * LOG2E;
-        row_delta[r] = delta[(size_t)h * a.Tq + row];
+        int row = b.row(r) >= 0 ? b.row(r) : a.Tq - 1; // rows past Tq see no keys
+        row_lse[r] = lse[(size_t)b.h * a.Tq + row] * LOG2E;
+        row_delta[r] = delta[(size_t)b.h * a.Tq + row];
     }
-
-    auto stage = [&](int buffer, int j0) {
-        bf16 *Ks = tiles + 2 * buffer * TILE;
-        stage_rows<D, BLOCK_KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, block.hi);
-        stage_rows<D, BLOCK_KEYS>(Ks + TILE, v + (size_t)kvh * D, kv_ld, j0, block.hi);
-        cp_async_commit();
-    };
     float acc[NO][4] = {};
-    if (block.lo < block.hi) stage(0, block.lo);
-    for (int j0 = block.lo, buffer = 0; j0 < block.hi; j0 += BLOCK_KEYS, buffer ^= 1) {
-        if (j0 + BLOCK_KEYS < block.hi) {
-            stage(buffer ^ 1, j0 + BLOCK_KEYS);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const bf16 *Ks = tiles + 2 * buffer * TILE, *Vs = Ks + TILE;
-        if (j0 < wspan.hi && j0 + BLOCK_KEYS > wspan.lo) {
-            float s[NT][4], dp[NT][4];
-            product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
-            product_a_regs<NT, DK>(dp, dof, Vs, D + PAD);
-            mask_scores<NT>(s, j0, lo, hi, scale_log2);
+    b.for_each_key_tile(k, v, [&](int j0, const bf16 *Ks, const bf16 *Vs) {
+        float s[NT][4], dp[NT][4];
+        product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
+        product_a_regs<NT, DK>(dp, dof, Vs, D + PAD);
+        mask_scores<NT>(s, j0, b.lo, b.hi, scale_log2);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int r = e >> 1;
-                    float p = exp2f(s[nt][e] - row_lse[r]); // masked: exp2(-inf) = 0
-                    s[nt][e] = p * (dp[nt][e] - row_delta[r]);
-                }
-            accumulate_c_times<BLOCK_KEYS / 16, NO>(acc, s, Ks, D + PAD);
-        }
-        __syncthreads();
-    }
-
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = r0 + wr + g + 8 * r;
-        if (row >= a.Tq) continue;
-        bf16 *dst = dq + ((size_t)row * a.H + h) * D + 2 * t;
-#pragma unroll
-        for (int no = 0; no < NO; no++)
-            *reinterpret_cast<uint32_t *>(dst + no * 8) =
-                pack_bf16(acc[no][2 * r] * scale, acc[no][2 * r + 1] * scale);
-    }
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1;
+                float p = exp2f(s[nt][e] - row_lse[r]); // masked: exp2(-inf) = 0
+                s[nt][e] = p * (dp[nt][e] - row_delta[r]);
+            }
+        accumulate_c_times<BLOCK_KEYS / 16, NO>(acc, s, Ks, D + PAD);
+    });
+    const float factor[2] = {scale, scale};
+    b.store_rows(dq, acc, factor);
 }
 
 // ---------------------------------------------------------------------------------- dK dV ----
