@@ -430,6 +430,13 @@ __global__ void __launch_bounds__(THREADS)
 
 // ---------------------------------------------------------------------------------- dK dV ----
 
+// One step's query rows in the dK/dV kernel: the keys each sees, [lo, hi), and its lse (log2
+// units) and delta.
+struct step_rows {
+    int lo[STEP_ROWS], hi[STEP_ROWS];
+    float lse[STEP_ROWS], delta[STEP_ROWS];
+};
+
 // For one tile of keys of kv head `kvh`: transposed products, keys as the rows of A.
 //   S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
 //   dV += P^T dO, dK += scale * dS^T Q, for query head h = blockIdx.y.
@@ -441,13 +448,11 @@ __global__ void __launch_bounds__(THREADS)
                 const float *lse, const bf16 *dout, const float *delta, bf16 *dk, bf16 *dv,
                 float *dk_part, float *dv_part, float scale, float scale_log2) {
     constexpr int D = 16 * DK, NT = STEP_ROWS / 8, NO = D / 8, LD = D + PAD;
-    unsigned char *smem = dynamic_smem<unsigned char>();
-    bf16 *Ks = reinterpret_cast<bf16 *>(smem); // (BLOCK_KEYS, LD)
-    bf16 *Vs = Ks + BLOCK_KEYS * LD;           // (BLOCK_KEYS, LD)
-    bf16 *Qs = Vs + BLOCK_KEYS * LD;           // (STEP_ROWS, LD)
-    bf16 *dOs = Qs + STEP_ROWS * LD;           // (STEP_ROWS, LD)
-    int *row_lo = reinterpret_cast<int *>(dOs + STEP_ROWS * LD), *row_hi = row_lo + STEP_ROWS;
-    float *row_lse = reinterpret_cast<float *>(row_hi + STEP_ROWS), *row_delta = row_lse + STEP_ROWS;
+    constexpr int ROWS_TILE = STEP_ROWS * LD;
+    bf16 *Ks = dynamic_smem<bf16>(); // (BLOCK_KEYS, LD)
+    bf16 *Vs = Ks + BLOCK_KEYS * LD; // (BLOCK_KEYS, LD)
+    bf16 *rows = Vs + BLOCK_KEYS * LD; // Q, dO of buffer 0, then of buffer 1: (STEP_ROWS, LD) each
+    step_rows *meta = reinterpret_cast<step_rows *>(rows + 4 * ROWS_TILE); // [2]
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * BLOCK_KEYS;
@@ -464,43 +469,62 @@ __global__ void __launch_bounds__(THREADS)
     int rows_lo = a.cu_q[first_doc], rows_hi = a.cu_q[last_doc + 1];
     const bf16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
 
-    float dk_acc[NO][4] = {}, dv_acc[NO][4] = {};
-    for (int i0 = rows_lo; i0 < rows_hi; i0 += STEP_ROWS) {
-        __syncthreads(); // every warp is done with the previous step's rows
-        bool sees = false;
-        if (threadIdx.x < STEP_ROWS) {
-            int i = i0 + threadIdx.x, lo = 0, hi = 0;
-            if (i < rows_hi) row_key_range(a, i, &lo, &hi);
-            row_lo[threadIdx.x] = lo;
-            row_hi[threadIdx.x] = hi;
-            row_lse[threadIdx.x] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
-            row_delta[threadIdx.x] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
-            sees = lo < j_end && hi > j0;
-        }
-        if (!__syncthreads_or(sees)) continue; // causally before every key of the tile
-        stage_rows<D, STEP_ROWS>(Qs, q + (size_t)h * D, q_ld, i0, rows_hi);
-        stage_rows<D, STEP_ROWS>(dOs, dout + (size_t)h * D, q_ld, i0, rows_hi);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        bool warp_sees = lane < STEP_ROWS && row_lo[lane] < kw1 && row_hi[lane] > kw0;
-        if (!__any_sync(0xffffffffu, warp_sees)) continue;
-
-        float st[NT][4], dpt[NT][4];
-        product_a_smem<NT, DK>(st, Kw, Qs, LD);
-        product_a_smem<NT, DK>(dpt, Vw, dOs, LD);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
-                bool valid = j >= row_lo[i] && j < row_hi[i];
-                float p = valid ? exp2f(st[nt][e] * scale_log2 - row_lse[i]) : 0.0f;
-                st[nt][e] = p;
-                dpt[nt][e] = p * (dpt[nt][e] - row_delta[i]);
+    // The next step from i0 on whose rows see some key of the tile, its rows' ranges, lse and
+    // delta in meta[buffer], and its Q and dO tiles in flight; rows_hi when none is left. Rows
+    // causally before every key of the tile are skipped without loading them.
+    auto next_step = [&](int i0, int buffer) {
+        for (; i0 < rows_hi; i0 += STEP_ROWS) {
+            bool sees = false;
+            if (threadIdx.x < STEP_ROWS) {
+                step_rows &m = meta[buffer];
+                int i = i0 + threadIdx.x, lo = 0, hi = 0;
+                if (i < rows_hi) row_key_range(a, i, &lo, &hi);
+                m.lo[threadIdx.x] = lo;
+                m.hi[threadIdx.x] = hi;
+                m.lse[threadIdx.x] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
+                m.delta[threadIdx.x] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
+                sees = lo < j_end && hi > j0;
             }
-        accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOs, LD);
-        accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qs, LD);
+            if (__syncthreads_or(sees)) break;
+        }
+        if (i0 < rows_hi) {
+            bf16 *Qs = rows + 2 * buffer * ROWS_TILE;
+            stage_rows<D, STEP_ROWS>(Qs, q + (size_t)h * D, q_ld, i0, rows_hi);
+            stage_rows<D, STEP_ROWS>(Qs + ROWS_TILE, dout + (size_t)h * D, q_ld, i0, rows_hi);
+            cp_async_commit();
+        }
+        return i0;
+    };
+
+    float dk_acc[NO][4] = {}, dv_acc[NO][4] = {};
+    int buffer = 0;
+    for (int i0 = next_step(rows_lo, 0); i0 < rows_hi; buffer ^= 1) {
+        int next = next_step(i0 + STEP_ROWS, buffer ^ 1); // in flight while this step computes
+        if (next < rows_hi) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads(); // this step's rows have landed, for every thread's copies
+        const step_rows &m = meta[buffer];
+        const bf16 *Qs = rows + 2 * buffer * ROWS_TILE, *dOs = Qs + ROWS_TILE;
+        bool warp_sees = lane < STEP_ROWS && m.lo[lane] < kw1 && m.hi[lane] > kw0;
+        if (__any_sync(0xffffffffu, warp_sees)) {
+            float st[NT][4], dpt[NT][4];
+            product_a_smem<NT, DK>(st, Kw, Qs, LD);
+            product_a_smem<NT, DK>(dpt, Vw, dOs, LD);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
+                    bool valid = j >= m.lo[i] && j < m.hi[i];
+                    float p = valid ? exp2f(st[nt][e] * scale_log2 - m.lse[i]) : 0.0f;
+                    st[nt][e] = p;
+                    dpt[nt][e] = p * (dpt[nt][e] - m.delta[i]);
+                }
+            accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOs, LD);
+            accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qs, LD);
+        }
+        __syncthreads(); // every warp is done with this buffer before it is refilled
+        i0 = next;
     }
     cp_async_wait<0>(); // the K, V copies, when no step needed them
 
@@ -544,8 +568,8 @@ size_t forward_smem(int D) { // two buffers of K and V tiles
     return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * BLOCK_ROWS * sizeof(int);
 }
 size_t dq_smem(int D) { return forward_smem(D); }
-size_t dkdv_smem(int D) { // K, V tiles; Q, dO rows; their rows' ranges, lse and delta
-    return sizeof(bf16) * (2 * BLOCK_KEYS + 2 * STEP_ROWS) * (D + PAD) + 4 * STEP_ROWS * sizeof(float);
+size_t dkdv_smem(int D) { // K, V tiles; two buffers of Q, dO rows and of their step_rows
+    return sizeof(bf16) * (2 * BLOCK_KEYS + 4 * STEP_ROWS) * (D + PAD) + 2 * sizeof(step_rows);
 }
 
 } // namespace
