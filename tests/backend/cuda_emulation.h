@@ -1,10 +1,11 @@
 // A CPU stand-in for the parts of the CUDA execution model weft's kernels use, so their
 // unmodified source (launchers included) runs, slowly, on a machine without a GPU, and index or
-// synchronization mistakes show up in CI. One block at a time: its threads are coroutines (ucontext) that the scheduler runs until
-// each reaches a rendezvous (__syncthreads, a warp shuffle / vote, or an mma.sync); when every
-// participant is there, the scheduler computes all results at once and releases them. A warp
-// primitive reached by only part of a warp, or a barrier that can never complete, is reported as
-// the hang it would be on a GPU.
+// synchronization mistakes show up in CI. One block at a time: its threads are coroutines
+// (ucontext) that the scheduler runs until each reaches a rendezvous (__syncthreads, a warp
+// shuffle or vote, mma.sync, ldmatrix); when every participant is there, the scheduler computes
+// all results at once and releases them. A warp primitive reached by only part of a warp, or a
+// barrier that can never complete, is reported as the hang it would be on a GPU. cp.async copies
+// land at the wait or at issue (g_copies_land_at_issue), the two ends of what hardware allows.
 //
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate) is emulated from the PTX ISA's fragment tables
 // ("Matrix Fragments for mma.m16n8k16 with floating point type"), written here independently of
@@ -13,6 +14,8 @@
 //              a[3] = {(g+8, 2t+8), ..}; the lower 16 bits hold the lower column
 //   B (16x8):  b[0] = {(2t, g), (2t+1, g)}, b[1] = {(2t+8, g), (2t+9, g)}  (row k, column n)
 //   C (16x8):  c[0] = (g, 2t), c[1] = (g, 2t+1), c[2] = (g+8, 2t), c[3] = (g+8, 2t+1)
+// and ldmatrix.x4 from its table (resolve_ldmatrix). If a GPU disagrees, both the kernels and
+// these tables are wrong, and test_cuda_ops_match_cpu on the GPU says so.
 #pragma once
 #define WEFT_CUDA_EMULATION 1
 #include <cuda_bf16.h>
@@ -162,7 +165,8 @@ inline void resolve_warp(thread_state *lanes) {
         if (op == OP_SHFL_XOR) s.value_result = lanes[lane ^ s.lane_mask].value;
         if (op == OP_ANY) {
             s.predicate_result = 0;
-            for (int other = 0; other < 32; other++) s.predicate_result |= lanes[other].predicate != 0;
+            for (int other = 0; other < 32; other++)
+                s.predicate_result |= lanes[other].predicate != 0;
         }
         s.op = OP_RUNNABLE;
     }
@@ -252,14 +256,16 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
 inline void launch(dim3 grid, unsigned threads, size_t smem_bytes,
                    const std::function<void()> &kernel) {
     constexpr size_t CANARY = 4096;
-    if (smem_bytes + CANARY > sizeof weft_dynamic_smem) fail("shared memory larger than the emulator's");
+    if (smem_bytes + CANARY > sizeof weft_dynamic_smem)
+        fail("shared memory larger than the emulator's");
     g_grid_dim = grid;
     for (unsigned y = 0; y < grid.y; y++)
         for (unsigned x = 0; x < grid.x; x++) {
             memset(weft_dynamic_smem, 0xA5, smem_bytes + CANARY);
             run_block(make_uint3(x, y, 0), (int)threads, kernel);
             for (size_t i = smem_bytes; i < smem_bytes + CANARY; i++)
-                if (weft_dynamic_smem[i] != 0xA5) fail("kernel wrote past its dynamic shared memory");
+                if (weft_dynamic_smem[i] != 0xA5)
+                    fail("kernel wrote past its dynamic shared memory");
         }
 }
 

@@ -1,9 +1,10 @@
 // Every CUDA kernel of the backend (src/backend/cuda/*.cu), launcher included, run unchanged on the
-// CPU through cuda_emulation.h (cuda_emulated_kernels.cpp), matches a float64 reference: embedding, RMSNorm, bias, RoPE,
-// SwiGLU, the small arithmetic, fused cross-entropy, AdamW, and both attention families (the
-// tensor-core one and the fp32 one) on whole documents, documents spanning several tiles and
-// blocks, and context-parallel chunks. No GPU is needed, so indexing, masking and barrier
-// mistakes fail in CI; on a GPU, test_cuda_ops_match_cpu checks the same ops for real.
+// CPU through cuda_emulation.h (cuda_emulated_kernels.cpp), matches a float64 reference:
+// embedding, RMSNorm, bias, RoPE, SwiGLU, the small arithmetic, fused cross-entropy, AdamW, and
+// both attention families (the tensor-core one and the fp32 one) on whole documents, documents
+// spanning several tiles and blocks, and context-parallel chunks. No GPU is needed, so indexing,
+// masking and barrier mistakes fail in CI; on a GPU, test_cuda_ops_match_cpu checks the same ops
+// for real.
 #include "cuda_emulation.h"
 
 #include "backend/cuda/common.cuh"
@@ -99,7 +100,7 @@ void test_rmsnorm() {
     std::vector<double> want_dw = widen(dw);
     for (int t = 0; t < T; t++) {
         double ss = 0, dot = 0;
-        for (int c = 0; c < C; c++) ss += value_of(x[(size_t)t * C + c]) * value_of(x[(size_t)t * C + c]);
+        for (int c = 0; c < C; c++) ss += pow(value_of(x[(size_t)t * C + c]), 2);
         double r = 1.0 / sqrt(ss / C + eps);
         want_rstd[t] = r;
         for (int c = 0; c < C; c++) {
@@ -109,7 +110,8 @@ void test_rmsnorm() {
         }
         for (int c = 0; c < C; c++) {
             size_t i = (size_t)t * C + c;
-            want_dx[i] += r * value_of(w[c]) * value_of(dout[i]) - value_of(x[i]) * r * r * r * dot / C;
+            double xi = value_of(x[i]);
+            want_dx[i] += r * value_of(w[c]) * value_of(dout[i]) - xi * pow(r, 3) * dot / C;
             want_dw[c] += value_of(dout[i]) * value_of(x[i]) * r;
         }
     }
@@ -410,7 +412,8 @@ int main() {
     for (const layout &l : layouts) test_attention(l, false);
     for (bool early : {false, true}) { // cp.async copies landing as late, then as early as allowed
         emu::g_copies_land_at_issue = early;
-        for (const layout &l : layouts) test_attention(l, true, early ? " (copies land early)" : "");
+        for (const layout &l : layouts)
+            test_attention(l, true, early ? " (copies land early)" : "");
     }
     test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), false); // simt only
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");

@@ -228,7 +228,8 @@ __global__ void attention_dkdv_kernel(weft_cuda_attention_args a, const bf16 *q,
                                       const float *delta, bf16 *dk, bf16 *dv, float scale) {
     float *smem = dynamic_smem<float>();
     int D = a.D, stride = D + 1, lane = threadIdx.x;
-    float *Ks = smem, *Vs = Ks + TILE * stride, *dKs = Vs + TILE * stride, *dVs = dKs + TILE * stride;
+    float *Ks = smem, *Vs = Ks + TILE * stride;
+    float *dKs = Vs + TILE * stride, *dVs = dKs + TILE * stride;
     float *qi = dVs + TILE * stride, *doi = qi + D;
     int g = blockIdx.y, group = a.H / a.KV, j0 = blockIdx.x * TILE;
     int end = min(j0 + TILE, a.Tkv);
@@ -239,7 +240,8 @@ __global__ void attention_dkdv_kernel(weft_cuda_attention_args a, const bf16 *q,
     int j = j0 + lane;
     int doc_j = j < a.Tkv ? find_doc(a.cu_kv, a.n_docs, j) : -1;
     int off_j = doc_j >= 0 ? j - a.cu_kv[doc_j] : INT_MAX;
-    int first_doc = find_doc(a.cu_kv, a.n_docs, j0), last_doc = find_doc(a.cu_kv, a.n_docs, end - 1);
+    int first_doc = find_doc(a.cu_kv, a.n_docs, j0);
+    int last_doc = find_doc(a.cu_kv, a.n_docs, end - 1);
     int row_lo = a.cu_q[first_doc], row_hi = a.cu_q[last_doc + 1];
     __syncwarp();
     const float *kj = Ks + lane * stride, *vj = Vs + lane * stride;

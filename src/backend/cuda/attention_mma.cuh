@@ -265,7 +265,8 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], const bf16 
     for (int r = 0; r < 2; r++) {
         float tile_max = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        for (int nt = 0; nt < NT; nt++)
+            tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         float m_new = fmaxf(m[r], quad_max(tile_max));
         corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); // nothing seen yet: keep 0s
         m[r] = m_new;

@@ -61,7 +61,8 @@ template <typename T> __device__ __forceinline__ T *dynamic_smem() {
 #define WEFT_LAUNCH(kernel, grid, threads, smem, stream, ...)                                      \
     do {                                                                                           \
         if ((smem) > (48u << 10))                                                                  \
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(smem)); \
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,              \
+                                 (int)(smem));                                                     \
         kernel<<<grid, threads, smem, stream>>>(__VA_ARGS__);                                      \
     } while (0)
 #endif
