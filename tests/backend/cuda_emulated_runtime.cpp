@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <map>
 #include <vector>
 
 namespace {
@@ -27,6 +28,7 @@ struct matmul_desc {
 
 int g_stream_tag; // streams and handles are just distinct non-null pointers
 cudaError_t g_last_error = cudaSuccess;
+std::map<uintptr_t, size_t> g_allocations; // "device" memory: start -> bytes
 
 float element(const void *p, cudaDataType_t type, size_t at) {
     if (type == CUDA_R_16BF) return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[at]);
@@ -53,10 +55,24 @@ extern "C" {
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*p) return cudaErrorMemoryAllocation;
+    g_allocations[(uintptr_t)*p] = bytes;
+    return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    g_allocations.erase((uintptr_t)p);
     free(p);
+    return cudaSuccess;
+}
+// Device memory is what cudaMalloc handed out; anything else is unregistered host memory.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *attr, const void *p) {
+    memset(attr, 0, sizeof *attr);
+    attr->type = cudaMemoryTypeUnregistered;
+    auto it = g_allocations.upper_bound((uintptr_t)p);
+    if (it != g_allocations.begin()) {
+        --it;
+        if ((uintptr_t)p < it->first + it->second) attr->type = cudaMemoryTypeDevice;
+    }
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
@@ -102,7 +118,10 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
     *e = reinterpret_cast<cudaEvent_t>(new int(0));
     return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) { return cudaEventCreate(e); }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; } // all work is done at once
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) {
     *ms = 0.0f;
