@@ -454,6 +454,7 @@ __global__ void __launch_bounds__(THREADS)
     bf16 *Vs = Ks + BLOCK_KEYS * LD; // (BLOCK_KEYS, LD)
     bf16 *rows = Vs + BLOCK_KEYS * LD; // Q, dO of buffer 0, then of buffer 1: (STEP_ROWS, LD) each
     step_rows *meta = reinterpret_cast<step_rows *>(rows + 4 * ROWS_TILE); // [2]
+    int *seen = reinterpret_cast<int *>(meta + 2);                          // [2][WARPS]
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * BLOCK_KEYS;
@@ -472,29 +473,39 @@ __global__ void __launch_bounds__(THREADS)
 
     // The next step from i0 on whose rows see some key of the tile, its rows' ranges, lse and
     // delta in meta[buffer], and its Q and dO tiles in flight; rows_hi when none is left. Rows
-    // causally before every key of the tile are skipped without loading them.
+    // causally before every key of the tile are skipped four steps per barrier (warp w checks
+    // step i0 + 32 w; the flags alternate between two sets, so one barrier per pass suffices),
+    // without loading them.
+    static_assert(STEP_ROWS == 32, "a warp checks one step");
+    int pass = 0;
     auto next_step = [&](int i0, int buffer) {
-        for (; i0 < rows_hi; i0 += STEP_ROWS) {
-            bool sees = false;
-            if (threadIdx.x < STEP_ROWS) {
+        for (; i0 < rows_hi; i0 += THREADS, pass++) {
+            int i = i0 + threadIdx.x, lo = 0, hi = 0;
+            if (i < rows_hi) row_key_range(a, i, &lo, &hi);
+            int *flags = seen + (pass & 1) * WARPS;
+            bool sees = __any_sync(0xffffffffu, lo < j_end && hi > j0);
+            if (lane == 0) flags[warp] = sees;
+            __syncthreads();
+            int first = WARPS;
+            for (int w = WARPS - 1; w >= 0; w--)
+                if (flags[w]) first = w;
+            if (first == WARPS) continue;
+            i0 += STEP_ROWS * first;
+            if (warp == first) { // its lanes hold the step's rows
                 step_rows &m = meta[buffer];
-                int i = i0 + threadIdx.x, lo = 0, hi = 0;
-                if (i < rows_hi) row_key_range(a, i, &lo, &hi);
-                m.lo[threadIdx.x] = lo;
-                m.hi[threadIdx.x] = hi;
-                m.lse[threadIdx.x] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
-                m.delta[threadIdx.x] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
-                sees = lo < j_end && hi > j0;
+                m.lo[lane] = lo;
+                m.hi[lane] = hi;
+                m.lse[lane] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
+                m.delta[lane] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
             }
-            if (__syncthreads_or(sees)) break;
-        }
-        if (i0 < rows_hi) {
+            pass++;
             bf16 *Qs = rows + 2 * buffer * ROWS_TILE;
             stage_rows<D, STEP_ROWS>(Qs, q + (size_t)h * D, q_ld, i0, rows_hi);
             stage_rows<D, STEP_ROWS>(Qs + ROWS_TILE, dout + (size_t)h * D, q_ld, i0, rows_hi);
             cp_async_commit();
+            return i0;
         }
-        return i0;
+        return rows_hi;
     };
 
     float dk_acc[NO][4] = {}, dv_acc[NO][4] = {};
@@ -569,8 +580,9 @@ size_t forward_smem(int D) { // two buffers of K and V tiles
     return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * BLOCK_ROWS * sizeof(int);
 }
 size_t dq_smem(int D) { return forward_smem(D); }
-size_t dkdv_smem(int D) { // K, V tiles; two buffers of Q, dO rows and of their step_rows
-    return sizeof(bf16) * (2 * BLOCK_KEYS + 4 * STEP_ROWS) * (D + PAD) + 2 * sizeof(step_rows);
+size_t dkdv_smem(int D) { // K, V tiles; two buffers of Q, dO rows and of their step_rows; flags
+    return sizeof(bf16) * (2 * BLOCK_KEYS + 4 * STEP_ROWS) * (D + PAD) + 2 * sizeof(step_rows) +
+           2 * WARPS * sizeof(int);
 }
 
 } // namespace
