@@ -26,6 +26,7 @@ bench: all
 # sees the GPU: the first python3 on PATH unless GPU_PYTHON says otherwise.
 GPU_PYTHON ?= python3
 bench-gpu: all
+	$(GPU_PYTHON) bench/gpu_attention.py --build $(BUILD)
 	$(GPU_PYTHON) bench/gpu_train_throughput.py --weft $(BUILD)/weft
 
 clean:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU session's one entry point, run THERE in the repo root (carry .devkit):
-#   bash scripts/device/session.sh all            # build ops parity bench-small bench-1b profile
+#   bash scripts/device/session.sh all            # build ops parity attention bench-small bench-1b profile
 #   bash scripts/device/session.sh ops parity     # or any steps by name
 # Each step's log goes to $OUT/<step>.log when $OUT is set (6 logs + 2 JSON files: the tool
 # returns at most 8). Steps go on after a failure; a summary table (step, exit code, seconds)
@@ -13,7 +13,7 @@ BUDGET=${SESSION_BUDGET:-570}
 START=$SECONDS
 LOGDIR=${OUT:-}
 [ -n "$LOGDIR" ] && mkdir -p "$LOGDIR"
-declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [bench-small]=120 [bench-1b]=300 [profile]=180 [mpi]=60)
+declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [attention]=120 [bench-small]=120 [bench-1b]=300 [profile]=180 [mpi]=60)
 
 info() {
   echo "== $(date -u +%FT%TZ) $(uname -srm); $(. /etc/os-release && echo "$PRETTY_NAME"); $(nproc) cores"
@@ -41,6 +41,9 @@ run_step() {
       rc=$?
       [ -n "$LOGDIR" ] && [ -f "runs/gpu_train_throughput_$m.json" ] && cp "runs/gpu_train_throughput_$m.json" "$LOGDIR/"
       return $rc ;;
+    attention) # the attention kernels alone against PyTorch's SDPA, on the 1B bench's shape
+      ensure_env
+      python3 bench/gpu_attention.py --build build --out runs/gpu_attention.json ;;
     profile) # weft's GPU time per op on the 1B step (no PyTorch run): where the step goes
       ensure_env
       python3 bench/gpu_train_throughput.py --weft build/weft --model 1b --steps 3 --profile --out runs/gpu_profile_1b.json ;;
@@ -59,7 +62,7 @@ print(f"mpi: last loss 1 rank {a!r}, 2 ranks {b!r}"); sys.exit(abs(a - b) > 1e-6
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
-[ "${steps[*]}" = all ] && steps=(build ops parity bench-small bench-1b profile)
+[ "${steps[*]}" = all ] && steps=(build ops parity attention bench-small bench-1b profile)
 for s in "${steps[@]}"; do
   [ -n "${LIMIT[$s]:-}" ] || { echo "unknown step $s (all, ${!LIMIT[*]})" >&2; exit 2; }
 done
