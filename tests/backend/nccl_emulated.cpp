@@ -11,6 +11,8 @@
 #include <mpi.h>
 #include <nccl.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <vector>
@@ -74,6 +76,16 @@ std::vector<char> copy_of(const void *p, size_t n) {
 
 int g_ids_made = 0;
 
+// With WEFT_EMULATED_NCCL_TRACE=1, one stderr line per collective ("emulated nccl: allgather
+// bf16"), so a test can tell that GPU buffers took the NCCL path rather than MPI's.
+void trace(const char *op, ncclDataType_t t) {
+    static const char *on = getenv("WEFT_EMULATED_NCCL_TRACE");
+    if (!on || strcmp(on, "1") != 0) return;
+    const char *type = t == ncclBfloat16 ? "bf16" : t == ncclFloat32 ? "f32"
+                       : t == ncclFloat64 ? "f64" : "bytes";
+    fprintf(stderr, "emulated nccl: %s %s\n", op, type);
+}
+
 } // namespace
 
 extern "C" {
@@ -123,6 +135,7 @@ const char *ncclGetErrorString(ncclResult_t r) {
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+    trace("allreduce", t);
     MPI_Datatype type;
     MPI_Op sum;
     if (op != ncclSum || !mpi_type(t, &type, &sum)) return ncclInvalidArgument;
@@ -133,6 +146,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t t,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
+    trace("reduce_scatter", t);
     MPI_Datatype type;
     MPI_Op sum;
     if (op != ncclSum || !mpi_type(t, &type, &sum)) return ncclInvalidArgument;
@@ -143,6 +157,7 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, n
 
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t t,
                            ncclComm_t comm, cudaStream_t) {
+    trace("allgather", t);
     MPI_Datatype type;
     MPI_Op sum;
     if (!mpi_type(t, &type, &sum)) return ncclInvalidArgument;
@@ -153,6 +168,7 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclD
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
                            ncclComm_t comm, cudaStream_t) {
+    trace("broadcast", t);
     size_t bytes = count * type_size(t);
     if (of(comm)->rank == root && send != recv) memmove(recv, send, bytes);
     MPI_Bcast(recv, (int)bytes, MPI_BYTE, root, of(comm)->mpi);

@@ -15,8 +15,6 @@ test fails.
 """
 
 import os
-import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -48,22 +46,6 @@ CASES = [
 ]
 
 
-def gpu_listed():
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    return r.returncode == 0 and "GPU" in r.stdout
-
-
-def cosine(a, b):
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0 and nb == 0:
-        return 1.0
-    return float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0
-
-
 def compare(label, cpu, gpu):
     failures = []
     rel = abs(float(gpu["loss"]) - float(cpu["loss"])) / abs(float(cpu["loss"]))
@@ -78,7 +60,7 @@ def compare(label, cpu, gpu):
             failures.append(f"{label}: MTP loss rel diff {np.max(mrel):.2e} > {LOSS_RTOL}")
     worst = (2.0, "")
     for name in sorted(k for k in cpu if k.startswith("grad.")):
-        c = cosine(cpu[name], gpu[name])
+        c = fixtures.cosine(cpu[name], gpu[name])
         worst = min(worst, (c, name))
         if not c >= MIN_COSINE:
             failures.append(f"{label}: {name} cosine {c:.5f} < {MIN_COSINE}")
@@ -104,13 +86,11 @@ def cases(weft, tmp, weft_cuda):
 
 
 def main():
-    weft = qwen2.weft_path()
-    weft_cuda = weft
-    if not gpu_listed():
-        weft_cuda = os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")
-        if not os.path.exists(weft_cuda):
-            print("no GPU listed by nvidia-smi and no weft_emulated beside weft: skipped")
-            return 77
+    weft_cuda, emulated = fixtures.cuda_weft(qwen2.weft_path(), 1)
+    if weft_cuda is None:
+        print("no GPU listed by nvidia-smi and no weft_emulated beside weft: skipped")
+        return 77
+    if emulated:
         print(f"no GPU listed by nvidia-smi: device=cuda runs on the CPU emulation ({weft_cuda})")
     return fixtures.run_test(lambda w, tmp: cases(w, tmp, weft_cuda), "weft_test_cuda_",
                              f"comparisons outside loss rtol {LOSS_RTOL:g} / cosine "

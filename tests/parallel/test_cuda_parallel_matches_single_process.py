@@ -1,7 +1,9 @@
 """The CUDA backend under data and context parallelism, its collectives on GPU buffers going
 through weft's NCCL path, matches its own single-process run on the same global batch: loss
 within 1e-4 relative, every gradient with cosine at least 0.9999, and every parameter after 2
-AdamW steps within 2e-3 relative (norm).
+AdamW steps within 2e-3 relative (norm). On the emulation, the NCCL calls are traced and every
+layout must have made bf16 all-gathers through NCCL (parameters or K/V): MPI, which would also
+move the emulation's host-memory "GPU" buffers, cannot stand in unnoticed.
 
 Both sides are bf16, but CP splits attention differently and DP packs other micro-batches, so
 results agree to bf16 rounding rather than bit for bit (measured: loss 6e-6, worst gradient
@@ -15,14 +17,12 @@ the multi-rank GPU code path (device-pointer routing, bf16 parameter all-gathers
 exchange) is checked in CI. With neither it exits 77 (skipped).
 """
 import os
-import shutil
-import subprocess
 import sys
 
 import numpy as np
 
 from reference import qwen2
-from reference.fixtures import run_test
+from reference.fixtures import cosine, cuda_weft, run_test
 from reference.mpi import run_ranks
 
 LOSS_RTOL, MIN_COSINE, PARAM_RTOL = 1e-4, 0.9999, 2e-3
@@ -36,62 +36,54 @@ LAYOUTS = [(1, 2, []), (2, 1, ["parallel.use_distributed_optimizer=true"]),
            (2, 2, ["parallel.use_distributed_optimizer=true"])]
 
 
-def gpus_listed():
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    return sum(line.startswith("GPU") for line in r.stdout.splitlines()) if r.returncode == 0 else 0
-
-
 def rel(got, want):
     got, want = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
-def cosine(a, b):
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    return 1.0 if na == 0 and nb == 0 else float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0
-
-
 def run(weft, mdir, bpath, out, dp, cp, options):
-    run_ranks(dp * cp, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
-                        "device=cuda", "train.steps=2", f"parallel.context_parallel_size={cp}",
-                        *options], timeout=600)
-    return qwen2.read_safetensors(out)
+    """The job's outputs and the emulated NCCL's trace lines (none on real GPUs)."""
+    r = run_ranks(dp * cp, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
+                            "device=cuda", "train.steps=2", f"parallel.context_parallel_size={cp}",
+                            *options], timeout=600)
+    trace = [l for l in r.stderr.splitlines() if l.startswith("emulated nccl:")]
+    return qwen2.read_safetensors(out), trace
 
 
-def body(weft, tmp):
+def body(weft, tmp, emulated):
     failures = []
     mdir = os.path.join(tmp, "model")
     cfg, _ = qwen2.make_model(mdir, CFG, seed=21, std=0.05) # attention logits of order 1
     bpath = os.path.join(mdir, "batch.jsonl")
     qwen2.make_batch(bpath, LENGTHS, PROMPTS, cfg["vocab_size"], 22)
-    ref = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1, 1, [])
+    ref, _ = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1, 1, [])
     for dp, cp, options in LAYOUTS:
         tag = f"dp={dp} cp={cp} {' '.join(options)}"
-        got = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), dp, cp, options)
+        got, trace = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), dp, cp,
+                         options)
         loss = abs(float(got["loss"]) - float(ref["loss"])) / abs(float(ref["loss"]))
         grads = min((cosine(got[k], ref[k]), k) for k in ref if k.startswith("grad."))
         params = max((rel(got[k], ref[k]), k) for k in ref if k.startswith("param."))
+        bf16_gathers = sum(l.endswith("allgather bf16") for l in trace)
         ok = loss <= LOSS_RTOL and grads[0] >= MIN_COSINE and params[0] <= PARAM_RTOL
+        ok = ok and (bf16_gathers > 0 or not emulated)
         print(f"{'ok' if ok else 'FAIL'} {tag}: loss rel {loss:.1e}, worst gradient cosine "
-              f"{grads[0]:.6f} ({grads[1]}), worst parameter rel {params[0]:.1e} ({params[1]})")
+              f"{grads[0]:.6f} ({grads[1]}), worst parameter rel {params[0]:.1e} ({params[1]})"
+              + (f"; {len(trace)} NCCL calls, {bf16_gathers} bf16 all-gathers" if emulated else ""))
         if not ok:
             failures.append(tag)
     return failures
 
 
 def main():
-    if gpus_listed() >= 2:
-        return run_test(body, "weft_test_cuda_parallel_")
-    emulated = os.path.join(os.path.dirname(qwen2.weft_path()), "weft_emulated")
-    if not os.path.exists(emulated):
+    weft, emulated = cuda_weft(qwen2.weft_path(), 2)
+    if weft is None:
         print("fewer than 2 GPUs listed and no weft_emulated beside weft: skipped")
         return 77
-    print(f"fewer than 2 GPUs listed: device=cuda runs on the CPU emulation ({emulated})")
-    return run_test(lambda _weft, tmp: body(emulated, tmp), "weft_test_cuda_parallel_")
+    if emulated:
+        print(f"fewer than 2 GPUs listed: device=cuda runs on the CPU emulation ({weft})")
+        os.environ["WEFT_EMULATED_NCCL_TRACE"] = "1"
+    return run_test(lambda _weft, tmp: body(weft, tmp, emulated), "weft_test_cuda_parallel_")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ loss / logits / gradient comparison. What a test checks and its tolerances stay 
 
 import os
 import shutil
+import subprocess
 import tempfile
 
 import numpy as np
@@ -94,3 +95,32 @@ def outputs_identical(a, b, names):
     """qwen2.identical on each of `names` in weft outputs a and b (both must hold it). Returns the
     names that are missing or differ in any bit."""
     return [n for n in names if not qwen2.identical(n, b.get(n), a.get(n))]
+
+
+def cosine(a, b):
+    """Cosine similarity of two tensors in float64 (1 for two zero tensors)."""
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    return float(a @ b / (na * nb)) if na > 0 and nb > 0 else 0.0
+
+
+def gpus_listed():
+    """How many GPUs nvidia-smi lists (0 without nvidia-smi)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return sum(line.startswith("GPU") for line in r.stdout.splitlines()) if r.returncode == 0 else 0
+
+
+def cuda_weft(weft, gpus):
+    """The program for device=cuda runs that need `gpus` GPUs: weft itself where nvidia-smi lists
+    that many, else weft_emulated beside it (the CUDA backend executed on the CPU, NCCL's calls
+    made of MPI ones), else None. Returns (program, emulated)."""
+    if gpus_listed() >= gpus:
+        return weft, False
+    emulated = os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")
+    return (emulated, True) if os.path.exists(emulated) else (None, True)
+
