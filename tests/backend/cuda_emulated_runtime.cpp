@@ -27,7 +27,6 @@ struct matmul_desc {
 };
 
 int g_stream_tag; // streams and handles are just distinct non-null pointers
-cudaError_t g_last_error = cudaSuccess;
 std::map<uintptr_t, size_t> g_allocations; // "device" memory: start -> bytes
 
 float element(const void *p, cudaDataType_t type, size_t at) {
@@ -108,11 +107,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
     *free_bytes = *total = 0;
     return cudaSuccess;
 }
-cudaError_t cudaGetLastError(void) {
-    cudaError_t e = g_last_error;
-    g_last_error = cudaSuccess;
-    return e;
-}
+cudaError_t cudaGetLastError(void) { return cudaSuccess; } // emulated launches cannot fail
 const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "error"; }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
     *e = reinterpret_cast<cudaEvent_t>(new int(0));

@@ -65,6 +65,9 @@ def compare(label, cpu, gpu):
         if not c >= MIN_COSINE:
             failures.append(f"{label}: {name} cosine {c:.5f} < {MIN_COSINE}")
     print(f"[{label}] worst gradient cosine {worst[0]:.6f} ({worst[1]})")
+    # bf16 cannot reproduce fp32 bit for bit: equal outputs mean device=cuda never ran.
+    if all(np.array_equal(cpu[k], gpu[k]) for k in cpu if k.startswith("grad.") or k == "loss"):
+        failures.append(f"{label}: device=cuda gave device=cpu's outputs bit for bit")
     return failures
 
 

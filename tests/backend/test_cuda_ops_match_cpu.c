@@ -12,7 +12,9 @@
 #include "../testing.h"
 #include "backend/backend.h"
 
-static const double BF16_TOL = 2e-2, F32_TOL = 1e-4;
+// Outputs stored in bf16 carry its rounding (at most 2^-8 of an element); fp32 outputs only
+// summation order (GPU atomics), near 1e-7. Measured on the emulated backend: 4.4e-3 and 1.2e-7.
+static const double BF16_TOL = 1e-2, F32_TOL = 1e-5;
 
 static weft_backend *cpu, *gpu;
 static weft_rng rng;

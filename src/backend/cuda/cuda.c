@@ -328,8 +328,7 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     const void *tensors[] = {q, k, v, dout, dq, dk, dv};
     bool mma = attention_on_tensor_cores(self, D, tensors, 7);
     // Scratch: delta (H, Tq), then the mma kernels' per-head dK/dV partials.
-    size_t delta_floats = (size_t)H * layout->Tq + 64; // + 64: the partials stay 256-byte aligned
-    delta_floats -= delta_floats % 64;
+    size_t delta_floats = ((size_t)H * layout->Tq + 63) / 64 * 64; // partials 256-byte aligned
     size_t partial_bytes = mma ? weft_cuda_attention_partials_bytes(&a) : 0;
     float *delta = scratch(self, sizeof(float) * delta_floats + partial_bytes);
     weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
