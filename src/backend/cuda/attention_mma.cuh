@@ -15,9 +15,11 @@
 // phase reads fall in 32 distinct banks for every head_dim. The forward and dQ kernels double-
 // buffer their key tiles: tile j+1 is in flight while tile j is multiplied.
 //
-// Kernels: forward (a block = 64 query rows of one head, a warp = 16 rows, keys in tiles of 64);
-// dQ (same split, recomputing P from the forward's lse); dK/dV (a block = 64 keys seen by one
-// query head, a warp = 16 keys, walking the query rows that can see them, 32 at a time). Under
+// Kernels: forward (a block = 4 warps' query rows of one head, keys in tiles of 64); dQ (same
+// split, recomputing P from the forward's lse); dK/dV (a block = 4 warps' keys seen by one query
+// head, walking the query rows that can see them, 32 at a time). A warp owns 32 rows (keys) where
+// head_dim <= 64 and its registers allow, so each B fragment read from shared memory feeds two
+// mma (as in FlashAttention-2's forward), else 16; see m_tiles. Under
 // grouped-query attention each query head writes fp32 partial dK/dV and a last pass sums the
 // group, so the grid has H (not KV) columns of blocks and the work stays balanced. Each output
 // element has one writer: no atomics, and runs are bit-reproducible.
@@ -32,8 +34,7 @@
 namespace {
 
 constexpr int WARPS = 4, THREADS = 32 * WARPS;
-constexpr int BLOCK_ROWS = 64; // query rows per forward / dQ block (16 per warp)
-constexpr int BLOCK_KEYS = 64; // keys per tile (forward, dQ) and per dK/dV block (16 per warp)
+constexpr int BLOCK_KEYS = 64; // keys per tile of the forward and dQ kernels
 constexpr int STEP_ROWS = 32;  // query rows per step of the dK/dV kernel
 constexpr int PAD = 8;         // bf16 of padding per shared-memory row
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
@@ -136,49 +137,63 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*c)[4], int k
     a[3] = pack_bf16(c[2 * kc + 1][2], c[2 * kc + 1][3]);
 }
 
-// c (16 x 8·NT) = A (16 x D, as DK fragments in registers) times B^T, where B (8·NT x D) is the
-// row-major tile `m`: scores Q K^T, dP = dO V^T, and their transposes.
-template <int NT, int DK>
-__device__ __forceinline__ void product_a_regs(float (*c)[4], const uint32_t (*a)[4],
+// The products below run on MT m-tiles at once (a warp owning 16·MT rows of A): every B fragment
+// loaded from shared memory feeds MT mma, which is what bounds mma.sync's rate on Hopper.
+
+// c[mt] (16 x 8·NT) = A[mt] (16 x D, as DK fragments in registers) times B^T, where B (8·NT x D)
+// is the row-major tile `m`: scores Q K^T, dP = dO V^T, and their transposes.
+template <int MT, int NT, int DK>
+__device__ __forceinline__ void product_a_regs(float (*c)[NT][4], const uint32_t (*a)[DK][4],
                                                const bf16 *m, int ld) {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) c[mt][nt][0] = c[mt][nt][1] = c[mt][nt][2] = c[mt][nt][3] = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NT; nt += 2)
 #pragma unroll
         for (int kc = 0; kc < DK; kc++) {
             uint32_t b[4]; // b0, b1 of n-tiles nt and nt + 1
             ldmatrix_x4<false>(b, m, ld, nt * 8, kc * 16);
-            mma(c[nt], a[kc], b[0], b[2]);
-            mma(c[nt + 1], a[kc], b[1], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma(c[mt][nt], a[mt][kc], b[0], b[2]);
+                mma(c[mt][nt + 1], a[mt][kc], b[1], b[3]);
+            }
         }
 }
 
-// c (16 x 8·NT) = A (16 x D) times B^T as above, with A the 16 rows of the row-major tile `am`.
-template <int NT, int DK>
-__device__ __forceinline__ void product_a_smem(float (*c)[4], const bf16 *am, const bf16 *m,
+// As above, with A[mt] the rows 16·mt .. 16·mt + 15 of the row-major tile `am`.
+template <int MT, int NT, int DK>
+__device__ __forceinline__ void product_a_smem(float (*c)[NT][4], const bf16 *am, const bf16 *m,
                                                int ld) {
-    uint32_t a[DK][4];
+    uint32_t a[MT][DK][4];
 #pragma unroll
-    for (int kc = 0; kc < DK; kc++) ldmatrix_x4<false>(a[kc], am, ld, 0, kc * 16);
-    product_a_regs<NT, DK>(c, a, m, ld);
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int kc = 0; kc < DK; kc++) ldmatrix_x4<false>(a[mt][kc], am, ld, 16 * mt, kc * 16);
+    product_a_regs<MT, NT, DK>(c, a, m, ld);
 }
 
-// acc (16 x 8·NO) += C-held A (16 x 16·KC) times B, where B (16·KC x 8·NO) is the row-major tile
-// `m` read transposed by ldmatrix: P V, dS K, P^T dO, dS^T Q.
-template <int KC, int NO>
-__device__ __forceinline__ void accumulate_c_times(float (*acc)[4], const float (*c)[4],
+// acc[mt] (16 x 8·NO) += C-held A[mt] (16 x 16·KC) times B, where B (16·KC x 8·NO) is the
+// row-major tile `m` read transposed by ldmatrix: P V, dS K, P^T dO, dS^T Q.
+template <int MT, int KC, int NO>
+__device__ __forceinline__ void accumulate_c_times(float (*acc)[NO][4], const float (*c)[2 * KC][4],
                                                    const bf16 *m, int ld) {
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
-        uint32_t a[4];
-        c_to_a(a, c, kc);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) c_to_a(a[mt], c[mt], kc);
 #pragma unroll
         for (int no = 0; no < NO; no += 2) {
             uint32_t b[4]; // b0, b1 of n-tile no, then of no + 1
             ldmatrix_x4<true>(b, m, ld, kc * 16, no * 8);
-            mma(acc[no], a, b[0], b[1]);
-            mma(acc[no + 1], a, b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma(acc[mt][no], a[mt], b[0], b[1]);
+                mma(acc[mt][no + 1], a[mt], b[2], b[3]);
+            }
         }
     }
 }
@@ -198,32 +213,46 @@ __device__ void stage_rows(bf16 *dst, const bf16 *src, size_t src_ld, int r0, in
     }
 }
 
-// Key ranges of the block's query rows r0 .. r0 + BLOCK_ROWS - 1 into shared memory; returns the
-// union of the block's ranges and of this warp's 16 rows. Ends with a barrier.
+// How many m-tiles (16 rows of the A operand) each warp owns, by kernel and head_dim / 16: two
+// where the registers allow it without spilling (ptxas -v), one otherwise. The dQ kernel holds
+// Q, dO, S, dP and dQ fragments at once and stays at one.
+enum kernel_kind { FORWARD, DQ, DKDV };
+__host__ __device__ constexpr int m_tiles(kernel_kind kind, int DK) {
+    return kind != DQ && DK <= 4 ? 2 : 1;
+}
+// Query rows per forward / dQ block, keys per dK/dV block.
+__host__ __device__ constexpr int block_rows(kernel_kind kind, int DK) {
+    return WARPS * 16 * m_tiles(kind, DK);
+}
+
+// Key ranges of the block's ROWS query rows from r0 into shared memory; returns the union of the
+// block's ranges and of this warp's WARP_ROWS rows. Ends with a barrier.
 struct key_span {
     int lo, hi;
 };
+template <int ROWS, int WARP_ROWS>
 __device__ void block_key_ranges(const weft_cuda_attention_args &a, int r0, int *row_lo,
                                  int *row_hi, key_span *block, key_span *warp) {
-    if (threadIdx.x < BLOCK_ROWS) row_key_range(a, r0 + threadIdx.x, &row_lo[threadIdx.x],
-                                                &row_hi[threadIdx.x]);
+    static_assert(ROWS <= THREADS, "a thread per row");
+    if (threadIdx.x < ROWS) row_key_range(a, r0 + threadIdx.x, &row_lo[threadIdx.x],
+                                          &row_hi[threadIdx.x]);
     __syncthreads();
     *block = {INT_MAX, 0};
     *warp = {INT_MAX, 0};
-    int first = (threadIdx.x >> 5) * 16;
-    for (int r = 0; r < BLOCK_ROWS; r++) {
+    int first = (threadIdx.x >> 5) * WARP_ROWS;
+    for (int r = 0; r < ROWS; r++) {
         if (row_hi[r] <= row_lo[r]) continue;
         block->lo = min(block->lo, row_lo[r]);
         block->hi = max(block->hi, row_hi[r]);
-        if (r >= first && r < first + 16) {
+        if (r >= first && r < first + WARP_ROWS) {
             warp->lo = min(warp->lo, row_lo[r]);
             warp->hi = max(warp->hi, row_hi[r]);
         }
     }
 }
 
-// Scales a score tile (16 x BLOCK_KEYS, keys from j0) into log2 units and masks it: the thread's
-// rows g and g+8 see keys [lo[0], hi[0]) and [lo[1], hi[1]).
+// Scales a score tile (16 x 8·NT, keys from j0) into log2 units and masks it: the thread's rows
+// g and g+8 see keys [lo[0], hi[0]) and [lo[1], hi[1]).
 template <int NT>
 __device__ __forceinline__ void mask_scores(float (*s)[4], int j0, const int lo[2],
                                             const int hi[2], float scale_log2) {
@@ -249,17 +278,12 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // ------------------------------------------------------------------------------- forward ----
 
-// One key tile of the forward for a warp's 16 rows: scores, online softmax (running max m, sum l
-// per row; this thread's rows g and g + 8), and o += P V.
-template <int DK>
-__device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], const bf16 *Ks,
-                                            const bf16 *Vs, int j0, const int lo[2],
-                                            const int hi[2], float scale_log2,
-                                            float (*o)[4], float m[2], float l[2]) {
-    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
-    float s[NT][4];
-    product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
-    mask_scores<NT>(s, j0, lo, hi, scale_log2);
+// The online softmax of one masked score tile s (16 x 8·NT, log2 units) of one m-tile: updates
+// the running max m and sum l of this thread's rows g and g + 8 (partial over its columns),
+// rescales the output accumulator o (16 x 8·NO) and turns s into probabilities.
+template <int NT, int NO>
+__device__ __forceinline__ void online_softmax(float (*s)[4], float m[2], float l[2],
+                                               float (*o)[4]) {
     float corr[2], row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -281,46 +305,68 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[4], const bf16 
             row_sum[r] += p;
         }
 #pragma unroll
-    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + row_sum[r]; // this thread's columns
+    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + row_sum[r];
 #pragma unroll
     for (int no = 0; no < NO; no++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[no][e] *= corr[e >> 1];
-    accumulate_c_times<BLOCK_KEYS / 16, NO>(o, s, Vs, D + PAD);
 }
 
-// What the forward and dQ kernels share: the block's BLOCK_ROWS query rows of head blockIdx.y
-// (16 per warp; this thread's rows are g and g + 8 of its warp's), the keys they see, and a walk
+// One key tile of the forward for a warp's MT m-tiles: scores, online softmax, o += P V.
+template <int MT, int DK>
+__device__ __forceinline__ void attend_tile(const uint32_t (*qf)[DK][4], const bf16 *Ks,
+                                            const bf16 *Vs, int j0, const int (*lo)[2],
+                                            const int (*hi)[2], float scale_log2,
+                                            float (*o)[2 * DK][4], float (*m)[2], float (*l)[2]) {
+    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
+    float s[MT][NT][4];
+    product_a_regs<MT, NT, DK>(s, qf, Ks, D + PAD);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        mask_scores<NT>(s[mt], j0, lo[mt], hi[mt], scale_log2);
+        online_softmax<NT, NO>(s[mt], m[mt], l[mt], o[mt]);
+    }
+    accumulate_c_times<MT, BLOCK_KEYS / 16, NO>(o, s, Vs, D + PAD);
+}
+
+// What the forward and dQ kernels share: the block's ROWS query rows of head blockIdx.y (16·MT
+// per warp; this thread's rows in m-tile mt are g and g + 8 of it), the keys they see, and a walk
 // over those keys' tiles, double-buffered: tile j + 1 is in flight while tile j is used.
-template <int DK> struct query_block {
-    static constexpr int D = 16 * DK, TILE = BLOCK_KEYS * (D + PAD);
+template <int DK, int MT> struct query_block {
+    static constexpr int D = 16 * DK, TILE = BLOCK_KEYS * (D + PAD), WARP_ROWS = 16 * MT,
+                         ROWS = WARPS * WARP_ROWS;
     weft_cuda_attention_args a; // a copy: kernel parameters are not addressable cheaply
     bf16 *tiles; // K and V of buffer 0, then of buffer 1: (BLOCK_KEYS, D + PAD) each
-    int g, t, h, kvh, first_row, lo[2], hi[2];
+    int g, t, h, kvh, first_row, lo[MT][2], hi[MT][2];
     key_span block, warp;
 
     __device__ explicit query_block(const weft_cuda_attention_args &args) : a(args) {
         tiles = dynamic_smem<bf16>();
-        int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + BLOCK_ROWS;
+        int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + ROWS;
         int w = threadIdx.x >> 5;
         g = (threadIdx.x & 31) >> 2;
         t = threadIdx.x & 3;
         h = blockIdx.y;
         kvh = h / (a.H / a.KV);
-        block_key_ranges(a, blockIdx.x * BLOCK_ROWS, row_lo, row_hi, &block, &warp);
-        first_row = blockIdx.x * BLOCK_ROWS + 16 * w;
-        for (int r = 0; r < 2; r++) {
-            lo[r] = row_lo[16 * w + g + 8 * r];
-            hi[r] = row_hi[16 * w + g + 8 * r];
-        }
+        block_key_ranges<ROWS, WARP_ROWS>(a, blockIdx.x * ROWS, row_lo, row_hi, &block, &warp);
+        first_row = blockIdx.x * ROWS + WARP_ROWS * w;
+        for (int mt = 0; mt < MT; mt++)
+            for (int r = 0; r < 2; r++) {
+                lo[mt][r] = row_lo[WARP_ROWS * w + 16 * mt + g + 8 * r];
+                hi[mt][r] = row_hi[WARP_ROWS * w + 16 * mt + g + 8 * r];
+            }
     }
 
-    // A fragments of the warp's 16 rows of a (Tq, H, D) tensor (this head); rows past Tq are 0.
-    __device__ void load_rows(uint32_t (*frag)[4], const bf16 *x) const {
+    // A fragments of the warp's rows of a (Tq, H, D) tensor (this head); rows past Tq are 0.
+    __device__ void load_rows(uint32_t (*frag)[DK][4], const bf16 *x) const {
 #pragma unroll
-        for (int kc = 0; kc < DK; kc++)
-            load_a(frag[kc], x + ((size_t)first_row * a.H + h) * D, (size_t)a.H * D, kc * 16,
-                   a.Tq - first_row);
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int kc = 0; kc < DK; kc++) {
+                int row0 = first_row + 16 * mt;
+                load_a(frag[mt][kc], x + ((size_t)row0 * a.H + h) * D, (size_t)a.H * D, kc * 16,
+                       a.Tq - row0);
+            }
     }
 
     // Calls work(j0, Ks, Vs) for every key tile [j0, j0 + BLOCK_KEYS) the warp's rows see.
@@ -347,23 +393,27 @@ template <int DK> struct query_block {
         }
     }
 
-    // Row r (0: g, 1: g + 8) of the warp, or -1 past Tq.
-    __device__ int row(int r) const {
-        int i = first_row + g + 8 * r;
+    // Row r (0: g, 1: g + 8) of the warp's m-tile mt, or -1 past Tq.
+    __device__ int row(int mt, int r) const {
+        int i = first_row + 16 * mt + g + 8 * r;
         return i < a.Tq ? i : -1;
     }
 
-    // Stores acc (16 x D, C fragments) times factor[r] as bf16 rows of a (Tq, H, D) tensor.
-    __device__ void store_rows(bf16 *x, const float (*acc)[4], const float factor[2]) const {
+    // Stores acc[mt] (16 x D, C fragments) times factor[mt][r] as bf16 rows of a (Tq, H, D) tensor.
+    __device__ void store_rows(bf16 *x, const float (*acc)[D / 8][4],
+                               const float (*factor)[2]) const {
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            if (row(r) < 0) continue;
-            bf16 *dst = x + ((size_t)row(r) * a.H + h) * D + 2 * t;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int no = 0; no < D / 8; no++)
-                *reinterpret_cast<uint32_t *>(dst + no * 8) =
-                    pack_bf16(acc[no][2 * r] * factor[r], acc[no][2 * r + 1] * factor[r]);
-        }
+            for (int r = 0; r < 2; r++) {
+                if (row(mt, r) < 0) continue;
+                bf16 *dst = x + ((size_t)row(mt, r) * a.H + h) * D + 2 * t;
+                float f = factor[mt][r];
+#pragma unroll
+                for (int no = 0; no < D / 8; no++)
+                    *reinterpret_cast<uint32_t *>(dst + no * 8) =
+                        pack_bf16(acc[mt][no][2 * r] * f, acc[mt][no][2 * r + 1] * f);
+            }
     }
 };
 
@@ -371,21 +421,26 @@ template <int DK>
 __global__ void __launch_bounds__(THREADS)
     forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *out, float *lse, float scale_log2) {
-    query_block<DK> b(a);
-    uint32_t qf[DK][4];
+    constexpr int MT = m_tiles(FORWARD, DK);
+    query_block<DK, MT> b(a);
+    uint32_t qf[MT][DK][4];
     b.load_rows(qf, q);
-    float o[2 * DK][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    b.for_each_key_tile(k, v, [&](int j0, const bf16 *Ks, const bf16 *Vs) {
-        attend_tile<DK>(qf, Ks, Vs, j0, b.lo, b.hi, scale_log2, o, m, l);
-    });
-    float inv[2];
+    float o[MT][2 * DK][4] = {}, m[MT][2], l[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] = quad_sum(l[r]);
-        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        if (b.t == 0 && b.row(r) >= 0)
-            lse[(size_t)b.h * a.Tq + b.row(r)] = (m[r] + log2f(l[r])) * LN2;
-    }
+    for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
+    b.for_each_key_tile(k, v, [&](int j0, const bf16 *Ks, const bf16 *Vs) {
+        attend_tile<MT, DK>(qf, Ks, Vs, j0, b.lo, b.hi, scale_log2, o, m, l);
+    });
+    float inv[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float sum = quad_sum(l[mt][r]);
+            inv[mt][r] = sum > 0.0f ? 1.0f / sum : 0.0f;
+            if (b.t == 0 && b.row(mt, r) >= 0)
+                lse[(size_t)b.h * a.Tq + b.row(mt, r)] = (m[mt][r] + log2f(sum)) * LN2;
+        }
     b.store_rows(out, o, inv);
 }
 
@@ -397,35 +452,40 @@ __global__ void __launch_bounds__(THREADS)
     dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
-    constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
-    query_block<DK> b(a);
-    uint32_t qf[DK][4], dof[DK][4];
+    constexpr int MT = m_tiles(DQ, DK), D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
+    query_block<DK, MT> b(a);
+    uint32_t qf[MT][DK][4], dof[MT][DK][4];
     b.load_rows(qf, q);
     b.load_rows(dof, dout);
-    float row_lse[2], row_delta[2];
+    float row_lse[MT][2], row_delta[MT][2], factor[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int row = b.row(r) >= 0 ? b.row(r) : a.Tq - 1; // rows past Tq see no keys
-        row_lse[r] = lse[(size_t)b.h * a.Tq + row] * LOG2E;
-        row_delta[r] = delta[(size_t)b.h * a.Tq + row];
-    }
-    float acc[NO][4] = {};
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int row = b.row(mt, r) >= 0 ? b.row(mt, r) : a.Tq - 1; // rows past Tq see no keys
+            row_lse[mt][r] = lse[(size_t)b.h * a.Tq + row] * LOG2E;
+            row_delta[mt][r] = delta[(size_t)b.h * a.Tq + row];
+            factor[mt][r] = scale;
+        }
+    float acc[MT][NO][4] = {};
     b.for_each_key_tile(k, v, [&](int j0, const bf16 *Ks, const bf16 *Vs) {
-        float s[NT][4], dp[NT][4];
-        product_a_regs<NT, DK>(s, qf, Ks, D + PAD);
-        product_a_regs<NT, DK>(dp, dof, Vs, D + PAD);
-        mask_scores<NT>(s, j0, b.lo, b.hi, scale_log2);
+        float s[MT][NT][4], dp[MT][NT][4];
+        product_a_regs<MT, NT, DK>(s, qf, Ks, D + PAD);
+        product_a_regs<MT, NT, DK>(dp, dof, Vs, D + PAD);
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int mt = 0; mt < MT; mt++) {
+            mask_scores<NT>(s[mt], j0, b.lo[mt], b.hi[mt], scale_log2);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = e >> 1;
-                float p = exp2f(s[nt][e] - row_lse[r]); // masked: exp2(-inf) = 0
-                s[nt][e] = p * (dp[nt][e] - row_delta[r]);
-            }
-        accumulate_c_times<BLOCK_KEYS / 16, NO>(acc, s, Ks, D + PAD);
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1;
+                    float p = exp2f(s[mt][nt][e] - row_lse[mt][r]); // masked: exp2(-inf) = 0
+                    s[mt][nt][e] = p * (dp[mt][nt][e] - row_delta[mt][r]);
+                }
+        }
+        accumulate_c_times<MT, BLOCK_KEYS / 16, NO>(acc, s, Ks, D + PAD);
     });
-    const float factor[2] = {scale, scale};
     b.store_rows(dq, acc, factor);
 }
 
@@ -448,28 +508,30 @@ __global__ void __launch_bounds__(THREADS)
     dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                 const float *lse, const bf16 *dout, const float *delta, bf16 *dk, bf16 *dv,
                 float *dk_part, float *dv_part, float scale, float scale_log2) {
-    constexpr int D = 16 * DK, NT = STEP_ROWS / 8, NO = D / 8, LD = D + PAD;
-    constexpr int ROWS_TILE = STEP_ROWS * LD;
-    bf16 *Ks = dynamic_smem<bf16>(); // (BLOCK_KEYS, LD)
-    bf16 *Vs = Ks + BLOCK_KEYS * LD; // (BLOCK_KEYS, LD)
-    bf16 *rows = Vs + BLOCK_KEYS * LD; // Q, dO of buffer 0, then of buffer 1: (STEP_ROWS, LD) each
+    constexpr int MT = m_tiles(DKDV, DK), KEYS = block_rows(DKDV, DK), D = 16 * DK;
+    constexpr int NT = STEP_ROWS / 8, NO = D / 8, LD = D + PAD, ROWS_TILE = STEP_ROWS * LD;
+    bf16 *Ks = dynamic_smem<bf16>(); // (KEYS, LD)
+    bf16 *Vs = Ks + KEYS * LD;       // (KEYS, LD)
+    bf16 *rows = Vs + KEYS * LD; // Q, dO of buffer 0, then of buffer 1: (STEP_ROWS, LD) each
     step_rows *meta = reinterpret_cast<step_rows *>(rows + 4 * ROWS_TILE); // [2]
     int *seen = reinterpret_cast<int *>(meta + 2);                          // [2][WARPS]
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * BLOCK_KEYS;
-    int j_end = min(j0 + BLOCK_KEYS, a.Tkv);
+    int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * KEYS;
+    int j_end = min(j0 + KEYS, a.Tkv);
     size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
-    stage_rows<D, BLOCK_KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, j_end);
-    stage_rows<D, BLOCK_KEYS>(Vs, v + (size_t)kvh * D, kv_ld, j0, j_end);
+    stage_rows<D, KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, j_end);
+    stage_rows<D, KEYS>(Vs, v + (size_t)kvh * D, kv_ld, j0, j_end);
     cp_async_commit(); // waited for with the first rows' copies
-    // The warp's keys [kw0, kw1) and the thread's two keys (C rows g and g+8).
-    int kw0 = j0 + warp * 16, kw1 = min(kw0 + 16, j_end), key[2] = {kw0 + g, kw0 + g + 8};
+    // The warp's keys [kw0, kw1) and the thread's two keys of each m-tile (C rows g and g+8).
+    int kw0 = j0 + warp * 16 * MT, kw1 = min(kw0 + 16 * MT, j_end), key[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) key[mt][0] = kw0 + 16 * mt + g, key[mt][1] = key[mt][0] + 8;
     // Query rows that may see these keys: those of the documents the keys belong to.
     int first_doc = find_doc(a.cu_kv, a.n_docs, j0);
     int last_doc = find_doc(a.cu_kv, a.n_docs, j_end - 1);
     int rows_lo = a.cu_q[first_doc], rows_hi = a.cu_q[last_doc + 1];
-    const bf16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
+    const bf16 *Kw = Ks + warp * 16 * MT * LD, *Vw = Vs + warp * 16 * MT * LD;
 
     // The next step from i0 on whose rows see some key of the tile, its rows' ranges, lse and
     // delta in meta[buffer], and its Q and dO tiles in flight; rows_hi when none is left. Rows
@@ -508,7 +570,7 @@ __global__ void __launch_bounds__(THREADS)
         return rows_hi;
     };
 
-    float dk_acc[NO][4] = {}, dv_acc[NO][4] = {};
+    float dk_acc[MT][NO][4] = {}, dv_acc[MT][NO][4] = {};
     int buffer = 0;
     for (int i0 = next_step(rows_lo, 0); i0 < rows_hi; buffer ^= 1) {
         int next = next_step(i0 + STEP_ROWS, buffer ^ 1); // in flight while this step computes
@@ -519,21 +581,23 @@ __global__ void __launch_bounds__(THREADS)
         const bf16 *Qs = rows + 2 * buffer * ROWS_TILE, *dOs = Qs + ROWS_TILE;
         bool warp_sees = lane < STEP_ROWS && m.lo[lane] < kw1 && m.hi[lane] > kw0;
         if (__any_sync(0xffffffffu, warp_sees)) {
-            float st[NT][4], dpt[NT][4];
-            product_a_smem<NT, DK>(st, Kw, Qs, LD);
-            product_a_smem<NT, DK>(dpt, Vw, dOs, LD);
+            float st[MT][NT][4], dpt[MT][NT][4];
+            product_a_smem<MT, NT, DK>(st, Kw, Qs, LD);
+            product_a_smem<MT, NT, DK>(dpt, Vw, dOs, LD);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
-                    bool valid = j >= m.lo[i] && j < m.hi[i];
-                    float p = valid ? exp2f(st[nt][e] * scale_log2 - m.lse[i]) : 0.0f;
-                    st[nt][e] = p;
-                    dpt[nt][e] = p * (dpt[nt][e] - m.delta[i]);
-                }
-            accumulate_c_times<STEP_ROWS / 16, NO>(dv_acc, st, dOs, LD);
-            accumulate_c_times<STEP_ROWS / 16, NO>(dk_acc, dpt, Qs, LD);
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int i = nt * 8 + 2 * t + (e & 1), j = key[mt][e >> 1];
+                        bool valid = j >= m.lo[i] && j < m.hi[i];
+                        float p = valid ? exp2f(st[mt][nt][e] * scale_log2 - m.lse[i]) : 0.0f;
+                        st[mt][nt][e] = p;
+                        dpt[mt][nt][e] = p * (dpt[mt][nt][e] - m.delta[i]);
+                    }
+            accumulate_c_times<MT, STEP_ROWS / 16, NO>(dv_acc, st, dOs, LD);
+            accumulate_c_times<MT, STEP_ROWS / 16, NO>(dk_acc, dpt, Qs, LD);
         }
         __syncthreads(); // every warp is done with this buffer before it is refilled
         i0 = next;
@@ -541,23 +605,26 @@ __global__ void __launch_bounds__(THREADS)
     cp_async_wait<0>(); // the K, V copies, when no step needed them
 
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (key[r] >= j_end) continue;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int no = 0; no < NO; no++) {
-            float2 dk2 = {dk_acc[no][2 * r] * scale, dk_acc[no][2 * r + 1] * scale};
-            float2 dv2 = {dv_acc[no][2 * r], dv_acc[no][2 * r + 1]};
-            if (dk_part) {
-                size_t at = ((size_t)key[r] * a.H + h) * D + no * 8 + 2 * t;
-                *reinterpret_cast<float2 *>(dk_part + at) = dk2;
-                *reinterpret_cast<float2 *>(dv_part + at) = dv2;
-            } else {
-                size_t at = ((size_t)key[r] * a.KV + kvh) * D + no * 8 + 2 * t;
-                *reinterpret_cast<uint32_t *>(dk + at) = pack_bf16(dk2.x, dk2.y);
-                *reinterpret_cast<uint32_t *>(dv + at) = pack_bf16(dv2.x, dv2.y);
+        for (int r = 0; r < 2; r++) {
+            int j = key[mt][r];
+            if (j >= j_end) continue;
+#pragma unroll
+            for (int no = 0; no < NO; no++) {
+                float2 dk2 = {dk_acc[mt][no][2 * r] * scale, dk_acc[mt][no][2 * r + 1] * scale};
+                float2 dv2 = {dv_acc[mt][no][2 * r], dv_acc[mt][no][2 * r + 1]};
+                if (dk_part) {
+                    size_t at = ((size_t)j * a.H + h) * D + no * 8 + 2 * t;
+                    *reinterpret_cast<float2 *>(dk_part + at) = dk2;
+                    *reinterpret_cast<float2 *>(dv_part + at) = dv2;
+                } else {
+                    size_t at = ((size_t)j * a.KV + kvh) * D + no * 8 + 2 * t;
+                    *reinterpret_cast<uint32_t *>(dk + at) = pack_bf16(dk2.x, dk2.y);
+                    *reinterpret_cast<uint32_t *>(dv + at) = pack_bf16(dv2.x, dv2.y);
+                }
             }
         }
-    }
 }
 
 // out (Tkv, KV, D) bf16 = the sum over each kv head's group of part (Tkv, H, D) fp32, in a fixed
@@ -576,13 +643,12 @@ __global__ void group_sum_kernel(const float *part, bf16 *out, int Tkv, int H, i
 }
 
 // Dynamic shared memory of each kernel, in bytes, for head_dim D.
-size_t forward_smem(int D) { // two buffers of K and V tiles
-    return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * BLOCK_ROWS * sizeof(int);
+size_t query_block_smem(kernel_kind kind, int D) { // two buffers of K and V tiles; key ranges
+    return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * block_rows(kind, D / 16) * sizeof(int);
 }
-size_t dq_smem(int D) { return forward_smem(D); }
 size_t dkdv_smem(int D) { // K, V tiles; two buffers of Q, dO rows and of their step_rows; flags
-    return sizeof(bf16) * (2 * BLOCK_KEYS + 4 * STEP_ROWS) * (D + PAD) + 2 * sizeof(step_rows) +
-           2 * WARPS * sizeof(int);
+    return sizeof(bf16) * (2 * block_rows(DKDV, D / 16) + 4 * STEP_ROWS) * (D + PAD) +
+           2 * sizeof(step_rows) + 2 * WARPS * sizeof(int);
 }
 
 } // namespace
