@@ -1,7 +1,8 @@
 // A CPU stand-in for the parts of the CUDA execution model weft's kernels use, so their
 // unmodified source (launchers included) runs, slowly, on a machine without a GPU, and index or
 // synchronization mistakes show up in CI. One block at a time: its threads are coroutines
-// (ucontext) that the scheduler runs until each reaches a rendezvous (__syncthreads, a warp
+// (started by ucontext, then switched by _setjmp/_longjmp, which unlike swapcontext make no
+// system call to save the signal mask) that the scheduler runs until each reaches a rendezvous (__syncthreads, a warp
 // shuffle or vote, mma.sync, ldmatrix); when every participant is there, the scheduler computes
 // all results at once and releases them. A warp primitive reached by only part of a warp, or a
 // barrier that can never complete, is reported as the hang it would be on a GPU. cp.async copies
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <functional>
@@ -56,7 +58,10 @@ struct pending_copy {
 };
 
 struct thread_state {
-    ucontext_t context;
+    ucontext_t context; // its first entry
+    jmp_buf resume;     // where it waits at a rendezvous
+    bool started;
+    void *sanitizer_save; // AddressSanitizer's state of the stack it left (start_switch)
     uint3 index;
     op_kind op;
     int predicate, lane_mask, predicate_result;
@@ -73,7 +78,8 @@ struct thread_state {
 
 struct block_state {
     std::vector<thread_state> threads;
-    ucontext_t scheduler;
+    jmp_buf scheduler;
+    void *sanitizer_save;
     thread_state *current;
     std::function<void()> body;
 };
@@ -93,10 +99,36 @@ inline dim3 g_block_dim, g_grid_dim;
 
 inline thread_state *self() { return g_block->current; }
 
+// AddressSanitizer, when a sanitized program links it, must be told of every switch between the
+// scheduler's stack and a thread's, or it warns and may report false errors. Weak: absent (null)
+// in ordinary builds.
+extern "C" void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom,
+                                               size_t size) __attribute__((weak));
+extern "C" void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **old_bottom,
+                                                size_t *old_size) __attribute__((weak));
+inline const void *g_scheduler_stack; // its bounds, learnt at the first switch into a thread
+inline size_t g_scheduler_stack_size;
+
+// Announces a switch to the stack [bottom, bottom + size); `leaving` says the current stack is
+// never returned to.
+inline void start_switch(const void *bottom, size_t size, void **save, bool leaving = false) {
+    if (__sanitizer_start_switch_fiber)
+        __sanitizer_start_switch_fiber(leaving ? nullptr : save, bottom, size);
+}
+inline void finish_switch(void *save, bool to_thread) {
+    if (__sanitizer_finish_switch_fiber)
+        __sanitizer_finish_switch_fiber(save, to_thread ? &g_scheduler_stack : nullptr,
+                                        to_thread ? &g_scheduler_stack_size : nullptr);
+}
+
 inline void rendezvous(op_kind op) {
     thread_state *t = self();
     t->op = op;
-    swapcontext(&t->context, &g_block->scheduler);
+    if (_setjmp(t->resume) == 0) {
+        start_switch(g_scheduler_stack, g_scheduler_stack_size, &t->sanitizer_save);
+        _longjmp(g_block->scheduler, 1);
+    }
+    finish_switch(t->sanitizer_save, true);
 }
 
 inline float bf16_bits_to_float(uint32_t bits) {
@@ -210,9 +242,27 @@ inline bool resolve(block_state &b) {
 }
 
 inline void thread_entry() {
+    finish_switch(nullptr, true);
     g_block->body();
     if (!self()->copies.empty()) fail("a thread returned with cp.async copies never waited for");
-    self()->op = OP_DONE; // returning resumes the scheduler through uc_link
+    self()->op = OP_DONE;
+    start_switch(g_scheduler_stack, g_scheduler_stack_size, nullptr, true);
+    _longjmp(g_block->scheduler, 1); // its stack is dropped: nothing here to unwind
+}
+
+// Runs thread t until it waits at a rendezvous or finishes. Its own function, so that no local
+// of the scheduler's loop lives across a _setjmp.
+__attribute__((noinline)) inline void run_until_rendezvous(block_state &b, thread_state &t) {
+    b.current = &t;
+    if (_setjmp(b.scheduler) != 0) {
+        finish_switch(b.sanitizer_save, false);
+        return;
+    }
+    start_switch(t.stack.data(), t.stack.size(), &b.sanitizer_save);
+    if (t.started) _longjmp(t.resume, 1);
+    t.started = true;
+    setcontext(&t.context);
+    fail("setcontext failed");
 }
 
 // Runs `body` as one block of `threads` threads (a multiple of 32) with blockIdx = index.
@@ -229,8 +279,9 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
         getcontext(&t.context);
         t.context.uc_stack.ss_sp = t.stack.data();
         t.context.uc_stack.ss_size = t.stack.size();
-        t.context.uc_link = &b.scheduler;
+        t.context.uc_link = nullptr; // thread_entry never returns
         makecontext(&t.context, thread_entry, 0);
+        t.started = false;
         t.index = make_uint3(i, 0, 0);
         t.op = OP_RUNNABLE;
         t.copies.clear();
@@ -240,8 +291,7 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
         bool ran = false;
         for (auto &t : b.threads)
             if (t.op == OP_RUNNABLE) {
-                b.current = &t;
-                swapcontext(&b.scheduler, &t.context);
+                run_until_rendezvous(b, t);
                 ran = true;
             }
         bool all_done = true;
