@@ -18,8 +18,8 @@
 // Kernels: forward (a block = 4 warps' query rows of one head, keys in tiles of 64); dQ (same
 // split, recomputing P from the forward's lse); dK/dV (a block = 4 warps' keys seen by one query
 // head, walking the query rows that can see them, 32 at a time). A warp owns 32 rows (keys) where
-// head_dim <= 64 and its registers allow, so each B fragment read from shared memory feeds two
-// mma (as in FlashAttention-2's forward), else 16; see m_tiles. Under
+// head_dim <= 64, so each B fragment read from shared memory feeds two mma (as in
+// FlashAttention-2's forward), else 16; see m_tiles. Under
 // grouped-query attention each query head writes fp32 partial dK/dV and a last pass sums the
 // group, so the grid has H (not KV) columns of blocks and the work stays balanced. Each output
 // element has one writer: no atomics, and runs are bit-reproducible.
@@ -214,12 +214,10 @@ __device__ void stage_rows(bf16 *dst, const bf16 *src, size_t src_ld, int r0, in
 }
 
 // How many m-tiles (16 rows of the A operand) each warp owns, by kernel and head_dim / 16: two
-// where the registers allow it without spilling (ptxas -v), one otherwise. The dQ kernel holds
-// Q, dO, S, dP and dQ fragments at once and stays at one.
+// where the registers allow it without spilling (ptxas -v: 255 or fewer at head_dim 64 for all
+// three kernels), one otherwise.
 enum kernel_kind { FORWARD, DQ, DKDV };
-__host__ __device__ constexpr int m_tiles(kernel_kind kind, int DK) {
-    return kind != DQ && DK <= 4 ? 2 : 1;
-}
+__host__ __device__ constexpr int m_tiles(kernel_kind, int DK) { return DK <= 4 ? 2 : 1; }
 // Query rows per forward / dQ block, keys per dK/dV block.
 __host__ __device__ constexpr int block_rows(kernel_kind kind, int DK) {
     return WARPS * 16 * m_tiles(kind, DK);
@@ -446,13 +444,15 @@ __global__ void __launch_bounds__(THREADS)
 
 // ------------------------------------------------------------------------------------ dQ ----
 
-// dS = P (dO V^T - delta) with P = exp(S - lse), then dQ = scale * dS K.
+// dS = P (dO V^T - delta) with P = exp(S - lse), then dQ = scale * dS K. Each key tile is taken
+// in parts of PART_KEYS: S and dP of a part, not of the whole tile, are held in registers at once.
+constexpr int PART_KEYS = 32;
 template <int DK>
 __global__ void __launch_bounds__(THREADS)
     dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
-    constexpr int MT = m_tiles(DQ, DK), D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
+    constexpr int MT = m_tiles(DQ, DK), D = 16 * DK, NT = PART_KEYS / 8, NO = D / 8;
     query_block<DK, MT> b(a);
     uint32_t qf[MT][DK][4], dof[MT][DK][4];
     b.load_rows(qf, q);
@@ -469,22 +469,27 @@ __global__ void __launch_bounds__(THREADS)
         }
     float acc[MT][NO][4] = {};
     b.for_each_key_tile(k, v, [&](int j0, const bf16 *Ks, const bf16 *Vs) {
-        float s[MT][NT][4], dp[MT][NT][4];
-        product_a_regs<MT, NT, DK>(s, qf, Ks, D + PAD);
-        product_a_regs<MT, NT, DK>(dp, dof, Vs, D + PAD);
+#pragma unroll 1
+        for (int part = 0; part < BLOCK_KEYS; part += PART_KEYS) {
+            if (j0 + part >= b.warp.hi || j0 + part + PART_KEYS <= b.warp.lo) continue;
+            const bf16 *Kp = Ks + part * (D + PAD), *Vp = Vs + part * (D + PAD);
+            float s[MT][NT][4], dp[MT][NT][4];
+            product_a_regs<MT, NT, DK>(s, qf, Kp, D + PAD);
+            product_a_regs<MT, NT, DK>(dp, dof, Vp, D + PAD);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            mask_scores<NT>(s[mt], j0, b.lo[mt], b.hi[mt], scale_log2);
+            for (int mt = 0; mt < MT; mt++) {
+                mask_scores<NT>(s[mt], j0 + part, b.lo[mt], b.hi[mt], scale_log2);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int r = e >> 1;
-                    float p = exp2f(s[mt][nt][e] - row_lse[mt][r]); // masked: exp2(-inf) = 0
-                    s[mt][nt][e] = p * (dp[mt][nt][e] - row_delta[mt][r]);
-                }
+                    for (int e = 0; e < 4; e++) {
+                        int r = e >> 1;
+                        float p = exp2f(s[mt][nt][e] - row_lse[mt][r]); // masked: exp2(-inf) = 0
+                        s[mt][nt][e] = p * (dp[mt][nt][e] - row_delta[mt][r]);
+                    }
+            }
+            accumulate_c_times<MT, PART_KEYS / 16, NO>(acc, s, Kp, D + PAD);
         }
-        accumulate_c_times<MT, BLOCK_KEYS / 16, NO>(acc, s, Ks, D + PAD);
     });
     b.store_rows(dq, acc, factor);
 }
