@@ -16,7 +16,8 @@ command -v python3 >/dev/null && args+=(-DWEFT_PYTHON="$(command -v python3)") #
 read -ra extra <<<"${WEFT_CMAKE_ARGS:-}"
 echo "+ cmake ${args[*]} ${extra[*]}"
 cmake "${args[@]}" "${extra[@]}"
-cmake --build build -j "${JOBS:-16}"
+cmake --build build -j "${JOBS:-16}" 2>&1 | tee /tmp/weft_build.log
+grep -i "spill" /tmp/weft_build.log && echo "build.sh: WARNING: kernels above spill registers to local memory (slow)"
 
 echo "ldd build/weft (kit, MPI, BLAS, NCCL, CUDA libraries):"
 ldd build/weft | grep -E "${WEFT_KIT_PREFIX:-/opt/weftkit}|mpi|blas|nccl|cuda|cublas|gomp|jansson|yaml|pcre2" || true
