@@ -89,8 +89,11 @@ void test_embedding() {
     compare("embedding dtable +=", dtable, want_dtable, F32_TOL);
 }
 
-void test_rmsnorm() {
-    int T = 70, C = 300; // 3 column blocks, C not a multiple of the block
+// Sizes come in pairs: a multiple of 8 (the kernels' 16-byte vector path) and not (one at a time).
+std::string sized(const char *what, size_t n) { return std::string(what) + " (" + std::to_string(n) + ")"; }
+
+void test_rmsnorm(int C) { // 3 column blocks of 70 rows; C not a multiple of the block
+    int T = 70;
     float eps = 1e-5f;
     std::vector<bf16> x = random_bf16((size_t)T * C), w = random_bf16(C, 0.5f, 1.5f);
     std::vector<bf16> dout = random_bf16((size_t)T * C), dx = random_bf16((size_t)T * C);
@@ -116,16 +119,16 @@ void test_rmsnorm() {
         }
     }
     weft_cuda_rmsnorm_forward(nullptr, x.data(), w.data(), eps, out.data(), rstd.data(), T, C);
-    compare("rmsnorm out", out, want_out, BF16_TOL);
-    compare("rmsnorm rstd", rstd, want_rstd, F32_TOL);
+    compare(sized("rmsnorm out", C), out, want_out, BF16_TOL);
+    compare(sized("rmsnorm rstd", C), rstd, want_rstd, F32_TOL);
     weft_cuda_rmsnorm_backward(nullptr, x.data(), w.data(), rstd.data(), dout.data(), dx.data(),
                                dw.data(), T, C);
-    compare("rmsnorm dx +=", dx, want_dx, BF16_TOL);
-    compare("rmsnorm dw +=", dw, want_dw, F32_TOL);
+    compare(sized("rmsnorm dx +=", C), dx, want_dx, BF16_TOL);
+    compare(sized("rmsnorm dw +=", C), dw, want_dw, F32_TOL);
 }
 
-void test_bias() {
-    int T = 70, C = 300;
+void test_bias(int C) {
+    int T = 70;
     std::vector<bf16> x = random_bf16((size_t)T * C), bias = random_bf16(C);
     std::vector<bf16> dout = random_bf16((size_t)T * C);
     std::vector<float> dbias = random_f32(C);
@@ -137,8 +140,8 @@ void test_bias() {
         }
     weft_cuda_bias_forward(nullptr, x.data(), bias.data(), T, C);
     weft_cuda_bias_backward(nullptr, dout.data(), dbias.data(), T, C);
-    compare("bias x +=", x, want_x, BF16_TOL);
-    compare("bias dbias +=", dbias, want_dbias, F32_TOL);
+    compare(sized("bias x +=", C), x, want_x, BF16_TOL);
+    compare(sized("bias dbias +=", C), dbias, want_dbias, F32_TOL);
 }
 
 void test_rope() {
@@ -164,8 +167,7 @@ void test_rope() {
     }
 }
 
-void test_swiglu() {
-    size_t N = 1000;
+void test_swiglu(size_t N) {
     std::vector<bf16> gate = random_bf16(N, -4, 4), up = random_bf16(N), dout = random_bf16(N);
     std::vector<bf16> out(N, NAN_BF16), dgate(N, NAN_BF16), dup(N, NAN_BF16);
     std::vector<double> want_out(N), want_dgate(N), want_dup(N);
@@ -179,13 +181,12 @@ void test_swiglu() {
     weft_cuda_swiglu_forward(nullptr, gate.data(), up.data(), out.data(), N);
     weft_cuda_swiglu_backward(nullptr, gate.data(), up.data(), dout.data(), dgate.data(),
                               dup.data(), N);
-    compare("swiglu out", out, want_out, BF16_TOL);
-    compare("swiglu dgate", dgate, want_dgate, BF16_TOL);
-    compare("swiglu dup", dup, want_dup, BF16_TOL);
+    compare(sized("swiglu out", N), out, want_out, BF16_TOL);
+    compare(sized("swiglu dgate", N), dgate, want_dgate, BF16_TOL);
+    compare(sized("swiglu dup", N), dup, want_dup, BF16_TOL);
 }
 
-void test_small_arithmetic() {
-    size_t N = 70001; // a ragged last block
+void test_small_arithmetic(size_t N) { // ragged last blocks
     std::vector<bf16> y = random_bf16(N), x = random_bf16(N);
     std::vector<float> f = random_f32(N);
     std::vector<double> want_y = widen(y), want_f = widen(f), sums(2, 0.0), got(2, NAN);
@@ -199,9 +200,9 @@ void test_small_arithmetic() {
     weft_cuda_sum_f32(nullptr, f.data(), N, false, &got[0]);
     weft_cuda_sum_f32(nullptr, f.data(), N, true, &got[1]);
     weft_cuda_scale_f32(nullptr, f.data(), 0.37f, N);
-    compare("add_bf16 y +=", y, want_y, BF16_TOL);
-    compare("sum_f32 (sum, sum of squares)", got, sums, 1e-12);
-    compare("scale_f32", f, want_f, F32_TOL);
+    compare(sized("add_bf16 y +=", N), y, want_y, BF16_TOL);
+    compare(sized("sum_f32 (sum, sum of squares)", N), got, sums, 1e-12);
+    compare(sized("scale_f32", N), f, want_f, F32_TOL);
 }
 
 void test_cross_entropy() {
@@ -392,11 +393,13 @@ void test_attention(const layout &l, bool mma, const char *note = "") {
 
 int main() {
     test_embedding();
-    test_rmsnorm();
-    test_bias();
+    for (int C : {2056, 300}) { // a thread loops twice over 16-byte vectors at 2056
+        test_rmsnorm(C);
+        test_bias(C);
+    }
     test_rope();
-    test_swiglu();
-    test_small_arithmetic();
+    for (size_t N : {1000, 1001}) test_swiglu(N);
+    for (size_t N : {70000, 70001}) test_small_arithmetic(N);
     test_cross_entropy();
     test_adamw();
     std::vector<int> mixed = {1, 33, 5, 70, 2};

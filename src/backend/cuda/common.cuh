@@ -21,6 +21,51 @@ static inline unsigned grid_for(size_t N) {
     return (unsigned)(blocks < 8192 ? blocks : 8192);
 }
 
+// VEC consecutive bf16 as floats. Bandwidth-bound kernels move 8 at a time (one 16-byte access):
+// with one 2-byte load per thread in flight an SM keeps far too few bytes in flight to reach HBM
+// bandwidth. VEC = 1 serves sizes or addresses that do not allow it (see vector_width).
+template <int VEC> struct bf16_vec {
+    static_assert(VEC == 1 || VEC == 8, "one value or 16 bytes");
+    float x[VEC];
+
+    __device__ __forceinline__ void load(const bf16 *p) {
+        if constexpr (VEC == 8) {
+            uint4 raw = *reinterpret_cast<const uint4 *>(p);
+            const bf16 *h = reinterpret_cast<const bf16 *>(&raw);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) x[k] = to_f32(h[k]);
+        } else {
+            x[0] = to_f32(*p);
+        }
+    }
+    __device__ __forceinline__ void store(bf16 *p) const {
+        if constexpr (VEC == 8) {
+            uint4 raw;
+            bf16 *h = reinterpret_cast<bf16 *>(&raw);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) h[k] = to_bf16(x[k]);
+            *reinterpret_cast<uint4 *>(p) = raw;
+        } else {
+            *p = to_bf16(x[0]);
+        }
+    }
+};
+
+// 8 when every pointer is 16-byte aligned and `count` (the elements a kernel walks in vectors:
+// the whole tensor, or one row) is a multiple of 8; else 1.
+static inline int vector_width(size_t count, const void *a, const void *b = NULL,
+                               const void *c = NULL, const void *d = NULL, const void *e = NULL) {
+    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e;
+    return count % 8 == 0 && bits % 16 == 0 ? 8 : 1;
+}
+
+// WEFT_LAUNCH of kernel<8> or kernel<1>, as vector_width said.
+#define WEFT_LAUNCH_VECTORIZED(kernel, vec, grid, threads, smem, stream, ...)                      \
+    do {                                                                                           \
+        if ((vec) == 8) WEFT_LAUNCH(kernel<8>, grid, threads, smem, stream, __VA_ARGS__);          \
+        else WEFT_LAUNCH(kernel<1>, grid, threads, smem, stream, __VA_ARGS__);                     \
+    } while (0)
+
 template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -45,55 +45,83 @@ extern "C" void weft_cuda_embedding_backward(weft_cuda_stream s, const int32_t *
 enum { NORM_THREADS = 256, ROWS_PER_COLUMN_BLOCK = 16 };
 
 // One block per row.
+template <int VEC>
 __global__ void rmsnorm_forward_kernel(const bf16 *x, const bf16 *w, float eps, bf16 *out,
                                        float *rstd, int C) {
     __shared__ float partial[NORM_THREADS / 32];
     const bf16 *xr = x + (size_t)blockIdx.x * C;
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float v = to_f32(xr[c]);
-        ss += v * v;
+    for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+        bf16_vec<VEC> v;
+        v.load(xr + c);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) ss += v.x[k] * v.x[k];
     }
     ss = block_sum(ss, partial);
     float r = rsqrtf(ss / C + eps);
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
     bf16 *o = out + (size_t)blockIdx.x * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        o[c] = to_bf16(to_f32(xr[c]) * r * to_f32(w[c]));
+    for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+        bf16_vec<VEC> v, g;
+        v.load(xr + c);
+        g.load(w + c);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v.x[k] = v.x[k] * r * g.x[k];
+        v.store(o + c);
+    }
 }
 
 // A block owns ROWS_PER_COLUMN_BLOCK rows: it adds their dx, and sums their dw contributions in
 // shared memory (each thread its own columns) before one atomic per column, so atomics scale
 // with T / ROWS_PER_COLUMN_BLOCK rather than T.
+template <int VEC>
 __global__ void rmsnorm_backward_kernel(const bf16 *x, const bf16 *w, const float *rstd,
                                         const bf16 *dout, bf16 *dx, float *dw, int T, int C) {
     __shared__ float partial[NORM_THREADS / 32];
     float *dw_acc = dynamic_smem<float>(); // (C)
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dw_acc[c] = 0.0f;
+    for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC)
+#pragma unroll
+        for (int k = 0; k < VEC; k++) dw_acc[c + k] = 0.0f;
     int t0 = blockIdx.x * ROWS_PER_COLUMN_BLOCK;
     int t1 = min(t0 + ROWS_PER_COLUMN_BLOCK, T);
     for (int t = t0; t < t1; t++) {
         const bf16 *xr = x + (size_t)t * C, *dy = dout + (size_t)t * C;
         bf16 *dxr = dx + (size_t)t * C;
         float r = rstd[t], dot = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x)
-            dot += to_f32(dy[c]) * to_f32(w[c]) * to_f32(xr[c]);
+        for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+            bf16_vec<VEC> g, wv, xv;
+            g.load(dy + c);
+            wv.load(w + c);
+            xv.load(xr + c);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) dot += g.x[k] * wv.x[k] * xv.x[k];
+        }
         dot = block_sum(dot, partial);
-        float k = dot * r * r * r / C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            float xv = to_f32(xr[c]), g = to_f32(dy[c]);
-            dxr[c] = to_bf16(to_f32(dxr[c]) + r * to_f32(w[c]) * g - k * xv);
-            dw_acc[c] += g * xv * r; // each thread touches only its own columns
+        float kc = dot * r * r * r / C;
+        for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+            bf16_vec<VEC> g, wv, xv, d;
+            g.load(dy + c);
+            wv.load(w + c);
+            xv.load(xr + c);
+            d.load(dxr + c);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                d.x[k] = d.x[k] + r * wv.x[k] * g.x[k] - kc * xv.x[k];
+                dw_acc[c + k] += g.x[k] * xv.x[k] * r; // each thread touches only its own columns
+            }
+            d.store(dxr + c);
         }
     }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(dw + c, dw_acc[c]);
+    for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC)
+#pragma unroll
+        for (int k = 0; k < VEC; k++) atomicAdd(dw + c + k, dw_acc[c + k]);
 }
 
 extern "C" void weft_cuda_rmsnorm_forward(weft_cuda_stream s, const void *x, const void *w,
                                           float eps, void *out, float *rstd, int T, int C) {
     if (T == 0) return;
-    WEFT_LAUNCH(rmsnorm_forward_kernel, T, NORM_THREADS, 0, s, (const bf16 *)x, (const bf16 *)w,
-                eps, (bf16 *)out, rstd, C);
+    WEFT_LAUNCH_VECTORIZED(rmsnorm_forward_kernel, vector_width(C, x, w, out), T, NORM_THREADS, 0,
+                           s, (const bf16 *)x, (const bf16 *)w, eps, (bf16 *)out, rstd, C);
 }
 
 static int column_blocks(int T) { return (T + ROWS_PER_COLUMN_BLOCK - 1) / ROWS_PER_COLUMN_BLOCK; }
@@ -102,15 +130,22 @@ extern "C" void weft_cuda_rmsnorm_backward(weft_cuda_stream s, const void *x, co
                                            const float *rstd, const void *dout, void *dx, float *dw,
                                            int T, int C) {
     if (T == 0) return;
-    WEFT_LAUNCH(rmsnorm_backward_kernel, column_blocks(T), NORM_THREADS, sizeof(float) * C, s,
-                (const bf16 *)x, (const bf16 *)w, rstd, (const bf16 *)dout, (bf16 *)dx, dw, T, C);
+    WEFT_LAUNCH_VECTORIZED(rmsnorm_backward_kernel, vector_width(C, x, w, dout, dx),
+                           column_blocks(T), NORM_THREADS, sizeof(float) * C, s, (const bf16 *)x,
+                           (const bf16 *)w, rstd, (const bf16 *)dout, (bf16 *)dx, dw, T, C);
 }
 
 // ------------------------------------------------------------------------------------ bias ----
 
-__global__ void bias_forward_kernel(bf16 *x, const bf16 *bias, size_t N, int C) {
-    for (size_t i = global_index(); i < N; i += global_stride())
-        x[i] = to_bf16(to_f32(x[i]) + to_f32(bias[i % C]));
+template <int VEC> __global__ void bias_forward_kernel(bf16 *x, const bf16 *bias, size_t N, int C) {
+    for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
+        bf16_vec<VEC> a, b;
+        a.load(x + i);
+        b.load(bias + i % C); // C is a multiple of VEC: the vector stays in one row
+#pragma unroll
+        for (int k = 0; k < VEC; k++) a.x[k] += b.x[k];
+        a.store(x + i);
+    }
 }
 
 __global__ void column_sums_kernel(const bf16 *x, float *out, int T, int C) {
@@ -126,7 +161,9 @@ extern "C" void weft_cuda_bias_forward(weft_cuda_stream s, void *x, const void *
                                        int C) {
     size_t N = (size_t)T * C;
     if (N == 0) return;
-    WEFT_LAUNCH(bias_forward_kernel, grid_for(N), 256, 0, s, (bf16 *)x, (const bf16 *)bias, N, C);
+    int vec = vector_width(C, x, bias);
+    WEFT_LAUNCH_VECTORIZED(bias_forward_kernel, vec, grid_for(N / vec), 256, 0, s, (bf16 *)x,
+                           (const bf16 *)bias, N, C);
 }
 
 extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias, int T,
@@ -170,42 +207,65 @@ extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *posit
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
+template <int VEC>
 __global__ void swiglu_forward_kernel(const bf16 *gate, const bf16 *up, bf16 *out, size_t N) {
-    for (size_t i = global_index(); i < N; i += global_stride()) {
-        float g = to_f32(gate[i]);
-        out[i] = to_bf16(g * sigmoid(g) * to_f32(up[i]));
+    for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
+        bf16_vec<VEC> g, u;
+        g.load(gate + i);
+        u.load(up + i);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) u.x[k] *= g.x[k] * sigmoid(g.x[k]);
+        u.store(out + i);
     }
 }
 
+template <int VEC>
 __global__ void swiglu_backward_kernel(const bf16 *gate, const bf16 *up, const bf16 *dout,
                                        bf16 *dgate, bf16 *dup, size_t N) {
-    for (size_t i = global_index(); i < N; i += global_stride()) {
-        float g = to_f32(gate[i]), u = to_f32(up[i]), d = to_f32(dout[i]);
-        float sg = sigmoid(g);
-        dgate[i] = to_bf16(d * u * sg * (1.0f + g * (1.0f - sg)));
-        dup[i] = to_bf16(d * g * sg);
+    for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
+        bf16_vec<VEC> g, u, d, dg, du;
+        g.load(gate + i);
+        u.load(up + i);
+        d.load(dout + i);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            float sg = sigmoid(g.x[k]);
+            dg.x[k] = d.x[k] * u.x[k] * sg * (1.0f + g.x[k] * (1.0f - sg));
+            du.x[k] = d.x[k] * g.x[k] * sg;
+        }
+        dg.store(dgate + i);
+        du.store(dup + i);
     }
 }
 
 extern "C" void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up,
                                          void *out, size_t N) {
     if (N == 0) return;
-    WEFT_LAUNCH(swiglu_forward_kernel, grid_for(N), 256, 0, s, (const bf16 *)gate, (const bf16 *)up,
-                (bf16 *)out, N);
+    int vec = vector_width(N, gate, up, out);
+    WEFT_LAUNCH_VECTORIZED(swiglu_forward_kernel, vec, grid_for(N / vec), 256, 0, s,
+                           (const bf16 *)gate, (const bf16 *)up, (bf16 *)out, N);
 }
 
 extern "C" void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void *up,
                                           const void *dout, void *dgate, void *dup, size_t N) {
     if (N == 0) return;
-    WEFT_LAUNCH(swiglu_backward_kernel, grid_for(N), 256, 0, s, (const bf16 *)gate,
-                (const bf16 *)up, (const bf16 *)dout, (bf16 *)dgate, (bf16 *)dup, N);
+    int vec = vector_width(N, gate, up, dout, dgate, dup);
+    WEFT_LAUNCH_VECTORIZED(swiglu_backward_kernel, vec, grid_for(N / vec), 256, 0, s,
+                           (const bf16 *)gate, (const bf16 *)up, (const bf16 *)dout,
+                           (bf16 *)dgate, (bf16 *)dup, N);
 }
 
 // ------------------------------------------------------------------------- small arithmetic ----
 
-__global__ void add_bf16_kernel(bf16 *y, const bf16 *x, size_t N) {
-    for (size_t i = global_index(); i < N; i += global_stride())
-        y[i] = to_bf16(to_f32(y[i]) + to_f32(x[i]));
+template <int VEC> __global__ void add_bf16_kernel(bf16 *y, const bf16 *x, size_t N) {
+    for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
+        bf16_vec<VEC> a, b;
+        a.load(y + i);
+        b.load(x + i);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) a.x[k] += b.x[k];
+        a.store(y + i);
+    }
 }
 
 __global__ void scale_f32_kernel(float *x, float scale, size_t N) {
@@ -225,7 +285,9 @@ __global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double *r
 
 extern "C" void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N) {
     if (N == 0) return;
-    WEFT_LAUNCH(add_bf16_kernel, grid_for(N), 256, 0, s, (bf16 *)y, (const bf16 *)x, N);
+    int vec = vector_width(N, y, x);
+    WEFT_LAUNCH_VECTORIZED(add_bf16_kernel, vec, grid_for(N / vec), 256, 0, s, (bf16 *)y,
+                           (const bf16 *)x, N);
 }
 
 extern "C" void weft_cuda_scale_f32(weft_cuda_stream s, float *x, float scale, size_t N) {
