@@ -35,6 +35,7 @@ __device__ softmax_state warp_combine(softmax_state s) {
     return s;
 }
 
+template <int VEC>
 __global__ void cross_entropy_kernel(bf16 *logits, const int32_t *targets, float scale,
                                      float *row_loss, float *correct, int V) {
     __shared__ softmax_state partial[CE_THREADS / 32];
@@ -42,7 +43,8 @@ __global__ void cross_entropy_kernel(bf16 *logits, const int32_t *targets, float
     int t = blockIdx.x, y = targets[t];
     bf16 *row = logits + (size_t)t * V;
     if (y < 0) {
-        for (int j = threadIdx.x; j < V; j += blockDim.x) row[j] = to_bf16(0.0f);
+        bf16_vec<VEC> zeros = {};
+        for (int j = threadIdx.x * VEC; j < V; j += blockDim.x * VEC) zeros.store(row + j);
         if (threadIdx.x == 0) {
             row_loss[t] = 0.0f;
             if (correct) correct[t] = 0.0f;
@@ -50,10 +52,14 @@ __global__ void cross_entropy_kernel(bf16 *logits, const int32_t *targets, float
         return;
     }
     softmax_state s{-INFINITY, 0.0f, V};
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float x = to_f32(row[j]);
-        if (j == y) target_logit = x;
-        s = combine(s, softmax_state{x, 1.0f, j});
+    for (int j = threadIdx.x * VEC; j < V; j += blockDim.x * VEC) {
+        bf16_vec<VEC> x;
+        x.load(row + j);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            if (j + k == y) target_logit = x.x[k];
+            s = combine(s, softmax_state{x.x[k], 1.0f, j + k});
+        }
     }
     s = warp_combine(s);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -66,9 +72,15 @@ __global__ void cross_entropy_kernel(bf16 *logits, const int32_t *targets, float
         row_loss[t] = s.max + logf(s.sum) - target_logit;
         if (correct) correct[t] = s.arg == y ? 1.0f : 0.0f;
     }
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = __expf(to_f32(row[j]) - s.max) * inv;
-        row[j] = to_bf16(scale * (p - (j == y ? 1.0f : 0.0f)));
+    for (int j = threadIdx.x * VEC; j < V; j += blockDim.x * VEC) {
+        bf16_vec<VEC> x;
+        x.load(row + j);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            float p = __expf(x.x[k] - s.max) * inv;
+            x.x[k] = scale * (p - (j + k == y ? 1.0f : 0.0f));
+        }
+        x.store(row + j);
     }
 }
 
@@ -76,6 +88,6 @@ extern "C" void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const 
                                         float scale, float *row_loss, float *correct, int T,
                                         int V) {
     if (T == 0) return;
-    WEFT_LAUNCH(cross_entropy_kernel, T, CE_THREADS, 0, s, (bf16 *)logits, targets, scale, row_loss,
-                correct, V);
+    WEFT_LAUNCH_VECTORIZED(cross_entropy_kernel, vector_width(V, logits), T, CE_THREADS, 0, s,
+                           (bf16 *)logits, targets, scale, row_loss, correct, V);
 }
