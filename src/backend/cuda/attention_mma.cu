@@ -19,10 +19,10 @@ extern "C" void weft_cuda_attention_forward_mma(weft_cuda_stream s,
                                                 const void *k, const void *v, void *out,
                                                 float *lse) {
     if (a->Tq == 0) return;
-    int rows = block_rows(FORWARD, a->D / 16);
+    int rows = block_rows(a->D / 16);
     dim3 grid((a->Tq + rows - 1) / rows, a->H);
     float scale_log2 = LOG2E / sqrtf((float)a->D);
-    size_t smem = query_block_smem(FORWARD, a->D);
+    size_t smem = query_block_smem(a->D);
 #define LAUNCH(DK)                                                                                 \
     WEFT_LAUNCH(forward_kernel<DK>, grid, THREADS, smem, s, *a, (const bf16 *)q, (const bf16 *)k,  \
                 (const bf16 *)v, (bf16 *)out, lse, scale_log2)
@@ -41,9 +41,9 @@ extern "C" void weft_cuda_attention_backward_mma(weft_cuda_stream s,
                                                  void *dk, void *dv, float *partials) {
     if (a->Tq == 0) return;
     float scale = 1.0f / sqrtf((float)a->D), scale_log2 = scale * LOG2E;
-    int rows = block_rows(DQ, a->D / 16), keys = block_rows(DKDV, a->D / 16);
+    int rows = block_rows(a->D / 16); // query rows per dQ block, keys per dK/dV block
     dim3 grid_q((a->Tq + rows - 1) / rows, a->H);
-    size_t smem_q = query_block_smem(DQ, a->D);
+    size_t smem_q = query_block_smem(a->D);
 #define LAUNCH(DK)                                                                                 \
     WEFT_LAUNCH(dq_kernel<DK>, grid_q, THREADS, smem_q, s, *a, (const bf16 *)q, (const bf16 *)k,   \
                 (const bf16 *)v, lse, (const bf16 *)dout, delta, (bf16 *)dq, scale, scale_log2)
@@ -53,7 +53,7 @@ extern "C" void weft_cuda_attention_backward_mma(weft_cuda_stream s,
     bool grouped = a->H != a->KV;
     float *dk_part = grouped ? partials : NULL;
     float *dv_part = grouped ? partials + (size_t)a->Tkv * a->H * a->D : NULL;
-    dim3 grid_kv((a->Tkv + keys - 1) / keys, a->H);
+    dim3 grid_kv((a->Tkv + rows - 1) / rows, a->H);
     size_t smem_kv = dkdv_smem(a->D);
 #define LAUNCH(DK)                                                                                 \
     WEFT_LAUNCH(dkdv_kernel<DK>, grid_kv, THREADS, smem_kv, s, *a, (const bf16 *)q,                \

@@ -148,7 +148,9 @@ __device__ __forceinline__ void product_a_regs(float (*c)[NT][4], const uint32_t
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) c[mt][nt][0] = c[mt][nt][1] = c[mt][nt][2] = c[mt][nt][3] = 0.0f;
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) c[mt][nt][e] = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NT; nt += 2)
 #pragma unroll
@@ -213,15 +215,12 @@ __device__ void stage_rows(bf16 *dst, const bf16 *src, size_t src_ld, int r0, in
     }
 }
 
-// How many m-tiles (16 rows of the A operand) each warp owns, by kernel and head_dim / 16: two
-// where the registers allow it without spilling (ptxas -v: 255 or fewer at head_dim 64 for all
-// three kernels), one otherwise.
-enum kernel_kind { FORWARD, DQ, DKDV };
-__host__ __device__ constexpr int m_tiles(kernel_kind, int DK) { return DK <= 4 ? 2 : 1; }
+// How many m-tiles (16 rows of the A operand) each warp of every kernel owns, by head_dim / 16:
+// two where the registers allow it without spilling (ptxas -v: 255 or fewer at head_dim 64 for
+// all three kernels), one otherwise.
+__host__ __device__ constexpr int m_tiles(int DK) { return DK <= 4 ? 2 : 1; }
 // Query rows per forward / dQ block, keys per dK/dV block.
-__host__ __device__ constexpr int block_rows(kernel_kind kind, int DK) {
-    return WARPS * 16 * m_tiles(kind, DK);
-}
+__host__ __device__ constexpr int block_rows(int DK) { return WARPS * 16 * m_tiles(DK); }
 
 // Key ranges of the block's ROWS query rows from r0 into shared memory; returns the union of the
 // block's ranges and of this warp's WARP_ROWS rows. Ends with a barrier.
@@ -330,9 +329,9 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[DK][4], const b
 // What the forward and dQ kernels share: the block's ROWS query rows of head blockIdx.y (16·MT
 // per warp; this thread's rows in m-tile mt are g and g + 8 of it), the keys they see, and a walk
 // over those keys' tiles, double-buffered: tile j + 1 is in flight while tile j is used.
-template <int DK, int MT> struct query_block {
-    static constexpr int D = 16 * DK, TILE = BLOCK_KEYS * (D + PAD), WARP_ROWS = 16 * MT,
-                         ROWS = WARPS * WARP_ROWS;
+template <int DK> struct query_block {
+    static constexpr int MT = m_tiles(DK), D = 16 * DK, TILE = BLOCK_KEYS * (D + PAD);
+    static constexpr int WARP_ROWS = 16 * MT, ROWS = WARPS * WARP_ROWS;
     weft_cuda_attention_args a; // a copy: kernel parameters are not addressable cheaply
     bf16 *tiles; // K and V of buffer 0, then of buffer 1: (BLOCK_KEYS, D + PAD) each
     int g, t, h, kvh, first_row, lo[MT][2], hi[MT][2];
@@ -419,8 +418,8 @@ template <int DK>
 __global__ void __launch_bounds__(THREADS)
     forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *out, float *lse, float scale_log2) {
-    constexpr int MT = m_tiles(FORWARD, DK);
-    query_block<DK, MT> b(a);
+    constexpr int MT = m_tiles(DK);
+    query_block<DK> b(a);
     uint32_t qf[MT][DK][4];
     b.load_rows(qf, q);
     float o[MT][2 * DK][4] = {}, m[MT][2], l[MT][2];
@@ -452,8 +451,8 @@ __global__ void __launch_bounds__(THREADS)
     dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
-    constexpr int MT = m_tiles(DQ, DK), D = 16 * DK, NT = PART_KEYS / 8, NO = D / 8;
-    query_block<DK, MT> b(a);
+    constexpr int MT = m_tiles(DK), D = 16 * DK, NT = PART_KEYS / 8, NO = D / 8;
+    query_block<DK> b(a);
     uint32_t qf[MT][DK][4], dof[MT][DK][4];
     b.load_rows(qf, q);
     b.load_rows(dof, dout);
@@ -513,7 +512,7 @@ __global__ void __launch_bounds__(THREADS)
     dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                 const float *lse, const bf16 *dout, const float *delta, bf16 *dk, bf16 *dv,
                 float *dk_part, float *dv_part, float scale, float scale_log2) {
-    constexpr int MT = m_tiles(DKDV, DK), KEYS = block_rows(DKDV, DK), D = 16 * DK;
+    constexpr int MT = m_tiles(DK), KEYS = block_rows(DK), D = 16 * DK;
     constexpr int NT = STEP_ROWS / 8, NO = D / 8, LD = D + PAD, ROWS_TILE = STEP_ROWS * LD;
     bf16 *Ks = dynamic_smem<bf16>(); // (KEYS, LD)
     bf16 *Vs = Ks + KEYS * LD;       // (KEYS, LD)
@@ -648,11 +647,11 @@ __global__ void group_sum_kernel(const float *part, bf16 *out, int Tkv, int H, i
 }
 
 // Dynamic shared memory of each kernel, in bytes, for head_dim D.
-size_t query_block_smem(kernel_kind kind, int D) { // two buffers of K and V tiles; key ranges
-    return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * block_rows(kind, D / 16) * sizeof(int);
+size_t query_block_smem(int D) { // two buffers of K and V tiles; key ranges
+    return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * block_rows(D / 16) * sizeof(int);
 }
 size_t dkdv_smem(int D) { // K, V tiles; two buffers of Q, dO rows and of their step_rows; flags
-    return sizeof(bf16) * (2 * block_rows(DKDV, D / 16) + 4 * STEP_ROWS) * (D + PAD) +
+    return sizeof(bf16) * (2 * block_rows(D / 16) + 4 * STEP_ROWS) * (D + PAD) +
            2 * sizeof(step_rows) + 2 * WARPS * sizeof(int);
 }
 
