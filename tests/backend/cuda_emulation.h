@@ -2,9 +2,9 @@
 // unmodified source (launchers included) runs, slowly, on a machine without a GPU, and index or
 // synchronization mistakes show up in CI. One block at a time: its threads are coroutines
 // (started by ucontext, then switched by _setjmp/_longjmp, which unlike swapcontext make no
-// system call to save the signal mask) that the scheduler runs until each reaches a rendezvous (__syncthreads, a warp
-// shuffle or vote, mma.sync, ldmatrix); when every participant is there, the scheduler computes
-// all results at once and releases them. A warp primitive reached by only part of a warp, or a
+// system call to save the signal mask) that the scheduler runs until each reaches a rendezvous
+// (__syncthreads, a warp shuffle or vote, mma.sync, ldmatrix); when every participant is there,
+// the scheduler computes all results at once and releases them. A warp primitive reached by only part of a warp, or a
 // barrier that can never complete, is reported as the hang it would be on a GPU. cp.async copies
 // land at the wait or at issue (g_copies_land_at_issue), the two ends of what hardware allows.
 //

@@ -90,7 +90,17 @@ void test_embedding() {
 }
 
 // Sizes come in pairs: a multiple of 8 (the kernels' 16-byte vector path) and not (one at a time).
-std::string sized(const char *what, size_t n) { return std::string(what) + " (" + std::to_string(n) + ")"; }
+std::string sized(const char *what, size_t n) {
+    return std::string(what) + " (" + std::to_string(n) + ")";
+}
+
+// Fails unless the launcher's vector_width takes the path the size was chosen for, so neither
+// path goes untested unnoticed.
+void expect_path(const char *what, size_t n, int width) {
+    int want = n % 8 == 0 ? 8 : 1;
+    printf("%-76s %d-wide path %s\n", sized(what, n).c_str(), width, width == want ? "ok" : "FAIL");
+    failures += width != want;
+}
 
 void test_rmsnorm(int C) { // 3 column blocks of 70 rows; C not a multiple of the block
     int T = 70;
@@ -118,6 +128,8 @@ void test_rmsnorm(int C) { // 3 column blocks of 70 rows; C not a multiple of th
             want_dw[c] += value_of(dout[i]) * value_of(x[i]) * r;
         }
     }
+    expect_path("rmsnorm", C,
+                vector_width(C, x.data(), w.data(), out.data(), dout.data(), dx.data()));
     weft_cuda_rmsnorm_forward(nullptr, x.data(), w.data(), eps, out.data(), rstd.data(), T, C);
     compare(sized("rmsnorm out", C), out, want_out, BF16_TOL);
     compare(sized("rmsnorm rstd", C), rstd, want_rstd, F32_TOL);
@@ -138,6 +150,7 @@ void test_bias(int C) {
             want_x[(size_t)t * C + c] += value_of(bias[c]);
             want_dbias[c] += value_of(dout[(size_t)t * C + c]);
         }
+    expect_path("bias", C, vector_width(C, x.data(), bias.data()));
     weft_cuda_bias_forward(nullptr, x.data(), bias.data(), T, C);
     weft_cuda_bias_backward(nullptr, dout.data(), dbias.data(), T, C);
     compare(sized("bias x +=", C), x, want_x, BF16_TOL);
@@ -178,6 +191,8 @@ void test_swiglu(size_t N) {
         want_dgate[i] = d * u * sg * (1.0 + g * (1.0 - sg));
         want_dup[i] = d * g * sg;
     }
+    expect_path("swiglu", N, vector_width(N, gate.data(), up.data(), out.data(), dgate.data(),
+                                          dup.data()));
     weft_cuda_swiglu_forward(nullptr, gate.data(), up.data(), out.data(), N);
     weft_cuda_swiglu_backward(nullptr, gate.data(), up.data(), dout.data(), dgate.data(),
                               dup.data(), N);
@@ -196,6 +211,7 @@ void test_small_arithmetic(size_t N) { // ragged last blocks
         sums[1] += (double)f[i] * f[i];
         want_f[i] *= 0.37;
     }
+    expect_path("add_bf16", N, vector_width(N, y.data(), x.data()));
     weft_cuda_add_bf16(nullptr, y.data(), x.data(), N);
     weft_cuda_sum_f32(nullptr, f.data(), N, false, &got[0]);
     weft_cuda_sum_f32(nullptr, f.data(), N, true, &got[1]);
@@ -229,6 +245,7 @@ void test_cross_entropy(int V) { // V not a multiple of the block
                 scale * (exp(value_of(row[j]) - mx) / sum - (j == targets[t] ? 1.0 : 0.0));
     }
     std::vector<float> loss(T, NAN), correct(T, NAN);
+    expect_path("cross_entropy", V, vector_width(V, logits.data()));
     weft_cuda_cross_entropy(nullptr, logits.data(), targets.data(), scale, loss.data(),
                             correct.data(), T, V);
     compare(sized("cross_entropy row loss", V), loss, want_loss, F32_TOL);
