@@ -1,12 +1,18 @@
-// Debian 12's OpenBLAS 0.3.21 does not recognise recent AVX-512 CPUs (AMD Zen 4, some Xeons) and
-// falls back to its "Prescott" kernels, about 5x slower for sgemm. The core type can only be chosen
+// Debian 12's OpenBLAS 0.3.21 does not recognise recent AVX-512 CPUs: some Xeons fall back to its
+// "Prescott" kernels, about 5x slower for sgemm, and AMD Zen 4 and Zen 5 get its "Haswell" (AVX2)
+// kernels. Speed is half the problem: the Haswell sgemm kernel sums a row's products in an order
+// that depends on where the row falls in its block of rows, so a micro-batch split changes the
+// forward pass's bits (measured on a Zen 5: logits 5e-6 apart between 1 and 2 micro-batches), while
+// the SkylakeX kernel gives every row the same bits in any call (with the padding in ops.c). On an
+// AVX-512 CPU weft therefore always uses the SkylakeX kernels. The core type can only be chosen
 // through OPENBLAS_CORETYPE before the library initialises, which happens before main(), so when the
-// detection is wrong we set the variable and re-execute the same program once.
+// choice differs we set the variable and re-execute the same program once.
 #include "backend/cpu/blas_setup.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 char *openblas_get_corename(void);
@@ -25,10 +31,25 @@ static bool is_fallback_core(const char *name) {
                     strcasecmp(name, "nehalem") == 0 || strcasecmp(name, "katmai") == 0);
 }
 
+// OpenBLAS's AVX-512 core types: every one runs the row-stable SkylakeX sgemm kernel.
+static bool is_avx512_core(const char *name) {
+    return name && (strcasecmp(name, "skylakex") == 0 || strcasecmp(name, "cooperlake") == 0 ||
+                    strcasecmp(name, "sapphirerapids") == 0);
+}
+
+// Whether OpenBLAS must be restarted on another core type: its own detection fell back to a slow
+// one, or an AVX-512 CPU runs non-AVX-512 kernels, whoever chose them (the environment of some
+// machines sets OPENBLAS_CORETYPE=Haswell for every program).
+static bool needs_other_core(const char *want) {
+    if (!want) return false;
+    const char *chosen = getenv("OPENBLAS_CORETYPE");
+    if (!strcmp(want, "SKYLAKEX")) return !is_avx512_core(chosen ? chosen : openblas_get_corename());
+    return !chosen && is_fallback_core(openblas_get_corename());
+}
+
 void weft_blas_fix_coretype(void) {
-    if (getenv("OPENBLAS_CORETYPE")) return; // the user (or our own re-exec) chose already
     const char *want = best_coretype();
-    if (!want || !is_fallback_core(openblas_get_corename())) return;
+    if (!needs_other_core(want)) return; // after our own re-exec, the core is the one we chose
     setenv("OPENBLAS_CORETYPE", want, 1);
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
