@@ -1,4 +1,5 @@
 #include "backend/backend.h"
+#include "backend/cpu/blas_setup.h"
 
 size_t weft_dtype_size(weft_dtype t) { return t == WEFT_BF16 ? 2 : 4; }
 
@@ -13,3 +14,5 @@ weft_backend *weft_backend_create(weft_device device, int local_rank) {
     return device == WEFT_DEVICE_CUDA ? weft_backend_cuda_create(local_rank)
                                       : weft_backend_cpu_create();
 }
+
+void weft_backend_prepare_process(void) { weft_blas_fix_coretype(); }

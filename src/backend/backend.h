@@ -107,9 +107,27 @@ struct weft_backend {
     void (*cross_entropy)(weft_backend *self, void *logits, const int32_t *targets, float scale,
                           float *row_loss, float *correct, int T, int V);
 
+    // Log-probabilities of the targets under softmax(logits), logits (T, V) unchanged:
+    // logprob (T) f32 = logits[t, y] - logsumexp(logits[t]) where y = targets[t] >= 0, else 0;
+    // entropy (T) f32 or NULL: -sum_j p_j log p_j on rows with a target, else 0; correct (T) f32
+    // or NULL: 1 where argmax == target. The same arithmetic as cross_entropy's loss, so
+    // logprob = -row_loss bit for bit.
+    void (*logprobs)(weft_backend *self, const void *logits, const int32_t *targets,
+                     float *logprob, float *entropy, float *correct, int T, int V);
+    // In place on logits (T, V): the gradient of sum_t (d_logprob[t] * logp_t + d_entropy[t] *
+    // H_t) with respect to them. Rows with a target become d_logprob[t] * (onehot - p) -
+    // d_entropy[t] * p * (log p + H), other rows 0. d_entropy may be NULL. With d_entropy NULL and
+    // d_logprob[t] = -scale this is cross_entropy's gradient bit for bit.
+    void (*logits_backward)(weft_backend *self, void *logits, const int32_t *targets,
+                            const float *d_logprob, const float *d_entropy, int T, int V);
+
     // sum of x (N) f32 / sum of squares of x (N) f32, accumulated in double on the host side.
     double (*sum_f32)(weft_backend *self, const float *x, size_t N);
     double (*sumsq_f32)(weft_backend *self, const float *x, size_t N);
+    // *acc (one f64 in device memory) += scale * sum of x (N) f32, without the host waiting:
+    // sums of a step's micro-batches stay on the device and are read back once.
+    void (*accumulate_f32)(weft_backend *self, const float *x, size_t N, double scale,
+                           double *acc);
     void (*scale_f32)(weft_backend *self, float *x, float s, size_t N);
 
     // AdamW on one parameter tensor: decoupled weight decay, bias-corrected moments.
@@ -127,6 +145,9 @@ struct weft_backend {
 
     void (*destroy)(weft_backend *self); // frees what impl holds
     void *impl;
+    // How often the host has waited for the device (downloads, synchronize, sums read back): a
+    // training step should wait a fixed number of times, never once per micro-batch.
+    long host_waits;
 };
 
 weft_backend *weft_backend_cpu_create(void);
@@ -138,4 +159,7 @@ int weft_cuda_device_count(void);
 typedef enum { WEFT_DEVICE_CPU, WEFT_DEVICE_CUDA } weft_device;
 // The backend of a job's `device` setting.
 weft_backend *weft_backend_create(weft_device device, int local_rank);
+// Process-wide set-up the backends need before any thread exists: call first thing in main().
+// It may re-execute the process (OpenBLAS's core type can only be chosen before it loads).
+void weft_backend_prepare_process(void);
 void weft_backend_destroy(weft_backend *b);

@@ -1,197 +1,27 @@
-// `weft calibrate [--config FILE.yaml] [--out FILE.yaml] [--repeats N] [key=value ...]`, run the
-// way training will run (mpirun -np W, the same threads per rank): times forward-backward
-// micro-batches of the job's model on every rank at once, at CP degree 1 over a range of lengths
-// and packings and at each degree up to W, fits the planner's cost model (parallel.cost_alpha,
-// _beta, _gamma, _delta, _epsilon) and prints it with its fit error; --out writes it as YAML settings.
-#include <errno.h>
-#include <libgen.h>
-#include <limits.h>
-#include <math.h>
-#include <stdio.h>
+// `weft calibrate [--config FILE.yaml] [--out FILE.yaml] [--repeats N] [--stats FILE.json]
+// [key=value ...]`, under mpirun as training will run.
 #include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
-#include "parallel/cost_fit.h"
-#include "train/loop.h"
-#include "train/step.h"
+#include "core/core.h"
+#include "train/calibrate.h"
 
-typedef struct calibrate_args {
-    const char *config, *out;
-    int repeats, n_overrides;
-    char **overrides;
-} calibrate_args;
-
-static calibrate_args parse_args(int argc, char **argv) {
-    calibrate_args a = {.repeats = 5, .overrides = argv};
-    for (int i = 0; i < argc; i++) {
-        const char *opt = argv[i];
-        if (!strcmp(opt, "--config") || !strcmp(opt, "--out") || !strcmp(opt, "--repeats")) {
-            WEFT_CHECK(i + 1 < argc, "calibrate: %s needs a value", opt);
-            const char *v = argv[++i];
-            if (!strcmp(opt, "--config")) a.config = v;
-            else if (!strcmp(opt, "--out")) a.out = v;
-            else {
-                char *end;
-                long n = strtol(v, &end, 10);
-                WEFT_CHECK(*end == '\0' && n >= 1 && n <= 1000,
-                           "calibrate: --repeats %s is not a count from 1 to 1000", v);
-                a.repeats = (int)n;
-            }
-        } else if (opt[0] == '-') {
-            weft_fatal("calibrate: unknown option \"%s\"; see weft --help", opt);
-        } else {
-            a.overrides[a.n_overrides++] = argv[i];
-        }
+int weft_cmd_calibrate(int argc, char **argv, weft_session *session) {
+    weft_calibrate_request r = {.repeats = 5};
+    const char *repeats = NULL;
+    const weft_cli_option opts[] = {{"--out", &r.out, NULL}, {"--repeats", &repeats, NULL},
+                                    {NULL, NULL, NULL}};
+    weft_cli_args a = weft_cli_parse("calibrate", argc, argv, opts);
+    if (repeats) {
+        char *end;
+        long n = strtol(repeats, &end, 10);
+        WEFT_CHECK(*end == '\0' && n >= 1 && n <= 1000,
+                   "calibrate: --repeats %s is not a count from 1 to 1000", repeats);
+        r.repeats = (int)n;
     }
-    return a;
-}
-
-enum { MAX_PROBES = 64, MIN_LEN = 16, MAX_PACKED = 32 };
-
-// What gets timed: at degree 1, one document and a micro-batch packed full of each length from
-// the limit down (halving); at every degree c > 1, a document whose c-way split fills the limit,
-// as a training micro-batch at that degree does. Returns how many.
-static int choose_probes(int limit, int world, weft_cost_sample *p) {
-    int n = 0;
-    for (int len = limit; len >= MIN_LEN && n < MAX_PROBES / 2; len /= 2) {
-        p[n++] = (weft_cost_sample){.len = len, .n_docs = 1, .degree = 1};
-        int packed = limit / len < MAX_PACKED ? limit / len : MAX_PACKED;
-        if (packed > 1) p[n++] = (weft_cost_sample){.len = len, .n_docs = packed, .degree = 1};
-    }
-    for (int c = 2; c <= world && n < MAX_PROBES; c *= 2)
-        p[n++] = (weft_cost_sample){.len = weft_cp_max_len(limit, c), .n_docs = 1, .degree = c};
-    return n;
-}
-
-static int by_value(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, by_value);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Times the probe on every rank at once: each of the W/c groups of c ranks runs n_docs random
-// documents of len tokens in one micro-batch. Fills the probe's compute and comm with the
-// per-rank medians over the repeats, averaged over ranks.
-static void measure(weft_trainer *t, weft_cost_sample *p, int repeats, int vocab, uint64_t seed) {
-    int W = weft_comm_size(t->world), n = W / p->degree * p->n_docs;
-    weft_document *docs = weft_alloc(sizeof(weft_document) * n);
-    weft_rng rng;
-    weft_rng_seed(&rng, seed); // the same batch on every rank
-    for (int i = 0; i < n; i++) {
-        docs[i] = (weft_document){.tokens = weft_alloc(sizeof(int32_t) * p->len), .len = p->len};
-        for (int j = 0; j < p->len; j++) docs[i].tokens[j] = (int32_t)(weft_rng_next(&rng) % vocab);
-    }
-    // The limit that makes the planner give each group exactly this micro-batch at this degree.
-    t->cfg.parallel.max_seqlen_per_rank = weft_cp_rows(p->len, p->degree) * p->n_docs;
-    double *busy = weft_alloc(sizeof(double) * repeats), *comm = weft_alloc(sizeof(double) * repeats);
-    for (int r = -1; r < repeats; r++) { // one untimed warm-up
-        weft_step_result res = weft_trainer_gradients(t, docs, n, NULL);
-        WEFT_CHECK(t->n_micro == 1 && t->micro_degree[0] == p->degree,
-                   "internal: calibrate planned %d micro-batches at degree %d for degree %d",
-                   t->n_micro, t->n_micro > 0 ? t->micro_degree[0] : 0, p->degree);
-        if (r < 0) continue;
-        busy[r] = t->micro_busy[0];
-        comm[r] = res.cp_comm_seconds;
-    }
-    double mine[2] = {median(busy, repeats), median(comm, repeats)};
-    weft_comm_allreduce_sum(t->world, mine, 2, WEFT_COMM_F64);
-    p->compute = mine[0] / W;
-    p->comm = mine[1] / W;
-    for (int i = 0; i < n; i++) weft_free(docs[i].tokens);
-    weft_free(docs), weft_free(busy), weft_free(comm);
-}
-
-static void print_fit(const weft_cost_sample *s, int n, const weft_cost_model *cm,
-                      const weft_cost_fit_error *e) {
-    printf("calibrate: %-34s %12s %12s %8s %12s %12s %8s\n", "micro-batch", "compute s",
-           "predicted", "error", "exchange s", "predicted", "error");
-    for (int i = 0; i < n; i++) {
-        double c = weft_cost_sample_compute(cm, &s[i]);
-        double x = weft_cost_comm(cm, s[i].len, s[i].degree) * s[i].n_docs;
-        char what[64];
-        snprintf(what, sizeof what, "%d x %d tokens at degree %d", s[i].n_docs, s[i].len,
-                 s[i].degree);
-        printf("calibrate: %-34s %12.6f %12.6f %7.1f%%", what, s[i].compute, c,
-               100 * (c - s[i].compute) / s[i].compute);
-        if (s[i].degree > 1 && s[i].comm > 0)
-            printf(" %12.6f %12.6f %7.1f%%", s[i].comm, x, 100 * (x - s[i].comm) / s[i].comm);
-        printf("\n");
-    }
-    printf("fit: parallel.cost_alpha=%.6g parallel.cost_beta=%.6g parallel.cost_gamma=%.6g "
-           "parallel.cost_delta=%.6g parallel.cost_epsilon=%.6g\n", cm->alpha, cm->beta,
-           cm->gamma, cm->delta, cm->epsilon);
-    printf("fit error: compute RMS %.1f%%, max %.1f%%; exchange RMS %.1f%%, max %.1f%%\n",
-           100 * e->compute_rms, 100 * e->compute_max, 100 * e->comm_rms, 100 * e->comm_max);
-}
-
-static void save_fit(const char *path, const weft_cost_model *cm, const weft_cost_fit_error *e,
-                     int world) {
-    char text[1024];
-    int len = snprintf(text, sizeof text,
-                       "# weft calibrate on %d rank%s x %d thread%s: compute fit error RMS %.1f%%, "
-                       "exchange %.1f%%\nparallel.cost_alpha: %.9g\nparallel.cost_beta: %.9g\n"
-                       "parallel.cost_gamma: %.9g\nparallel.cost_delta: %.9g\n"
-                       "parallel.cost_epsilon: %.9g\n", world,
-                       world == 1 ? "" : "s", weft_num_threads(), weft_num_threads() == 1 ? "" : "s",
-                       100 * e->compute_rms, 100 * e->comm_rms, cm->alpha, cm->beta, cm->gamma,
-                       cm->delta, cm->epsilon);
-    WEFT_CHECK(weft_write_file_atomic(path, text, (size_t)len), "%s: cannot write the fitted cost "
-               "model (%s)", path, strerror(errno));
-}
-
-int weft_cmd_calibrate(int argc, char **argv, weft_comm *world) {
-    calibrate_args a = parse_args(argc, argv);
-    weft_job_config cfg = weft_job_config_default();
-    if (a.config) weft_job_config_load_yaml(&cfg, a.config);
-    weft_job_config_apply_overrides(&cfg, a.n_overrides, a.overrides);
-    cfg.parallel.dynamic_context_parallel = true; // groups of every degree
-    cfg.parallel.context_parallel_size = 1;
-    cfg.parallel.dcp_mode = WEFT_DCP_UNIFORM;
-    weft_job_config_validate(&cfg);
-    if (a.out) { // fail now, not after the timings
-        char dir[WEFT_PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", a.out);
-        WEFT_CHECK(access(dirname(dir), W_OK) == 0, "--out %s: cannot write in its directory (%s)",
-                   a.out, strerror(errno));
-    }
-    int W = weft_comm_size(world), limit = cfg.parallel.max_seqlen_per_rank;
-    bool writer = weft_comm_rank(world) == 0;
-    weft_tokenizer *tok = weft_train_tokenizer(&cfg);
-    int vocab = weft_tokenizer_vocab_size(tok);
-    weft_backend *be = weft_train_backend(&cfg, world);
-    weft_model *m = weft_train_build_model(be, world, &cfg, vocab);
-    weft_trainer *t = weft_trainer_create(m, world, &cfg, false);
-
-    weft_cost_sample s[MAX_PROBES];
-    int n = choose_probes(limit, W, s);
-    if (writer)
-        printf("calibrate: %d micro-batches on %d rank%s x %d thread%s, max_seqlen_per_rank %d, "
-               "median of %d\n", n, W, W == 1 ? "" : "s", weft_num_threads(),
-               weft_num_threads() == 1 ? "" : "s", limit, a.repeats);
-    for (int i = 0; i < n; i++) {
-        measure(t, &s[i], a.repeats, vocab, (uint64_t)cfg.train.seed + (uint64_t)i);
-        if (writer) {
-            printf("calibrate: [%d/%d] %d x %d tokens at degree %d: compute %.6f s, exchange %.6f s\n",
-                   i + 1, n, s[i].n_docs, s[i].len, s[i].degree, s[i].compute, s[i].comm);
-            fflush(stdout);
-        }
-    }
-    weft_cost_fit_error e;
-    weft_cost_model cm = weft_cost_fit(s, n, &e);
-    if (writer) {
-        print_fit(s, n, &cm, &e);
-        if (a.out) save_fit(a.out, &cm, &e, W);
-        if (a.out) printf("wrote %s\n", a.out);
-    }
-    weft_trainer_free(t);
-    weft_model_free(m);
-    weft_backend_destroy(be);
-    weft_tokenizer_free(tok);
-    return 0;
+    r.stats = a.stats;
+    r.cfg = weft_job_config_default();
+    weft_job_config_resolve(&r.cfg, a.config, a.n_settings, a.settings);
+    r.cfg = weft_calibrate_settings(r.cfg);
+    return weft_calibrate_run(&r, session);
 }

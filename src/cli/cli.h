@@ -1,9 +1,32 @@
-// cli: the `weft` command's subcommands.
+// cli: the `weft` command. Each verb parses its arguments here and calls train/ (or parallel/'s
+// planner, or data/'s tokenizer) to do the work.
 #pragma once
-#include "comm/comm.h"
-int weft_cmd_grad(int argc, char **argv, weft_comm *world);
-int weft_cmd_train(int argc, char **argv, weft_comm *world);
+#include <stdbool.h>
+
+#include "train/session.h"
+
+// A verb's own option: "--name" alone sets *flag, "--name VALUE" sets *value.
+typedef struct weft_cli_option {
+    const char *name;
+    const char **value; // NULL for a flag
+    bool *flag;
+} weft_cli_option;
+
+// What every verb that runs a job accepts: --config FILE.yaml, --stats FILE.json and key=value
+// settings, besides its own options.
+typedef struct weft_cli_args {
+    const char *config, *stats;
+    int n_settings;
+    char **settings; // points into argv
+} weft_cli_args;
+
+// Parses argv (the verb's arguments) against opts (terminated by a {NULL} entry); anything else
+// starting with "-" is an error naming the verb.
+weft_cli_args weft_cli_parse(const char *verb, int argc, char **argv, const weft_cli_option *opts);
+
+int weft_cmd_grad(int argc, char **argv, weft_session *session);
+int weft_cmd_train(int argc, char **argv, weft_session *session);
+int weft_cmd_calibrate(int argc, char **argv, weft_session *session);
 int weft_cmd_tokenize(int argc, char **argv);
 int weft_cmd_plot(int argc, char **argv);
 int weft_cmd_plan(int argc, char **argv);
-int weft_cmd_calibrate(int argc, char **argv, weft_comm *world);

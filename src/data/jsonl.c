@@ -74,6 +74,23 @@ static void read_loss_mask(source_line at, json_t *mask, weft_document *doc) {
     }
 }
 
+// Fills doc->logprob_weights from the optional field: one finite number per token.
+static void read_logprob_weights(source_line at, json_t *w, weft_document *doc) {
+    if (!w) return;
+    size_t n = (size_t)doc->len;
+    if (!json_is_array(w) || json_array_size(w) != n)
+        weft_fatal("%s:%ld: \"logprob_weights\" must be an array of one number per token (%zu)",
+                   at.path, at.line, n);
+    doc->logprob_weights = weft_alloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(w, i);
+        double x = json_number_value(v);
+        if (!json_is_number(v) || x != x || x > 3e38 || x < -3e38)
+            weft_fatal("%s:%ld: logprob_weights[%zu] is not a finite number", at.path, at.line, i);
+        doc->logprob_weights[i] = (float)x;
+    }
+}
+
 // Concatenates the encodings of the given strings, marking the tokens of string i as targets when
 // targets[i]; eos (if >= 0) closes the document as a target.
 static weft_document encode_parts(const weft_tokenizer *tok, const char **parts, const bool *targets,
@@ -151,6 +168,7 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
     } else {
         read_tokens(at, json_object_get(root, "input_ids"), vocab_size, &doc);
         read_loss_mask(at, json_object_get(root, "loss_mask"), &doc);
+        read_logprob_weights(at, json_object_get(root, "logprob_weights"), &doc);
     }
     json_decref(root);
     return doc;
@@ -208,6 +226,7 @@ void weft_document_set_free(weft_document_set *set) {
     for (int i = 0; i < set->n; i++) {
         weft_free(set->docs[i].tokens);
         weft_free(set->docs[i].loss_mask);
+        weft_free(set->docs[i].logprob_weights);
     }
     weft_free(set->docs);
     weft_free(set);

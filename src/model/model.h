@@ -1,9 +1,23 @@
-// model: the decoder's parameter layout and its forward/backward over a packed batch, written once
-// against the backend's op table.
+// model: the decoder's parameter layout and its passes over a packed batch (DESIGN.md section 2),
+// written once against the backend's op table.
+//
+// One micro-batch runs one of three ways:
+//  - weft_model_forward_backward: the SFT fast path. Each output head's fused cross-entropy turns
+//    its logits into their gradient in place (no second (T, V) buffer), then backward runs.
+//  - weft_model_forward(keep = true), then weft_model_backward with per-row weights dL/dlogp[t]
+//    (and dL/dentropy[t]): any token-weighted objective. Cross-entropy is the weight -1/N on
+//    targets; a policy-gradient loss computes its weights from the forward's log-probs.
+//  - weft_model_forward(keep = false): scoring. Log-probs, entropy, logits and hidden states,
+//    keeping no activation for a backward.
+// Attention reads the keys and values of earlier positions through a weft_kv_provider: from the
+// batch itself (none given), a context-parallel group's gather, or a KV cache. The model never
+// knows which ranks, groups or cache sit behind it.
 #pragma once
 #include "backend/backend.h"
 #include "model/batch.h"
 #include "model/config.h"
+
+enum { WEFT_MAX_HEADS = WEFT_MAX_MTP + 1 }; // head 0 predicts the next token, head k MTP depth k
 
 // One named tensor in the flat parameter buffer (gradients use the same offsets).
 typedef struct weft_param_info {
@@ -30,22 +44,48 @@ typedef struct weft_mtp_params {
 
 typedef struct weft_activations weft_activations;
 
-// What attention needs from the ranks that hold the other chunks of this batch's documents
-// (context parallelism, DESIGN.md section 6). The parallel layer supplies it; the model never
-// learns which ranks or library sit behind it. NULL: every document is whole in the batch.
-typedef struct weft_kv_exchange {
+// Where attention's keys and values come from when the batch does not hold them all: the other
+// chunks of a context-parallel group's documents (DESIGN.md section 6), or the earlier positions
+// of a continued document held in a KV cache (section 11). The batch's cu_seqlens_kv says how many
+// key rows each document has; this rank's rows are the last of them in a continuation.
+typedef struct weft_kv_provider {
     void *ctx;
-    // kv (2, T, width): this rank's keys then values -> kv_full (2, T_kv, width): every
-    // document's rows from all ranks, in document order. scratch: (2, T_kv, width).
-    void (*gather)(void *ctx, const void *kv, void *kv_full, int width, void *scratch);
-    // dkv_full (2, T_kv, width): this rank's gradient contributions for whole documents ->
-    // dkv (2, T, width): each of this rank's rows summed over the ranks. scratch as above.
-    void (*reduce_scatter)(void *ctx, const void *dkv_full, void *dkv, int width, void *scratch);
-} weft_kv_exchange;
+    // kv (2, T, width): layer `layer`'s keys (after RoPE) then values of the batch's rows ->
+    // kv_full (2, T_kv, width): every key row attention sees, document by document.
+    // scratch: (2, T_kv, width), free to use.
+    void (*gather)(void *ctx, int layer, const void *kv, void *kv_full, int width, void *scratch);
+    // Backward: dkv_full (2, T_kv, width), this rank's gradient contributions for every key row ->
+    // dkv (2, T, width), each of the batch's rows summed over the ranks that hold it. NULL for a
+    // provider whose extra rows take no gradient (a KV cache): backward through it is an error.
+    void (*reduce_scatter)(void *ctx, int layer, const void *dkv_full, void *dkv, int width,
+                           void *scratch);
+} weft_kv_provider;
+
+// Called during backward whenever the gradients of parameters [first_param, n_params) are final
+// for this micro-batch (the layout is in reverse backward order, so first_param only falls). The
+// data-parallel layer passes one to start reducing buckets while backward continues.
+typedef struct weft_grad_hook {
+    void (*ready)(void *ctx, int first_param);
+    void *ctx;
+} weft_grad_hook;
+
+// What one pass needs besides the batch, given per call.
+typedef struct weft_pass_options {
+    const weft_kv_provider *kv; // NULL: every document is whole in the batch
+    weft_grad_hook grads_ready; // backward only; {NULL}: nobody listens
+} weft_pass_options;
+
+// Fixed at creation.
+typedef struct weft_model_options {
+    size_t pad_multiple; // buffers hold a multiple of this many elements (the distributed
+                         // optimizer shards them); 0 or 1: no padding
+    bool recompute;      // keep only each layer's input; recompute the rest in backward
+} weft_model_options;
 
 typedef struct weft_model {
     weft_model_config cfg;
     weft_backend *be;
+    weft_model_options opt;
     weft_param_info *params;
     int n_params;
     size_t n_elements;          // total parameter elements
@@ -55,19 +95,11 @@ typedef struct weft_model {
     weft_layer_params *layers;  // (num_layers + num_mtp): the MTP modules' layers come last
     weft_mtp_params *mtp;       // (num_mtp)
     size_t n_padded;            // buffer length: n_elements rounded up for even sharding
-    bool recompute;             // recompute each block's activations in backward
-    // Called during backward whenever the gradients of parameters [first_param, n_params) are
-    // final for this micro-batch (the layout is in reverse backward order, so this only grows).
-    // The parallel layer supplies it to start reducing buckets while backward continues.
-    void (*grads_ready)(void *ctx, int first_param);
-    void *grads_ready_ctx;
-    const weft_kv_exchange *kv_exchange; // NULL without context parallelism
-    weft_activations *acts;
-    size_t peak_activation_bytes;
+    weft_activations *acts;     // the model's own working memory; see weft_model_peak_bytes
 } weft_model;
 
-// Buffers hold a multiple of `pad_multiple` elements (the distributed optimizer shards them).
-weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg, size_t pad_multiple);
+weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
+                              const weft_model_options *opt);
 void weft_model_free(weft_model *m);
 const weft_param_info *weft_model_find_param(const weft_model *m, const char *name);
 // Weights by Hugging Face name; every parameter must be present with its shape.
@@ -76,26 +108,46 @@ void weft_model_load_safetensors(weft_model *m, const char *path);
 void weft_model_init_random(weft_model *m, uint64_t seed);
 void *weft_model_param(const weft_model *m, int index);
 float *weft_model_grad(const weft_model *m, int index);
+int weft_model_heads(const weft_model *m); // 1 + MTP depth
 
-// Per head (index 0: the main next-token head, k: MTP depth k) sums over a micro-batch.
-typedef struct weft_forward_stats {
-    double loss_sum[WEFT_MAX_MTP + 1]; // cross-entropy summed over the head's targets
-    double correct[WEFT_MAX_MTP + 1];  // targets whose argmax prediction was right
-} weft_forward_stats;
+// Device buffers a forward fills, each optional (NULL: not wanted). Rows are the batch's.
+typedef struct weft_forward_outputs {
+    // Head k's log p(target of row t), 0 on rows without a target: (T) f32.
+    float *logprobs[WEFT_MAX_HEADS];
+    // Head k's entropy of its whole next-token distribution at rows with a target, 0 elsewhere:
+    // (T) f32.
+    float *entropy[WEFT_MAX_HEADS];
+    void *logits; // (T, V) act dtype: the main head's logits
+    void *hidden; // (T, C) act dtype: h_0, the final-normed hidden state MTP drafting starts from
+    // (2 * heads) f64, ADDED to: per head k, the cross-entropy summed over its targets at
+    // stats[k] and its top-1 correct count at stats[heads + k]. Kept on the device, so a step reads
+    // every micro-batch's sums back once.
+    double *stats;
+} weft_forward_outputs;
 
-// Host copies of per-row outputs of the main head, each optional (NULL: not wanted).
-typedef struct weft_model_outputs {
-    float *logits;   // (T, V)
-    float *logprobs; // (T) log-probability of each row's target; 0 on rows without one
-} weft_model_outputs;
+// The SFT fast path. Adds to grad_buf the gradient of
+// sum_k loss_scale[k] * (sum of head k's target cross-entropies): loss_scale[0] = 1/N and
+// loss_scale[k] = lambda/(D N_k) give the objective of DESIGN.md sections 3 and 8, and
+// micro-batches accumulate. `out` may be NULL.
+void weft_model_forward_backward(weft_model *m, const weft_batch *batch, const float *loss_scale,
+                                 const weft_pass_options *pass, const weft_forward_outputs *out);
 
-// Forward and backward over one packed micro-batch. Gradients of
-// sum_k loss_scale[k] * (sum of head k's target losses) are ADDED to grad_buf, so micro-batches
-// accumulate; loss_scale[0] = 1/N and loss_scale[k] = lambda/(D N_k) give the objective of
-// DESIGN.md sections 3 and 8. `out` may be NULL.
-weft_forward_stats weft_model_forward_backward(weft_model *m, const weft_batch *batch,
-                                               const float *loss_scale,
-                                               const weft_model_outputs *out);
+// Forward only. keep = true keeps what weft_model_backward needs (the next backward must follow
+// before another forward); keep = false keeps nothing beyond the outputs.
+void weft_model_forward(weft_model *m, const weft_batch *batch, bool keep,
+                        const weft_pass_options *pass, const weft_forward_outputs *out);
+
+// Per head k and row t, device (T) f32 arrays, each optional (NULL: zero).
+typedef struct weft_head_weights {
+    const float *d_logprob[WEFT_MAX_HEADS]; // dL/dlogp_k(t)
+    const float *d_entropy[WEFT_MAX_HEADS]; // dL/dH_k(t)
+} weft_head_weights;
+
+// Backward of the kept forward: ADDS to grad_buf the gradient of
+// sum_k sum_t (d_logprob[k][t] * logp_k(t) + d_entropy[k][t] * H_k(t)). The weights -1/N (head 0)
+// and -lambda/(D N_k) (head k) on target rows give exactly weft_model_forward_backward's gradient.
+void weft_model_backward(weft_model *m, const weft_head_weights *w, const weft_pass_options *pass);
+
 // Whether parameter i belongs to a multi-token-prediction module.
 bool weft_model_param_is_mtp(const weft_model *m, int i);
 void weft_model_zero_grad(weft_model *m);
@@ -105,9 +157,13 @@ void weft_model_zero_grad(weft_model *m);
 struct weft_safetensors_writer;
 void weft_model_add_tensors(const weft_model *m, struct weft_safetensors_writer *w,
                             const char *prefix, const float *flat, size_t base);
-// Activation bytes of a micro-batch of T rows whose attention sees T_kv key rows (with a K/V
-// exchange) over n_docs documents: what the job's peak_activations counts for such a batch.
-size_t weft_model_activation_bytes(const weft_model *m, int T, int T_kv, int n_docs, bool exchange);
+// Activation bytes a training pass keeps for a micro-batch of T rows whose attention sees T_kv
+// key rows (exchange: through a provider) over n_docs documents: what weft_model_peak_bytes
+// counts for such a batch.
+size_t weft_model_activation_bytes(const weft_model *m, int T, int T_kv, int n_docs,
+                                   bool exchange);
+// The most activation memory any pass so far has held.
+size_t weft_model_peak_bytes(const weft_model *m);
 // Bytes of parameters and gradients as held on the device.
 size_t weft_model_param_bytes(const weft_model *m);
 size_t weft_model_grad_bytes(const weft_model *m);

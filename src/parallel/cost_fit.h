@@ -1,7 +1,7 @@
-// parallel: fitting the planner's cost model (weft_cost_model, parallel/dcp.h) to timed
+// parallel: fitting the planner's cost model (weft_cost_model, parallel/planner.h) to timed
 // micro-batches, for `weft calibrate`.
 #pragma once
-#include "parallel/dcp.h"
+#include "parallel/planner.h"
 
 // One timed micro-batch: n_docs documents of len tokens at CP degree `degree`, and the seconds one
 // rank spent computing (wall time minus its exchange) and inside the key/value exchange.

@@ -12,26 +12,15 @@ struct weft_cp {
     weft_comm *groups[MAX_GROUPS];   // and communicators
     weft_comm *group;  // the selected degree's (NULL at degree 1)
     int size, rank;    // selected degree, and this rank's place in its group
-    weft_model *model;
     weft_backend *be;
-    const weft_batch *batch;  // the micro-batch the exchange serves
-    weft_kv_exchange exchange;
+    const weft_batch *batch;  // the micro-batch the provider serves
+    weft_kv_provider provider;
     double comm_seconds;
 };
 
 int weft_cp_size(const weft_cp *cp) { return cp->size; }
 int weft_cp_rank(const weft_cp *cp) { return cp->rank; }
-bool weft_cp_is_dynamic(const weft_cp *cp) { return cp->dynamic; }
-int weft_cp_dp_rank(const weft_cp *cp) { return weft_comm_rank(cp->world) / cp->size; }
 int weft_cp_dp_size(const weft_cp *cp) { return weft_comm_size(cp->world) / cp->size; }
-
-int weft_cp_rows(int len, int c) {
-    if (c == 1) return len;
-    int s = (len + 2 * c - 1) / (2 * c);
-    return 2 * (s > 0 ? s : 1); // an empty document still gives every rank a row
-}
-
-int weft_cp_max_len(int rows, int c) { return c == 1 ? rows : c * (rows / 2) * 2; }
 
 void weft_cp_select(weft_cp *cp, int degree) {
     cp->group = NULL;
@@ -41,7 +30,13 @@ void weft_cp_select(weft_cp *cp, int degree) {
                degree);
     cp->size = degree;
     cp->rank = cp->group ? weft_comm_rank(cp->group) : 0;
-    if (cp->model) cp->model->kv_exchange = degree > 1 ? &cp->exchange : NULL;
+}
+
+const weft_kv_provider *weft_cp_kv_provider(weft_cp *cp, weft_backend *be,
+                                            const weft_batch *batch) {
+    cp->be = be;
+    cp->batch = batch;
+    return cp->size > 1 ? &cp->provider : NULL;
 }
 
 int weft_cp_chunks(const weft_cp *cp, int len, int start[2], int *chunk_len, int *padded_len) {
@@ -83,7 +78,7 @@ static void permute(weft_cp *cp, void *blocks, void *full, int width, bool to_fu
         }
 }
 
-static void gather(void *ctx, const void *kv, void *kv_full, int width, void *scratch) {
+static void gather(void *ctx, int layer, const void *kv, void *kv_full, int width, void *scratch) {
     weft_cp *cp = ctx;
     size_t n = 2 * (size_t)cp->batch->T * width;
     char *own = (char *)scratch + (size_t)cp->rank * n * weft_dtype_size(cp->be->act_dtype);
@@ -94,7 +89,8 @@ static void gather(void *ctx, const void *kv, void *kv_full, int width, void *sc
     permute(cp, scratch, kv_full, width, true);
 }
 
-static void reduce_scatter(void *ctx, const void *dkv_full, void *dkv, int width, void *scratch) {
+static void reduce_scatter(void *ctx, int layer, const void *dkv_full, void *dkv, int width,
+                           void *scratch) {
     weft_cp *cp = ctx;
     permute(cp, scratch, (void *)dkv_full, width, false);
     double t0 = weft_now_seconds();
@@ -135,23 +131,15 @@ weft_cp *weft_cp_create(weft_comm *world, const weft_parallel_config *cfg) {
                    cp_size, n, n == 1 ? "" : "s");
         if (cp_size > 1) add_group(cp, cp_size, cfg);
     }
-    cp->exchange = (weft_kv_exchange){.ctx = cp, .gather = gather, .reduce_scatter = reduce_scatter};
+    cp->provider = (weft_kv_provider){.ctx = cp, .gather = gather, .reduce_scatter = reduce_scatter};
     weft_cp_select(cp, cp->dynamic ? 1 : cp_size);
     return cp;
 }
 
 void weft_cp_free(weft_cp *cp) {
     if (!cp) return;
-    if (cp->model) cp->model->kv_exchange = NULL;
     for (int i = 0; i < cp->n_groups; i++) weft_comm_free(cp->groups[i]);
     weft_free(cp);
-}
-
-void weft_cp_attach(weft_cp *cp, weft_model *m, const weft_batch *batch) {
-    cp->model = m;
-    cp->be = m->be;
-    cp->batch = batch;
-    weft_cp_select(cp, cp->size);
 }
 
 double weft_cp_take_comm_seconds(weft_cp *cp) {

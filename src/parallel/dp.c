@@ -20,21 +20,6 @@ struct weft_dp {
     float *shard_grad; // (shard) reduce-scatter target, distributed optimizer only
 };
 
-weft_parallel_config weft_parallel_config_default(void) {
-    return (weft_parallel_config){.use_distributed_optimizer = true,
-                                  .context_parallel_size = 1,
-                                  .max_seqlen_per_rank = 4096,
-                                  // `weft calibrate` of the built-in model, 4 ranks on 2
-                                  // cores (seconds); calibrate for any other model or machine.
-                                  .cost_alpha = 2.2e-7,
-                                  .cost_beta = 1.5e-4,
-                                  .cost_gamma = 3.7e-4,
-                                  .cost_delta = 1.7e-5,
-                                  .debug_collectives = false,
-                                  .collective_timeout = 300.0,
-                                  .bucket_mb = 16};
-}
-
 size_t weft_dp_pad_multiple(const weft_comm *world) {
     return (size_t)weft_comm_size(world) * SHARD_ALIGN;
 }
@@ -67,6 +52,10 @@ static void on_grads_ready(void *ctx, int first_param) {
         launch_bucket(dp);
 }
 
+weft_grad_hook weft_dp_grad_hook(weft_dp *dp) {
+    return (weft_grad_hook){.ready = on_grads_ready, .ctx = dp};
+}
+
 weft_dp *weft_dp_create(weft_comm *world, weft_model *m, const weft_parallel_config *cfg) {
     weft_dp *dp = weft_alloc(sizeof *dp);
     dp->world = world;
@@ -81,8 +70,6 @@ weft_dp *weft_dp_create(weft_comm *world, weft_model *m, const weft_parallel_con
     } else {
         size_t elements = (size_t)(cfg->bucket_mb > 0 ? cfg->bucket_mb : 16) << 20 >> 2;
         build_buckets(dp, elements);
-        m->grads_ready = on_grads_ready;
-        m->grads_ready_ctx = dp;
     }
     return dp;
 }
@@ -90,7 +77,6 @@ weft_dp *weft_dp_create(weft_comm *world, weft_model *m, const weft_parallel_con
 void weft_dp_free(weft_dp *dp) {
     if (!dp) return;
     if (dp->shard_grad) dp->model->be->free(dp->model->be, dp->shard_grad);
-    dp->model->grads_ready = NULL;
     weft_free(dp->buckets);
     weft_free(dp);
 }

@@ -5,21 +5,7 @@
 #include "comm/comm.h"
 #include "model/model.h"
 #include "optim/adamw.h"
-
-typedef struct weft_parallel_config {
-    bool use_distributed_optimizer; // parallel.use_distributed_optimizer (read only by dp.c)
-    int context_parallel_size;      // parallel.context_parallel_size (read by cp.c)
-    bool dynamic_context_parallel;  // parallel.dynamic_context_parallel: a CP degree per micro-batch
-    int max_seqlen_per_rank;        // parallel.max_seqlen_per_rank: DCP's rows per rank
-    int dcp_mode;                   // parallel.dcp_mode: a weft_dcp_mode (uniform, heterogeneous)
-    // parallel.cost_*: the planner's cost model (weft_cost_model), fitted by `weft calibrate`
-    double cost_alpha, cost_beta, cost_gamma, cost_delta, cost_epsilon;
-    bool debug_collectives;         // parallel.debug_collectives: cross-check every collective
-    double collective_timeout;      // parallel.collective_timeout: seconds before a wait aborts
-    int bucket_mb;                  // parallel.bucket_mb: DDP gradient bucket size
-} weft_parallel_config;
-
-weft_parallel_config weft_parallel_config_default(void);
+#include "parallel/config.h"
 
 typedef struct weft_dp weft_dp;
 
@@ -33,7 +19,9 @@ weft_optimizer *weft_dp_create_optimizer(weft_dp *dp, const weft_optim_config *c
 void weft_dp_owned_range(const weft_dp *dp, size_t *lo, size_t *hi);
 bool weft_dp_is_sharded(const weft_dp *dp);
 
-// Gradient sync of one step: arm before the last micro-batch's backward (DDP buckets then start
+// The hook a micro-batch's backward calls as gradients become final (weft_pass_options).
+weft_grad_hook weft_dp_grad_hook(weft_dp *dp);
+// Gradient sync of one step: arm before the last micro-batch's backward (buckets then start
 // reducing as backward produces them); finish after it. Afterwards the owned range holds the
 // gradient summed over all ranks (DDP: every element does).
 void weft_dp_arm_last_microbatch(weft_dp *dp);

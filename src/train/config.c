@@ -25,15 +25,18 @@ static const char *const DEVICES[] = {"cpu", "cuda", NULL};                   //
 #define F(f) offsetof(weft_job_config, f)
 static const key_def KEYS[] = {
     {"model.path", KEY_STRING, F(model.path), "Hugging Face model directory; empty: from scratch", NULL},
-    {"model.hidden_size", KEY_INT, F(model.hidden_size), "hidden size (from scratch)", NULL},
-    {"model.intermediate_size", KEY_INT, F(model.intermediate_size), "MLP size (from scratch)", NULL},
-    {"model.num_layers", KEY_INT, F(model.num_layers), "decoder layers (from scratch)", NULL},
-    {"model.num_heads", KEY_INT, F(model.num_heads), "attention heads (from scratch)", NULL},
-    {"model.num_kv_heads", KEY_INT, F(model.num_kv_heads), "key/value heads (from scratch)", NULL},
-    {"model.rope_theta", KEY_REAL, F(model.rope_theta), "RoPE base (from scratch)", NULL},
-    {"model.tie_word_embeddings", KEY_BOOL, F(model.tie_word_embeddings), "share embedding and head", NULL},
-    {"model.mtp_layers", KEY_INT, F(model.mtp_layers), "multi-token prediction modules (from scratch)", NULL},
-    {"model.mtp_loss_scale", KEY_REAL, F(model.mtp_loss_scale), "MTP loss weight lambda (from scratch)", NULL},
+    {"model.hidden_size", KEY_INT, F(model.arch.hidden_size), "hidden size (from scratch)", NULL},
+    {"model.intermediate_size", KEY_INT, F(model.arch.intermediate_size), "MLP size (from scratch)", NULL},
+    {"model.num_layers", KEY_INT, F(model.arch.num_layers), "decoder layers (from scratch)", NULL},
+    {"model.num_heads", KEY_INT, F(model.arch.num_heads), "attention heads (from scratch)", NULL},
+    {"model.num_kv_heads", KEY_INT, F(model.arch.num_kv_heads), "key/value heads (from scratch)", NULL},
+    {"model.head_dim", KEY_INT, F(model.arch.head_dim), "attention head size; 0: hidden_size / num_heads (from scratch)", NULL},
+    {"model.rope_theta", KEY_REAL, F(model.arch.rope_theta), "RoPE base (from scratch)", NULL},
+    {"model.rms_norm_eps", KEY_REAL, F(model.arch.rms_norm_eps), "RMSNorm epsilon (from scratch)", NULL},
+    {"model.attention_bias", KEY_BOOL, F(model.arch.attention_bias), "q/k/v projection biases (from scratch)", NULL},
+    {"model.tie_word_embeddings", KEY_BOOL, F(model.arch.tie_word_embeddings), "share embedding and head", NULL},
+    {"model.mtp_layers", KEY_INT, F(model.arch.num_mtp), "multi-token prediction modules (from scratch)", NULL},
+    {"model.mtp_loss_scale", KEY_REAL, F(model.arch.mtp_loss_scale), "MTP loss weight lambda (from scratch)", NULL},
     {"data.source", KEY_STRING, F(data.source), "\"synthetic\" or a JSONL file", NULL},
     {"data.tokenizer", KEY_STRING, F(data.tokenizer), "tokenizer.json; empty: byte-level", NULL},
     {"data.synthetic_documents", KEY_INT, F(data.synthetic_documents), "synthetic task size", NULL},
@@ -51,6 +54,8 @@ static const key_def KEYS[] = {
     {"train.log_every", KEY_INT, F(train.log_every), "plain log line every N steps", NULL},
     {"parallel.use_distributed_optimizer", KEY_BOOL, F(parallel.use_distributed_optimizer),
      "shard AdamW state over data-parallel ranks (ZeRO-1)", NULL},
+    {"parallel.overlap_grad_reduce", KEY_BOOL, F(parallel.overlap_grad_reduce),
+     "reduce gradient buckets while backward continues", NULL},
     {"parallel.context_parallel_size", KEY_INT, F(parallel.context_parallel_size),
      "ranks that split each document (context parallelism); world = dp x this", NULL},
     {"parallel.dynamic_context_parallel", KEY_BOOL, F(parallel.dynamic_context_parallel),
@@ -92,14 +97,11 @@ enum { N_KEYS = sizeof KEYS / sizeof KEYS[0] };
 // The built-in default job: a ~1M-parameter model learning multi-step addition from scratch.
 weft_job_config weft_job_config_default(void) {
     weft_job_config c = {0};
-    c.model.hidden_size = 128;
-    c.model.intermediate_size = 384;
-    c.model.num_layers = 4;
-    c.model.num_heads = 4;
-    c.model.num_kv_heads = 2;
-    c.model.rope_theta = 10000.0;
-    c.model.tie_word_embeddings = true;
-    c.model.mtp_loss_scale = 0.1;
+    c.model.arch = (weft_model_config){.hidden_size = 128, .intermediate_size = 384,
+                                       .num_layers = 4, .num_heads = 4, .num_kv_heads = 2,
+                                       .rope_theta = 10000.0, .rms_norm_eps = 1e-6,
+                                       .tie_word_embeddings = true, .attention_bias = true,
+                                       .mtp_loss_scale = 0.1};
     snprintf(c.data.source, sizeof c.data.source, "synthetic");
     c.data.synthetic_documents = 20000;
     c.train.steps = 300;
@@ -221,12 +223,20 @@ void weft_job_config_validate(const weft_job_config *c) {
                    c->optim.beta2 < 1,
                "optim.beta1 and optim.beta2 must lie in [0, 1)");
     WEFT_CHECK(c->optim.eps > 0, "optim.eps must be positive");
-    WEFT_CHECK(c->model.path[0] || (c->model.num_heads > 0 && c->model.num_kv_heads > 0 &&
-                                    c->model.hidden_size % c->model.num_heads == 0 &&
-                                    c->model.num_heads % c->model.num_kv_heads == 0),
-               "model.hidden_size (%d) must be a multiple of model.num_heads (%d), itself a "
-               "multiple of model.num_kv_heads (%d)",
-               c->model.hidden_size, c->model.num_heads, c->model.num_kv_heads);
+    const weft_model_config *a = &c->model.arch;
+    WEFT_CHECK(c->model.path[0] || (a->num_heads > 0 && a->num_kv_heads > 0 &&
+                                    (a->head_dim > 0 || a->hidden_size % a->num_heads == 0) &&
+                                    a->num_heads % a->num_kv_heads == 0),
+               "model.hidden_size (%d) must be a multiple of model.num_heads (%d) (or set "
+               "model.head_dim), and model.num_heads a multiple of model.num_kv_heads (%d)",
+               a->hidden_size, a->num_heads, a->num_kv_heads);
+}
+
+void weft_job_config_resolve(weft_job_config *cfg, const char *config_path, int n_overrides,
+                             char **overrides) {
+    if (config_path) weft_job_config_load_yaml(cfg, config_path);
+    weft_job_config_apply_overrides(cfg, n_overrides, overrides);
+    weft_job_config_validate(cfg);
 }
 
 // ------------------------------------------------------------------------------------ YAML ----

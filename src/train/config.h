@@ -1,19 +1,18 @@
 // The job's settings: one struct, set from defaults, a YAML file and key=value overrides, all
 // through one registry of dotted keys.
 #pragma once
+#include "model/config.h"
 #include "optim/adamw.h"
-#include "parallel/dp.h"
+#include "parallel/config.h"
 
 enum { WEFT_PATH_MAX = 1024 };
 
 typedef struct weft_job_config {
     struct {
         char path[WEFT_PATH_MAX]; // model.path: Hugging Face directory; empty = from scratch
-        int hidden_size, intermediate_size, num_layers, num_heads, num_kv_heads;
-        double rope_theta;
-        bool tie_word_embeddings;
-        int mtp_layers;        // model.mtp_layers: multi-token-prediction modules (from scratch)
-        double mtp_loss_scale; // model.mtp_loss_scale: lambda
+        // model.*: the architecture of a model built from scratch; vocab_size comes from the
+        // tokenizer and head_dim 0 means hidden_size / num_heads.
+        weft_model_config arch;
     } model;
     struct {
         char source[WEFT_PATH_MAX];    // data.source: "synthetic" or a .jsonl file
@@ -46,5 +45,9 @@ void weft_job_config_load_yaml(weft_job_config *cfg, const char *path);
 void weft_job_config_apply_overrides(weft_job_config *cfg, int argc, char **argv);
 // Cross-field checks, run once after every setting is in.
 void weft_job_config_validate(const weft_job_config *cfg);
+// The one way every verb settles its settings: on top of `cfg` (the defaults, or a verb's own),
+// the YAML file at config_path (NULL: none), then the key=value overrides; then validation.
+void weft_job_config_resolve(weft_job_config *cfg, const char *config_path, int n_overrides,
+                             char **overrides);
 // Writes every key with its value as YAML (the run's resolved config, for reproducibility).
 bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path);

@@ -6,43 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data/dataset.h"
-#include "data/microbatch.h"
 #include "train/checkpoint.h"
+#include "train/job.h"
+#include "train/stats.h"
 #include "train/step.h"
-
-// --------------------------------------------------------------------------------- data order ----
-
-// Documents are visited in a fresh permutation each epoch, a pure function of (seed, epoch), so a
-// resumed run needs only (epoch, cursor) to continue the same order.
-typedef struct data_order {
-    int n;
-    int *perm;
-    weft_train_state *state;
-} data_order;
-
-static void shuffle_epoch(data_order *o) {
-    weft_rng rng;
-    weft_rng_seed(&rng, o->state->seed * 1000003ULL + (uint64_t)o->state->epoch);
-    for (int i = 0; i < o->n; i++) o->perm[i] = i;
-    for (int i = o->n - 1; i > 0; i--) {
-        int j = (int)(weft_rng_next(&rng) % (uint64_t)(i + 1)), t = o->perm[i];
-        o->perm[i] = o->perm[j], o->perm[j] = t;
-    }
-}
-
-// The next global batch: batch_size documents, continuing into the next epoch when one ends.
-static void next_batch(data_order *o, const weft_document_set *set, weft_document *out,
-                       int batch_size) {
-    for (int k = 0; k < batch_size; k++) {
-        if (o->state->cursor >= o->n) {
-            o->state->epoch++;
-            o->state->cursor = 0;
-            shuffle_epoch(o);
-        }
-        out[k] = set->docs[o->perm[o->state->cursor++]];
-    }
-}
 
 // ---------------------------------------------------------------------------- observability ----
 
@@ -115,100 +82,76 @@ static FILE *open_metrics(const char *path, int step) {
     return f;
 }
 
-// ------------------------------------------------------------------------------------ setup ----
-
-weft_tokenizer *weft_train_tokenizer(const weft_job_config *cfg) {
-    return cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
-                                  : weft_tokenizer_byte_level();
+// The run's statistics (--stats): where it started and ended, its losses and time, memory,
+// collectives and host waits. Collective: every rank enters.
+static void save_stats(const char *path, weft_trainer *t, const weft_train_state *start,
+                       int last_step, double first_loss, double last_loss, double seconds) {
+    weft_memory_report mem = weft_trainer_memory(t);
+    weft_comm_stats cs = weft_comm_get_stats(t->world); // before the memory report's collective
+    json_t *root = json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:I}", "resumed_from_step",
+                             start->step, "first_step", start->step + 1, "last_step", last_step,
+                             "first_loss", first_loss, "last_loss", last_loss, "seconds", seconds,
+                             "host_waits", (json_int_t)t->model->be->host_waits);
+    json_object_set_new(root, "collectives", weft_stats_of_collectives(&cs, weft_comm_size(t->world)));
+    json_object_set_new(root, "memory", weft_stats_of_memory(&mem, t->world));
+    weft_stats_save(root, weft_comm_rank(t->world) == 0 ? path : NULL);
 }
 
-weft_document_set *weft_train_load_data(const weft_job_config *cfg, int world,
-                                        weft_tokenizer **tok) {
-    *tok = weft_train_tokenizer(cfg);
-    char why[160];
-    weft_dataset_options dopt = {
-        .source = cfg->data.source,
-        .synthetic_documents = cfg->data.synthetic_documents,
-        .seed = (uint64_t)cfg->train.seed,
-        .max_len = weft_trainer_max_document_len(cfg, world, why, sizeof why),
-        .max_len_why = why,
-        .truncate = cfg->data.truncate,
-    };
-    return weft_dataset_load(&dopt, *tok);
-}
-
-void weft_train_first_batch(const weft_job_config *cfg, const weft_document_set *data,
-                            weft_document *out) {
-    weft_train_state state = {.seed = (uint64_t)cfg->train.seed};
-    data_order order = {.n = data->n, .perm = weft_alloc(sizeof(int) * data->n), .state = &state};
-    shuffle_epoch(&order);
-    next_batch(&order, data, out, cfg->train.global_batch_size);
-    weft_free(order.perm);
-}
-
-void weft_train_model_config(const weft_job_config *cfg, int vocab, weft_model_config *mc) {
-    char path[WEFT_PATH_MAX + 32];
-    if (cfg->model.path[0]) {
-        snprintf(path, sizeof path, "%s/config.json", cfg->model.path);
-        weft_model_config_load(path, mc);
-        WEFT_CHECK(mc->vocab_size >= vocab,
-                   "%s: vocab_size %d is smaller than the tokenizer's %d; use the model's tokenizer",
-                   path, mc->vocab_size, vocab);
-        return;
+// The optimizer steps from state->step to train.steps, with progress, metrics and checkpoints.
+static void train_steps(const weft_job_config *cfg, weft_trainer *t, const weft_document_set *data,
+                        weft_train_state *state, const char *stats_path) {
+    bool writer = weft_comm_rank(t->world) == 0; // compute on every rank, print and write on one
+    char path[WEFT_PATH_MAX + 64];
+    const char *run_dir = cfg->train.output_dir;
+    weft_train_state start = *state;
+    weft_data_order order;
+    weft_data_order_start(&order, data->n, state->seed, state->epoch, state->cursor);
+    weft_document *batch = weft_alloc(sizeof(weft_document) * cfg->train.global_batch_size);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    progress prog = {.tty = isatty(STDOUT_FILENO), .total = cfg->train.steps,
+                     .log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 10,
+                     .started = weft_now_seconds(),
+                     .metrics = writer ? open_metrics(path, state->step) : NULL};
+    double first_loss = -1, last_loss = -1;
+    while (state->step < cfg->train.steps) {
+        weft_data_order_next(&order, data, batch, cfg->train.global_batch_size);
+        state->epoch = order.epoch, state->cursor = order.cursor;
+        weft_step_result r = weft_trainer_step(t, batch, cfg->train.global_batch_size);
+        state->step++;
+        if (first_loss < 0) first_loss = r.loss;
+        last_loss = r.loss;
+        if (writer) report_step(&prog, state->step, &r, weft_now_seconds() - prog.started);
+        bool save = (cfg->train.save_every > 0 && state->step % cfg->train.save_every == 0) ||
+                    state->step == cfg->train.steps;
+        if (save) weft_free(weft_checkpoint_save(run_dir, t, state));
     }
-    *mc = (weft_model_config){
-        .vocab_size = vocab,
-        .hidden_size = cfg->model.hidden_size,
-        .intermediate_size = cfg->model.intermediate_size,
-        .num_layers = cfg->model.num_layers,
-        .num_heads = cfg->model.num_heads,
-        .num_kv_heads = cfg->model.num_kv_heads,
-        .head_dim = cfg->model.hidden_size / cfg->model.num_heads,
-        .rope_theta = cfg->model.rope_theta,
-        .rms_norm_eps = 1e-6,
-        .tie_word_embeddings = cfg->model.tie_word_embeddings,
-        .attention_bias = true,
-        .num_mtp = cfg->model.mtp_layers,
-        .mtp_loss_scale = cfg->model.mtp_loss_scale,
-    };
-    weft_model_config_validate(mc, "model settings");
+    if (prog.metrics) fclose(prog.metrics);
+    double seconds = weft_now_seconds() - prog.started;
+    weft_memory_report mem = weft_trainer_memory(t);
+    if (writer) weft_print_memory_report(&mem);
+    if (first_loss >= 0 && writer)
+        printf("done: steps %d-%d in %.1f s, loss %.4f -> %.4f; checkpoints and metrics.jsonl in %s\n",
+               start.step + 1, cfg->train.steps, seconds, first_loss, last_loss, run_dir);
+    save_stats(stats_path, t, &start, state->step, first_loss, last_loss, seconds);
+    weft_free(batch);
+    weft_data_order_free(&order);
 }
 
-weft_backend *weft_train_backend(const weft_job_config *cfg, weft_comm *world) {
-    weft_backend *be = weft_backend_create(cfg->device, weft_comm_local_rank(world));
-    weft_comm_use_backend(world, be);
-    return be;
-}
-
-weft_model *weft_train_build_model(weft_backend *be, const weft_comm *world,
-                                   const weft_job_config *cfg, int vocab) {
-    weft_model_config mc;
-    char path[WEFT_PATH_MAX + 32];
-    weft_train_model_config(cfg, vocab, &mc);
-    weft_model *m = weft_trainer_build_model(be, world, &mc);
-    if (cfg->model.path[0]) {
-        snprintf(path, sizeof path, "%s/model.safetensors", cfg->model.path);
-        weft_model_load_safetensors(m, path);
-    } else {
-        weft_model_init_random(m, (uint64_t)cfg->train.seed);
-    }
-    return m;
-}
-
-int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
+int weft_train_run(const weft_job_config *cfg, weft_session *session, const char *stats_path) {
     weft_job_config_validate(cfg);
+    weft_comm *world = weft_session_world(session);
     const char *run_dir = cfg->train.output_dir;
     char path[WEFT_PATH_MAX + 64];
 
     weft_tokenizer *tok;
-    weft_document_set *data = weft_train_load_data(cfg, weft_comm_size(world), &tok);
-    weft_backend *be = weft_train_backend(cfg, world);
-    weft_model *m = weft_train_build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
+    weft_document_set *data = weft_job_load_data(cfg, weft_comm_size(world), &tok);
+    weft_backend *be = weft_job_backend(cfg, world);
+    weft_model *m = weft_job_build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
     weft_trainer *t = weft_trainer_create(m, world, cfg, true);
     // Created only once every input has been read and checked: a bad one leaves nothing behind.
     WEFT_CHECK(weft_mkdirs(run_dir) && access(run_dir, W_OK) == 0,
                "train.output_dir=%s: cannot create or write there (%s)", run_dir, strerror(errno));
-    bool writer = weft_comm_rank(world) == 0; // compute on every rank, print and write on one
+    bool writer = weft_session_writer(session);
 
     weft_train_state state = {.seed = (uint64_t)cfg->train.seed};
     if (cfg->resume[0]) {
@@ -229,39 +172,8 @@ int weft_train_run(const weft_job_config *cfg, weft_comm *world) {
                data->n, total_tokens, m->n_elements, m->cfg.num_layers, m->cfg.hidden_size,
                m->cfg.vocab_size, cfg->train.steps, cfg->train.global_batch_size,
                weft_cp_dp_size(t->cp), weft_cp_size(t->cp), weft_num_threads());
+    train_steps(cfg, t, data, &state, stats_path);
 
-    data_order order = {.n = data->n, .perm = weft_alloc(sizeof(int) * data->n), .state = &state};
-    shuffle_epoch(&order);
-    weft_document *batch = weft_alloc(sizeof(weft_document) * cfg->train.global_batch_size);
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    progress prog = {.tty = isatty(STDOUT_FILENO), .total = cfg->train.steps,
-                     .log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 10,
-                     .started = weft_now_seconds(),
-                     .metrics = writer ? open_metrics(path, state.step) : NULL};
-
-    double first_loss = -1, last_loss = -1;
-    int first_step = state.step + 1;
-    while (state.step < cfg->train.steps) {
-        next_batch(&order, data, batch, cfg->train.global_batch_size);
-        weft_step_result r = weft_trainer_step(t, batch, cfg->train.global_batch_size);
-        state.step++;
-        if (first_loss < 0) first_loss = r.loss;
-        last_loss = r.loss;
-        if (writer) report_step(&prog, state.step, &r, weft_now_seconds() - prog.started);
-        bool save = (cfg->train.save_every > 0 && state.step % cfg->train.save_every == 0) ||
-                    state.step == cfg->train.steps;
-        if (save) weft_free(weft_checkpoint_save(run_dir, t, &state));
-    }
-    if (prog.metrics) fclose(prog.metrics);
-    weft_memory_report mem = weft_trainer_memory(t);
-    if (writer) weft_print_memory_report(&mem);
-    if (first_loss >= 0 && writer)
-        printf("done: steps %d-%d in %.1f s, loss %.4f -> %.4f; checkpoints and metrics.jsonl in %s\n",
-               first_step, cfg->train.steps, weft_now_seconds() - prog.started, first_loss,
-               last_loss, run_dir);
-
-    weft_free(batch);
-    weft_free(order.perm);
     weft_trainer_free(t);
     weft_model_free(m);
     weft_backend_destroy(be);

@@ -4,26 +4,23 @@
 #include <stdio.h>
 #include <string.h>
 
+static weft_plan_layout layout_of(const weft_job_config *cfg, int world) {
+    return weft_plan_layout_of(&cfg->parallel, world, cfg->train.max_tokens_per_microbatch,
+                               cfg->train.micro_batches);
+}
+
 int weft_trainer_max_document_len(const weft_job_config *cfg, int world, char *why,
                                   size_t why_size) {
-    int budget = cfg->train.max_tokens_per_microbatch, c = cfg->parallel.context_parallel_size;
-    if (cfg->parallel.dynamic_context_parallel) {
-        int limit = cfg->parallel.max_seqlen_per_rank;
-        snprintf(why, why_size, "parallel.max_seqlen_per_rank = %d on %d ranks", limit, world);
-        return weft_cp_max_len(limit, world);
-    }
-    if (c <= 1) {
-        snprintf(why, why_size, "train.max_tokens_per_microbatch = %d", budget);
-        return budget;
-    }
-    snprintf(why, why_size, "train.max_tokens_per_microbatch = %d per rank and "
-             "parallel.context_parallel_size = %d", budget, c);
-    return weft_cp_max_len(budget, c);
+    weft_plan_layout l = layout_of(cfg, world);
+    snprintf(why, why_size, "%s", l.why);
+    return weft_plan_max_document_len(&l);
 }
 
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
-                                     const weft_model_config *mc) {
-    return weft_model_create(be, mc, weft_dp_pad_multiple(world));
+                                     const weft_model_config *mc, const weft_job_config *cfg) {
+    weft_model_options opt = {.pad_multiple = weft_dp_pad_multiple(world),
+                              .recompute = cfg->train.recompute};
+    return weft_model_create(be, mc, &opt);
 }
 
 weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_job_config *cfg,
@@ -33,7 +30,7 @@ weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_jo
     t->model = m;
     t->world = world;
     t->cfg = *cfg;
-    m->recompute = cfg->train.recompute;
+    t->layout = layout_of(cfg, weft_comm_size(world));
     t->batch.mtp_depth = m->cfg.num_mtp;
     t->n_segs = m->n_params;
     t->segs = weft_alloc(sizeof(weft_optim_segment) * m->n_params);
@@ -45,7 +42,7 @@ weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_jo
     }
     t->dp = weft_dp_create(world, m, &cfg->parallel);
     t->cp = weft_cp_create(world, &cfg->parallel);
-    weft_cp_attach(t->cp, m, &t->batch);
+    t->head_sums = m->be->alloc(m->be, sizeof(double) * 2 * weft_model_heads(m));
     if (with_optimizer) {
         weft_optim_config oc = cfg->optim;
         oc.total_steps = cfg->train.steps;
@@ -58,13 +55,16 @@ void weft_trainer_free(weft_trainer *t) {
     if (!t) return;
     weft_optimizer_free(t->opt);
     weft_dp_free(t->dp);
-    weft_cp_free(t->cp); // takes the model's exchange back
+    weft_cp_free(t->cp);
+    t->model->be->free(t->model->be, t->head_sums);
     weft_batch_free(&t->batch);
-    weft_free(t->micro_degree);
+    weft_local_plan_free(&t->last);
     weft_free(t->micro_busy);
     weft_free(t->segs);
     weft_free(t);
 }
+
+// ------------------------------------------------------------------------------ counting ----
 
 // Adds what this rank owns of a document to counts: counts[k] for head k (0: next token, k: MTP
 // depth k) the targets predicted from positions in its chunks (tokens p+k+1 marked by the loss
@@ -80,212 +80,260 @@ static void add_owned_counts(const weft_cp *cp, const weft_document *d, int head
         }
 }
 
-static void append_local(weft_trainer *t, const weft_document *d) {
-    int start[2], chunk_len, padded;
-    int n_chunks = weft_cp_chunks(t->cp, d->len, start, &chunk_len, &padded);
-    weft_batch_append_chunks(&t->batch, d->tokens, d->loss_mask, d->len, padded, start, n_chunks,
-                             chunk_len);
-}
-
-// The micro-batches this rank runs in a step: micro-batch p has CP degree degree[p] and the
-// documents docs[offsets[p] .. offsets[p+1]) (indices into the global batch, this rank's chunks
-// of each at that degree).
-typedef struct local_plan {
-    int n_micro, n_docs;
-    int *degree, *offsets, *docs;
-} local_plan;
-
-static void local_plan_free(local_plan *p) {
-    weft_free(p->degree), weft_free(p->offsets), weft_free(p->docs);
-}
-
-static local_plan local_plan_alloc(int n_micro, int n_docs) {
-    return (local_plan){.n_micro = n_micro, .n_docs = n_docs,
-                        .degree = weft_alloc(sizeof(int) * (n_micro > 0 ? n_micro : 1)),
-                        .offsets = weft_alloc(sizeof(int) * (n_micro + 1)),
-                        .docs = weft_alloc(sizeof(int) * (n_docs > 0 ? n_docs : 1))};
-}
-
-// Static layout: this rank's data-parallel group takes a cost-balanced share of the documents,
-// packed into micro-batches by the rows this rank holds of each.
-static local_plan plan_static(const weft_trainer *t, const weft_document *docs, int n_docs,
-                              const int *lengths) {
-    double alpha = t->cfg.parallel.cost_alpha, beta = t->cfg.parallel.cost_beta;
-    weft_microbatch_plan shares = weft_plan_balanced(lengths, n_docs, weft_cp_dp_size(t->cp),
-                                                     alpha, beta);
-    int r = weft_cp_dp_rank(t->cp), n_local = shares.offsets[r + 1] - shares.offsets[r];
-    int *index = weft_alloc(sizeof(int) * (n_local > 0 ? n_local : 1));
-    int *rows = weft_alloc(sizeof(int) * (n_local > 0 ? n_local : 1));
-    for (int i = 0; i < n_local; i++) {
-        index[i] = shares.docs[shares.offsets[r] + i];
-        rows[i] = weft_cp_rows(docs[index[i]].len, weft_cp_size(t->cp));
-    }
-    weft_microbatch_plan_free(&shares);
-    int budget = t->cfg.train.max_tokens_per_microbatch, parts = t->cfg.train.micro_batches;
-    weft_microbatch_plan mb = budget > 0   ? weft_plan_packed(rows, n_local, budget, alpha, beta)
-                              : n_local > 0 ? weft_plan_contiguous(rows, n_local, parts < n_local ? parts : n_local)
-                                            : weft_plan_packed(rows, 0, 1, alpha, beta);
-    local_plan p = local_plan_alloc(mb.n_micro, n_local);
-    for (int m = 0; m <= mb.n_micro; m++) p.offsets[m] = mb.offsets[m];
-    for (int m = 0; m < mb.n_micro; m++) p.degree[m] = weft_cp_size(t->cp);
-    for (int k = 0; k < n_local; k++) p.docs[k] = index[mb.docs[k]];
-    weft_microbatch_plan_free(&mb);
-    weft_free(index), weft_free(rows);
-    return p;
-}
-
-// Dynamic layout: the planner's micro-batches whose group holds this rank, in plan order, each at
-// its own degree.
-static local_plan plan_dynamic(const weft_trainer *t, const int *lengths, int n_docs) {
-    const weft_parallel_config *pc = &t->cfg.parallel;
-    weft_cost_model cm = weft_dcp_cost_model(pc);
-    weft_dcp_plan dp = weft_dcp_plan_make(pc->dcp_mode, lengths, n_docs, weft_comm_size(t->world),
-                                          pc->max_seqlen_per_rank, &cm);
-    int rank = weft_comm_rank(t->world), n_micro = 0, total = 0;
-    for (int m = 0; m < dp.n_micro; m++)
-        if (weft_dcp_micro_holds(&dp.micro[m], rank))
-            n_micro++, total += dp.offsets[m + 1] - dp.offsets[m];
-    local_plan p = local_plan_alloc(n_micro, total);
-    for (int m = 0, q = 0, k = 0; m < dp.n_micro; m++) {
-        if (!weft_dcp_micro_holds(&dp.micro[m], rank)) continue;
-        p.degree[q] = dp.micro[m].degree;
-        p.offsets[q] = k;
-        for (int j = dp.offsets[m]; j < dp.offsets[m + 1]; j++) p.docs[k++] = dp.docs[j];
-        p.offsets[++q] = k;
-    }
-    weft_dcp_plan_free(&dp);
-    return p;
-}
-
-static local_plan plan_local(const weft_trainer *t, const weft_document *docs, int n_docs) {
-    int budget = t->cfg.train.max_tokens_per_microbatch;
-    char why[160];
-    int max_len = weft_trainer_max_document_len(&t->cfg, weft_comm_size(t->world), why, sizeof why);
-    int *lengths = weft_alloc(sizeof(int) * (n_docs > 0 ? n_docs : 1));
-    for (int i = 0; i < n_docs; i++) {
-        // Every rank checks every document, so all of them stop on the same one.
-        WEFT_CHECK(weft_cp_is_dynamic(t->cp) || budget <= 0 || docs[i].len <= max_len,
-                   "document %d of the batch has %d tokens, more than the limit of %d set by %s; "
-                   "raise the budget or the context-parallel size, or set data.truncate=true",
-                   i + 1, docs[i].len, max_len, why);
-        lengths[i] = docs[i].len;
-    }
-    local_plan p = weft_cp_is_dynamic(t->cp) ? plan_dynamic(t, lengths, n_docs)
-                                             : plan_static(t, docs, n_docs, lengths);
-    weft_free(lengths);
-    return p;
-}
-
-// Puts a micro-batch's log-probs at their target tokens' places in the global batch: row p
-// predicts token p+1 of its document. Summing over ranks then gathers them, since each target
-// has one owner.
-static void place_logprobs(const weft_batch *b, const int *doc_index, const long *doc_offset,
-                           const float *rows, float *global) {
-    for (int j = 0; j < b->n_docs; j++)
-        for (int t = b->cu_seqlens[j]; t < b->cu_seqlens[j + 1]; t++)
-            if (b->targets[t] >= 0) global[doc_offset[doc_index[j]] + b->positions[t] + 1] = rows[t];
-}
-
-weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
-                                        const weft_model_outputs *out) {
-    double t0 = weft_now_seconds();
-    weft_model *m = t->model;
-    weft_backend *be = m->be;
-    int D = m->cfg.num_mtp, heads = D + 1;
-    bool want_logits = out && out->logits, want_logprobs = out && out->logprobs;
-    WEFT_CHECK(!want_logits || weft_comm_size(t->world) == 1,
-               "--logits needs a single process; run weft grad without mpirun");
-    weft_step_result r = {.mtp_depth = D};
-    local_plan plan = plan_local(t, docs, n_docs);
-    if (plan.n_micro > t->micro_capacity) {
-        weft_free(t->micro_degree), weft_free(t->micro_busy);
-        t->micro_capacity = plan.n_micro;
-        t->micro_degree = weft_alloc(sizeof(int) * plan.n_micro);
-        t->micro_busy = weft_alloc(sizeof(double) * plan.n_micro);
-    }
-    t->n_micro = plan.n_micro;
-
-    // Every head's global target count, from one all-reduce of the counts this rank owns, before
-    // any backward; each micro-batch scales by it, so summing over micro-batches and ranks gives
-    // the global objective.
-    double counts[WEFT_MAX_MTP + 2] = {0}; // per head, then the token count
-    long *doc_offset = weft_alloc(sizeof(long) * (n_docs + 1));
-    for (int i = 0; i < n_docs; i++) doc_offset[i + 1] = doc_offset[i] + docs[i].len;
-    for (int p = 0; p < plan.n_micro; p++) {
-        weft_cp_select(t->cp, plan.degree[p]);
-        for (int k = plan.offsets[p]; k < plan.offsets[p + 1]; k++) {
-            const weft_document *d = &docs[plan.docs[k]];
-            r.local_tokens += weft_cp_rows(d->len, weft_cp_size(t->cp));
+// The global batch's target count per head, then its token count, from one all-reduce of what
+// this rank owns: known before any backward, so every micro-batch scales by the global count.
+static void count_targets(weft_trainer *t, const weft_local_plan *plan, const weft_document *docs,
+                          double *counts, weft_step_result *r) {
+    int heads = weft_model_heads(t->model);
+    memset(counts, 0, sizeof(double) * (heads + 1));
+    for (int p = 0; p < plan->n_micro; p++) {
+        weft_cp_select(t->cp, plan->degree[p]);
+        for (int k = plan->offsets[p]; k < plan->offsets[p + 1]; k++) {
+            const weft_document *d = &docs[plan->docs[k]];
+            r->local_tokens += weft_cp_rows(d->len, weft_cp_size(t->cp));
             add_owned_counts(t->cp, d, heads, counts);
         }
     }
     weft_comm_allreduce_sum(t->world, counts, heads + 1, WEFT_COMM_F64);
-    r.n_targets = (long)counts[0];
-    r.n_tokens = (long)counts[heads];
-    r.local_docs = plan.n_docs;
-    WEFT_CHECK(r.n_targets > 0, "the batch has no prediction targets (every loss_mask is 0)");
-    float scale[WEFT_MAX_MTP + 1] = {(float)(1.0 / counts[0])};
-    for (int k = 1; k < heads; k++)
-        scale[k] = counts[k] > 0 ? (float)(m->cfg.mtp_loss_scale / D / counts[k]) : 0.0f;
+    r->n_targets = (long)counts[0];
+    r->n_tokens = (long)counts[heads];
+    r->local_docs = plan->n_docs;
+}
 
-    weft_model_zero_grad(m);
-    weft_cp_take_comm_seconds(t->cp);
-    if (want_logprobs) memset(out->logprobs, 0, sizeof(float) * doc_offset[n_docs]);
-    // Metrics: per head loss sum and correct count, then this rank's share of the squared norm.
-    double metrics[2 * (WEFT_MAX_MTP + 1) + 1] = {0};
-    if (plan.n_micro == 0) weft_dp_arm_last_microbatch(t->dp);
-    double cp_comm = 0;
-    for (int p = 0; p < plan.n_micro; p++) {
-        double started = weft_now_seconds();
-        weft_cp_select(t->cp, plan.degree[p]);
-        weft_batch_clear(&t->batch);
-        const int *mb_docs = plan.docs + plan.offsets[p];
-        for (int k = plan.offsets[p]; k < plan.offsets[p + 1]; k++) append_local(t, &docs[plan.docs[k]]);
-        if (p == plan.n_micro - 1) weft_dp_arm_last_microbatch(t->dp);
-        int V = m->cfg.vocab_size;
-        weft_model_outputs mo = {
-            .logits = want_logits ? weft_alloc(sizeof(float) * t->batch.T * V) : NULL,
-            .logprobs = want_logprobs ? weft_alloc(sizeof(float) * t->batch.T) : NULL};
-        weft_forward_stats s = weft_model_forward_backward(m, &t->batch, scale, &mo);
-        for (int k = 0; k < heads; k++) metrics[k] += s.loss_sum[k], metrics[heads + k] += s.correct[k];
-        if (want_logprobs) place_logprobs(&t->batch, mb_docs, doc_offset, mo.logprobs, out->logprobs);
-        // One process, so documents are whole: each one's rows go to its place in batch order.
-        for (int j = 0; want_logits && j < t->batch.n_docs; j++)
-            memcpy(out->logits + doc_offset[mb_docs[j]] * V, mo.logits + (size_t)t->batch.cu_seqlens[j] * V,
-                   sizeof(float) * V * (t->batch.cu_seqlens[j + 1] - t->batch.cu_seqlens[j]));
-        weft_free(mo.logits), weft_free(mo.logprobs);
-        double comm = weft_cp_take_comm_seconds(t->cp);
-        cp_comm += comm;
-        t->micro_degree[p] = plan.degree[p];
-        t->micro_busy[p] = weft_now_seconds() - started - comm;
+// ------------------------------------------------------------------------------ outputs ----
+
+// Where a pass's per-row outputs go: device rows of the micro-batch, then host arrays in batch
+// order. doc_offset[i] is where document i starts in the batch.
+typedef struct output_rows {
+    const weft_trainer_outputs *want;
+    long *doc_offset;
+    float *logprobs, *entropy; // (T) device, per micro-batch
+    void *logits;              // (T, V) device
+} output_rows;
+
+static void outputs_begin(output_rows *o, const weft_trainer_outputs *want,
+                          const weft_document *docs, int n_docs) {
+    *o = (output_rows){.want = want, .doc_offset = weft_alloc(sizeof(long) * (n_docs + 1))};
+    for (int i = 0; i < n_docs; i++) o->doc_offset[i + 1] = o->doc_offset[i] + docs[i].len;
+    if (want && want->logprobs) memset(want->logprobs, 0, sizeof(float) * o->doc_offset[n_docs]);
+    if (want && want->entropy) memset(want->entropy, 0, sizeof(float) * o->doc_offset[n_docs]);
+}
+
+// Device buffers for a micro-batch of T rows (freed by outputs_place).
+static weft_forward_outputs outputs_device(output_rows *o, weft_backend *be, int T, int V,
+                                           double *head_sums) {
+    const weft_trainer_outputs *w = o->want;
+    o->logprobs = w && w->logprobs ? be->alloc(be, sizeof(float) * (T > 0 ? T : 1)) : NULL;
+    o->entropy = w && w->entropy ? be->alloc(be, sizeof(float) * (T > 0 ? T : 1)) : NULL;
+    o->logits = w && w->logits ? be->alloc(be, weft_dtype_size(be->act_dtype) * T * V + 1) : NULL;
+    return (weft_forward_outputs){.logprobs = {o->logprobs}, .entropy = {o->entropy},
+                                  .logits = o->logits, .stats = head_sums};
+}
+
+// Puts a micro-batch's per-row values at their target tokens' places in the global batch: row p
+// predicts token p+1 of its document. Summing over ranks then gathers them, since each target has
+// one owner.
+static void place_rows(weft_backend *be, const weft_batch *b, const int *doc_index,
+                       const long *doc_offset, const float *rows_dev, float *global) {
+    if (!rows_dev) return;
+    float *rows = weft_alloc(sizeof(float) * (b->T > 0 ? b->T : 1));
+    be->to_host(be, rows, rows_dev, sizeof(float) * b->T);
+    for (int j = 0; j < b->n_docs; j++)
+        for (int t = b->cu_seqlens[j]; t < b->cu_seqlens[j + 1]; t++)
+            if (b->targets[t] >= 0) global[doc_offset[doc_index[j]] + b->positions[t] + 1] = rows[t];
+    weft_free(rows);
+}
+
+static void outputs_place(output_rows *o, weft_backend *be, const weft_batch *b,
+                          const int *doc_index, int V) {
+    place_rows(be, b, doc_index, o->doc_offset, o->logprobs, o->want ? o->want->logprobs : NULL);
+    place_rows(be, b, doc_index, o->doc_offset, o->entropy, o->want ? o->want->entropy : NULL);
+    if (o->logits) { // one process, so documents are whole: each one's rows to its place
+        float *host = weft_alloc(sizeof(float) * b->T * V + 1);
+        be->to_f32(be, host, o->logits, be->act_dtype, (size_t)b->T * V);
+        for (int j = 0; j < b->n_docs; j++)
+            memcpy(o->want->logits + o->doc_offset[doc_index[j]] * V,
+                   host + (size_t)b->cu_seqlens[j] * V,
+                   sizeof(float) * V * (b->cu_seqlens[j + 1] - b->cu_seqlens[j]));
+        weft_free(host);
     }
-    local_plan_free(&plan);
-    r.cp_comm_seconds = cp_comm;
-    double sync_start = weft_now_seconds();
-    weft_dp_finish_gradients(t->dp);
-    r.sync_wait_seconds = weft_now_seconds() - sync_start;
-    if (want_logprobs) weft_comm_allreduce_sum(t->world, out->logprobs, doc_offset[n_docs], WEFT_COMM_F32);
-    weft_free(doc_offset);
+    be->free(be, o->logprobs), be->free(be, o->entropy), be->free(be, o->logits);
+    o->logprobs = o->entropy = NULL, o->logits = NULL;
+}
 
-    size_t lo, hi;
-    weft_dp_owned_range(t->dp, &lo, &hi);
-    if (t->cfg.train.freeze_mtp) // frozen modules take no update and no part in the norm
+static void outputs_end(output_rows *o, weft_comm *world, int n_docs) {
+    long T = o->doc_offset[n_docs];
+    if (o->want && o->want->logprobs) weft_comm_allreduce_sum(world, o->want->logprobs, T, WEFT_COMM_F32);
+    if (o->want && o->want->entropy) weft_comm_allreduce_sum(world, o->want->entropy, T, WEFT_COMM_F32);
+    weft_free(o->doc_offset);
+}
+
+// ---------------------------------------------------------------------------- the passes ----
+
+typedef enum { PASS_CROSS_ENTROPY, PASS_WEIGHTED, PASS_SCORE } pass_kind;
+
+// Per head, the weight of a row's log-prob: head 0 from the documents' logprob_weights at the
+// row's target, head k -scale[k] on its targets (the MTP losses). Host (heads, T), uploaded.
+static float *row_weights(const weft_trainer *t, const weft_document *docs, const int *doc_index,
+                          const float *scale) {
+    const weft_batch *b = &t->batch;
+    weft_backend *be = t->model->be;
+    int heads = weft_model_heads(t->model), T = b->T;
+    float *host = weft_alloc(sizeof(float) * heads * (T > 0 ? T : 1));
+    for (int j = 0; j < b->n_docs; j++) {
+        const weft_document *d = &docs[doc_index[j]];
+        for (int r = b->cu_seqlens[j]; r < b->cu_seqlens[j + 1]; r++)
+            if (b->targets[r] >= 0) host[r] = d->logprob_weights[b->positions[r] + 1];
+    }
+    for (int k = 1; k < heads; k++)
+        for (int r = 0; r < T; r++)
+            host[(size_t)k * T + r] = weft_batch_mtp_targets(b, k)[r] >= 0 ? -scale[k] : 0.0f;
+    float *dev = be->alloc(be, sizeof(float) * heads * (T > 0 ? T : 1));
+    be->to_device(be, dev, host, sizeof(float) * heads * T);
+    weft_free(host);
+    return dev;
+}
+
+// One micro-batch of this rank's plan: its batch, then the pass.
+static void run_micro(weft_trainer *t, pass_kind kind, const weft_document *docs,
+                      const int *doc_index, int n, const float *scale, output_rows *o) {
+    weft_model *m = t->model;
+    weft_backend *be = m->be;
+    weft_batch_clear(&t->batch);
+    for (int k = 0; k < n; k++) {
+        const weft_document *d = &docs[doc_index[k]];
+        int start[2], chunk_len, padded;
+        int n_chunks = weft_cp_chunks(t->cp, d->len, start, &chunk_len, &padded);
+        weft_batch_append_chunks(&t->batch, d->tokens, d->loss_mask, d->len, padded, start,
+                                 n_chunks, chunk_len);
+    }
+    weft_pass_options pass = {.kv = weft_cp_kv_provider(t->cp, be, &t->batch),
+                              .grads_ready = weft_dp_grad_hook(t->dp)};
+    weft_forward_outputs fo = outputs_device(o, be, t->batch.T, m->cfg.vocab_size, t->head_sums);
+    if (kind == PASS_CROSS_ENTROPY) {
+        weft_model_forward_backward(m, &t->batch, scale, &pass, &fo);
+    } else {
+        weft_model_forward(m, &t->batch, kind == PASS_WEIGHTED, &pass, &fo);
+        if (kind == PASS_WEIGHTED) {
+            float *w = row_weights(t, docs, doc_index, scale);
+            weft_head_weights hw;
+            memset(&hw, 0, sizeof hw);
+            for (int k = 0; k < weft_model_heads(m); k++) hw.d_logprob[k] = w + (size_t)k * t->batch.T;
+            weft_model_backward(m, &hw, &pass);
+            be->free(be, w);
+        }
+    }
+    outputs_place(o, be, &t->batch, doc_index, m->cfg.vocab_size);
+}
+
+// The head sums read back once, all-reduced with this rank's share of the gradient's squared norm
+// (0 when scoring), into the step's metrics.
+static void reduce_metrics(weft_trainer *t, const double *counts, double sumsq,
+                           weft_step_result *r) {
+    weft_backend *be = t->model->be;
+    int heads = weft_model_heads(t->model);
+    double metrics[2 * WEFT_MAX_HEADS + 1] = {0};
+    be->to_host(be, metrics, t->head_sums, sizeof(double) * 2 * heads);
+    metrics[2 * heads] = sumsq;
+    weft_comm_allreduce_sum(t->world, metrics, 2 * heads + 1, WEFT_COMM_F64);
+    r->loss = metrics[0] / counts[0];
+    r->accuracy = metrics[heads] / counts[0];
+    for (int k = 1; k < heads; k++) {
+        r->mtp_loss[k - 1] = counts[k] > 0 ? metrics[k] / counts[k] : 0.0;
+        r->mtp_accuracy[k - 1] = counts[k] > 0 ? metrics[heads + k] / counts[k] : 0.0;
+    }
+    r->grad_norm = sqrt(metrics[2 * heads]);
+}
+
+// This rank's share of the squared gradient norm; frozen MTP modules take no update and no part
+// in the norm.
+static double owned_sumsq(weft_trainer *t) {
+    weft_model *m = t->model;
+    weft_backend *be = m->be;
+    if (t->cfg.train.freeze_mtp)
         for (int i = 0; i < m->n_params; i++)
             if (weft_model_param_is_mtp(m, i))
                 be->zero(be, weft_model_grad(m, i), m->params[i].numel * sizeof(float));
-    metrics[2 * heads] = be->sumsq_f32(be, m->grad_buf + lo, hi - lo);
-    weft_comm_allreduce_sum(t->world, metrics, 2 * heads + 1, WEFT_COMM_F64);
+    size_t lo, hi;
+    weft_dp_owned_range(t->dp, &lo, &hi);
+    return be->sumsq_f32(be, m->grad_buf + lo, hi - lo);
+}
 
-    r.loss = metrics[0] / counts[0];
-    r.accuracy = metrics[heads] / counts[0];
-    for (int k = 1; k < heads; k++) {
-        r.mtp_loss[k - 1] = counts[k] > 0 ? metrics[k] / counts[k] : 0.0;
-        r.mtp_accuracy[k - 1] = counts[k] > 0 ? metrics[heads + k] / counts[k] : 0.0;
+static bool has_weights(const weft_document *docs, int n) {
+    int with = 0;
+    for (int i = 0; i < n; i++) with += docs[i].logprob_weights != NULL;
+    WEFT_CHECK(with == 0 || with == n, "%d of the batch's %d documents carry logprob_weights; give "
+               "them for every document or for none", with, n);
+    return n > 0 && with == n;
+}
+
+static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_document *docs,
+                                 int n_docs, const weft_trainer_outputs *out) {
+    double t0 = weft_now_seconds();
+    weft_model *m = t->model;
+    weft_backend *be = m->be;
+    int heads = weft_model_heads(m), D = m->cfg.num_mtp;
+    WEFT_CHECK(!(out && out->logits) || weft_comm_size(t->world) == 1,
+               "--logits needs a single process; run weft grad without mpirun");
+    weft_step_result r = {.mtp_depth = D};
+    int *lengths = weft_alloc(sizeof(int) * (n_docs > 0 ? n_docs : 1));
+    for (int i = 0; i < n_docs; i++) lengths[i] = docs[i].len;
+    weft_plan plan = weft_plan_make(&t->layout, lengths, n_docs);
+    weft_local_plan_free(&t->last);
+    weft_free(t->micro_busy);
+    t->last = weft_plan_local(&plan, weft_comm_rank(t->world));
+    const weft_local_plan local = t->last;
+    t->micro_busy = weft_alloc(sizeof(double) * (local.n_micro > 0 ? local.n_micro : 1));
+    weft_plan_free(&plan);
+    weft_free(lengths);
+
+    double counts[WEFT_MAX_HEADS + 1];
+    count_targets(t, &local, docs, counts, &r);
+    WEFT_CHECK(r.n_targets > 0, "the batch has no prediction targets (every loss_mask is 0)");
+    float scale[WEFT_MAX_HEADS] = {(float)(1.0 / counts[0])};
+    for (int k = 1; k < heads; k++)
+        scale[k] = counts[k] > 0 ? (float)(m->cfg.mtp_loss_scale / D / counts[k]) : 0.0f;
+
+    bool backward = kind != PASS_SCORE;
+    if (backward) weft_model_zero_grad(m);
+    be->zero(be, t->head_sums, sizeof(double) * 2 * heads);
+    weft_cp_take_comm_seconds(t->cp);
+    output_rows o;
+    outputs_begin(&o, out, docs, n_docs);
+    if (backward && local.n_micro == 0) weft_dp_arm_last_microbatch(t->dp);
+    for (int p = 0; p < local.n_micro; p++) {
+        double started = weft_now_seconds();
+        weft_cp_select(t->cp, local.degree[p]);
+        if (backward && p == local.n_micro - 1) weft_dp_arm_last_microbatch(t->dp);
+        run_micro(t, kind, docs, local.docs + local.offsets[p], local.offsets[p + 1] - local.offsets[p],
+                  scale, &o);
+        double comm = weft_cp_take_comm_seconds(t->cp);
+        r.cp_comm_seconds += comm;
+        t->micro_busy[p] = weft_now_seconds() - started - comm;
     }
-    r.grad_norm = sqrt(metrics[2 * heads]);
+    if (backward) {
+        double sync_start = weft_now_seconds();
+        weft_dp_finish_gradients(t->dp);
+        r.sync_wait_seconds = weft_now_seconds() - sync_start;
+    }
+    outputs_end(&o, t->world, n_docs);
+    reduce_metrics(t, counts, backward ? owned_sumsq(t) : 0.0, &r);
     r.seconds = weft_now_seconds() - t0;
     return r;
 }
+
+weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
+                                        const weft_trainer_outputs *out) {
+    pass_kind kind = has_weights(docs, n_docs) ? PASS_WEIGHTED : PASS_CROSS_ENTROPY;
+    return run_pass(t, kind, docs, n_docs, out);
+}
+
+weft_step_result weft_trainer_score(weft_trainer *t, const weft_document *docs, int n_docs,
+                                    const weft_trainer_outputs *out) {
+    return run_pass(t, PASS_SCORE, docs, n_docs, out);
+}
+
+void weft_trainer_set_row_limit(weft_trainer *t, int rows) { t->layout.limit = rows; }
 
 weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs) {
     WEFT_CHECK(t->opt, "internal: trainer built without an optimizer");
@@ -308,19 +356,6 @@ weft_memory_report weft_trainer_memory(const weft_trainer *t) {
         .parameters = weft_model_param_bytes(t->model),
         .gradients = weft_model_grad_bytes(t->model),
         .optimizer_state = t->opt ? weft_optimizer_state_bytes(t->opt) : 0,
-        .peak_activations = t->model->peak_activation_bytes,
+        .peak_activations = weft_model_peak_bytes(t->model),
     };
-}
-
-void weft_print_memory_report(const weft_memory_report *r) {
-    char a[32], b[32], c[32], d[32];
-    weft_format_bytes(a, sizeof a, r->parameters);
-    weft_format_bytes(b, sizeof b, r->gradients);
-    weft_format_bytes(c, sizeof c, r->optimizer_state);
-    weft_format_bytes(d, sizeof d, r->peak_activations);
-    printf("memory: parameters=%zu gradients=%zu optimizer_state=%zu peak_activations=%zu\n",
-           r->parameters, r->gradients, r->optimizer_state, r->peak_activations);
-    printf("memory: parameters %s, gradients %s, optimizer state %s, peak activations %s\n", a, b,
-           c, d);
-    fflush(stdout);
 }

@@ -1,14 +1,14 @@
 // train: one optimizer step over a global batch, with the token-mean loss of DESIGN.md section 3,
-// on one rank or data-parallel over many.
+// on one rank or over many. The planner (parallel/planner.h) says which micro-batches this rank
+// runs at which context-parallel degree; the trainer runs them and reduces the results.
 #pragma once
 #include "comm/comm.h"
 #include "data/jsonl.h"
-#include "data/microbatch.h"
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "parallel/cp.h"
-#include "parallel/dcp.h"
 #include "parallel/dp.h"
+#include "parallel/planner.h"
 #include "train/config.h"
 
 typedef struct weft_trainer {
@@ -20,11 +20,12 @@ typedef struct weft_trainer {
     weft_optim_segment *segs;
     int n_segs;
     weft_job_config cfg;
-    weft_batch batch; // reused packing buffer
-    // The last gradient computation's micro-batches on this rank: CP degree and busy seconds
-    // (wall time minus time inside CP collectives), for load-balance reports.
-    int n_micro, micro_capacity;
-    int *micro_degree;
+    weft_plan_layout layout;
+    weft_batch batch;    // reused packing buffer
+    double *head_sums;   // (2 * heads) f64 on the device: the step's loss and correct sums
+    // The last pass's micro-batches on this rank (degrees and documents), and the busy seconds of
+    // each (wall time minus time inside CP collectives), for load-balance reports.
+    weft_local_plan last;
     double *micro_busy;
 } weft_trainer;
 
@@ -43,31 +44,39 @@ typedef struct weft_step_result {
     double cp_comm_seconds;   // time in context-parallel key/value collectives
 } weft_step_result;
 
-// The longest document a job on `world` ranks can train whole: each rank's rows of it must fit
-// train.max_tokens_per_microbatch (0: no limit), or parallel.max_seqlen_per_rank under dynamic
-// CP, and context parallelism spreads a document over parallel.context_parallel_size ranks (all
-// of them under dynamic CP). `why` receives the settings that make the limit.
-int weft_trainer_max_document_len(const weft_job_config *cfg, int world, char *why,
-                                  size_t why_size);
+// Host arrays a pass fills, rows in batch order (T_total = the batch's tokens), each optional.
+typedef struct weft_trainer_outputs {
+    float *logits;   // (T_total, V): one process only
+    float *logprobs; // (T_total): at every target token t, log p(token t | tokens before it);
+                     // 0 elsewhere; gathered from every rank
+    float *entropy;  // (T_total): at the same places, the entropy of the distribution that
+                     // predicts token t
+} weft_trainer_outputs;
 
-// Builds the model the job's parallel layout needs (buffers padded for sharding) on `be`.
+// The model a trainer of this job needs, on `be`: buffers padded for the layout's sharding,
+// recomputation as train.recompute says.
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
-                                     const weft_model_config *mc);
+                                     const weft_model_config *mc, const weft_job_config *cfg);
 weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_job_config *cfg,
                                   bool with_optimizer);
 void weft_trainer_free(weft_trainer *t);
+// The longest document the job's layout trains whole; *why receives the settings that make it.
+int weft_trainer_max_document_len(const weft_job_config *cfg, int world, char *why,
+                                  size_t why_size);
 
-// Zeroes the gradients, then leaves in them the gradient of the global batch's objective: this
-// rank's context-parallel group takes its cost-balanced share of docs (the whole batch with one
-// group), this rank its chunks of them, packed into micro-batches; gradients are summed over all
-// ranks. Optional outputs, rows = the batch's tokens in batch order (T_total): out->logits
-// (T_total, V), one rank only; out->logprobs (T_total): log p(token t | tokens before it) at
-// every target token t (loss_mask[t] = 1), 0 elsewhere, gathered from every rank.
+// Zeroes the gradients, then leaves in them the gradient of the global batch's objective, summed
+// over all ranks: the token-mean cross-entropy (plus the MTP losses), or, when the documents carry
+// logprob_weights, sum over targets t of w_t log p(token t | tokens before it) (plus the MTP
+// losses). `out` may be NULL.
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
-                                        const weft_model_outputs *out);
+                                        const weft_trainer_outputs *out);
+// The forward alone, in the same layout: losses, and the outputs asked for; no gradient.
+weft_step_result weft_trainer_score(weft_trainer *t, const weft_document *docs, int n_docs,
+                                    const weft_trainer_outputs *out);
+// Makes the planner's row limit `rows` per rank (weft calibrate sizes one micro-batch per group).
+void weft_trainer_set_row_limit(weft_trainer *t, int rows);
 // Gradients, clipping and one AdamW step.
 weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs);
 // Makes every rank's gradient buffer hold the full summed gradient (for output).
 void weft_trainer_gather_gradients(weft_trainer *t);
 weft_memory_report weft_trainer_memory(const weft_trainer *t);
-void weft_print_memory_report(const weft_memory_report *r);

@@ -1,6 +1,7 @@
 // Every CUDA kernel of the backend (src/backend/cuda/*.cu), launcher included, run unchanged on the
 // CPU through cuda_emulation.h (cuda_emulated_kernels.cpp), matches a float64 reference:
-// embedding, RMSNorm, bias, RoPE, SwiGLU, the small arithmetic, fused cross-entropy, AdamW, and
+// embedding, RMSNorm, bias, RoPE, SwiGLU, the small arithmetic, the output heads (fused
+// cross-entropy, log-probs and entropy, the weighted logits backward), AdamW, and
 // both attention families (the tensor-core one and the fp32 one) on whole documents, documents
 // spanning several tiles and blocks, and context-parallel chunks. No GPU is needed, so indexing,
 // masking and barrier mistakes fail in CI; on a GPU, test_cuda_ops_match_cpu checks the same ops
@@ -213,8 +214,11 @@ void test_small_arithmetic(size_t N) { // ragged last blocks
     }
     expect_path("add_bf16", N, vector_width(N, y.data(), x.data()));
     weft_cuda_add_bf16(nullptr, y.data(), x.data(), N);
-    weft_cuda_sum_f32(nullptr, f.data(), N, false, &got[0]);
-    weft_cuda_sum_f32(nullptr, f.data(), N, true, &got[1]);
+    weft_cuda_sum_f32(nullptr, f.data(), N, false, 1.0, false, &got[0]);
+    weft_cuda_sum_f32(nullptr, f.data(), N, true, 1.0, false, &got[1]);
+    std::vector<double> acc(1, 0.5), want_acc(1, 0.5 - 2.0 * sums[0]);
+    weft_cuda_sum_f32(nullptr, f.data(), N, false, -2.0, true, &acc[0]); // accumulates
+    compare(sized("sum_f32 accumulated, scaled", N), acc, want_acc, 1e-12);
     weft_cuda_scale_f32(nullptr, f.data(), 0.37f, N);
     compare(sized("add_bf16 y +=", N), y, want_y, BF16_TOL);
     compare(sized("sum_f32 (sum, sum of squares)", N), got, sums, 1e-12);
@@ -251,6 +255,79 @@ void test_cross_entropy(int V) { // V not a multiple of the block
     compare(sized("cross_entropy row loss", V), loss, want_loss, F32_TOL);
     compare(sized("cross_entropy correct", V), correct, want_correct, 0.0);
     compare(sized("cross_entropy grad (in place)", V), logits, want_grad, BF16_TOL);
+}
+
+// Rows of logits (T, V) with targets, the way every head test builds them: every fifth row without
+// a target, and one row whose target is its maximum.
+struct head_rows {
+    int T, V;
+    std::vector<bf16> logits;
+    std::vector<int32_t> targets;
+};
+
+head_rows make_head_rows(int V) {
+    head_rows h{37, V, random_bf16((size_t)37 * V, -6, 6), std::vector<int32_t>(37)};
+    for (int t = 0; t < h.T; t++) h.targets[t] = t % 5 == 4 ? -1 : (t * 131) % V;
+    h.logits[(size_t)1 * V + h.targets[1]] = __float2bfloat16_rn(9.0f);
+    return h;
+}
+
+// Row t's log-softmax (float64), its entropy, and whether its target is the argmax.
+double row_log_softmax(const head_rows &h, int t, std::vector<double> &logp, bool *right) {
+    const bf16 *row = &h.logits[(size_t)t * h.V];
+    double mx = -INFINITY, sum = 0, H = 0;
+    int arg = 0;
+    for (int j = 0; j < h.V; j++)
+        if (value_of(row[j]) > mx) mx = value_of(row[j]), arg = j;
+    for (int j = 0; j < h.V; j++) sum += exp(value_of(row[j]) - mx);
+    logp.resize(h.V);
+    for (int j = 0; j < h.V; j++) {
+        logp[j] = value_of(row[j]) - mx - log(sum);
+        H -= exp(logp[j]) * logp[j];
+    }
+    *right = arg == h.targets[t];
+    return H;
+}
+
+void test_logprobs(int V) {
+    head_rows h = make_head_rows(V);
+    std::vector<double> want_lp(h.T, 0.0), want_H(h.T, 0.0), want_correct(h.T, 0.0), logp;
+    for (int t = 0; t < h.T; t++) {
+        if (h.targets[t] < 0) continue;
+        bool right;
+        want_H[t] = row_log_softmax(h, t, logp, &right);
+        want_lp[t] = logp[h.targets[t]];
+        want_correct[t] = right;
+    }
+    std::vector<float> lp(h.T, NAN), H(h.T, NAN), correct(h.T, NAN);
+    std::vector<bf16> before = h.logits;
+    weft_cuda_logprobs(nullptr, h.logits.data(), h.targets.data(), lp.data(), H.data(),
+                       correct.data(), h.T, V);
+    compare(sized("logprobs", V), lp, want_lp, F32_TOL);
+    compare(sized("logprobs entropy", V), H, want_H, F32_TOL);
+    compare(sized("logprobs correct", V), correct, want_correct, 0.0);
+    compare(sized("logprobs leaves the logits", V), h.logits, widen(before), 0.0);
+}
+
+// The gradient of sum_t w_t logp_t + u_t H_t: w (onehot - p) - u p (log p + H), with u = 0 on some
+// rows (cross-entropy's own expression).
+void test_logits_backward(int V) {
+    head_rows h = make_head_rows(V);
+    std::vector<float> w = random_f32(h.T), u = random_f32(h.T);
+    for (int t = 0; t < h.T; t += 3) u[t] = 0.0f;
+    std::vector<double> want((size_t)h.T * V, 0.0), logp;
+    for (int t = 0; t < h.T; t++) {
+        if (h.targets[t] < 0) continue;
+        bool right;
+        double H = row_log_softmax(h, t, logp, &right);
+        for (int j = 0; j < V; j++) {
+            double p = exp(logp[j]);
+            want[(size_t)t * V + j] = w[t] * ((j == h.targets[t]) - p) - u[t] * p * (logp[j] + H);
+        }
+    }
+    weft_cuda_logits_backward(nullptr, h.logits.data(), h.targets.data(), w.data(), u.data(),
+                              h.T, V);
+    compare(sized("logits_backward (log-prob and entropy weights)", V), h.logits, want, BF16_TOL);
 }
 
 void test_adamw() {
@@ -417,7 +494,11 @@ int main() {
     test_rope();
     for (size_t N : {1000, 1001}) test_swiglu(N);
     for (size_t N : {70000, 70001}) test_small_arithmetic(N);
-    for (int V : {1000, 1001}) test_cross_entropy(V);
+    for (int V : {1000, 1001}) {
+        test_cross_entropy(V);
+        test_logprobs(V);
+        test_logits_backward(V);
+    }
     test_adamw();
     std::vector<int> mixed = {1, 33, 5, 70, 2};
     const layout layouts[] = {

@@ -1,4 +1,4 @@
-// Every DCP plan (uniform, heterogeneous, static) on random long-tail batches and world sizes 1 to
+// Every planner plan (uniform and heterogeneous DCP, static CP) on random long-tail batches and world sizes 1 to
 // 256: each document in exactly one micro-batch; every group an aligned power-of-two run of ranks
 // within the world; rows per rank within the limit and as the CP split gives them; each rank's
 // micro-batches in list order with increasing steps, the members of a group at the same step
@@ -9,15 +9,15 @@
 #include <math.h>
 
 #include "../testing.h"
-#include "parallel/dcp.h"
+#include "parallel/planner.h"
 
-static void check_plan(const weft_dcp_plan *p, const int *lengths, int n, int world, int limit,
+static void check_plan(const weft_plan *p, const int *lengths, int n, int world, int limit,
                        const weft_cost_model *cm, bool every_group_busy) {
     CHECK(p->world == world && p->limit == limit);
     CHECK(p->offsets[0] == 0 && p->offsets[p->n_micro] == n);
     int *seen = weft_alloc(sizeof(int) * (n > 0 ? n : 1)), *ran = weft_alloc(sizeof(int) * world);
     for (int m = 0; m < p->n_micro; m++) {
-        const weft_dcp_micro *mb = &p->micro[m];
+        const weft_plan_micro *mb = &p->micro[m];
         int c = mb->degree, rows = 0;
         CHECK(c >= 1 && (c & (c - 1)) == 0 && c <= world);
         CHECK(mb->first_rank >= 0 && mb->first_rank % c == 0 && mb->first_rank + c <= world);
@@ -42,7 +42,7 @@ static void check_plan(const weft_dcp_plan *p, const int *lengths, int n, int wo
         for (int r = 0; r < world; r++) CHECK(ran[r] == p->n_steps);
 
     double *compute = weft_alloc(sizeof(double) * world), total = 0, expected = 0;
-    weft_dcp_estimate e = weft_dcp_simulate(p, lengths, cm, compute);
+    weft_plan_estimate e = weft_plan_simulate(p, lengths, cm, compute);
     for (int r = 0; r < world; r++) total += compute[r];
     for (int m = 0; m < p->n_micro; m++) expected += p->micro[m].compute * p->micro[m].degree;
     CHECK(fabs(total - expected) <= 1e-9 * expected);
@@ -51,7 +51,7 @@ static void check_plan(const weft_dcp_plan *p, const int *lengths, int n, int wo
     weft_free(seen), weft_free(ran), weft_free(compute);
 }
 
-static bool same_plan(const weft_dcp_plan *a, const weft_dcp_plan *b) {
+static bool same_plan(const weft_plan *a, const weft_plan *b) {
     if (a->n_micro != b->n_micro || a->n_steps != b->n_steps) return false;
     for (int m = 0; m < a->n_micro; m++)
         if (a->micro[m].first_rank != b->micro[m].first_rank || a->micro[m].degree != b->micro[m].degree)
@@ -83,11 +83,13 @@ int main(void) {
             for (int i = 0; i < n; i++) longest = lengths[i] > longest ? lengths[i] : longest;
             double uniform_path = 0;
             for (int mode = 0; mode < 2; mode++) {
-                weft_dcp_plan a = weft_dcp_plan_make(mode, lengths, n, world, limit, &models[c]);
-                weft_dcp_plan b = weft_dcp_plan_make(mode, lengths, n, world, limit, &models[c]);
+                weft_plan_layout l = {.world = world, .dynamic = true, .mode = mode,
+                                      .limit = limit, .cost = models[c]};
+                weft_plan a = weft_plan_make(&l, lengths, n);
+                weft_plan b = weft_plan_make(&l, lengths, n);
                 check_plan(&a, lengths, n, world, limit, &models[c], mode == WEFT_DCP_UNIFORM);
                 CHECK(same_plan(&a, &b));
-                weft_dcp_estimate e = weft_dcp_simulate(&a, lengths, &models[c], NULL);
+                weft_plan_estimate e = weft_plan_simulate(&a, lengths, &models[c], NULL);
                 printf("W=%3d cost model %d %-13s: %4d documents, %5d micro-batches, critical path "
                        "%.4f x lower bound\n", world, c, mode ? "heterogeneous" : "uniform", n,
                        a.n_micro, e.critical_path / e.lower_bound);
@@ -95,18 +97,21 @@ int main(void) {
                 else CHECK(e.critical_path <= uniform_path);
                 if (mode == WEFT_DCP_HETEROGENEOUS && world >= 64)
                     CHECK(e.critical_path <= 1.10 * e.lower_bound);
-                weft_dcp_plan_free(&a), weft_dcp_plan_free(&b);
+                weft_plan_free(&a), weft_plan_free(&b);
             }
-            int sc = weft_dcp_min_degree(longest, limit);
-            weft_dcp_plan s = weft_dcp_plan_static(lengths, n, world, sc, limit, &models[c]);
+            int sc = weft_plan_min_degree(longest, limit);
+            weft_plan_layout sl = {.world = world, .cp_size = sc, .limit = limit, .cost = models[c]};
+            weft_plan s = weft_plan_make(&sl, lengths, n);
             check_plan(&s, lengths, n, world, limit, &models[c], false);
             for (int m = 0; m < s.n_micro; m++) CHECK(s.micro[m].degree == sc);
-            weft_dcp_plan_free(&s);
+            weft_plan_free(&s);
         }
     // An empty batch plans to nothing.
-    weft_dcp_plan e = weft_dcp_plan_make(WEFT_DCP_HETEROGENEOUS, lengths, 0, 8, limit, &models[0]);
+    weft_plan_layout hl = {.world = 8, .dynamic = true, .mode = WEFT_DCP_HETEROGENEOUS,
+                           .limit = limit, .cost = models[0]};
+    weft_plan e = weft_plan_make(&hl, lengths, 0);
     CHECK(e.n_micro == 0 && e.n_steps == 0);
-    weft_dcp_plan_free(&e);
+    weft_plan_free(&e);
     printf("ok\n");
     return 0;
 }

@@ -395,6 +395,51 @@ static void cpu_add_inplace(weft_backend *self, void *yv, const void *xv, size_t
 }
 
 // --------------------------------------------------------------------------- cross-entropy ----
+//
+// Every head op finds a row's max, argmax and sum of exp(x - max) the same way (row_softmax), so
+// cross_entropy's loss, logprobs and logits_backward agree to the bit.
+
+typedef struct softmax_row {
+    float max;
+    int arg;    // first index of the max
+    double sum; // of exp(x - max), in index order
+} softmax_row;
+
+static softmax_row row_max(const float *row, int V) {
+    softmax_row s = {row[0], 0, 0.0};
+    for (int j = 1; j < V; j++)
+        if (row[j] > s.max) s.max = row[j], s.arg = j;
+    return s;
+}
+
+static softmax_row row_softmax(const float *row, int V) {
+    softmax_row s = row_max(row, V);
+    for (int j = 0; j < V; j++) s.sum += expf(row[j] - s.max);
+    return s;
+}
+
+static float row_loss_of(const softmax_row *s, float target_logit) {
+    return (float)(s->max + log(s->sum) - target_logit);
+}
+
+// H = -sum_j p_j log p_j = log(sum) - sum_j e_j (x_j - max) / sum, with e_j = exp(x_j - max).
+static double row_entropy(const float *row, const softmax_row *s, int V) {
+    double weighted = 0;
+    for (int j = 0; j < V; j++) weighted += expf(row[j] - s->max) * ((double)row[j] - s->max);
+    return log(s->sum) - weighted / s->sum;
+}
+
+// The row becomes scale * (softmax - onehot(y)); returns its loss.
+static float cross_entropy_row(float *row, int y, float scale, int V, bool *correct) {
+    softmax_row s = row_max(row, V);
+    float target_logit = row[y];
+    for (int j = 0; j < V; j++) s.sum += (row[j] = expf(row[j] - s.max));
+    *correct = s.arg == y;
+    float k = (float)(scale / s.sum);
+    for (int j = 0; j < V; j++) row[j] *= k;
+    row[y] -= scale;
+    return row_loss_of(&s, target_logit);
+}
 
 static void cpu_cross_entropy(weft_backend *self, void *logitsv, const int32_t *targets,
                               float scale, float *row_loss, float *correct, int T, int V) {
@@ -403,41 +448,83 @@ static void cpu_cross_entropy(weft_backend *self, void *logitsv, const int32_t *
     for (int t = 0; t < T; t++) {
         float *row = logits + (size_t)t * V;
         int y = targets[t];
-        if (y < 0) {
-            memset(row, 0, sizeof(float) * V);
-            row_loss[t] = 0.0f;
-            if (correct) correct[t] = 0.0f;
-            continue;
-        }
-        float mx = row[0];
-        int arg = 0;
-        for (int j = 1; j < V; j++)
-            if (row[j] > mx) mx = row[j], arg = j;
-        float target_logit = row[y];
-        double sum = 0;
-        for (int j = 0; j < V; j++) sum += (row[j] = expf(row[j] - mx));
-        row_loss[t] = (float)(mx + log(sum) - target_logit);
-        if (correct) correct[t] = arg == y ? 1.0f : 0.0f;
-        float k = (float)(scale / sum);
-        for (int j = 0; j < V; j++) row[j] *= k;
-        row[y] -= scale;
+        bool right = false;
+        if (y < 0) memset(row, 0, sizeof(float) * V);
+        row_loss[t] = y < 0 ? 0.0f : cross_entropy_row(row, y, scale, V, &right);
+        if (correct) correct[t] = right ? 1.0f : 0.0f;
+    }
+}
+
+static void cpu_logprobs(weft_backend *self, const void *logitsv, const int32_t *targets,
+                         float *logprob, float *entropy, float *correct, int T, int V) {
+    const float *logits = logitsv;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *row = logits + (size_t)t * V;
+        int y = targets[t];
+        softmax_row s = y < 0 ? (softmax_row){0} : row_softmax(row, V);
+        logprob[t] = y < 0 ? 0.0f : -row_loss_of(&s, row[y]);
+        if (entropy) entropy[t] = y < 0 ? 0.0f : (float)row_entropy(row, &s, V);
+        if (correct) correct[t] = y >= 0 && s.arg == y ? 1.0f : 0.0f;
+    }
+}
+
+// d/dx_j of (w logp_y + u H) = w (onehot_j - p_j) - u p_j (log p_j + H).
+static void weighted_row(float *row, int y, float w, float u, int V) {
+    softmax_row s = row_softmax(row, V);
+    double H = row_entropy(row, &s, V), lse = s.max + log(s.sum);
+    for (int j = 0; j < V; j++) {
+        double logp = row[j] - lse, p = exp(logp);
+        row[j] = (float)(w * ((j == y) - p) - u * p * (logp + H));
+    }
+}
+
+static void cpu_logits_backward(weft_backend *self, void *logitsv, const int32_t *targets,
+                                const float *d_logprob, const float *d_entropy, int T, int V) {
+    float *logits = logitsv;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *row = logits + (size_t)t * V;
+        int y = targets[t];
+        float w = d_logprob ? d_logprob[t] : 0.0f, u = d_entropy ? d_entropy[t] : 0.0f;
+        bool right;
+        if (y < 0) memset(row, 0, sizeof(float) * V);
+        else if (u == 0.0f) cross_entropy_row(row, y, -w, V, &right); // the SFT path's bits
+        else weighted_row(row, y, w, u, V);
     }
 }
 
 // --------------------------------------------------------------------------------- reductions ----
 
-static double cpu_sum_f32(weft_backend *self, const float *x, size_t N) {
+// Per-thread partial sums over fixed ranges, added in thread order: the same bits on every run
+// (an OpenMP reduction adds its partials in whatever order the threads finish).
+static double sum_in_order(const float *x, size_t N, bool squares) {
+    double partial[256] = {0};
+    int threads = omp_get_max_threads() < 256 ? omp_get_max_threads() : 256;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        size_t lo = N * t / n, hi = N * (t + 1) / n;
+        double acc = 0;
+        for (size_t i = lo; i < hi; i++) acc += squares ? (double)x[i] * x[i] : (double)x[i];
+        partial[t] = acc;
+    }
     double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < N; i++) s += x[i];
+    for (int t = 0; t < threads; t++) s += partial[t];
     return s;
 }
 
+static double cpu_sum_f32(weft_backend *self, const float *x, size_t N) {
+    return sum_in_order(x, N, false);
+}
+
 static double cpu_sumsq_f32(weft_backend *self, const float *x, size_t N) {
-    double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < N; i++) s += (double)x[i] * x[i];
-    return s;
+    return sum_in_order(x, N, true);
+}
+
+static void cpu_accumulate_f32(weft_backend *self, const float *x, size_t N, double scale,
+                               double *acc) {
+    *acc += scale * cpu_sum_f32(self, x, N);
 }
 
 static void cpu_scale_f32(weft_backend *self, float *x, float sc, size_t N) {
@@ -504,8 +591,11 @@ weft_backend *weft_backend_cpu_create(void) {
         .swiglu_backward = cpu_swiglu_backward,
         .add_inplace = cpu_add_inplace,
         .cross_entropy = cpu_cross_entropy,
+        .logprobs = cpu_logprobs,
+        .logits_backward = cpu_logits_backward,
         .sum_f32 = cpu_sum_f32,
         .sumsq_f32 = cpu_sumsq_f32,
+        .accumulate_f32 = cpu_accumulate_f32,
         .scale_f32 = cpu_scale_f32,
         .adamw = cpu_adamw,
         .from_f32 = cpu_from_f32,

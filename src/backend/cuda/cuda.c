@@ -84,8 +84,11 @@ static void *cuda_alloc(weft_backend *self, size_t bytes) {
     return p;
 }
 
+// cudaFree waits for the whole device: it counts as a host wait.
 static void cuda_free(weft_backend *self, void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    CUDA_CHECK(cudaFree(p));
+    self->host_waits++;
 }
 
 // An upload from pageable host memory returns once the driver has staged the bytes, so the caller
@@ -104,6 +107,7 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
     launched(self, "download");
     CUDA_CHECK(cudaStreamSynchronize(s));
+    self->host_waits++;
 }
 
 static void cuda_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
@@ -120,6 +124,7 @@ static void cuda_zero(weft_backend *self, void *dst, size_t bytes) {
 
 static void cuda_synchronize(weft_backend *self) {
     CUDA_CHECK(cudaStreamSynchronize(state(self)->stream));
+    self->host_waits++;
 }
 
 // Scratch of at least `bytes`, kept for later calls. Freed memory may still be in use by queued
@@ -364,9 +369,27 @@ static void cuda_cross_entropy(weft_backend *self, void *logits, const int32_t *
     launched(self, "cross_entropy");
 }
 
+static void cuda_logprobs(weft_backend *self, const void *logits, const int32_t *targets,
+                          float *logprob, float *entropy, float *correct, int T, int V) {
+    weft_cuda_logprobs(STREAM(self), logits, targets, logprob, entropy, correct, T, V);
+    launched(self, "logprobs");
+}
+
+static void cuda_logits_backward(weft_backend *self, void *logits, const int32_t *targets,
+                                 const float *d_logprob, const float *d_entropy, int T, int V) {
+    weft_cuda_logits_backward(STREAM(self), logits, targets, d_logprob, d_entropy, T, V);
+    launched(self, "logits_backward");
+}
+
+static void cuda_accumulate_f32(weft_backend *self, const float *x, size_t N, double scale,
+                                double *acc) {
+    weft_cuda_sum_f32(STREAM(self), x, N, false, scale, true, acc);
+    launched(self, "accumulate_f32");
+}
+
 static double reduce_f32(weft_backend *self, const float *x, size_t N, bool squares) {
     cuda_state *st = state(self);
-    weft_cuda_sum_f32(STREAM(self), x, N, squares, st->sum_result);
+    weft_cuda_sum_f32(STREAM(self), x, N, squares, 1.0, false, st->sum_result);
     launched(self, "sum_f32");
     double result;
     cuda_to_host(self, &result, st->sum_result, sizeof result);
@@ -441,7 +464,7 @@ static void cuda_to_f32(weft_backend *self, float *dst, const void *src, weft_dt
 static void cuda_destroy(weft_backend *self) {
     cuda_state *st = state(self);
     cudaStreamSynchronize(st->stream);
-    weft_cuda_profile_finish(st->profile);
+    weft_cuda_profile_finish(st->profile, self->host_waits);
     for (int i = 0; i < MATMUL_CACHE; i++) destroy_plan(&st->plans[i]);
     cudaFree(st->scratch);
     cudaFree(st->sum_result);
@@ -514,8 +537,11 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .swiglu_backward = cuda_swiglu_backward,
         .add_inplace = cuda_add_inplace,
         .cross_entropy = cuda_cross_entropy,
+        .logprobs = cuda_logprobs,
+        .logits_backward = cuda_logits_backward,
         .sum_f32 = cuda_sum_f32,
         .sumsq_f32 = cuda_sumsq_f32,
+        .accumulate_f32 = cuda_accumulate_f32,
         .scale_f32 = cuda_scale_f32,
         .adamw = cuda_adamw,
         .from_f32 = cuda_from_f32,

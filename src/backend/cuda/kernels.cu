@@ -272,7 +272,8 @@ __global__ void scale_f32_kernel(float *x, float scale, size_t N) {
     for (size_t i = global_index(); i < N; i += global_stride()) x[i] *= scale;
 }
 
-__global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double *result) {
+__global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double scale,
+                               double *result) {
     __shared__ double partial[32];
     double acc = 0.0;
     for (size_t i = global_index(); i < N; i += global_stride()) {
@@ -280,7 +281,7 @@ __global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double *r
         acc += squares ? v * v : v;
     }
     acc = block_sum(acc, partial);
-    if (threadIdx.x == 0) atomicAdd(result, acc);
+    if (threadIdx.x == 0) atomicAdd(result, scale * acc);
 }
 
 extern "C" void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N) {
@@ -296,10 +297,10 @@ extern "C" void weft_cuda_scale_f32(weft_cuda_stream s, float *x, float scale, s
 }
 
 extern "C" void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, bool squares,
-                                  double *result) {
-    cudaMemsetAsync(result, 0, sizeof(double), s);
+                                  double scale, bool accumulate, double *result) {
+    if (!accumulate) cudaMemsetAsync(result, 0, sizeof(double), s);
     if (N == 0) return;
-    WEFT_LAUNCH(sum_f32_kernel, grid_for(N), 256, 0, s, x, N, squares, result);
+    WEFT_LAUNCH(sum_f32_kernel, grid_for(N), 256, 0, s, x, N, squares, scale, result);
 }
 
 // ----------------------------------------------------------------------------------- adamw ----

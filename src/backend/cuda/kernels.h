@@ -46,9 +46,10 @@ void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void 
 // y (N) bf16 += x (N) bf16 ; x (N) f32 *= scale
 void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N);
 void weft_cuda_scale_f32(weft_cuda_stream s, float *x, float scale, size_t N);
-// *result (device double) = sum of x, or of x squared; the caller reads it back.
-void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, bool squares,
-                       double *result);
+// *result (device double) = sum of x, or of x squared, times scale; with accumulate it is added
+// to *result instead.
+void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, bool squares, double scale,
+                       bool accumulate, double *result);
 
 // AdamW over N elements with fp32 state; with master != NULL the fp32 master is updated and
 // param (bf16) is its rounding, else param is the fp32 tensor itself.
@@ -60,6 +61,14 @@ void weft_cuda_adamw(weft_cuda_stream s, void *param, float *master, const float
 // scale * (softmax - onehot), the rest 0; row_loss (T) f32, correct (T) f32 or NULL.
 void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const int32_t *targets,
                              float scale, float *row_loss, float *correct, int T, int V);
+// The targets' log-probs (T) f32, entropy (T) f32 or NULL and correct (T) f32 or NULL from logits
+// (T, V) bf16, which stay as they are.
+void weft_cuda_logprobs(weft_cuda_stream s, const void *logits, const int32_t *targets,
+                        float *logprob, float *entropy, float *correct, int T, int V);
+// In place on logits (T, V) bf16: the gradient of sum_t d_logprob[t] logp_t + d_entropy[t] H_t
+// (d_entropy may be NULL); rows without a target become 0.
+void weft_cuda_logits_backward(weft_cuda_stream s, void *logits, const int32_t *targets,
+                               const float *d_logprob, const float *d_entropy, int T, int V);
 
 // Varlen causal attention, grouped-query heads, as the backend op (backend.h) describes.
 // q (Tq, H, D), k/v (Tkv, KV, D), out (Tq, H, D) bf16; lse (H, Tq) f32. Every tensor is dense;

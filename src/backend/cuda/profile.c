@@ -74,7 +74,7 @@ static int by_time(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-void weft_cuda_profile_finish(weft_cuda_profile *p) {
+void weft_cuda_profile_finish(weft_cuda_profile *p, long host_waits) {
     if (!p) return;
     resolve(p);
     double total = 0.0;
@@ -88,6 +88,8 @@ void weft_cuda_profile_finish(weft_cuda_profile *p) {
                 1e3 * t->ms / (double)t->calls, total > 0 ? 100.0 * t->ms / total : 0.0);
     }
     fprintf(stderr, "  %-28s %8s %11.2f\n", "all", "", total);
+    fprintf(stderr, "cuda profile: the host waited for the GPU %ld times (downloads, "
+                    "synchronizations, frees)\n", host_waits);
     for (int i = 0; i <= RING; i++) cudaEventDestroy(p->events[i]);
     weft_free(p);
 }

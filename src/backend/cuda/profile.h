@@ -11,5 +11,5 @@ typedef struct weft_cuda_profile weft_cuda_profile;
 weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream);
 // Marks the end of the op just queued; `name` must outlive the profile (a string literal).
 void weft_cuda_profile_op(weft_cuda_profile *p, const char *name);
-// Prints the table and frees the profile.
-void weft_cuda_profile_finish(weft_cuda_profile *p);
+// Prints the table, with how often the host waited for the GPU, and frees the profile.
+void weft_cuda_profile_finish(weft_cuda_profile *p, long host_waits);

@@ -1,9 +1,10 @@
-// Micro-batch plans: every document in exactly one micro-batch, no micro-batch over the budget,
-// the same plan twice, cost balanced across micro-batches, contiguous cuts non-empty.
+// The planner's packing of one group's documents: every document in exactly one micro-batch, no
+// micro-batch over the budget, the same plan twice, cost balanced across micro-batches;
+// contiguous cuts non-empty.
 #include <stdio.h>
 #include <string.h>
 
-#include "data/microbatch.h"
+#include "parallel/planner.h"
 
 static int failures = 0;
 #define CHECK(c, ...)                                                                              \
@@ -16,7 +17,7 @@ static int failures = 0;
         }                                                                                          \
     } while (0)
 
-static void check_cover(const weft_microbatch_plan *p, int n) {
+static void check_cover(const weft_plan *p, int n) {
     int seen[4096] = {0};
     CHECK(p->offsets[0] == 0 && p->offsets[p->n_micro] == n, "plan covers %d of %d docs",
           p->offsets[p->n_micro], n);
@@ -40,8 +41,9 @@ int main(void) {
         total += lengths[i];
     }
     const int budget = 4096;
-    weft_microbatch_plan a = weft_plan_packed(lengths, 1000, budget, 1e-3, 1.0);
-    weft_microbatch_plan b = weft_plan_packed(lengths, 1000, budget, 1e-3, 1.0);
+    const weft_cost_model cost = {.alpha = 1e-3, .beta = 1.0}; // alpha*L^2 + beta*L
+    weft_plan a = weft_plan_pack(lengths, 1000, budget, &cost);
+    weft_plan b = weft_plan_pack(lengths, 1000, budget, &cost);
     check_cover(&a, 1000);
     CHECK(a.n_micro == b.n_micro && !memcmp(a.docs, b.docs, sizeof(int) * 1000),
           "same input gave different plans");
@@ -68,14 +70,14 @@ int main(void) {
 
     for (int parts = 1; parts <= 7; parts++) {
         int small[7] = {5, 1, 300, 2, 2, 80, 9};
-        weft_microbatch_plan c = weft_plan_contiguous(small, 7, parts);
+        weft_plan c = weft_plan_contiguous(small, 7, parts);
         CHECK(c.n_micro == parts, "contiguous gave %d of %d parts", c.n_micro, parts);
         check_cover(&c, 7);
         for (int k = 1; k < 7; k++) CHECK(c.docs[k] == k, "contiguous plan reorders documents");
-        weft_microbatch_plan_free(&c);
+        weft_plan_free(&c);
     }
-    weft_microbatch_plan_free(&a);
-    weft_microbatch_plan_free(&b);
+    weft_plan_free(&a);
+    weft_plan_free(&b);
     printf(failures ? "FAILED\n" : "ok\n");
     return failures != 0;
 }

@@ -1,0 +1,201 @@
+// The decoder's blocks over a packed batch: linear layers, a decoder layer (attention and MLP) and
+// a multi-token-prediction module, forward and backward, in the activation arena of the pass.
+#include "model/internal.h"
+
+// ------------------------------------------------------------------------------- linear ops ----
+
+static const void *weight_of(const weft_model *m, weight_view w) {
+    return (const char *)weft_model_param(m, w.param) +
+           (size_t)w.col * weft_dtype_size(m->be->param_dtype);
+}
+
+void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
+                         int out, float beta) {
+    weft_backend *be = m->be;
+    weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, y, out, ty);
+}
+
+void weft_linear_backward(weft_model *m, const void *x, weight_view w, const void *dy, void *dx,
+                          int T, int in, int out, float dx_beta) {
+    weft_backend *be = m->be;
+    weft_matmul_types tx = {be->act_dtype, be->param_dtype, be->act_dtype};
+    weft_matmul_types tw = {be->act_dtype, be->act_dtype, WEFT_F32};
+    be->matmul(be, false, false, T, in, out, 1.0f, dy, out, weight_of(m, w), w.ld, dx_beta, dx, in,
+               tx);
+    be->matmul(be, true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f,
+               weft_model_grad(m, w.param) + w.col, w.ld, tw);
+}
+
+static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, int in, int out,
+                           float beta) {
+    weft_linear_forward(m, x, whole_weight(w, in), y, T, in, out, beta);
+}
+
+static void linear_backward(weft_model *m, const void *x, int w, const void *dy, void *dx, int T,
+                            int in, int out, float dx_beta) {
+    weft_linear_backward(m, x, whole_weight(w, in), dy, dx, T, in, out, dx_beta);
+}
+
+// ------------------------------------------------------------------------- decoder layer ----
+
+// Fills a->k_full / v_full with every key row layer l's attention sees, through the provider.
+static void gather_kv(int l, const layer_acts *la, weft_activations *a,
+                      const weft_kv_provider *kv) {
+    if (a->kv_full_layer == l) return;
+    kv->gather(kv->ctx, l, la->k, a->k_full, a->d.kvd, a->dk_full); // dk_full: free until backward
+    a->kv_full_layer = l;
+}
+
+layer_acts *weft_layer_acts(weft_model *m, weft_activations *a, int l) {
+    if (a->keep == KEEP_ALL) return &a->layers[l];
+    a->scratch.x_in = a->keep == KEEP_NONE ? a->ping[l & 1] : a->layers[l].x_in;
+    return &a->scratch;
+}
+
+void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *a, void *out,
+                        const weft_kv_provider *kv) {
+    weft_backend *be = m->be;
+    const weft_layer_params *p = &m->layers[l];
+    dims d = a->d;
+    size_t esz = weft_dtype_size(be->act_dtype);
+    double theta = m->cfg.rope_theta;
+    float eps = (float)m->cfg.rms_norm_eps;
+
+    be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
+                        d.T, d.C);
+    linear_forward(m, la->ln1, p->q_w, la->q, d.T, d.C, d.qd, 0.0f);
+    linear_forward(m, la->ln1, p->k_w, la->k, d.T, d.C, d.kvd, 0.0f);
+    linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
+    if (p->q_b != WEFT_ABSENT) {
+        be->bias_forward(be, la->q, weft_model_param(m, p->q_b), d.T, d.qd);
+        be->bias_forward(be, la->k, weft_model_param(m, p->k_b), d.T, d.kvd);
+        be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
+    }
+    be->rope_forward(be, la->q, a->positions, theta, d.T, d.H, d.D);
+    be->rope_forward(be, la->k, a->positions, theta, d.T, d.KV, d.D);
+    const void *k = la->k, *v = la->v;
+    if (kv) {
+        gather_kv(l, la, a, kv);
+        k = a->k_full, v = a->v_full;
+    }
+    be->attention_forward(be, la->q, k, v, &a->layout, la->att, la->lse, d.H, d.KV, d.D);
+    be->copy(be, la->res1, la->x_in, esz * d.T * d.C);
+    linear_forward(m, la->att, p->o_w, la->res1, d.T, d.qd, d.C, 1.0f);
+
+    be->rmsnorm_forward(be, la->res1, weft_model_param(m, p->post_norm), eps, la->ln2, la->rstd2,
+                        d.T, d.C);
+    linear_forward(m, la->ln2, p->gate_w, la->gate, d.T, d.C, d.I, 0.0f);
+    linear_forward(m, la->ln2, p->up_w, la->up, d.T, d.C, d.I, 0.0f);
+    be->swiglu_forward(be, la->gate, la->up, la->act, (size_t)d.T * d.I);
+    be->copy(be, out, la->res1, esz * d.T * d.C);
+    linear_forward(m, la->act, p->down_w, out, d.T, d.I, d.C, 1.0f);
+}
+
+// Attention's backward from a->d_att into a->d_q, d_k, d_v; through the provider's reduce-scatter
+// when the keys came from it.
+static void attention_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
+                               const weft_kv_provider *kv) {
+    weft_backend *be = m->be;
+    dims d = a->d;
+    if (!kv) {
+        be->attention_backward(be, la->q, la->k, la->v, &a->layout, la->att, la->lse, a->d_att,
+                               a->d_q, a->d_k, a->d_v, d.H, d.KV, d.D);
+        return;
+    }
+    WEFT_CHECK(kv->reduce_scatter, "internal: a backward through a key/value provider that "
+               "takes no gradients (a KV cache)");
+    gather_kv(l, la, a, kv); // a no-op when this layer's keys are still there
+    be->attention_backward(be, la->q, a->k_full, a->v_full, &a->layout, la->att, la->lse,
+                           a->d_att, a->d_q, a->dk_full, a->dv_full, d.H, d.KV, d.D);
+    kv->reduce_scatter(kv->ctx, l, a->dk_full, a->d_k, d.kvd, a->k_full); // k_full is spent
+    a->kv_full_layer = -1;
+}
+
+void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
+                         const weft_kv_provider *kv) {
+    weft_backend *be = m->be;
+    const weft_layer_params *p = &m->layers[l];
+    dims d = a->d;
+    double theta = m->cfg.rope_theta;
+
+    // MLP: out = res1 + down(swiglu(gate(ln2), up(ln2)))
+    linear_backward(m, la->act, p->down_w, a->d_res, a->d_act, d.T, d.I, d.C, 0.0f);
+    be->swiglu_backward(be, la->gate, la->up, a->d_act, a->d_gate, a->d_up, (size_t)d.T * d.I);
+    linear_backward(m, la->ln2, p->gate_w, a->d_gate, a->d_ln, d.T, d.C, d.I, 0.0f);
+    linear_backward(m, la->ln2, p->up_w, a->d_up, a->d_ln, d.T, d.C, d.I, 1.0f);
+    be->rmsnorm_backward(be, la->res1, weft_model_param(m, p->post_norm), la->rstd2, a->d_ln,
+                         a->d_res, weft_model_grad(m, p->post_norm), d.T, d.C);
+
+    // Attention: res1 = x_in + o(attn(rope(q), rope(k), v))
+    linear_backward(m, la->att, p->o_w, a->d_res, a->d_att, d.T, d.qd, d.C, 0.0f);
+    attention_backward(m, l, la, a, kv);
+    be->rope_backward(be, a->d_q, a->positions, theta, d.T, d.H, d.D);
+    be->rope_backward(be, a->d_k, a->positions, theta, d.T, d.KV, d.D);
+    if (p->q_b != WEFT_ABSENT) {
+        be->bias_backward(be, a->d_q, weft_model_grad(m, p->q_b), d.T, d.qd);
+        be->bias_backward(be, a->d_k, weft_model_grad(m, p->k_b), d.T, d.kvd);
+        be->bias_backward(be, a->d_v, weft_model_grad(m, p->v_b), d.T, d.kvd);
+    }
+    linear_backward(m, la->ln1, p->q_w, a->d_q, a->d_ln, d.T, d.C, d.qd, 0.0f);
+    linear_backward(m, la->ln1, p->k_w, a->d_k, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+    linear_backward(m, la->ln1, p->v_w, a->d_v, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+    be->rmsnorm_backward(be, la->x_in, weft_model_param(m, p->input_norm), la->rstd1, a->d_ln,
+                         a->d_res, weft_model_grad(m, p->input_norm), d.T, d.C);
+}
+
+// ---------------------------------------------------------------------------- MTP module ----
+
+// eh_proj's two halves: columns [0, C) read enorm(Emb(x)), columns [C, 2C) read hnorm(h_{k-1}).
+static weight_view eh_half(const weft_model *m, int k, int half) {
+    int C = m->cfg.hidden_size;
+    return (weight_view){m->mtp[k].eh_proj, half * C, 2 * C};
+}
+
+void weft_mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_prev,
+                      const weft_kv_provider *kv) {
+    weft_backend *be = m->be;
+    const weft_mtp_params *p = &m->mtp[k];
+    mtp_acts *mk = &a->mtp[k];
+    dims d = a->d;
+    int l = m->cfg.num_layers + k;
+    float eps = (float)m->cfg.rms_norm_eps;
+    be->embedding_forward(be, mk->inputs, weft_model_param(m, m->embed), mk->emb, d.T, d.C);
+    be->rmsnorm_forward(be, mk->emb, weft_model_param(m, p->enorm), eps, mk->en, mk->rstd_e, d.T,
+                        d.C);
+    be->rmsnorm_forward(be, h_prev, weft_model_param(m, p->hnorm), eps, mk->hn, mk->rstd_h, d.T,
+                        d.C);
+    layer_acts *la = weft_layer_acts(m, a, l);
+    weft_linear_forward(m, mk->en, eh_half(m, k, 0), la->x_in, d.T, d.C, d.C, 0.0f);
+    weft_linear_forward(m, mk->hn, eh_half(m, k, 1), la->x_in, d.T, d.C, d.C, 1.0f);
+    weft_layer_forward(m, l, la, a, mk->out, kv);
+    be->rmsnorm_forward(be, mk->out, weft_model_param(m, p->final_norm), eps, mk->h, mk->rstd_f,
+                        d.T, d.C);
+}
+
+void weft_mtp_backward(weft_model *m, weft_activations *a, int k, const void *h_prev,
+                       const weft_kv_provider *kv) {
+    weft_backend *be = m->be;
+    const weft_mtp_params *p = &m->mtp[k];
+    mtp_acts *mk = &a->mtp[k];
+    dims d = a->d;
+    int l = m->cfg.num_layers + k;
+    size_t row = weft_dtype_size(be->act_dtype) * d.T * d.C;
+    if (k + 1 < m->cfg.num_mtp) be->add_inplace(be, mk->d_head, a->d_carry, (size_t)d.T * d.C);
+    be->zero(be, a->d_res, row);
+    be->rmsnorm_backward(be, mk->out, weft_model_param(m, p->final_norm), mk->rstd_f, mk->d_head,
+                         a->d_res, weft_model_grad(m, p->final_norm), d.T, d.C);
+    layer_acts *la = weft_layer_acts(m, a, l);
+    if (a->keep == KEEP_INPUTS) weft_layer_forward(m, l, la, a, mk->out, kv); // out is free now
+    weft_layer_backward(m, l, la, a, kv);
+    // a->d_res = dL/dz; split it through eh_proj's halves.
+    weft_linear_backward(m, mk->en, eh_half(m, k, 0), a->d_res, a->d_ln, d.T, d.C, d.C, 0.0f);
+    weft_linear_backward(m, mk->hn, eh_half(m, k, 1), a->d_res, a->d_aux, d.T, d.C, d.C, 0.0f);
+    be->zero(be, a->d_res, row);
+    be->rmsnorm_backward(be, mk->emb, weft_model_param(m, p->enorm), mk->rstd_e, a->d_ln, a->d_res,
+                         weft_model_grad(m, p->enorm), d.T, d.C);
+    be->embedding_backward(be, mk->inputs, a->d_res, weft_model_grad(m, m->embed), d.T, d.C);
+    be->zero(be, a->d_carry, row);
+    be->rmsnorm_backward(be, h_prev, weft_model_param(m, p->hnorm), mk->rstd_h, a->d_aux,
+                         a->d_carry, weft_model_grad(m, p->hnorm), d.T, d.C);
+}

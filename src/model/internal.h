@@ -1,0 +1,105 @@
+// model (private): what the model's files share: the activation arena of a pass (laid out by
+// activations.c), the decoder blocks' forward and backward in it (blocks.c), run by the passes
+// (passes.c).
+#pragma once
+#include "model/model.h"
+
+// How much of a forward a pass keeps for its backward.
+typedef enum {
+    KEEP_NONE,   // scoring: nothing; layers run in one scratch set
+    KEEP_INPUTS, // recomputation: each layer's input, the rest recomputed in backward
+    KEEP_ALL,    // every layer's activations
+} keep_mode;
+
+// A micro-batch's sizes.
+typedef struct dims {
+    int T, C, I, H, KV, D, qd, kvd, n_docs, T_kv;
+} dims;
+
+// What one decoder layer keeps for its backward pass.
+typedef struct layer_acts {
+    void *x_in;            // (T, C) layer input; always kept, it is where recomputation restarts
+    void *ln1, *q, *k, *v; // (T, C), (T, H*D), (T, KV*D) x2; q and k after RoPE
+    void *att;             // (T, H*D)
+    float *lse, *rstd1;    // (H, T), (T)
+    void *res1, *ln2;      // (T, C) residual after attention, its norm
+    float *rstd2;          // (T)
+    void *gate, *up, *act; // (T, I)
+} layer_acts;
+
+// One MTP module's tensors besides its decoder layer's (which live in layers[L + k]).
+typedef struct mtp_acts {
+    void *emb, *en, *hn;              // (T, C) Emb(shifted tokens), its norm, norm of h_{k-1}
+    void *out, *h;                    // (T, C) the layer's output and h_k after final_layernorm
+    float *rstd_e, *rstd_h, *rstd_f;  // (T)
+    void *d_head;                     // (T, C) dL/dh_k through this depth's logits
+    int32_t *inputs, *targets;        // (T) device copies of the batch's rows
+} mtp_acts;
+
+struct weft_activations {
+    char *arena;
+    size_t capacity, used, peak;
+    keep_mode keep;     // of the last forward
+    bool fused;         // the last forward ran the heads' backward already (fused cross-entropy)
+    bool backward_due;  // a kept forward waits for its backward
+    dims d;
+    layer_acts *layers; // (L + D) kept per layer; without KEEP_ALL only x_in (none at KEEP_NONE)
+    layer_acts scratch; // the one layer's worth recomputation and scoring work in
+    void *ping[2];      // KEEP_NONE: the layer inputs, alternating
+    mtp_acts *mtp;      // (D); at KEEP_NONE every module shares mtp[0]'s buffers
+    void *x_out, *lnf, *logits;          // (T, C), (T, C), (T, V): one logits buffer for all heads
+    float *rstdf, *row_loss, *correct;   // (T)
+    void *d_head0;                       // (T, C) dL/d(lnf) through the main head
+    void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
+    // With a key/value provider: one layer's key rows (2, T_kv, KV*D) and a second such block,
+    // shared by all layers, so memory stays proportional to this rank's rows plus one layer's
+    // keys. The second holds the keys' gradients in backward and is the provider's scratch in
+    // forward; k_full is the scratch of the backward's reduce-scatter.
+    void *k_full, *v_full, *dk_full, *dv_full;
+    int kv_full_layer; // whose keys k_full holds now (-1: none), so backward gathers only if needed
+    int32_t *tokens, *positions, *targets, *cu_seqlens, *cu_seqlens_kv;
+    weft_attention_layout layout;
+};
+
+// Lays the arena out for a micro-batch (growing it, never shrinking, so steady state allocates
+// nothing) and returns it; the peak is what the arena has ever held.
+weft_activations *weft_activations_prepare(weft_model *m, keep_mode keep, dims d, bool provider);
+void weft_activations_free(weft_model *m);
+// Bytes such a pass keeps (the arena's size for it).
+size_t weft_activations_bytes(const weft_model *m, keep_mode keep, dims d, bool provider);
+
+// ------------------------------------------------------------------------------ blocks.c ----
+
+// A weight as the matmul sees it: the (out, in) block starting at column `col` of parameter
+// `param`, whose rows are `ld` elements apart. Whole Hugging Face matrices have col 0, ld = in;
+// eh_proj's two halves are the views that turn a concatenated input into two products.
+typedef struct weight_view {
+    int param, col, ld;
+} weight_view;
+
+static inline weight_view whole_weight(int param, int in) { return (weight_view){param, 0, in}; }
+
+// y (T, out) = x (T, in) W^T + beta * y
+void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
+                         int out, float beta);
+// dx (T, in) = dy W + dx_beta * dx ; dW (out, in) += dy^T x
+void weft_linear_backward(weft_model *m, const void *x, weight_view w, const void *dy, void *dx,
+                          int T, int in, int out, float dx_beta);
+
+// The layer activations a pass works in for layer l: its own, or (recomputing, scoring) the
+// shared scratch set pointed at its input.
+layer_acts *weft_layer_acts(weft_model *m, weft_activations *a, int l);
+// Decoder layer l from la->x_in: everything its backward needs, and its output into out.
+void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *a, void *out,
+                        const weft_kv_provider *kv);
+// a->d_res holds dL/d(layer output) on entry and dL/d(layer input) on exit.
+void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
+                         const weft_kv_provider *kv);
+
+// MTP module k (0-based) from h_prev (T, C) and the shifted tokens in a->mtp[k].inputs to h_k.
+void weft_mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_prev,
+                      const weft_kv_provider *kv);
+// On entry a->d_carry holds dL/dh_k from module k+1 (when there is one) and a->mtp[k].d_head
+// dL/dh_k through its own head; on exit a->d_carry holds dL/dh_{k-1} from this module.
+void weft_mtp_backward(weft_model *m, weft_activations *a, int k, const void *h_prev,
+                       const weft_kv_provider *kv);

@@ -1,0 +1,42 @@
+// train: the pieces every verb builds a job from: the tokenizer, the documents, the backend and
+// the model, each from the job's settings.
+#pragma once
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "data/jsonl.h"
+#include "data/tokenizer.h"
+#include "model/model.h"
+#include "train/config.h"
+
+// The job's tokenizer: data.tokenizer, or byte-level.
+weft_tokenizer *weft_job_tokenizer(const weft_job_config *cfg);
+// The job's documents (data.source tokenized by data.tokenizer, checked or cut against the
+// longest document `world` ranks can train); *tok receives the tokenizer.
+weft_document_set *weft_job_load_data(const weft_job_config *cfg, int world,
+                                      weft_tokenizer **tok);
+// Documents are visited in a fresh permutation each epoch, a pure function of (seed, epoch), so a
+// resumed run needs only (epoch, cursor) to continue the same order.
+typedef struct weft_data_order {
+    int n;
+    int *perm;     // (n) this epoch's order
+    uint64_t seed;
+    int epoch;     // data epoch
+    long cursor;   // next document of the epoch's permutation
+} weft_data_order;
+void weft_data_order_start(weft_data_order *o, int n, uint64_t seed, int epoch, long cursor);
+// The next global batch: batch_size documents, continuing into the next epoch when one ends.
+void weft_data_order_next(weft_data_order *o, const weft_document_set *set, weft_document *out,
+                          int batch_size);
+void weft_data_order_free(weft_data_order *o);
+// The train.global_batch_size documents of the job's first step, in training's order.
+void weft_job_first_batch(const weft_job_config *cfg, const weft_document_set *data,
+                          weft_document *out);
+// The backend of the job's `device`, one GPU per rank of a node, with `world`'s collectives able
+// to move its buffers.
+weft_backend *weft_job_backend(const weft_job_config *cfg, weft_comm *world);
+// The job's model: from model.path's config.json, or from the model.* settings with the
+// tokenizer's `vocab` entries.
+void weft_job_model_config(const weft_job_config *cfg, int vocab, weft_model_config *mc);
+// Builds it on `be` for the job's layout: model.path's weights, or a random start.
+weft_model *weft_job_build_model(weft_backend *be, const weft_comm *world,
+                                 const weft_job_config *cfg, int vocab);
