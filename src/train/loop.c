@@ -26,9 +26,10 @@ static void report_step(progress *p, int step, const weft_step_result *r, double
     double eta = step > 0 ? elapsed / step * remaining : 0;
     fprintf(p->metrics,
             "{\"step\": %d, \"loss\": %.17g, \"accuracy\": %.6g, \"lr\": %.6g, \"grad_norm\": %.6g, "
-            "\"tokens\": %ld, \"targets\": %ld, \"tokens_per_s\": %.1f, \"step_seconds\": %.4f",
+            "\"tokens\": %ld, \"targets\": %ld, \"tokens_per_s\": %.1f, \"step_seconds\": %.4f, "
+            "\"host_waits\": %ld",
             step, r->loss, r->accuracy, r->lr, r->grad_norm, r->n_tokens, r->n_targets, tok_s,
-            r->seconds);
+            r->seconds, r->host_waits);
     if (r->mtp_depth > 0) {
         const char *sep = "";
         fprintf(p->metrics, ", \"mtp_loss\": [");

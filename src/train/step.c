@@ -272,6 +272,7 @@ static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_doc
     double t0 = weft_now_seconds();
     weft_model *m = t->model;
     weft_backend *be = m->be;
+    long waits = be->host_waits;
     int heads = weft_model_heads(m), D = m->cfg.num_mtp;
     WEFT_CHECK(!(out && out->logits) || weft_comm_size(t->world) == 1,
                "--logits needs a single process; run weft grad without mpirun");
@@ -319,6 +320,7 @@ static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_doc
     outputs_end(&o, t->world, n_docs);
     reduce_metrics(t, counts, backward ? owned_sumsq(t) : 0.0, &r);
     r.seconds = weft_now_seconds() - t0;
+    r.host_waits = be->host_waits - waits;
     return r;
 }
 
@@ -338,14 +340,16 @@ void weft_trainer_set_row_limit(weft_trainer *t, int rows) { t->layout.limit = r
 weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, int n_docs) {
     WEFT_CHECK(t->opt, "internal: trainer built without an optimizer");
     double t0 = weft_now_seconds();
-    weft_step_result r = weft_trainer_gradients(t, docs, n_docs, NULL);
     weft_model *m = t->model;
+    long waits = m->be->host_waits;
+    weft_step_result r = weft_trainer_gradients(t, docs, n_docs, NULL);
     size_t lo = t->opt->lo, hi = t->opt->hi;
     double clip = weft_clip_factor(&t->opt->cfg, r.grad_norm);
     if (clip < 1.0) m->be->scale_f32(m->be, m->grad_buf + lo, (float)clip, hi - lo);
     r.lr = weft_optimizer_step(t->opt, m->param_buf, m->grad_buf, t->segs, t->n_segs);
     weft_dp_gather_parameters(t->dp);
     r.seconds = weft_now_seconds() - t0;
+    r.host_waits = m->be->host_waits - waits;
     return r;
 }
 

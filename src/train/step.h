@@ -42,6 +42,7 @@ typedef struct weft_step_result {
     double seconds;
     double sync_wait_seconds; // time blocked finishing the gradient collectives after backward
     double cp_comm_seconds;   // time in context-parallel key/value collectives
+    long host_waits;          // times the host waited for the device during the step
 } weft_step_result;
 
 // Host arrays a pass fills, rows in batch order (T_total = the batch's tokens), each optional.

@@ -220,6 +220,37 @@ static void test_cross_entropy(void) {
     release(&logits), release(&loss), release(&correct), release_ints(&targets);
 }
 
+// logprobs (logits unchanged), logits_backward with log-prob and entropy weights, and the device
+// accumulation of a sum.
+static void test_head_ops(void) {
+    int T = 9, V = 5000;
+    int32_t y[9] = {3, -1, 4999, 0, 17, -1, 2500, 1, 4000};
+    ints targets = upload_ints(y, T);
+    twin logits = act((size_t)T * V, 3), logp = zeros(T, WEFT_F32), H = zeros(T, WEFT_F32);
+    twin correct = zeros(T, WEFT_F32), w = f32(T, 1), u = f32(T, 1);
+    cpu->logprobs(cpu, logits.c, targets.c, logp.c, H.c, correct.c, T, V);
+    gpu->logprobs(gpu, logits.g, targets.g, logp.g, H.g, correct.g, T, V);
+    compare("logprobs logp", &logp, 1e-5);
+    compare("logprobs entropy", &H, 1e-5);
+    compare("logprobs correct", &correct, 0);
+    compare("logprobs leaves the logits", &logits, BF16_TOL);
+    cpu->logits_backward(cpu, logits.c, targets.c, w.c, u.c, T, V);
+    gpu->logits_backward(gpu, logits.g, targets.g, w.g, u.g, T, V);
+    compare("logits_backward gradient (in place)", &logits, BF16_TOL);
+    double acc[2] = {0.5, 0.5};
+    double *acc_g = gpu->alloc(gpu, sizeof(double));
+    gpu->to_device(gpu, acc_g, &acc[1], sizeof(double));
+    cpu->accumulate_f32(cpu, logp.c, T, -2.0, &acc[0]);
+    gpu->accumulate_f32(gpu, logp.g, T, -2.0, acc_g);
+    gpu->to_host(gpu, &acc[1], acc_g, sizeof(double));
+    bool ok = fabs(acc[0] - acc[1]) <= 1e-5 * fabs(acc[0]);
+    printf("%-52s |d| %.2e %s\n", "accumulate_f32", fabs(acc[0] - acc[1]), ok ? "ok" : "FAIL");
+    failures += !ok;
+    gpu->free(gpu, acc_g);
+    release(&logits), release(&logp), release(&H), release(&correct), release(&w), release(&u);
+    release_ints(&targets);
+}
+
 static void test_adamw(void) {
     size_t N = 777;
     twin master = f32(N, 1), grad = f32(N, 1), m = f32(N, 0.1), v = make(N, WEFT_F32, 0, false);
@@ -325,6 +356,7 @@ int main(void) {
     test_rope();
     test_swiglu_add_scale_sums();
     test_cross_entropy();
+    test_head_ops();
     test_adamw();
     weft_backend_destroy(gpu);
     // Both attention kernel families, each on a backend of its own.
