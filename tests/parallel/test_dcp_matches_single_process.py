@@ -11,6 +11,7 @@ one clear error, and no output is written."""
 import os, re, subprocess, sys
 
 from reference import qwen2
+from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import mpirun, run_ranks
 
@@ -114,7 +115,7 @@ def body(weft, tmp):
             ran = ran_degrees(stdout, ranks)
             if ran != planned or not any(4 in r for r in ran):
                 failures.append(f"{tag}: the job ran degrees {ran}, the plan says {planned}")
-            worst = max((qwen2.rel_err(got[k], ref[k])[0], k) for k in ref)
+            worst = max((rel_err(got[k], ref[k])[0], k) for k in ref)
             status = "ok" if worst[0] <= TOL else "FAIL"
             print(f"{status} {tag}: worst {worst[1]} {worst[0]:.2e} (tol {TOL}); loss "
                   f"{float(got['loss']):.7f} vs {float(ref['loss']):.7f}")

@@ -15,6 +15,7 @@ import tempfile
 import numpy as np
 
 from reference import qwen2
+from reference.compare import compare, compare_all, identical
 
 
 def run_test(body, tmp_prefix, summary="comparisons over tolerance or failed"):
@@ -73,28 +74,28 @@ def compare_loss_and_grads(out, loss, grads, tol, logits=None, mtp_losses=None,
     """Compares weft's output tensors `out` with a reference: "loss" with loss, "logits" with
     logits when given, "mtp_losses" with mtp_losses (the per-depth MTP losses, shape (D,)) when
     given, and every "grad.<name>" with grads[name] (and no extra grad.*), each to
-    max|diff|/max|ref| <= tol (qwen2.compare; grad_scales {name: scale} passes compare's scale
+    max|diff|/max|ref| <= tol (compare.compare; grad_scales {name: scale} passes compare's scale
     for gradients that are zero only by cancellation). Returns the names that failed."""
     bad = []
-    if not qwen2.compare("loss", out.get("loss"), loss, tol):
+    if not compare("loss", out.get("loss"), loss, tol):
         bad.append("loss")
-    if logits is not None and not qwen2.compare("logits", out.get("logits"), logits, tol):
+    if logits is not None and not compare("logits", out.get("logits"), logits, tol):
         bad.append("logits")
     if mtp_losses is not None:
         got = out.get("mtp_losses")
         if got is not None and np.shape(got) == np.shape(mtp_losses):
             print("  mtp_losses: weft " + " ".join(f"{float(x):.8f}" for x in np.ravel(got))
                   + " | reference " + " ".join(f"{float(x):.8f}" for x in np.ravel(mtp_losses)))
-        if not qwen2.compare("mtp_losses", got, mtp_losses, tol):
+        if not compare("mtp_losses", got, mtp_losses, tol):
             bad.append("mtp_losses")
-    bad += qwen2.compare_all("grad.", out, grads, tol, scales=grad_scales)
+    bad += compare_all("grad.", out, grads, tol, scales=grad_scales)
     return bad
 
 
 def outputs_identical(a, b, names):
-    """qwen2.identical on each of `names` in weft outputs a and b (both must hold it). Returns the
+    """compare.identical on each of `names` in weft outputs a and b (both must hold it). Returns the
     names that are missing or differ in any bit."""
-    return [n for n in names if not qwen2.identical(n, b.get(n), a.get(n))]
+    return [n for n in names if not identical(n, b.get(n), a.get(n))]
 
 
 def cosine(a, b):

@@ -11,6 +11,7 @@ import os
 import sys
 
 from reference import fixtures, qwen2
+from reference.compare import identical
 
 CFG = dict(qwen2.SMALL_CFG, num_hidden_layers=4, tie_word_embeddings=False)
 LENGTHS = [40, 1, 2, 71, 64, 53]
@@ -54,7 +55,7 @@ def cases(weft, tmp):
         for n in names:
             if n == "loss" or n == "step_losses" or n.startswith(("grad.", "param.")):
                 checked += 1
-                if not qwen2.identical(n, b.get(n), a.get(n)):
+                if not identical(n, b.get(n), a.get(n)):
                     failures.append(f"{n} differs between recompute off and on")
         for n in ["loss", "step_losses"] + ["grad." + k for k in params] + [
                 "param." + k for k in params]:
