@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from reference import fixtures, qwen2
+from reference import fixtures, qwen2, runner
 
 LOSS_RTOL = 1e-2
 MIN_COSINE = 0.999
@@ -89,7 +89,7 @@ def cases(weft, tmp, weft_cuda):
 
 
 def main():
-    weft_cuda, emulated = fixtures.cuda_weft(qwen2.weft_path(), 1)
+    weft_cuda, emulated = fixtures.cuda_weft(runner.weft_path(), 1)
     if weft_cuda is None:
         print("no GPU listed by nvidia-smi and no weft_emulated beside weft: skipped")
         return 77

@@ -3,7 +3,7 @@ nothing overwritten."""
 import hashlib, json, os, shutil, subprocess, sys, tempfile
 
 from reference import qwen2
-from reference.qwen2 import weft_path
+from reference.runner import weft_path
 
 WEFT = weft_path()
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from reference import qwen2
+from reference import qwen2, runner
 from reference.fixtures import cosine, cuda_weft, run_test
 from reference.mpi import run_ranks
 
@@ -76,7 +76,7 @@ def body(weft, tmp, emulated):
 
 
 def main():
-    weft, emulated = cuda_weft(qwen2.weft_path(), 2)
+    weft, emulated = cuda_weft(runner.weft_path(), 2)
     if weft is None:
         print("fewer than 2 GPUs listed and no weft_emulated beside weft: skipped")
         return 77

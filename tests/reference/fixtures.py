@@ -14,16 +14,16 @@ import tempfile
 
 import numpy as np
 
-from reference import qwen2
+from reference import qwen2, runner
 from reference.compare import compare, compare_all, identical
 
 
 def run_test(body, tmp_prefix, summary="comparisons over tolerance or failed"):
-    """Runs body(weft, tmp) with the weft binary (qwen2.weft_path) and a fresh temp dir, which is
+    """Runs body(weft, tmp) with the weft binary (runner.weft_path) and a fresh temp dir, which is
     removed afterwards whatever happens. body returns its list of failure lines; when it is not
     empty they are printed as "FAIL: <n> <summary>:" and the result is 1, else "PASS" and 0. The
     result is the process exit status (ctest reads it), so use as sys.exit(run_test(...))."""
-    weft = qwen2.weft_path()
+    weft = runner.weft_path()
     if not os.access(weft, os.X_OK):
         print(f"weft binary not found at {weft}")
         return 1
@@ -58,12 +58,12 @@ def grad_args(mdir, bpath, *options):
 
 
 def try_grad(weft, args, tag, failures):
-    """qwen2.run_weft(weft, args), returning (tensors, stdout). When weft fails, prints its
+    """runner.run_weft(weft, args), returning (tensors, stdout). When weft fails, prints its
     command and output, appends "<tag>: weft grad failed" to failures and returns (None, None),
     so that the test goes on with its other cases."""
     try:
-        return qwen2.run_weft(weft, args)
-    except qwen2.WeftError as e:
+        return runner.run_weft(weft, args)
+    except runner.WeftError as e:
         print(f"  FAIL weft grad ({tag}) failed:\n{e}")
         failures.append(f"{tag}: weft grad failed")
         return None, None

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from reference import fixtures, qwen2
+from reference import fixtures, qwen2, runner
 from reference.compare import compare, compare_all
 
 TOL = 1e-5
@@ -64,7 +64,7 @@ def cases(weft, tmp):
             tag = f"{label}, recompute={rc}"
             print(f"--- {tag}")
             args = fixtures.grad_args(mdir, bpath, f"train.recompute={rc}",
-                                      f"{qwen2.STEPS_KEY}={STEPS}") + qwen2.optim_args(**OPT)
+                                      f"{runner.STEPS_KEY}={STEPS}") + runner.optim_args(**OPT)
             print("  weft " + " ".join(args))
             out, _ = fixtures.try_grad(weft, args, tag, failures)
             if out is None:
