@@ -12,7 +12,7 @@ import os, re, sys
 
 import numpy as np
 
-from reference import qwen2
+from reference import files
 from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
@@ -41,7 +41,7 @@ def run(weft, mdir, bpath, out, dp, cp, *options):
                             "--logprobs", *STEPS, f"parallel.context_parallel_size={cp}", *options])
     stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
         l for l in r.stdout.splitlines() if l.startswith("collectives:"))))
-    return qwen2.read_safetensors(out), {k: int(v) for k, v in stats.items()}
+    return files.read_safetensors(out), {k: int(v) for k, v in stats.items()}
 
 
 def logprobs_from_logits(logits, docs):

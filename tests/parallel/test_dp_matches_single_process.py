@@ -8,7 +8,7 @@ fp32 round-off in near-zero gradient elements into parameter changes of order lr
 parameters after several steps at 1e-5 needs a model where no element sits at that edge."""
 import os, re, sys
 
-from reference import qwen2
+from reference import files
 from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
@@ -29,7 +29,7 @@ def run(weft, mdir, bpath, out, np_, *options):
                         *options])
     stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
         l for l in r.stdout.splitlines() if l.startswith(("memory: param", "collectives:")))))
-    return qwen2.read_safetensors(out), {k: int(v) for k, v in stats.items()}
+    return files.read_safetensors(out), {k: int(v) for k, v in stats.items()}
 
 
 def body(weft, tmp):

@@ -1,7 +1,8 @@
 """The frame shared by the tests that run `weft grad` on a random Qwen2 and compare its output.
 
-qwen2.py is the reference itself (model, batch files, forward, AdamW, comparisons); this module is
-the harness around it that every such test otherwise wrote out again: finding weft, a temp dir
+qwen2.py is the reference model itself (configuration, forward, gradients, AdamW), files.py writes
+its model and batch files, runner.py runs weft and compare.py compares tensors; this module is the
+harness around them that every such test otherwise wrote out again: finding weft, a temp dir
 removed afterwards, the PASS / FAIL summary and exit status, a model with its batch file,
 the `weft grad` command line, turning a failed weft run into one failure line, and the common
 loss / logits / gradient comparison. What a test checks and its tolerances stay in the test.
@@ -14,7 +15,7 @@ import tempfile
 
 import numpy as np
 
-from reference import qwen2, runner
+from reference import files, runner
 from reference.compare import compare, compare_all, identical
 
 
@@ -42,12 +43,12 @@ def run_test(body, tmp_prefix, summary="comparisons over tolerance or failed"):
 
 
 def model_and_batch(mdir, cfg, seed, lengths, prompts, batch_seed, **batch_kw):
-    """Writes a random model (qwen2.make_model) into mdir and a batch of documents of `lengths`
-    tokens with masked prompts of `prompts` tokens (qwen2.make_batch) to mdir/batch.jsonl.
+    """Writes a random model (files.make_model) into mdir and a batch of documents of `lengths`
+    tokens with masked prompts of `prompts` tokens (files.make_batch) to mdir/batch.jsonl.
     Returns (full cfg, params, batch path, docs)."""
-    cfg, params = qwen2.make_model(mdir, cfg, seed=seed)
+    cfg, params = files.make_model(mdir, cfg, seed=seed)
     bpath = os.path.join(mdir, "batch.jsonl")
-    docs = qwen2.make_batch(bpath, lengths, prompts, cfg["vocab_size"], batch_seed, **batch_kw)
+    docs = files.make_batch(bpath, lengths, prompts, cfg["vocab_size"], batch_seed, **batch_kw)
     return cfg, params, bpath, docs
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 
-from reference.qwen2 import read_safetensors
+from reference.files import read_safetensors
 
 # The weft grad option that runs optimizer steps after the gradient (the interface says
 # optim.steps=K).
