@@ -1,5 +1,6 @@
-"""Comparing weft's output tensors with a reference: relative error, a printed ok / FAIL line per
-tensor, every tensor of a dict at once, and bit-for-bit equality."""
+"""Comparing tensors with a reference (weft's output, or the reference against its self-checks):
+the relative error, a printed ok / FAIL line per tensor, every tensor of a dict at once, and
+bit-for-bit equality."""
 
 import math
 
