@@ -16,7 +16,7 @@ import argparse, os, re, statistics, sys, tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from reference import qwen2  # noqa: E402
+from reference import files  # noqa: E402
 from reference.mpi import run_ranks  # noqa: E402
 
 CFG = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -44,8 +44,8 @@ def main():
     a = ap.parse_args()
     weft = os.path.abspath(a.weft)
     mdir = tempfile.mkdtemp(prefix="weft_bench_cp_")
-    qwen2.make_model(mdir, CFG, 0, std=0.02)
-    qwen2.make_batch(os.path.join(mdir, "batch.jsonl"), LENGTHS, [16] * len(LENGTHS),
+    files.make_model(mdir, CFG, 0, std=0.02)
+    files.make_batch(os.path.join(mdir, "batch.jsonl"), LENGTHS, [16] * len(LENGTHS),
                      CFG["vocab_size"], 1)
     print(f"model: {CFG['hidden_size']} hidden, {CFG['num_hidden_layers']} layers, "
           f"{CFG['num_attention_heads']} heads / {CFG['num_key_value_heads']} kv heads, vocab "

@@ -22,7 +22,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from reference import qwen2  # noqa: E402
+from reference import files  # noqa: E402
 from reference.mpi import run_ranks  # noqa: E402
 
 CFG = dict(vocab_size=2048, hidden_size=128, intermediate_size=344, num_hidden_layers=4,
@@ -78,8 +78,8 @@ def main():
     weft = os.path.abspath(a.weft)
     mdir = tempfile.mkdtemp(prefix="weft_bench_dcp_")
     lengths = long_tail(48, 7)
-    qwen2.make_model(mdir, CFG, 0, std=0.02)
-    qwen2.make_batch(os.path.join(mdir, "batch.jsonl"), lengths, [8] * len(lengths),
+    files.make_model(mdir, CFG, 0, std=0.02)
+    files.make_batch(os.path.join(mdir, "batch.jsonl"), lengths, [8] * len(lengths),
                      CFG["vocab_size"], 1)
     print(f"model: {CFG['hidden_size']} hidden, {CFG['num_hidden_layers']} layers, vocab "
           f"{CFG['vocab_size']}; global batch {len(lengths)} documents, {sum(lengths)} tokens "

@@ -124,7 +124,7 @@ def peer_main(a):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    from reference import qwen2
+    from reference import files
 
     dev = torch.device("cuda")
     with open(os.path.join(a.model, "config.json")) as f:
@@ -194,7 +194,7 @@ def peer_main(a):
                                    reduction="sum") / n_targets
 
     model = Model()
-    st = qwen2.read_safetensors(os.path.join(a.model, "model.safetensors"))
+    st = files.read_safetensors(os.path.join(a.model, "model.safetensors"))
     sd = {}
     for k, v in st.items():
         k = k.replace("model.", "", 1) if k.startswith("model.") else k

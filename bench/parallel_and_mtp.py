@@ -14,7 +14,7 @@ import argparse, os, re, statistics, sys, tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from reference import qwen2  # noqa: E402
+from reference import files  # noqa: E402
 from reference.mpi import run_ranks  # noqa: E402
 
 CFG = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
@@ -44,8 +44,8 @@ def main():
     dirs = {}
     for d in (0, 1):
         dirs[d] = os.path.join(tmp, f"mtp{d}")
-        qwen2.make_model(dirs[d], dict(CFG, num_nextn_predict_layers=d), 0, std=0.02)
-        qwen2.make_batch(os.path.join(dirs[d], "batch.jsonl"), LENGTHS, [16] * len(LENGTHS),
+        files.make_model(dirs[d], dict(CFG, num_nextn_predict_layers=d), 0, std=0.02)
+        files.make_batch(os.path.join(dirs[d], "batch.jsonl"), LENGTHS, [16] * len(LENGTHS),
                          CFG["vocab_size"], 1)
     tokens = sum(LENGTHS)
     print(f"model: {CFG['hidden_size']} hidden, {CFG['num_hidden_layers']} layers, vocab "

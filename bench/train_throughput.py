@@ -79,7 +79,7 @@ def peer_main(a):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
-    from reference import qwen2
+    from reference import files, qwen2
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -175,7 +175,7 @@ def peer_main(a):
             return F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum") / n_targets
 
     model = Qwen2()
-    st = qwen2.read_safetensors(os.path.join(a.model, "model.safetensors"))
+    st = files.read_safetensors(os.path.join(a.model, "model.safetensors"))
     sd = {k: torch.from_numpy(v) for k, v in st.items()}
     if tied:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
@@ -353,7 +353,7 @@ def main():
     if a.steps < 2:
         ap.error("--steps must be at least 2 (the first step is a warm-up)")
 
-    from reference import qwen2
+    from reference import files, qwen2
 
     weft = os.path.abspath(a.weft)
     if not os.access(weft, os.X_OK):
@@ -381,7 +381,7 @@ def main():
     rows, ok, worst_other = [], True, 0.0
     with tempfile.TemporaryDirectory(prefix="weft_bench_") as tmp:
         batch = os.path.join(tmp, "batch.jsonl")
-        docs = qwen2.make_batch(batch, DOC_LENGTHS, PROMPT_LENGTHS, BATCH_VOCAB, seed=1234)
+        docs = files.make_batch(batch, DOC_LENGTHS, PROMPT_LENGTHS, BATCH_VOCAB, seed=1234)
         T, N = sum(DOC_LENGTHS), qwen2.count_targets(docs)
         print(f"batch: {len(docs)} documents, {T} tokens, {N} loss targets, lengths "
               f"{DOC_LENGTHS}")
@@ -389,7 +389,7 @@ def main():
             if name not in want:
                 continue
             mdir = os.path.join(tmp, name)
-            cfg, params = qwen2.make_model(mdir, cfg, seed=7, std=INIT_STD)
+            cfg, params = files.make_model(mdir, cfg, seed=7, std=INIT_STD)
             n_params = sum(int(v.size) for v in params.values())
             print(f"\n{name}: {n_params:,} parameters (hidden {cfg['hidden_size']}, "
                   f"{cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads / "

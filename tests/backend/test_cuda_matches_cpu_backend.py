@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from reference import fixtures, qwen2
+from reference import files, fixtures, qwen2, runner
 
 LOSS_RTOL = 1e-2
 MIN_COSINE = 0.999
@@ -75,9 +75,9 @@ def cases(weft, tmp, weft_cuda):
     failures = []
     for i, (label, cfg, std, lengths, prompts, extra) in enumerate(CASES):
         mdir = os.path.join(tmp, f"case{i}")
-        cfg, _ = qwen2.make_model(mdir, cfg, seed=40 + i, std=std)
+        cfg, _ = files.make_model(mdir, cfg, seed=40 + i, std=std)
         bpath = os.path.join(mdir, "batch.jsonl")
-        qwen2.make_batch(bpath, lengths, prompts, cfg["vocab_size"], seed=140 + i)
+        files.make_batch(bpath, lengths, prompts, cfg["vocab_size"], seed=140 + i)
         outs = {}
         for device, program in (("cpu", weft), ("cuda", weft_cuda)):
             args = fixtures.grad_args(mdir, bpath, f"device={device}", *extra)
@@ -89,7 +89,7 @@ def cases(weft, tmp, weft_cuda):
 
 
 def main():
-    weft_cuda, emulated = fixtures.cuda_weft(qwen2.weft_path(), 1)
+    weft_cuda, emulated = fixtures.cuda_weft(runner.weft_path(), 1)
     if weft_cuda is None:
         print("no GPU listed by nvidia-smi and no weft_emulated beside weft: skipped")
         return 77

@@ -2,8 +2,8 @@
 nothing overwritten."""
 import hashlib, json, os, shutil, subprocess, sys, tempfile
 
-from reference import qwen2
-from reference.qwen2 import weft_path
+from reference.files import make_model
+from reference.runner import weft_path
 
 WEFT = weft_path()
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
@@ -89,7 +89,7 @@ def main():
         cfg = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1, rope_theta=10000.0,
                    rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=True)
-        qwen2.make_model(model, cfg, 0)
+        make_model(model, cfg, 0)
         st = os.path.join(model, "model.safetensors")
         with open(st, "r+b") as f:
             f.truncate(os.path.getsize(st) - 100)

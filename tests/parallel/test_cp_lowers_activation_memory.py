@@ -5,7 +5,7 @@ measures). Only the whole-document keys and values of one layer at a time are no
 with grouped-query heads they are small. The loss must not change."""
 import os, re, sys
 
-from reference import qwen2
+from reference import files
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
 
@@ -18,7 +18,7 @@ def run(weft, mdir, bpath, out, cp):
     r = run_ranks(cp, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
                        f"parallel.context_parallel_size={cp}"], timeout=600)
     peak = int(re.search(r"peak_activations=(\d+)", r.stdout).group(1))
-    return peak, float(qwen2.read_safetensors(out)["loss"])
+    return peak, float(files.read_safetensors(out)["loss"])
 
 
 def body(weft, tmp):

@@ -12,7 +12,8 @@ import os, re, sys
 
 import numpy as np
 
-from reference import qwen2
+from reference import files
+from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
 
@@ -40,7 +41,7 @@ def run(weft, mdir, bpath, out, dp, cp, *options):
                             "--logprobs", *STEPS, f"parallel.context_parallel_size={cp}", *options])
     stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
         l for l in r.stdout.splitlines() if l.startswith("collectives:"))))
-    return qwen2.read_safetensors(out), {k: int(v) for k, v in stats.items()}
+    return files.read_safetensors(out), {k: int(v) for k, v in stats.items()}
 
 
 def logprobs_from_logits(logits, docs):
@@ -67,7 +68,7 @@ def body(weft, tmp):
         mdir = os.path.join(tmp, f"mtp{mtp}")
         _, _, bpath, docs = model_and_batch(mdir, cfg, SEED, LENGTHS, PROMPTS, SEED + 1)
         ref, _ = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1, 1, "--logits")
-        lp_err = qwen2.rel_err(ref["logprobs"], logprobs_from_logits(ref["logits"], docs))[0]
+        lp_err = rel_err(ref["logprobs"], logprobs_from_logits(ref["logits"], docs))[0]
         print(f"{'ok' if lp_err <= TOL else 'FAIL'} mtp={mtp} single-process logprobs vs "
               f"log_softmax(logits): {lp_err:.2e}")
         if lp_err > TOL:
@@ -81,7 +82,7 @@ def body(weft, tmp):
             if missing:
                 failures.append(f"{tag}: missing outputs {missing}")
                 continue
-            worst = max((qwen2.rel_err(got[k], ref[k])[0], k) for k in names)
+            worst = max((rel_err(got[k], ref[k])[0], k) for k in names)
             status = "ok" if worst[0] <= TOL else "FAIL"
             print(f"{status} {tag}: worst {worst[1]} {worst[0]:.2e} (tol {TOL}); loss "
                   f"{float(got['loss']):.7f} vs {float(ref['loss']):.7f}; "

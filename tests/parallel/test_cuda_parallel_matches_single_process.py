@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from reference import qwen2
+from reference import files, runner
 from reference.fixtures import cosine, cuda_weft, run_test
 from reference.mpi import run_ranks
 
@@ -47,15 +47,15 @@ def run(weft, mdir, bpath, out, dp, cp, options):
                             "device=cuda", "train.steps=2", f"parallel.context_parallel_size={cp}",
                             *options], timeout=600)
     trace = [l for l in r.stderr.splitlines() if l.startswith("emulated nccl:")]
-    return qwen2.read_safetensors(out), trace
+    return files.read_safetensors(out), trace
 
 
 def body(weft, tmp, emulated):
     failures = []
     mdir = os.path.join(tmp, "model")
-    cfg, _ = qwen2.make_model(mdir, CFG, seed=21, std=0.05) # attention logits of order 1
+    cfg, _ = files.make_model(mdir, CFG, seed=21, std=0.05) # attention logits of order 1
     bpath = os.path.join(mdir, "batch.jsonl")
-    qwen2.make_batch(bpath, LENGTHS, PROMPTS, cfg["vocab_size"], 22)
+    files.make_batch(bpath, LENGTHS, PROMPTS, cfg["vocab_size"], 22)
     ref, _ = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1, 1, [])
     for dp, cp, options in LAYOUTS:
         tag = f"dp={dp} cp={cp} {' '.join(options)}"
@@ -76,7 +76,7 @@ def body(weft, tmp, emulated):
 
 
 def main():
-    weft, emulated = cuda_weft(qwen2.weft_path(), 2)
+    weft, emulated = cuda_weft(runner.weft_path(), 2)
     if weft is None:
         print("fewer than 2 GPUs listed and no weft_emulated beside weft: skipped")
         return 77

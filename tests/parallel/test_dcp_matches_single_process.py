@@ -10,7 +10,8 @@ job reports both). A document longer than W x max_seqlen_per_rank fails before a
 one clear error, and no output is written."""
 import os, re, subprocess, sys
 
-from reference import qwen2
+from reference import files
+from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import mpirun, run_ranks
 
@@ -32,7 +33,7 @@ DCP = ["parallel.dynamic_context_parallel=true", f"parallel.max_seqlen_per_rank=
 def run(weft, mdir, bpath, out, ranks, *options):
     r = run_ranks(ranks, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
                           "--logprobs", *STEPS, *options])
-    return qwen2.read_safetensors(out), r.stdout
+    return files.read_safetensors(out), r.stdout
 
 
 def check_plan(weft, bpath, ranks, mode, failures):
@@ -81,7 +82,7 @@ def check_memory(stdout, tag, failures):
 def check_too_long(weft, mdir, tmp, ranks, failures):
     """A document that does not fit W x max_seqlen_per_rank: one clear error, before compute."""
     bpath = os.path.join(tmp, "long.jsonl")
-    qwen2.make_batch(bpath, [5, ranks * LIMIT + 1, 3], [1, 1, 1], CFG["vocab_size"], 3)
+    files.make_batch(bpath, [5, ranks * LIMIT + 1, 3], [1, 1, 1], CFG["vocab_size"], 3)
     out = os.path.join(tmp, "never.safetensors")
     cmd = mpirun(ranks, weft, "grad", "--model", mdir, "--batch", bpath, "--out", out, *DCP)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
@@ -114,7 +115,7 @@ def body(weft, tmp):
             ran = ran_degrees(stdout, ranks)
             if ran != planned or not any(4 in r for r in ran):
                 failures.append(f"{tag}: the job ran degrees {ran}, the plan says {planned}")
-            worst = max((qwen2.rel_err(got[k], ref[k])[0], k) for k in ref)
+            worst = max((rel_err(got[k], ref[k])[0], k) for k in ref)
             status = "ok" if worst[0] <= TOL else "FAIL"
             print(f"{status} {tag}: worst {worst[1]} {worst[0]:.2e} (tol {TOL}); loss "
                   f"{float(got['loss']):.7f} vs {float(ref['loss']):.7f}")

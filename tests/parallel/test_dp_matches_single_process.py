@@ -8,7 +8,8 @@ fp32 round-off in near-zero gradient elements into parameter changes of order lr
 parameters after several steps at 1e-5 needs a model where no element sits at that edge."""
 import os, re, sys
 
-from reference import qwen2
+from reference import files
+from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
 
@@ -28,7 +29,7 @@ def run(weft, mdir, bpath, out, np_, *options):
                         *options])
     stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
         l for l in r.stdout.splitlines() if l.startswith(("memory: param", "collectives:")))))
-    return qwen2.read_safetensors(out), {k: int(v) for k, v in stats.items()}
+    return files.read_safetensors(out), {k: int(v) for k, v in stats.items()}
 
 
 def body(weft, tmp):
@@ -48,7 +49,7 @@ def body(weft, tmp):
                     got, stats = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), np_,
                                      f"parallel.use_distributed_optimizer={str(dist).lower()}",
                                      f"train.micro_batches={mb}")
-                    worst = max((qwen2.rel_err(got[k], ref[k])[0], k) for k in ref)
+                    worst = max((rel_err(got[k], ref[k])[0], k) for k in ref)
                     status = "ok" if worst[0] <= TOL else "FAIL"
                     print(f"{status} {tag}: worst {worst[1]} {worst[0]:.2e} (tol {TOL}); "
                           f"optimizer_state={stats['optimizer_state']} "

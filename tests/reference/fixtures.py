@@ -1,7 +1,8 @@
 """The frame shared by the tests that run `weft grad` on a random Qwen2 and compare its output.
 
-qwen2.py is the reference itself (model, batch files, forward, AdamW, comparisons); this module is
-the harness around it that every such test otherwise wrote out again: finding weft, a temp dir
+qwen2.py is the reference model itself (configuration, forward, gradients, AdamW), files.py writes
+its model and batch files, runner.py runs weft and compare.py compares tensors; this module is the
+harness around them that every such test otherwise wrote out again: finding weft, a temp dir
 removed afterwards, the PASS / FAIL summary and exit status, a model with its batch file,
 the `weft grad` command line, turning a failed weft run into one failure line, and the common
 loss / logits / gradient comparison. What a test checks and its tolerances stay in the test.
@@ -14,15 +15,16 @@ import tempfile
 
 import numpy as np
 
-from reference import qwen2
+from reference import files, runner
+from reference.compare import compare, compare_all, identical
 
 
 def run_test(body, tmp_prefix, summary="comparisons over tolerance or failed"):
-    """Runs body(weft, tmp) with the weft binary (qwen2.weft_path) and a fresh temp dir, which is
+    """Runs body(weft, tmp) with the weft binary (runner.weft_path) and a fresh temp dir, which is
     removed afterwards whatever happens. body returns its list of failure lines; when it is not
     empty they are printed as "FAIL: <n> <summary>:" and the result is 1, else "PASS" and 0. The
     result is the process exit status (ctest reads it), so use as sys.exit(run_test(...))."""
-    weft = qwen2.weft_path()
+    weft = runner.weft_path()
     if not os.access(weft, os.X_OK):
         print(f"weft binary not found at {weft}")
         return 1
@@ -41,12 +43,12 @@ def run_test(body, tmp_prefix, summary="comparisons over tolerance or failed"):
 
 
 def model_and_batch(mdir, cfg, seed, lengths, prompts, batch_seed, **batch_kw):
-    """Writes a random model (qwen2.make_model) into mdir and a batch of documents of `lengths`
-    tokens with masked prompts of `prompts` tokens (qwen2.make_batch) to mdir/batch.jsonl.
+    """Writes a random model (files.make_model) into mdir and a batch of documents of `lengths`
+    tokens with masked prompts of `prompts` tokens (files.make_batch) to mdir/batch.jsonl.
     Returns (full cfg, params, batch path, docs)."""
-    cfg, params = qwen2.make_model(mdir, cfg, seed=seed)
+    cfg, params = files.make_model(mdir, cfg, seed=seed)
     bpath = os.path.join(mdir, "batch.jsonl")
-    docs = qwen2.make_batch(bpath, lengths, prompts, cfg["vocab_size"], batch_seed, **batch_kw)
+    docs = files.make_batch(bpath, lengths, prompts, cfg["vocab_size"], batch_seed, **batch_kw)
     return cfg, params, bpath, docs
 
 
@@ -57,12 +59,12 @@ def grad_args(mdir, bpath, *options):
 
 
 def try_grad(weft, args, tag, failures):
-    """qwen2.run_weft(weft, args), returning (tensors, stdout). When weft fails, prints its
+    """runner.run_weft(weft, args), returning (tensors, stdout). When weft fails, prints its
     command and output, appends "<tag>: weft grad failed" to failures and returns (None, None),
     so that the test goes on with its other cases."""
     try:
-        return qwen2.run_weft(weft, args)
-    except qwen2.WeftError as e:
+        return runner.run_weft(weft, args)
+    except runner.WeftError as e:
         print(f"  FAIL weft grad ({tag}) failed:\n{e}")
         failures.append(f"{tag}: weft grad failed")
         return None, None
@@ -73,28 +75,28 @@ def compare_loss_and_grads(out, loss, grads, tol, logits=None, mtp_losses=None,
     """Compares weft's output tensors `out` with a reference: "loss" with loss, "logits" with
     logits when given, "mtp_losses" with mtp_losses (the per-depth MTP losses, shape (D,)) when
     given, and every "grad.<name>" with grads[name] (and no extra grad.*), each to
-    max|diff|/max|ref| <= tol (qwen2.compare; grad_scales {name: scale} passes compare's scale
+    max|diff|/max|ref| <= tol (compare.compare; grad_scales {name: scale} passes compare's scale
     for gradients that are zero only by cancellation). Returns the names that failed."""
     bad = []
-    if not qwen2.compare("loss", out.get("loss"), loss, tol):
+    if not compare("loss", out.get("loss"), loss, tol):
         bad.append("loss")
-    if logits is not None and not qwen2.compare("logits", out.get("logits"), logits, tol):
+    if logits is not None and not compare("logits", out.get("logits"), logits, tol):
         bad.append("logits")
     if mtp_losses is not None:
         got = out.get("mtp_losses")
         if got is not None and np.shape(got) == np.shape(mtp_losses):
             print("  mtp_losses: weft " + " ".join(f"{float(x):.8f}" for x in np.ravel(got))
                   + " | reference " + " ".join(f"{float(x):.8f}" for x in np.ravel(mtp_losses)))
-        if not qwen2.compare("mtp_losses", got, mtp_losses, tol):
+        if not compare("mtp_losses", got, mtp_losses, tol):
             bad.append("mtp_losses")
-    bad += qwen2.compare_all("grad.", out, grads, tol, scales=grad_scales)
+    bad += compare_all("grad.", out, grads, tol, scales=grad_scales)
     return bad
 
 
 def outputs_identical(a, b, names):
-    """qwen2.identical on each of `names` in weft outputs a and b (both must hold it). Returns the
+    """compare.identical on each of `names` in weft outputs a and b (both must hold it). Returns the
     names that are missing or differ in any bit."""
-    return [n for n in names if not qwen2.identical(n, b.get(n), a.get(n))]
+    return [n for n in names if not identical(n, b.get(n), a.get(n))]
 
 
 def cosine(a, b):

@@ -1,96 +1,38 @@
-"""Reference Qwen2 decoder, batch/model fixtures and helpers for weft's Python tests.
+"""Reference Qwen2 decoder for weft's Python tests: its configuration, the float64 forward, loss
+and gradients, and AdamW with weft's schedule.
 
 Run with Debian's Python (/usr/bin/python3), which has torch. Everything here is deliberately
-plain: safetensors is parsed by hand, the model is a per-document loop with an explicit causal
-mask in float64, gradients come from autograd and AdamW is written out step by step.
+plain: the model is a per-document loop with an explicit causal mask in float64, gradients come
+from autograd and AdamW is written out step by step.
 
-`/usr/bin/python3 tests/reference/qwen2.py` runs the reference's self-checks (against an
-independent per-token numpy computation, finite differences and torch.optim.AdamW).
+  (a) model configuration: SMALL_CFG, full_cfg, mtp_depth, mtp_scale, param_shapes.
+  (b) forward, main and MTP losses, their targets, gradients (reference_grad).
+  (c) AdamW steps with weft's learning-rate schedule and gradient clipping.
+
+The files weft reads and writes (safetensors, a model directory, batch JSONL) are files.py's,
+running weft is runner.py's and comparing tensors is compare.py's.
+
+`/usr/bin/python3 tests/reference/qwen2.py` runs the reference's self-checks (a safetensors round
+trip through files.py, then the model against an independent per-token numpy computation, finite
+differences and torch.optim.AdamW).
 """
 
-import json
 import math
 import os
-import re
 import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 import torch
 
-# --------------------------------------------------------------------------------------------
-# (a) safetensors
-# --------------------------------------------------------------------------------------------
+if __name__ == "__main__":  # run as a script (the self-check): reference.* lives in tests/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_ST_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-    "BOOL": np.bool_,
-}
-
-
-def read_safetensors(path):
-    """Returns {name: numpy array}. Decodes BF16 to float32. Checks the header's consistency."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise ValueError(f"{path}: shorter than the 8-byte header length")
-    (n,) = struct.unpack("<Q", data[:8])
-    if 8 + n > len(data):
-        raise ValueError(f"{path}: header length {n} runs past the end of the file ({len(data)})")
-    header = json.loads(data[8:8 + n].decode("utf-8"))
-    body = data[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype, shape = info["dtype"], [int(s) for s in info["shape"]]
-        begin, end = (int(x) for x in info["data_offsets"])
-        if not (0 <= begin <= end <= len(body)):
-            raise ValueError(f"{path}: {name}: data_offsets {begin},{end} outside the data "
-                             f"({len(body)} bytes)")
-        count = int(np.prod(shape)) if shape else 1
-        raw = body[begin:end]
-        if dtype == "BF16":
-            if len(raw) != 2 * count:
-                raise ValueError(f"{path}: {name}: {len(raw)} bytes for {count} BF16 values")
-            u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
-            arr = u.view(np.float32)
-        else:
-            if dtype not in _ST_DTYPES:
-                raise ValueError(f"{path}: {name}: unsupported dtype {dtype}")
-            dt = np.dtype(_ST_DTYPES[dtype]).newbyteorder("<")
-            if len(raw) != dt.itemsize * count:
-                raise ValueError(f"{path}: {name}: {len(raw)} bytes for {count} {dtype} values")
-            arr = np.frombuffer(raw, dtype=dt).astype(_ST_DTYPES[dtype])
-        out[name] = arr.reshape(tuple(shape)).copy()
-    return out
-
-
-def write_safetensors(path, tensors):
-    """Writes {name: array} as F32 safetensors (names sorted, header padded to 8 bytes)."""
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        a = np.array(tensors[name], dtype="<f4", order="C")  # keeps 0-d shape ()
-        b = a.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape),
-                        "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
+from reference.compare import compare, rel_err  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
-# (b) model fixtures
+# (a) model configuration
 # --------------------------------------------------------------------------------------------
 
 SMALL_CFG = dict(vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -159,72 +101,8 @@ def param_shapes(cfg):
     return s
 
 
-def make_model(dir, cfg, seed, std=0.2):
-    """Writes config.json and model.safetensors (F32) with random weights into dir.
-
-    Matrices ~ N(0, std^2), norm weights 1 + 0.1 N(0,1), biases 0.1 N(0,1). Returns
-    (full cfg, {name: float32 numpy array}); the arrays are exactly what the file holds."""
-    cfg = full_cfg(cfg)
-    os.makedirs(dir, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            a = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif name.endswith(".bias"):
-            a = 0.1 * rng.standard_normal(shape)
-        else:
-            a = std * rng.standard_normal(shape)
-        params[name] = a.astype(np.float32)
-    conf = dict(cfg)
-    conf["model_type"] = "qwen2"
-    conf["architectures"] = ["Qwen2ForCausalLM"]
-    conf["hidden_act"] = "silu"
-    conf["torch_dtype"] = "float32"
-    with open(os.path.join(dir, "config.json"), "w") as f:
-        json.dump(conf, f, indent=1)
-    write_safetensors(os.path.join(dir, "model.safetensors"), params)
-    return cfg, params
-
-
 # --------------------------------------------------------------------------------------------
-# (c) batch fixtures
-# --------------------------------------------------------------------------------------------
-
-def make_batch(path, lengths, prompt_lens, vocab, seed, no_mask=(), mask0_one=()):
-    """Writes a JSONL batch, one document per line, and returns the documents as
-    [{"input_ids": [...], "loss_mask": [...]}] with the effective mask (what the reference uses).
-
-    Document i has lengths[i] random tokens; loss_mask is 0 on its first prompt_lens[i] tokens and
-    1 after. Documents whose index is in no_mask are written without a loss_mask (every token but
-    the first is then a target); those in mask0_one get loss_mask[0] = 1 in the file (which must
-    be ignored: token 0 is never a target)."""
-    rng = np.random.default_rng(seed)
-    docs = []
-    with open(path, "w") as f:
-        for i, (L, P) in enumerate(zip(lengths, prompt_lens)):
-            ids = [int(x) for x in rng.integers(0, vocab, size=L)]
-            mask = [0 if t < P else 1 for t in range(L)]
-            line = {"input_ids": ids}
-            if i in no_mask:
-                mask = [0] + [1] * (L - 1)
-            else:
-                written = list(mask)
-                if i in mask0_one and L > 0:
-                    written[0] = 1
-                line["loss_mask"] = written
-            mask[0] = 0
-            f.write(json.dumps(line) + "\n")
-            docs.append({"input_ids": ids, "loss_mask": mask})
-    return docs
-
-
-def count_targets(docs):
-    return sum(sum(d["loss_mask"][1:]) for d in docs)
-
-
-# --------------------------------------------------------------------------------------------
-# (d) reference forward / loss / gradients
+# (b) reference forward / loss / gradients
 # --------------------------------------------------------------------------------------------
 
 def _rmsnorm(x, w, eps):
@@ -278,7 +156,7 @@ def mtp_input_ids(ids, k):
 def mtp_targets(doc, k):
     """[(position t, target token)] of depth k >= 0 in one document: token t+k+1, where t+k+1 is
     inside the document and loss_mask[t+k+1] == 1 (k = 0 is the main loss; the mask of token 0
-    is never read for k >= 0 since t+k+1 >= 1, and make_batch clears it anyway)."""
+    is never read for k >= 0 since t+k+1 >= 1, and files.make_batch clears it anyway)."""
     ids, mask = doc["input_ids"], doc["loss_mask"]
     return [(t, int(ids[t + k + 1])) for t in range(len(ids) - k - 1) if mask[t + k + 1]]
 
@@ -286,6 +164,12 @@ def mtp_targets(doc, k):
 def mtp_target_counts(docs, D):
     """[N_1, ..., N_D]: the number of depth-k targets in the whole batch."""
     return [sum(len(mtp_targets(d, k)) for d in docs) for k in range(1, D + 1)]
+
+
+def count_targets(docs):
+    """The number of main-loss targets in the batch: tokens t >= 1 with loss_mask[t] == 1 (what
+    forward's loss is the mean over)."""
+    return sum(sum(d["loss_mask"][1:]) for d in docs)
 
 
 def forward(P, cfg, docs, dtype=torch.float64):
@@ -375,7 +259,7 @@ def reference_grad(params, cfg, docs, dtype=torch.float64, with_mtp=False):
 
 
 # --------------------------------------------------------------------------------------------
-# (e) AdamW steps with weft's schedule and clipping
+# (c) AdamW steps with weft's schedule and clipping
 # --------------------------------------------------------------------------------------------
 
 OPTIM_DEFAULTS = dict(lr=1e-3, min_lr=0.0, warmup_steps=0, beta1=0.9, beta2=0.95, eps=1e-8,
@@ -463,153 +347,6 @@ def adamw_conditioning(params, cfg, docs, steps, ref, noise=3e-6, seeds=(1, 2), 
             worst = max(worst, (rel_err(r["params"][k], ref["params"][k])[0], k))
         worst = max(worst, (rel_err(r["step_losses"], ref["step_losses"])[0], "step_losses"))
     return worst
-
-
-# The weft grad option that runs optimizer steps after the gradient (the interface says
-# optim.steps=K).
-STEPS_KEY = "train.steps"  # the one place the key is spelled
-
-
-def optim_args(**opt):
-    """key=value command-line options for weft's optimizer."""
-    return [f"optim.{k}={v!r}" if isinstance(v, float) else f"optim.{k}={v}"
-            for k, v in opt.items()]
-
-
-# --------------------------------------------------------------------------------------------
-# (f) running weft
-# --------------------------------------------------------------------------------------------
-
-MEMORY_RE = re.compile(r"^memory: parameters=(\d+) gradients=(\d+) optimizer_state=(\d+) "
-                       r"peak_activations=(\d+)\s*$", re.M)
-
-
-class WeftError(RuntimeError):
-    pass
-
-
-def weft_path(argv=None):
-    """The weft binary from --weft PATH (as ctest passes it), else $WEFT, else build/weft."""
-    argv = sys.argv[1:] if argv is None else argv
-    for i, a in enumerate(argv):
-        if a == "--weft" and i + 1 < len(argv):
-            return os.path.abspath(argv[i + 1])
-        if a.startswith("--weft="):
-            return os.path.abspath(a.split("=", 1)[1])
-    if os.environ.get("WEFT"):
-        return os.path.abspath(os.environ["WEFT"])
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.join(os.path.dirname(os.path.dirname(here)), "build", "weft")
-
-
-def run_weft(weft, args, out=None, timeout=300):
-    """Runs `weft grad ...`-style commands: `args` is the list after the binary, without --out,
-    which is added here (a file in a fresh temp dir unless `out` is given). Returns
-    (tensors {name: numpy}, stdout). Raises WeftError with the output when weft fails."""
-    tmp = None
-    if out is None:
-        tmp = tempfile.mkdtemp(prefix="weft_out_")
-        out = os.path.join(tmp, "out.safetensors")
-    cmd = [weft] + list(args) + ["--out", out]
-    try:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=timeout)
-        if r.returncode != 0:
-            raise WeftError(f"{' '.join(cmd)}\nexit status {r.returncode}\nstdout:\n{r.stdout}"
-                            f"\nstderr:\n{r.stderr}")
-        if not os.path.exists(out):
-            raise WeftError(f"{' '.join(cmd)}\nexit 0 but wrote no {out}\nstdout:\n{r.stdout}"
-                            f"\nstderr:\n{r.stderr}")
-        return read_safetensors(out), r.stdout
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def parse_memory(stdout):
-    """The `memory:` line of weft grad's stdout as a dict of ints, or None."""
-    m = MEMORY_RE.search(stdout)
-    if not m:
-        return None
-    return dict(zip(("parameters", "gradients", "optimizer_state", "peak_activations"),
-                    (int(x) for x in m.groups())))
-
-
-# --------------------------------------------------------------------------------------------
-# (g) comparing
-# --------------------------------------------------------------------------------------------
-
-def rel_err(got, ref):
-    got = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    diff = float(np.max(np.abs(got - ref))) if ref.size else 0.0
-    if not np.all(np.isfinite(got)):
-        return math.inf, diff, scale
-    if scale == 0.0:
-        return (0.0 if diff == 0.0 else math.inf), diff, scale
-    return diff / scale, diff, scale
-
-
-def compare(name, got, ref, tol, quiet=False, scale=None):
-    """Prints max|diff|/max|ref| of got against ref and returns True when it is <= tol (shapes
-    must match; non-finite values fail). A reference that is all zeros requires exact zeros,
-    unless `scale` is given: the denominator is then max(scale, max|ref|) (for a tensor that is
-    zero only by cancellation, whose round-off is measured against a related tensor's size)."""
-    if got is None:
-        print(f"  FAIL {name}: missing from weft's output")
-        return False
-    if ref is None:
-        print(f"  FAIL {name}: nothing to compare against (missing from the baseline)")
-        return False
-    got, ref = np.asarray(got), np.asarray(ref)
-    if tuple(got.shape) != tuple(ref.shape):
-        print(f"  FAIL {name}: shape {tuple(got.shape)} != reference {tuple(ref.shape)}")
-        return False
-    rel, diff, ref_scale = rel_err(got, ref)
-    if scale is not None and scale > ref_scale and np.all(np.isfinite(got)):
-        rel, ref_scale = diff / scale, scale
-    scale = ref_scale
-    ok = rel <= tol
-    if not ok or not quiet:
-        print(f"  {'ok  ' if ok else 'FAIL'} {name:48s} max|diff|/max|ref| = {rel:.3e}  "
-              f"(max|diff| {diff:.3e}, max|ref| {scale:.3e}, tol {tol:g})")
-    return ok
-
-
-def compare_all(prefix, got, ref, tol, scales=None):
-    """Compares every ref[name] with got[prefix + name] (with compare's scale=scales[name] where
-    scales has the name). Returns the failing names (missing, wrong shape, over tolerance) and
-    reports names weft wrote under prefix that ref lacks."""
-    bad = []
-    scales = scales or {}
-    for name in ref:
-        if not compare(prefix + name, got.get(prefix + name), ref[name], tol,
-                       scale=scales.get(name)):
-            bad.append(prefix + name)
-    extra = sorted(k for k in got if k.startswith(prefix) and k[len(prefix):] not in ref)
-    for k in extra:
-        print(f"  FAIL {k}: weft wrote it but the model has no such parameter")
-        bad.append(k)
-    return bad
-
-
-def identical(name, got, ref):
-    """Bit-for-bit equality (same shape, same float32 bits)."""
-    if got is None or ref is None:
-        print(f"  FAIL {name}: missing")
-        return False
-    a = np.array(got, dtype=np.float32, order="C")
-    b = np.array(ref, dtype=np.float32, order="C")
-    if a.shape != b.shape:
-        print(f"  FAIL {name}: shapes {a.shape} vs {b.shape}")
-        return False
-    nd = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
-    if nd:
-        print(f"  FAIL {name}: {nd} of {a.size} values differ, max|diff| "
-              f"{float(np.max(np.abs(a.astype(np.float64) - b))):.3e}")
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -707,14 +444,17 @@ def _pertoken_numpy(params, cfg, docs):
 
 
 def _self_check():
+    # Imported here, not at the top: files.py imports this module (make_model uses param_shapes).
+    from reference import files
+
     ok = True
     tmp = tempfile.mkdtemp(prefix="weft_ref_")
     try:
         # safetensors round trip
         t = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float32(2.5),
              "z": np.zeros((0, 4), np.float32)}
-        write_safetensors(os.path.join(tmp, "t.safetensors"), t)
-        back = read_safetensors(os.path.join(tmp, "t.safetensors"))
+        files.write_safetensors(os.path.join(tmp, "t.safetensors"), t)
+        back = files.read_safetensors(os.path.join(tmp, "t.safetensors"))
         ok &= back["s"].shape == () and float(back["s"]) == 2.5
         ok &= back["z"].shape == (0, 4) and np.array_equal(back["a"], t["a"])
         print("safetensors round trip:", "ok" if ok else "FAIL")
@@ -727,12 +467,12 @@ def _self_check():
                         rope_theta=1000.0)
             if D:
                 over["num_nextn_predict_layers"] = D
-            cfg, params = make_model(os.path.join(tmp, "m"), over, seed=3)
-            back = read_safetensors(os.path.join(tmp, "m", "model.safetensors"))
+            cfg, params = files.make_model(os.path.join(tmp, "m"), over, seed=3)
+            back = files.read_safetensors(os.path.join(tmp, "m", "model.safetensors"))
             ok &= set(back) == set(params) == set(param_shapes(cfg)) and all(
                 np.array_equal(back[k], params[k]) for k in params)
-            docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
-                              cfg["vocab_size"], seed=4, no_mask=(4,), mask0_one=(0,))
+            docs = files.make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
+                                    cfg["vocab_size"], seed=4, no_mask=(4,), mask0_one=(0,))
             loss, logits, grads, mtp = reference_grad(params, cfg, docs, with_mtp=True)
             rl, rloss, rmtp = _pertoken_numpy(params, cfg, docs)
             tag = f"tied={tied} bias={bias} D={D}"
@@ -747,9 +487,9 @@ def _self_check():
         for over in (dict(tie_word_embeddings=True),
                      dict(tie_word_embeddings=False, num_nextn_predict_layers=2,
                           mtp_loss_scale=0.7)):
-            cfg, params = make_model(os.path.join(tmp, "m"), over, seed=5)
-            docs = make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
-                              cfg["vocab_size"], 6)
+            cfg, params = files.make_model(os.path.join(tmp, "m"), over, seed=5)
+            docs = files.make_batch(os.path.join(tmp, "b.jsonl"), lengths, prompts,
+                                    cfg["vocab_size"], 6)
             loss, _, grads = reference_grad(params, cfg, docs)
             rng = np.random.default_rng(0)
             P = to_torch(params)

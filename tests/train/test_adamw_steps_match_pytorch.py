@@ -22,7 +22,8 @@ import sys
 
 import numpy as np
 
-from reference import fixtures, qwen2
+from reference import fixtures, qwen2, runner
+from reference.compare import compare, compare_all
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -63,7 +64,7 @@ def cases(weft, tmp):
             tag = f"{label}, recompute={rc}"
             print(f"--- {tag}")
             args = fixtures.grad_args(mdir, bpath, f"train.recompute={rc}",
-                                      f"{qwen2.STEPS_KEY}={STEPS}") + qwen2.optim_args(**OPT)
+                                      f"{runner.STEPS_KEY}={STEPS}") + runner.optim_args(**OPT)
             print("  weft " + " ".join(args))
             out, _ = fixtures.try_grad(weft, args, tag, failures)
             if out is None:
@@ -72,9 +73,9 @@ def cases(weft, tmp):
             got_sl = out.get("step_losses")
             if got_sl is not None:
                 print("  weft step losses:  ", " ".join(f"{x:.8f}" for x in got_sl.ravel()))
-            if not qwen2.compare("step_losses", got_sl, ref["step_losses"], TOL):
+            if not compare("step_losses", got_sl, ref["step_losses"], TOL):
                 bad.append("step_losses")
-            bad += qwen2.compare_all("param.", out, ref["params"], TOL)
+            bad += compare_all("param.", out, ref["params"], TOL)
             failures += [f"{tag}: {b}" for b in bad]
     return failures
 

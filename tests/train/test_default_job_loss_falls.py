@@ -2,7 +2,7 @@
 memory, and its loss falls clearly; `weft plot` then renders its curves to a PNG."""
 import json, os, shutil, struct, subprocess, sys, tempfile
 
-from reference.qwen2 import weft_path
+from reference.runner import weft_path
 
 WEFT = weft_path()
 

@@ -2,7 +2,7 @@
 depth-1 loss and top-1 accuracy are logged every step, and the accuracy rises during training."""
 import json, os, shutil, subprocess, sys, tempfile
 
-from reference.qwen2 import weft_path
+from reference.runner import weft_path
 
 WEFT = weft_path()
 

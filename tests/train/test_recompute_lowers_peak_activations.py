@@ -10,7 +10,8 @@ recomputation. loss, every grad.*, step_losses and every param.* are identical b
 import os
 import sys
 
-from reference import fixtures, qwen2
+from reference import fixtures, qwen2, runner
+from reference.compare import identical
 
 CFG = dict(qwen2.SMALL_CFG, num_hidden_layers=4, tie_word_embeddings=False)
 LENGTHS = [40, 1, 2, 71, 64, 53]
@@ -26,11 +27,11 @@ def cases(weft, tmp):
           f"({4 * n_params} bytes in fp32); batch of {sum(LENGTHS)} tokens")
     outs, mems = {}, {}
     for rc in ("false", "true"):
-        args = fixtures.grad_args(mdir, bpath, f"train.recompute={rc}", f"{qwen2.STEPS_KEY}=2")
+        args = fixtures.grad_args(mdir, bpath, f"train.recompute={rc}", f"{runner.STEPS_KEY}=2")
         out, stdout = fixtures.try_grad(weft, args, f"recompute={rc}", failures)
         if out is None:
             continue
-        mem = qwen2.parse_memory(stdout)
+        mem = runner.parse_memory(stdout)
         print(f"recompute={rc}: {mem}")
         if mem is None:
             print(f"FAIL no memory line in stdout:\n{stdout}")
@@ -54,7 +55,7 @@ def cases(weft, tmp):
         for n in names:
             if n == "loss" or n == "step_losses" or n.startswith(("grad.", "param.")):
                 checked += 1
-                if not qwen2.identical(n, b.get(n), a.get(n)):
+                if not identical(n, b.get(n), a.get(n)):
                     failures.append(f"{n} differs between recompute off and on")
         for n in ["loss", "step_losses"] + ["grad." + k for k in params] + [
                 "param." + k for k in params]:

@@ -3,7 +3,7 @@
 save had been cut mid-write: resume detects it and loads the previous one."""
 import json, os, shutil, signal, subprocess, sys, tempfile
 
-from reference.qwen2 import weft_path
+from reference.runner import weft_path
 
 WEFT = weft_path()
 COMMON = ["model.hidden_size=64", "model.intermediate_size=160", "model.num_layers=2",
