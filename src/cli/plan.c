@@ -49,6 +49,11 @@ static json_t *plan_json(const weft_plan *p) {
     return list;
 }
 
+static json_t *cost_json(const weft_cost_model *cm) {
+    return json_pack("{s:f, s:f, s:f, s:f, s:f}", "alpha", cm->alpha, "beta", cm->beta, "gamma",
+                     cm->gamma, "delta", cm->delta, "epsilon", cm->epsilon);
+}
+
 static json_t *estimate_json(const weft_plan_estimate *e, double row_bytes) {
     return json_pack("{s:f, s:f, s:f, s:f, s:f}", "critical_path", e->critical_path,
                      "lower_bound", e->lower_bound, "max_busy", e->max_busy, "mean_busy",
@@ -122,9 +127,10 @@ static void plan_batch(const char *batch, int ranks, const weft_job_config *cfg,
            e.exchanged_rows * row_bytes);
     json_t *rank_compute = json_array();
     for (int r = 0; r < ranks; r++) json_array_append_new(rank_compute, json_real(compute[r]));
-    weft_stats_save(json_pack("{s:i, s:s, s:i, s:o, s:o, s:o}", "ranks", ranks, "layout", name,
-                              "limit", p.limit, "micro_batches", plan_json(&p), "estimate",
-                              estimate_json(&e, row_bytes), "rank_compute", rank_compute),
+    weft_stats_save(json_pack("{s:i, s:s, s:i, s:o, s:o, s:o, s:o}", "ranks", ranks, "layout",
+                              name, "limit", p.limit, "cost", cost_json(&l.cost), "micro_batches",
+                              plan_json(&p), "estimate", estimate_json(&e, row_bytes),
+                              "rank_compute", rank_compute),
                     stats);
     weft_plan_free(&p);
     weft_free(compute), weft_free(lengths), weft_free(docs);
@@ -231,8 +237,9 @@ static void simulate_trace(const char *trace, int ranks, const weft_job_config *
             "imbalance_worst", tot[j].imbalance_max, "step_time", time, "exchange", bytes,
             "plan_ms_worst", tot[j].plan_ms_max));
     }
-    weft_stats_save(json_pack("{s:i, s:i, s:o, s:o}", "ranks", ranks, "static_cp_size", static_c,
-                              "steps", steps_json, "summary", summary), stats);
+    weft_stats_save(json_pack("{s:i, s:i, s:o, s:o, s:o}", "ranks", ranks, "static_cp_size",
+                              static_c, "cost", cost_json(&cm), "steps", steps_json, "summary",
+                              summary), stats);
     weft_free(lengths);
 }
 

@@ -86,13 +86,15 @@ static FILE *open_metrics(const char *path, int step) {
 // The run's statistics (--stats): where it started and ended, its losses and time, memory,
 // collectives and host waits. Collective: every rank enters.
 static void save_stats(const char *path, weft_trainer *t, const weft_train_state *start,
-                       int last_step, double first_loss, double last_loss, double seconds) {
+                       const char *resumed_from, int last_step, double first_loss,
+                       double last_loss, double seconds) {
     weft_memory_report mem = weft_trainer_memory(t);
     weft_comm_stats cs = weft_comm_get_stats(t->world); // before the memory report's collective
     json_t *root = json_pack("{s:i, s:i, s:i, s:f, s:f, s:f, s:I}", "resumed_from_step",
                              start->step, "first_step", start->step + 1, "last_step", last_step,
                              "first_loss", first_loss, "last_loss", last_loss, "seconds", seconds,
                              "host_waits", (json_int_t)t->model->be->host_waits);
+    json_object_set_new(root, "resumed_from", resumed_from ? json_string(resumed_from) : json_null());
     json_object_set_new(root, "collectives", weft_stats_of_collectives(&cs, weft_comm_size(t->world)));
     json_object_set_new(root, "memory", weft_stats_of_memory(&mem, t->world));
     weft_stats_save(root, weft_comm_rank(t->world) == 0 ? path : NULL);
@@ -100,7 +102,8 @@ static void save_stats(const char *path, weft_trainer *t, const weft_train_state
 
 // The optimizer steps from state->step to train.steps, with progress, metrics and checkpoints.
 static void train_steps(const weft_job_config *cfg, weft_trainer *t, const weft_document_set *data,
-                        weft_train_state *state, const char *stats_path) {
+                        weft_train_state *state, const char *resumed_from,
+                        const char *stats_path) {
     bool writer = weft_comm_rank(t->world) == 0; // compute on every rank, print and write on one
     char path[WEFT_PATH_MAX + 64];
     const char *run_dir = cfg->train.output_dir;
@@ -133,7 +136,7 @@ static void train_steps(const weft_job_config *cfg, weft_trainer *t, const weft_
     if (first_loss >= 0 && writer)
         printf("done: steps %d-%d in %.1f s, loss %.4f -> %.4f; checkpoints and metrics.jsonl in %s\n",
                start.step + 1, cfg->train.steps, seconds, first_loss, last_loss, run_dir);
-    save_stats(stats_path, t, &start, state->step, first_loss, last_loss, seconds);
+    save_stats(stats_path, t, &start, resumed_from, state->step, first_loss, last_loss, seconds);
     weft_free(batch);
     weft_data_order_free(&order);
 }
@@ -155,11 +158,11 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
     bool writer = weft_session_writer(session);
 
     weft_train_state state = {.seed = (uint64_t)cfg->train.seed};
+    char *ckpt = NULL;
     if (cfg->resume[0]) {
-        char *ckpt = weft_checkpoint_find(cfg->resume);
+        ckpt = weft_checkpoint_find(cfg->resume);
         state = weft_checkpoint_load(ckpt, t);
         if (writer) printf("resumed from %s at step %d\n", ckpt, state.step);
-        weft_free(ckpt);
     }
     snprintf(path, sizeof path, "%s/config.yaml", run_dir);
     if (writer) weft_job_config_save_yaml(cfg, path);
@@ -173,7 +176,8 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
                data->n, total_tokens, m->n_elements, m->cfg.num_layers, m->cfg.hidden_size,
                m->cfg.vocab_size, cfg->train.steps, cfg->train.global_batch_size,
                weft_cp_dp_size(t->cp), weft_cp_size(t->cp), weft_num_threads());
-    train_steps(cfg, t, data, &state, stats_path);
+    train_steps(cfg, t, data, &state, ckpt, stats_path);
+    weft_free(ckpt);
 
     weft_trainer_free(t);
     weft_model_free(m);

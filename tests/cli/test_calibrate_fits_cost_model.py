@@ -1,12 +1,13 @@
-"""`weft calibrate` on 2 ranks: times micro-batches of a small model at CP degrees 1 and 2, prints
-every timing beside the fitted model's prediction and the fit error, and writes the five
-coefficients as YAML settings that `weft plan --config` then plans with. An --out in a missing
+"""`weft calibrate` on 2 ranks: times micro-batches of a small model at CP degrees 1 and 2, reports
+every timing beside the fitted model's prediction and the fit error (its statistics), and writes
+the five coefficients as YAML settings that `weft plan --config` then plans with. An --out in a missing
 directory fails before any timing, with one error naming it and nothing written. (Timings themselves are
 never checked against thresholds: only that the fit is complete, non-negative and used.)"""
 import os, re, subprocess, sys
 
 from reference.fixtures import run_test
 from reference.mpi import mpirun, run_ranks
+from reference.runner import stats_of
 
 SMALL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=2",
          "model.num_heads=2", "model.num_kv_heads=1", "parallel.max_seqlen_per_rank=64"]
@@ -16,13 +17,15 @@ KEYS = ["alpha", "beta", "gamma", "delta", "epsilon"]
 def body(weft, tmp):
     failures = []
     out = os.path.join(tmp, "cost.yaml")
-    r = run_ranks(2, [weft, "calibrate", "--out", out, "--repeats", "3", *SMALL], timeout=600)
+    stats, r = stats_of([weft, "calibrate", "--out", out, "--repeats", "3", *SMALL],
+                        lambda args: run_ranks(2, args, timeout=600))
     print(r.stdout)
-    probes = re.findall(r"^calibrate: \[\d+/\d+\] (\d+) x (\d+) tokens at degree (\d+)", r.stdout, re.M)
-    if not any(c == "1" for _, _, c in probes) or not any(c == "2" for _, _, c in probes):
+    probes = [(p["n_docs"], p["len"], p["degree"]) for p in stats.get("probes", [])]
+    if not any(c == 1 for _, _, c in probes) or not any(c == 2 for _, _, c in probes):
         failures.append(f"calibrate timed no degree-1 or no degree-2 micro-batch: {probes}")
-    if not re.search(r"^fit error: compute RMS [0-9.]+%, max [0-9.]+%; exchange RMS [0-9.]+%", r.stdout, re.M):
-        failures.append("calibrate printed no fit error")
+    error = stats.get("error", {})
+    if not all(k in error for k in ("compute_rms", "compute_max", "comm_rms")):
+        failures.append("calibrate reported no fit error")
     fitted = {}
     if os.path.exists(out):
         for line in open(out):
@@ -37,14 +40,14 @@ def body(weft, tmp):
         trace = os.path.join(tmp, "lengths.txt")
         with open(trace, "w") as f:
             f.write("\n".join(str(n) for n in [120, 7, 33, 64, 5, 90, 17, 2]) + "\n")
-        p = subprocess.run([weft, "plan", "--config", out, "--lengths", trace, "--ranks", "2",
-                            "train.global_batch_size=8", *SMALL], capture_output=True, text=True,
-                           timeout=60)
-        head = p.stdout.splitlines()[0] if p.stdout else p.stderr
-        print(head)
-        want = f"cost ({fitted['alpha']:g}*L^2 + {fitted['beta']:g}*L)/c + {fitted['gamma']:g}"
-        if p.returncode != 0 or want not in head:
-            failures.append(f"weft plan did not plan with the fitted model ({want}): {head}")
+        plan, p = stats_of([weft, "plan", "--config", out, "--lengths", trace, "--ranks", "2",
+                            "train.global_batch_size=8", *SMALL],
+                           lambda args: subprocess.run(args, capture_output=True, text=True,
+                                                       timeout=60))
+        print(p.stdout.splitlines()[0] if p.stdout else p.stderr)
+        used = plan.get("cost", {})
+        if p.returncode != 0 or any(used.get(k) != fitted[k] for k in KEYS):
+            failures.append(f"weft plan did not plan with the fitted model {fitted}: {used}")
 
     bad = os.path.join(tmp, "missing", "cost.yaml")
     r = subprocess.run(mpirun(2, weft, "calibrate", "--out", bad, *SMALL), capture_output=True,

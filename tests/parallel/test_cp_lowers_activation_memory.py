@@ -1,13 +1,14 @@
 """Context parallelism splits activation memory: one 4096-token document under cp=4 needs at most
 0.3x the peak activation bytes per rank that cp=1 needs, as the job itself reports them
-(`memory: ... peak_activations=N`, every activation byte lives in the arena that figure
+(the statistics' memory.peak_activations: every activation byte lives in the arena that figure
 measures). Only the whole-document keys and values of one layer at a time are not split, and
 with grouped-query heads they are small. The loss must not change."""
-import os, re, sys
+import os, sys
 
 from reference import files
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
+from reference.runner import stats_of
 
 LIMIT = 0.3
 CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_layers=4,
@@ -15,9 +16,10 @@ CFG = dict(vocab_size=256, hidden_size=64, intermediate_size=192, num_hidden_lay
 
 
 def run(weft, mdir, bpath, out, cp):
-    r = run_ranks(cp, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
-                       f"parallel.context_parallel_size={cp}"], timeout=600)
-    peak = int(re.search(r"peak_activations=(\d+)", r.stdout).group(1))
+    stats, _ = stats_of([weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
+                         f"parallel.context_parallel_size={cp}"],
+                        lambda args: run_ranks(cp, args, timeout=600))
+    peak = stats["memory"]["peak_activations"]
     return peak, float(files.read_safetensors(out)["loss"])
 
 

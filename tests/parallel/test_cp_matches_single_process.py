@@ -16,6 +16,7 @@ from reference import files
 from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
+from reference.runner import stats_of
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -37,11 +38,10 @@ STEPS = ["train.steps=3", "optim.warmup_steps=1", "optim.min_lr=1e-4"]
 
 
 def run(weft, mdir, bpath, out, dp, cp, *options):
-    r = run_ranks(dp * cp, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
-                            "--logprobs", *STEPS, f"parallel.context_parallel_size={cp}", *options])
-    stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
-        l for l in r.stdout.splitlines() if l.startswith("collectives:"))))
-    return files.read_safetensors(out), {k: int(v) for k, v in stats.items()}
+    stats, _ = stats_of([weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
+                         "--logprobs", *STEPS, f"parallel.context_parallel_size={cp}", *options],
+                        lambda args: run_ranks(dp * cp, args))
+    return files.read_safetensors(out), stats["collectives"]
 
 
 def logprobs_from_logits(logits, docs):

@@ -1,6 +1,6 @@
 """Dynamic context parallelism on W = 4 and 8 ranks with max_seqlen_per_rank = 16: a batch of one
 61-token document (which needs c = 4) and ten of 1 to 16 tokens (c = 1).
-Uniform mode (W = 4, 8): the plan (printed by `weft plan`, checked here) includes a micro-batch
+Uniform mode (W = 4, 8): the plan (`weft plan`'s statistics, checked here) includes a micro-batch
 with fewer documents than ranks, so its degree is raised. Heterogeneous mode (W = 8): the plan
 runs groups of different sizes side by side. Either way every rank runs the plan's
 micro-batches at the plan's degrees (the job's `--busy` report). With MTP off and on: loss, MTP losses, every gradient, the
@@ -8,12 +8,13 @@ gathered log-probs and the parameters after 3 AdamW steps equal the single-proce
 relative. Every rank's peak activation bytes stay within what max_seqlen_per_rank implies (the
 job reports both). A document longer than W x max_seqlen_per_rank fails before any compute with
 one clear error, and no output is written."""
-import os, re, subprocess, sys
+import os, subprocess, sys
 
 from reference import files
 from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import mpirun, run_ranks
+from reference.runner import stats_of
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -31,49 +32,53 @@ DCP = ["parallel.dynamic_context_parallel=true", f"parallel.max_seqlen_per_rank=
 
 
 def run(weft, mdir, bpath, out, ranks, *options):
-    r = run_ranks(ranks, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
-                          "--logprobs", *STEPS, *options])
-    return files.read_safetensors(out), r.stdout
+    stats, _ = stats_of([weft, "grad", "--model", mdir, "--batch", bpath, "--out", out,
+                         "--logprobs", *STEPS, *options], lambda args: run_ranks(ranks, args))
+    return files.read_safetensors(out), stats
 
 
 def check_plan(weft, bpath, ranks, mode, failures):
     """Uniform: the plan has a step with fewer documents than ranks, whose degree was therefore
     raised. Heterogeneous: a step runs groups of different degrees side by side. Returns each
     rank's degrees, micro-batch by micro-batch, as the plan gives them."""
-    r = subprocess.run([weft, "plan", "--ranks", str(ranks), "--batch", bpath, *DCP,
-                        f"parallel.dcp_mode={mode}"], capture_output=True, text=True, timeout=60)
-    print(r.stdout)
-    steps = re.split(r"^micro-batch \d+: ", r.stdout, flags=re.M)[1:]
-    docs = [len(re.findall(r" \d+\(\d+\)", s)) for s in steps]
-    mixed = re.findall(r"^micro-batch \d+: degrees \d+ to \d+", r.stdout, flags=re.M)
-    if r.returncode != 0:
-        failures.append(f"W={ranks} {mode}: weft plan failed: {r.stderr}")
-    elif mode == "uniform" and not any(d < ranks for d in docs):
+    def plan(args):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        print(r.stdout)
+        if r.returncode != 0:
+            failures.append(f"W={ranks} {mode}: weft plan failed: {r.stderr}")
+        return r
+    stats, r = stats_of([weft, "plan", "--ranks", str(ranks), "--batch", bpath, *DCP,
+                         f"parallel.dcp_mode={mode}"], plan)
+    micro = stats["micro_batches"]
+    steps = sorted({m["step"] for m in micro})
+    docs = [sum(len(m["documents"]) for m in micro if m["step"] == s) for s in steps]
+    mixed = [s for s in steps if len({m["degree"] for m in micro if m["step"] == s}) > 1]
+    if mode == "uniform" and not any(d < ranks for d in docs):
         failures.append(f"W={ranks}: the plan has no micro-batch with fewer documents than ranks "
                         f"(documents per step {docs})")
     elif mode == "heterogeneous" and not mixed:
         failures.append(f"W={ranks} {mode}: no step runs groups of different degrees")
     per_rank = [[] for _ in range(ranks)]
-    for lo, hi, c in re.findall(r"^  ranks (\d+)-(\d+) \(degree (\d+)\)", r.stdout, flags=re.M):
-        for rank in range(int(lo), int(hi) + 1):
-            per_rank[rank].append(int(c))
+    for m in micro:
+        for rank in range(m["first_rank"], m["first_rank"] + m["degree"]):
+            per_rank[rank].append(m["degree"])
     return per_rank
 
 
-def ran_degrees(stdout, ranks):
+def ran_degrees(stats, ranks):
     """Each rank's degrees, micro-batch by micro-batch, from the job's --busy report."""
     per_rank = [[] for _ in range(ranks)]
-    for rank, rest in re.findall(r"^busy: rank (\d+):(.*) s \(degree\)", stdout, flags=re.M):
-        per_rank[int(rank)] = [int(c) for c in re.findall(r"\((\d+)\)", rest)]
+    for r in stats["busy"]:
+        per_rank[r["rank"]] = [m["degree"] for m in r["micro_batches"]]
     return per_rank
 
 
-def check_memory(stdout, tag, failures):
-    m = re.search(r"peak_activations_max_rank=(\d+) bound_for_max_seqlen_per_rank=(\d+)", stdout)
-    if not m:
+def check_memory(stats, tag, failures):
+    memory = stats.get("memory", {})
+    if "bound_for_max_seqlen_per_rank" not in memory:
         failures.append(f"{tag}: the job did not report peak activations and their bound")
         return
-    peak, bound = int(m.group(1)), int(m.group(2))
+    peak, bound = memory["peak_activations_max_rank"], memory["bound_for_max_seqlen_per_rank"]
     print(f"  {tag}: largest per-rank peak activations {peak} bytes, bound {bound}")
     if peak > bound:
         failures.append(f"{tag}: a rank's peak activations {peak} exceed the bound {bound}")
@@ -109,10 +114,10 @@ def body(weft, tmp):
             if mtp == 0 and mode == "uniform":
                 check_too_long(weft, mdir, tmp, ranks, failures)
             tag = f"mtp={mtp} W={ranks} {mode}"
-            got, stdout = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), ranks,
-                              "--busy", *DCP, f"parallel.dcp_mode={mode}")
+            got, stats = run(weft, mdir, bpath, os.path.join(tmp, "got.safetensors"), ranks,
+                             "--busy", *DCP, f"parallel.dcp_mode={mode}")
             # The job ran the plan: every rank the same degrees, micro-batch by micro-batch.
-            ran = ran_degrees(stdout, ranks)
+            ran = ran_degrees(stats, ranks)
             if ran != planned or not any(4 in r for r in ran):
                 failures.append(f"{tag}: the job ran degrees {ran}, the plan says {planned}")
             worst = max((rel_err(got[k], ref[k])[0], k) for k in ref)
@@ -121,7 +126,7 @@ def body(weft, tmp):
                   f"{float(got['loss']):.7f} vs {float(ref['loss']):.7f}")
             if worst[0] > TOL:
                 failures.append(f"{tag}: {worst[1]} differs by {worst[0]:.2e}")
-            check_memory(stdout, tag, failures)
+            check_memory(stats, tag, failures)
     return failures
 
 

@@ -1,56 +1,41 @@
 """Heterogeneous dynamic context parallelism plans each global batch within 1.10x of the
 perfect-balance lower bound. On two seeded length traces (lognormal with a 32K cap, and a
 chat / long-document mix with a 64K cap; tests/reference/length_traces.py), 4 steps of 4096
-documents each, `weft plan --lengths` on 64 and 256 simulated ranks must print every step's line
-for all three layouts (static CP, heterogeneous, uniform), every heterogeneous step must have
+documents each, `weft plan --lengths` on 64 and 256 simulated ranks must report (its statistics)
+every step for all three layouts (static CP, heterogeneous, uniform), every heterogeneous step must have
 critical path / lower bound <= 1.10, and in the summary heterogeneous's step time must be no
 worse than uniform's or static's. Planning times are printed, not checked. A trace with a
 non-integer line must be rejected with a non-zero exit and `FILE:LINE:` on stderr."""
-import os, re, subprocess, sys
+import os, subprocess, sys
 
 from reference import length_traces
 from reference.fixtures import run_test
+from reference.runner import stats_of
 
 LIMIT = 1.10
 STEPS, PER_STEP = 4, 4096
 RANKS = (64, 256)
 TRACES = (("lognormal", length_traces.lognormal, 11), ("long_tail", length_traces.long_tail, 12))
-NUM = r"([0-9.e+-]+)"
-HEADER = re.compile(r"^step (\d+): (\d+) documents, (\d+) tokens$")
-LAYOUT = re.compile(rf"^  (static cp=\d+|heterogeneous|uniform) +critical path {NUM} = {NUM}x "
-                    rf"lower bound, imbalance {NUM}, CP exchange {NUM} bytes \({NUM}x static\), "
-                    rf"(\d+) micro-batches, planned in {NUM} ms$")
-SUMMARY = re.compile(rf"^  (static cp=\d+|heterogeneous|uniform) +{NUM}x \(worst {NUM}x\), "
-                     rf"imbalance worst {NUM}, step time {NUM}x, CP exchange {NUM}x static, "
-                     rf"planning worst {NUM} ms$")
 
 
-def kind(name):
-    return "static" if name.startswith("static") else name
-
-
-def parse(out):
-    """{step: {layout: (ratio, imbalance)}}, {step: (documents, tokens)}, {layout: summary}."""
-    steps, headers, summary, step = {}, {}, {}, None
-    for line in out.splitlines():
-        if m := HEADER.match(line):
-            step = int(m.group(1))
-            headers[step] = (int(m.group(2)), int(m.group(3)))
-            steps[step] = {}
-        elif (m := LAYOUT.match(line)) and step is not None:
-            steps[step].setdefault(kind(m.group(1)), []).append(
-                (float(m.group(3)), float(m.group(4))))
-        elif line.startswith("summary"):
-            step = None
-        elif (m := SUMMARY.match(line)) and step is None:
-            summary[kind(m.group(1))] = dict(zip(
-                ("ratio", "worst", "imbalance", "step_time", "exchange", "plan_ms"),
-                map(float, m.groups()[1:])))
+def parse(stats):
+    """From `weft plan --lengths`'s statistics: {step: {layout: [(ratio, imbalance)]}},
+    {step: (documents, tokens)}, {layout: summary}."""
+    steps, headers = {}, {}
+    for s, st in enumerate(stats["steps"], 1):
+        headers[s] = (st["documents"], st["tokens"])
+        steps[s] = {name: [(st[name]["critical_path"] / st[name]["lower_bound"],
+                            st[name]["max_busy"] / st[name]["mean_busy"] - 1)]
+                    for name in ("static", "heterogeneous", "uniform") if name in st}
+    summary = {name: dict(ratio=v["ratio"], worst=v["ratio_worst"],
+                          imbalance=v["imbalance_worst"], step_time=v["step_time"],
+                          exchange=v["exchange"], plan_ms=v["plan_ms_worst"])
+               for name, v in stats["summary"].items()}
     return steps, headers, summary
 
 
-def check(tag, lengths, out, failures):
-    steps, headers, summary = parse(out)
+def check(tag, lengths, stats, failures):
+    steps, headers, summary = parse(stats)
     for s in range(1, STEPS + 1):
         chunk = lengths[(s - 1) * PER_STEP:s * PER_STEP]
         if headers.get(s) != (len(chunk), sum(chunk)):
@@ -99,14 +84,15 @@ def body(weft, tmp):
         length_traces.write(path, lengths)
         for ranks in RANKS:
             tag = f"{name} on {ranks} ranks"
-            r = subprocess.run([weft, "plan", "--lengths", path, "--ranks", str(ranks),
-                                f"train.global_batch_size={PER_STEP}"], capture_output=True,
-                               text=True, timeout=600)
+            stats, r = stats_of([weft, "plan", "--lengths", path, "--ranks", str(ranks),
+                                 f"train.global_batch_size={PER_STEP}"],
+                                lambda args: subprocess.run(args, capture_output=True, text=True,
+                                                            timeout=600))
             if r.returncode != 0:
                 print(f"FAIL {tag}: weft plan exited {r.returncode}:\n{r.stdout}{r.stderr}")
                 failures.append(f"{tag}: weft plan exited {r.returncode}")
                 continue
-            got = check(tag, lengths, r.stdout, failures)
+            got = check(tag, lengths, stats, failures)
             if got:
                 rows.append((name, ranks, *got))
     print(f"critical path / lower bound (limit {LIMIT:.2f} on every heterogeneous step); step time "

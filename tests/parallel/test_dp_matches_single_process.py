@@ -6,12 +6,13 @@ and all-gather instead of bucket all-reduces.
 The model is the well-conditioned fixture of train/test_adamw_steps_match_pytorch.py: AdamW turns
 fp32 round-off in near-zero gradient elements into parameter changes of order lr, so comparing
 parameters after several steps at 1e-5 needs a model where no element sits at that edge."""
-import os, re, sys
+import os, sys
 
 from reference import files
 from reference.compare import rel_err
 from reference.fixtures import model_and_batch, run_test
 from reference.mpi import run_ranks
+from reference.runner import stats_of
 
 TOL = 1e-5
 CFG = dict(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -25,11 +26,9 @@ STEPS = ["train.steps=5", "optim.warmup_steps=2", "optim.min_lr=1e-4"]
 
 
 def run(weft, mdir, bpath, out, np_, *options):
-    r = run_ranks(np_, [weft, "grad", "--model", mdir, "--batch", bpath, "--out", out, *STEPS,
-                        *options])
-    stats = dict(re.findall(r"(\w+)=(\d+)", "\n".join(
-        l for l in r.stdout.splitlines() if l.startswith(("memory: param", "collectives:")))))
-    return files.read_safetensors(out), {k: int(v) for k, v in stats.items()}
+    stats, _ = stats_of([weft, "grad", "--model", mdir, "--batch", bpath, "--out", out, *STEPS,
+                         *options], lambda args: run_ranks(np_, args))
+    return files.read_safetensors(out), {**stats["memory"], **stats["collectives"]}
 
 
 def body(weft, tmp):

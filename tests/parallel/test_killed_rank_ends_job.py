@@ -4,6 +4,7 @@ import os, re, subprocess, sys, time
 
 from reference.fixtures import run_test
 from reference.mpi import mpirun
+from reference.runner import stats_of
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
         "model.num_heads=2", "model.num_kv_heads=1", "train.global_batch_size=8",
@@ -34,11 +35,13 @@ def body(weft, tmp):
     if "step_00000002" not in ckpts or any(c > "step_00000002" for c in ckpts if not c.endswith(".tmp")):
         failures.append(f"unexpected checkpoints after the kill: {ckpts}")
 
-    r = subprocess.run(mpirun(2, weft, "train", *TINY, f"train.output_dir={run}", f"resume={run}"),
-                       capture_output=True, text=True, timeout=300)
+    stats, r = stats_of(mpirun(2, weft, "train", *TINY, f"train.output_dir={run}", f"resume={run}"),
+                        lambda args: subprocess.run(args, capture_output=True, text=True,
+                                                    timeout=300))
     print(r.stdout[-600:])
-    if r.returncode != 0 or "at step 2" not in r.stdout or "done: steps 3-8" not in r.stdout:
-        failures.append(f"resume from the last checkpoint failed: {r.stderr[-500:]}")
+    steps = [stats.get(k) for k in ("resumed_from_step", "first_step", "last_step")]
+    if r.returncode != 0 or steps != [2, 3, 8]:
+        failures.append(f"resume from the last checkpoint failed ({steps}): {r.stderr[-500:]}")
     return failures
 
 

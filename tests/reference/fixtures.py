@@ -59,7 +59,7 @@ def grad_args(mdir, bpath, *options):
 
 
 def try_grad(weft, args, tag, failures):
-    """runner.run_weft(weft, args), returning (tensors, stdout). When weft fails, prints its
+    """runner.run_weft(weft, args), returning (tensors, statistics). When weft fails, prints its
     command and output, appends "<tag>: weft grad failed" to failures and returns (None, None),
     so that the test goes on with its other cases."""
     try:

@@ -1,8 +1,8 @@
-"""Running weft from the Python tests: where the binary is, `weft grad` with its output read back,
-the failure exception, the `memory:` line of its stdout and its optimizer options."""
+"""Running weft from the Python tests: where the binary is, `weft grad` with its output and its
+statistics (the JSON of --stats) read back, the failure exception and its optimizer options."""
 
+import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,10 +19,6 @@ def optim_args(**opt):
     """key=value command-line options for weft's optimizer."""
     return [f"optim.{k}={v!r}" if isinstance(v, float) else f"optim.{k}={v}"
             for k, v in opt.items()]
-
-
-MEMORY_RE = re.compile(r"^memory: parameters=(\d+) gradients=(\d+) optimizer_state=(\d+) "
-                       r"peak_activations=(\d+)\s*$", re.M)
 
 
 class WeftError(RuntimeError):
@@ -44,33 +40,40 @@ def weft_path(argv=None):
 
 
 def run_weft(weft, args, out=None, timeout=300):
-    """Runs `weft grad ...`-style commands: `args` is the list after the binary, without --out,
-    which is added here (a file in a fresh temp dir unless `out` is given). Returns
-    (tensors {name: numpy}, stdout). Raises WeftError with the output when weft fails."""
-    tmp = None
+    """Runs `weft grad ...`-style commands: `args` is the list after the binary, without --out and
+    --stats, which are added here (files in a fresh temp dir unless `out` is given). Returns
+    (tensors {name: numpy}, statistics {...}: the --stats JSON). Raises WeftError with the output
+    when weft fails."""
+    tmp = tempfile.mkdtemp(prefix="weft_out_")
     if out is None:
-        tmp = tempfile.mkdtemp(prefix="weft_out_")
         out = os.path.join(tmp, "out.safetensors")
-    cmd = [weft] + list(args) + ["--out", out]
+    stats = os.path.join(tmp, "stats.json")
+    cmd = [weft] + list(args) + ["--out", out, "--stats", stats]
     try:
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=timeout)
         if r.returncode != 0:
             raise WeftError(f"{' '.join(cmd)}\nexit status {r.returncode}\nstdout:\n{r.stdout}"
                             f"\nstderr:\n{r.stderr}")
-        if not os.path.exists(out):
-            raise WeftError(f"{' '.join(cmd)}\nexit 0 but wrote no {out}\nstdout:\n{r.stdout}"
-                            f"\nstderr:\n{r.stderr}")
-        return read_safetensors(out), r.stdout
+        if not os.path.exists(out) or not os.path.exists(stats):
+            raise WeftError(f"{' '.join(cmd)}\nexit 0 but wrote no {out} or {stats}\nstdout:\n"
+                            f"{r.stdout}\nstderr:\n{r.stderr}")
+        with open(stats) as f:
+            return read_safetensors(out), json.load(f)
     finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def parse_memory(stdout):
-    """The `memory:` line of weft grad's stdout as a dict of ints, or None."""
-    m = MEMORY_RE.search(stdout)
-    if not m:
-        return None
-    return dict(zip(("parameters", "gradients", "optimizer_state", "peak_activations"),
-                    (int(x) for x in m.groups())))
+def stats_of(args, run):
+    """Runs `run(args + ["--stats", path])`, a function that runs a weft command line, and
+    returns (the parsed statistics, or {} when the run wrote none; what run returned)."""
+    tmp = tempfile.mkdtemp(prefix="weft_stats_")
+    path = os.path.join(tmp, "stats.json")
+    try:
+        result = run(list(args) + ["--stats", path])
+        if not os.path.exists(path):
+            return {}, result
+        with open(path) as f:
+            return json.load(f), result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -10,12 +10,15 @@ WEFT = weft_path()
 def main():
     tmp = tempfile.mkdtemp()
     try:
-        run = os.path.join(tmp, "run")
+        run, stats_path = os.path.join(tmp, "run"), os.path.join(tmp, "stats.json")
         r = subprocess.run([WEFT, "train", "train.steps=60", "train.save_every=0",
-                            f"train.output_dir={run}"], capture_output=True, text=True, timeout=600)
+                            f"train.output_dir={run}", "--stats", stats_path], capture_output=True,
+                           text=True, timeout=600)
         print(r.stdout[-1500:])
         assert r.returncode == 0, r.stderr
-        assert "memory: parameters=" in r.stdout and "peak_activations=" in r.stdout
+        with open(stats_path) as f:
+            memory = json.load(f)["memory"]
+        assert memory["parameters"] > 0 and memory["peak_activations"] > 0, memory
         with open(os.path.join(run, "metrics.jsonl")) as f:
             rows = [json.loads(l) for l in f]
         assert [x["step"] for x in rows] == list(range(1, 61))

@@ -2,7 +2,7 @@
 
 weft grad with train.recompute=false and =true on a 4-layer model (hidden 64, intermediate 160)
 and 6 packed documents (231 tokens), with 2 optimizer steps so the optimizer state exists. From
-the `memory: parameters=... gradients=... optimizer_state=... peak_activations=...` line:
+the statistics' memory (parameters, gradients, optimizer_state, peak_activations bytes):
 parameters, gradients and optimizer_state are equal and peak_activations is strictly lower with
 recomputation. loss, every grad.*, step_losses and every param.* are identical bit for bit.
 """
@@ -28,14 +28,14 @@ def cases(weft, tmp):
     outs, mems = {}, {}
     for rc in ("false", "true"):
         args = fixtures.grad_args(mdir, bpath, f"train.recompute={rc}", f"{runner.STEPS_KEY}=2")
-        out, stdout = fixtures.try_grad(weft, args, f"recompute={rc}", failures)
+        out, stats = fixtures.try_grad(weft, args, f"recompute={rc}", failures)
         if out is None:
             continue
-        mem = runner.parse_memory(stdout)
+        mem = stats.get("memory")
         print(f"recompute={rc}: {mem}")
         if mem is None:
-            print(f"FAIL no memory line in stdout:\n{stdout}")
-            failures.append(f"recompute={rc}: no 'memory:' line on stdout")
+            print(f"FAIL no memory in the statistics:\n{stats}")
+            failures.append(f"recompute={rc}: no memory in the statistics")
             continue
         outs[rc], mems[rc] = out, mem
     if len(mems) == 2:

@@ -3,7 +3,7 @@
 save had been cut mid-write: resume detects it and loads the previous one."""
 import json, os, shutil, signal, subprocess, sys, tempfile
 
-from reference.runner import weft_path
+from reference.runner import stats_of, weft_path
 
 WEFT = weft_path()
 COMMON = ["model.hidden_size=64", "model.intermediate_size=160", "model.num_layers=2",
@@ -17,12 +17,14 @@ def losses(run):
         return {r["step"]: r["loss"] for r in map(json.loads, f)}
 
 
-def train(run, *extra, check=True):
-    r = subprocess.run([WEFT, "train", *COMMON, f"train.output_dir={run}", *extra],
-                       capture_output=True, text=True, timeout=300)
-    if check and r.returncode != 0:
-        sys.exit(f"weft train failed:\n{r.stdout}\n{r.stderr}")
-    return r
+def train(run, *extra):
+    """Runs weft train; returns (its statistics, the CompletedProcess)."""
+    def go(args):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            sys.exit(f"weft train failed:\n{r.stdout}\n{r.stderr}")
+        return r
+    return stats_of([WEFT, "train", *COMMON, f"train.output_dir={run}", *extra], go)
 
 
 def main():
@@ -50,11 +52,12 @@ def main():
         size = os.path.getsize(newest)
         with open(newest, "r+b") as f:
             f.truncate(size // 2)
-        r = train(cut, f"resume={cut}")
+        stats, r = train(cut, f"resume={cut}")
         print(r.stderr.strip())
         assert "skipping checkpoint" in r.stderr and ckpts[-1] in r.stderr, r.stderr
         expected_resume = ckpts[-2]
-        assert f"resumed from" in r.stdout and expected_resume in r.stdout, r.stdout
+        assert expected_resume in (stats["resumed_from"] or "") and \
+            stats["resumed_from_step"] == 5, stats
 
         got = losses(cut)
         assert sorted(got) == list(range(1, 21)), sorted(got)
