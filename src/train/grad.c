@@ -88,12 +88,15 @@ static void add_vector(weft_safetensors_writer *w, const char *name, const float
     weft_safetensors_writer_add_f32(w, name, v, 1, shape);
 }
 
-// K AdamW steps on the same batch after the gradient (train.steps = K): their losses, printed.
-static float *take_steps(weft_trainer *t, const weft_document_set *docs, int steps, bool writer) {
+// K AdamW steps on the same batch after the gradient (train.steps = K): their losses, printed,
+// and each step's statistics appended to `stats`.
+static float *take_steps(weft_trainer *t, const weft_document_set *docs, int steps, bool writer,
+                         json_t *stats) {
     float *losses = weft_alloc(sizeof(float) * (steps > 0 ? steps : 1));
     for (int s = 0; s < steps; s++) {
         weft_step_result sr = weft_trainer_step(t, docs->docs, docs->n);
         losses[s] = (float)sr.loss;
+        json_array_append_new(stats, weft_stats_of_result(&sr));
         if (writer)
             printf("step %d/%d: loss %.6f, grad norm %.6f, lr %.3e, %.4f s, %.0f tokens/s, "
                    "sync wait %.4f s, cp comm %.4f s\n", s + 1, steps, sr.loss, sr.grad_norm,
@@ -126,13 +129,13 @@ static weft_safetensors_writer *output_file(const weft_grad_request *rq, weft_tr
 
 // Statistics (all ranks enter: memory peaks and busy times are gathered).
 static void write_stats(const weft_grad_request *rq, weft_trainer *t, const weft_step_result *r,
-                        const weft_document_set *docs, bool writer) {
+                        const weft_document_set *docs, json_t *steps, bool writer) {
     weft_comm *world = t->world;
     weft_memory_report mem = weft_trainer_memory(t);
     weft_comm_stats cs = weft_comm_get_stats(world); // the job's collectives, before the reports'
     json_t *root = weft_stats_of_result(r);
     json_object_set_new(root, "documents", json_integer(docs->n));
-    json_object_set_new(root, "host_waits", json_integer(t->model->be->host_waits));
+    json_object_set_new(root, "steps", steps);
     if (rq->busy) json_object_set_new(root, "busy", report_busy(t, world, writer));
     json_t *memory = weft_stats_of_memory(&mem, world);
     if (rq->cfg.parallel.dynamic_context_parallel) {
@@ -180,12 +183,13 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
                r.mtp_accuracy[k]);
     weft_safetensors_writer *w = output_file(rq, t, &r, &out, T);
     float *losses = NULL;
+    json_t *steps = json_array();
     if (cfg->train.steps > 0) { // then the steps' losses and the parameters they lead to
-        losses = take_steps(t, docs, cfg->train.steps, writer);
+        losses = take_steps(t, docs, cfg->train.steps, writer, steps);
         add_vector(w, "step_losses", losses, cfg->train.steps);
         weft_model_add_tensors(m, w, "param.", NULL, 0);
     }
-    write_stats(rq, t, &r, docs, writer);
+    write_stats(rq, t, &r, docs, steps, writer);
     if (writer) {
         snprintf(path, sizeof path, "%s", rq->out);
         WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write the output file", path);

@@ -12,12 +12,13 @@ static json_t *numbers(const double *v, int n) {
 }
 
 json_t *weft_stats_of_result(const weft_step_result *r) {
-    return json_pack("{s:f, s:f, s:o, s:o, s:f, s:I, s:I, s:f, s:f, s:f}", "loss", r->loss,
+    return json_pack("{s:f, s:f, s:o, s:o, s:f, s:I, s:I, s:f, s:f, s:f, s:I}", "loss", r->loss,
                      "accuracy", r->accuracy, "mtp_loss", numbers(r->mtp_loss, r->mtp_depth),
                      "mtp_accuracy", numbers(r->mtp_accuracy, r->mtp_depth), "grad_norm",
                      r->grad_norm, "targets", (json_int_t)r->n_targets, "tokens",
                      (json_int_t)r->n_tokens, "seconds", r->seconds, "sync_wait_seconds",
-                     r->sync_wait_seconds, "cp_comm_seconds", r->cp_comm_seconds);
+                     r->sync_wait_seconds, "cp_comm_seconds", r->cp_comm_seconds, "host_waits",
+                     (json_int_t)r->host_waits);
 }
 
 json_t *weft_stats_of_memory(const weft_memory_report *mine, weft_comm *world) {

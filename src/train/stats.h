@@ -7,7 +7,7 @@
 #include "train/step.h"
 
 // {"loss", "accuracy", "mtp_loss": [...], "mtp_accuracy": [...], "grad_norm", "targets",
-//  "tokens", "seconds", "sync_wait_seconds", "cp_comm_seconds"} of a pass.
+//  "tokens", "seconds", "sync_wait_seconds", "cp_comm_seconds", "host_waits"} of a pass.
 json_t *weft_stats_of_result(const weft_step_result *r);
 // {"parameters", "gradients", "optimizer_state", "peak_activations", "peak_activations_max_rank"}
 // in bytes: this rank's, and the largest peak of any rank. Collective over the world (every rank
