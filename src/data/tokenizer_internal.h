@@ -2,7 +2,7 @@
 //
 // tokenizer.c              loading tokenizer.json, and the entry points of tokenizer.h
 // tokenizer_maps.c         growable arrays, the vocabulary and merge hash maps
-// tokenizer_unicode.c      UTF-8 and NFC
+// tokenizer_unicode.c      UTF-8 and NFC, with the tables of unicode_tables_generated.c
 // tokenizer_pretokenize.c  regexes, added-token extraction, normalization and pre-tokenization
 // tokenizer_bpe.c          the BPE merge of one piece
 #pragma once
@@ -98,6 +98,12 @@ char *weft_tok_utf8_sanitize(const char *s, size_t n, size_t *out_n);
 bool weft_tok_is_white_space(uint32_t c);
 // Appends the NFC form of valid UTF-8 s[0..n) to out.
 void weft_tok_nfc_append(const char *s, size_t n, bytes *out);
+
+// The tables of unicode_tables_generated.c (scripts/generate_unicode_tables.py writes it).
+extern const uint32_t weft_tok_nfc_decomp[][3];
+extern const size_t weft_tok_nfc_decomp_count;
+extern const uint32_t weft_tok_nfc_ccc[][3];
+extern const size_t weft_tok_nfc_ccc_count;
 
 // ---------------------------------------------------------------------------------------------
 // The tokenizer
