@@ -246,6 +246,24 @@ void weft_tok_plist_free(plist *l) {
     free(l->p);
 }
 
+// What a step makes of the text piece s[0..n), appended to out; off: where the piece starts in the
+// buffer that out slices, for steps that slice.
+typedef void (*text_step)(enc *e, const void *arg, const char *s, size_t n, size_t off, plist *out);
+
+// Runs a step on every text piece of `in`; added tokens pass through. A slicing step's output
+// slices in's buffer, any other step's output has a buffer of its own.
+static plist apply_step(enc *e, plist *in, bool slicing, text_step step, const void *arg) {
+    plist out = slicing ? plist_slicing(in) : (plist){0};
+    const char *buf = slicing ? out.buf.p : in->buf.p;
+    for (size_t i = 0; i < in->n; i++) {
+        const piece *p = &in->p[i];
+        if (p->id >= 0) plist_token(&out, p->id);
+        else step(e, arg, buf + p->off, p->len, p->off, &out);
+    }
+    weft_tok_plist_free(in);
+    return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Added tokens (added_vocabulary.rs find_matches)
 
@@ -262,8 +280,9 @@ static int match_added_at(const match_set *m, const char *s, size_t n, size_t po
     return -1;
 }
 
-static void split_added(enc *e, const match_set *m, const char *s, size_t n, size_t base, plist *out) {
+static void split_added(enc *e, const void *arg, const char *s, size_t n, size_t base, plist *out) {
     const weft_tokenizer *t = e->t;
+    const match_set *m = arg;
     size_t start_offset = 0, pos = 0;
     while (pos < n) {
         int j = match_added_at(m, s, n, pos);
@@ -304,14 +323,7 @@ static void split_added(enc *e, const match_set *m, const char *s, size_t n, siz
 
 static plist extract_added(enc *e, const match_set *m, plist *in) {
     if (!m->n) return *in;
-    plist out = plist_slicing(in);
-    for (size_t i = 0; i < in->n; i++) {
-        const piece *p = &in->p[i];
-        if (p->id >= 0) plist_token(&out, p->id);
-        else split_added(e, m, out.buf.p + p->off, p->len, p->off, &out);
-    }
-    weft_tok_plist_free(in);
-    return out;
+    return apply_step(e, in, true, split_added, m);
 }
 
 typedef struct match_entry {
@@ -361,36 +373,17 @@ void weft_tok_match_set_free(match_set *m) {
 // ---------------------------------------------------------------------------------------------
 // Normalization and pre-tokenization
 
-static plist normalize_nfc(plist *in) {
-    plist out = {0};
-    for (size_t i = 0; i < in->n; i++) {
-        const piece *p = &in->p[i];
-        if (p->id >= 0) {
-            plist_token(&out, p->id);
-            continue;
-        }
-        size_t off = out.buf.n;
-        weft_tok_nfc_append(in->buf.p + p->off, p->len, &out.buf);
-        plist_text(&out, off, out.buf.n - off);
-    }
-    weft_tok_plist_free(in);
-    return out;
+static void normalize_nfc(enc *e, const void *arg, const char *s, size_t n, size_t off, plist *out) {
+    size_t start = out->buf.n;
+    weft_tok_nfc_append(s, n, &out->buf);
+    plist_text(out, start, out->buf.n - start);
 }
 
-static plist split_step(enc *e, const pretok_step *st, plist *in) {
-    plist out = plist_slicing(in);
-    for (size_t i = 0; i < in->n; i++) {
-        const piece *p = &in->p[i];
-        if (p->id >= 0) {
-            plist_token(&out, p->id);
-            continue;
-        }
-        find_segments(e, st->re, out.buf.p + p->off, p->len);
-        apply_behavior(e, st->behavior, st->invert);
-        for (size_t k = 0; k < e->n_kept; k++) plist_text(&out, p->off + e->kept[k].a, e->kept[k].b - e->kept[k].a);
-    }
-    weft_tok_plist_free(in);
-    return out;
+static void split_step(enc *e, const void *arg, const char *s, size_t n, size_t off, plist *out) {
+    const pretok_step *st = arg;
+    find_segments(e, st->re, s, n);
+    apply_behavior(e, st->behavior, st->invert);
+    for (size_t k = 0; k < e->n_kept; k++) plist_text(out, off + e->kept[k].a, e->kept[k].b - e->kept[k].a);
 }
 
 static void byte_level_map(const char *s, size_t n, plist *out) {
@@ -407,33 +400,22 @@ static void byte_level_map(const char *s, size_t n, plist *out) {
     plist_text(out, off, out->buf.n - off);
 }
 
-static plist byte_level_step(enc *e, const pretok_step *st, plist *in) {
-    plist out = {0};
-    for (size_t i = 0; i < in->n; i++) {
-        const piece *p = &in->p[i];
-        if (p->id >= 0) {
-            plist_token(&out, p->id);
-            continue;
-        }
-        const char *s = in->buf.p + p->off;
-        size_t n = p->len;
-        if (st->add_prefix_space && s[0] != ' ') {
-            e->scratch.n = 0;
-            weft_tok_bytes_put(&e->scratch, " ", 1);
-            weft_tok_bytes_put(&e->scratch, s, n);
-            s = e->scratch.p;
-            n++;
-        }
-        if (!st->re) {
-            byte_level_map(s, n, &out);
-            continue;
-        }
-        find_segments(e, st->re, s, n);
-        for (size_t k = 0; k < e->n_seg; k++)
-            if (e->seg[k].b > e->seg[k].a) byte_level_map(s + e->seg[k].a, e->seg[k].b - e->seg[k].a, &out);
+static void byte_level_step(enc *e, const void *arg, const char *s, size_t n, size_t off, plist *out) {
+    const pretok_step *st = arg;
+    if (st->add_prefix_space && s[0] != ' ') {
+        e->scratch.n = 0;
+        weft_tok_bytes_put(&e->scratch, " ", 1);
+        weft_tok_bytes_put(&e->scratch, s, n);
+        s = e->scratch.p;
+        n++;
     }
-    weft_tok_plist_free(in);
-    return out;
+    if (!st->re) {
+        byte_level_map(s, n, out);
+        return;
+    }
+    find_segments(e, st->re, s, n);
+    for (size_t k = 0; k < e->n_seg; k++)
+        if (e->seg[k].b > e->seg[k].a) byte_level_map(s + e->seg[k].a, e->seg[k].b - e->seg[k].a, out);
 }
 
 plist weft_tok_pretokenize(enc *e, const char *text, size_t len) {
@@ -442,11 +424,12 @@ plist weft_tok_pretokenize(enc *e, const char *text, size_t len) {
     weft_tok_bytes_put(&l.buf, text, len);
     plist_text(&l, 0, len);
     l = extract_added(e, &t->raw_set, &l);
-    if (t->nfc) l = normalize_nfc(&l);
+    if (t->nfc) l = apply_step(e, &l, false, normalize_nfc, NULL);
     l = extract_added(e, &t->normalized_set, &l);
     for (int s = 0; s < t->n_steps; s++) {
         const pretok_step *st = &t->steps[s];
-        l = st->kind == STEP_SPLIT ? split_step(e, st, &l) : byte_level_step(e, st, &l);
+        bool slicing = st->kind == STEP_SPLIT;
+        l = apply_step(e, &l, slicing, slicing ? split_step : byte_level_step, st);
     }
     return l;
 }
