@@ -260,6 +260,48 @@ static int32_t get_id(const char *path, json_t *v, const char *what, const char 
     return (int32_t)json_integer_value(v);
 }
 
+// A merge's rank is its index in the list; both its tokens and their concatenation must be in the
+// vocab.
+static void parse_merges(weft_tokenizer *t, json_t *merges) {
+    const char *path = t->path;
+    bytes joined = {0};
+    size_t i;
+    json_t *m;
+    json_array_foreach(merges, i, m) {
+        const char *a, *b;
+        size_t la, lb;
+        char *line = NULL;
+        if (json_is_string(m)) {
+            const char *s = json_string_value(m), *sp = strchr(s, ' ');
+            if (!sp || strchr(sp + 1, ' '))
+                weft_fatal("%s: merge %zu \"%s\" is not two tokens separated by one space", path, i, s);
+            line = strdup(s);
+            if (!line) weft_fatal("out of host memory");
+            a = line, la = (size_t)(sp - s), b = line + la + 1, lb = strlen(b);
+            line[la] = '\0';
+        } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+                   json_is_string(json_array_get(m, 1))) {
+            a = json_string_value(json_array_get(m, 0)), la = json_string_length(json_array_get(m, 0));
+            b = json_string_value(json_array_get(m, 1)), lb = json_string_length(json_array_get(m, 1));
+        } else {
+            weft_fatal("%s: merge %zu is neither a \"a b\" string nor an [a, b] pair of strings", path, i);
+        }
+        joined.n = 0;
+        weft_tok_bytes_put(&joined, a, la);
+        weft_tok_bytes_put(&joined, b, lb);
+        int32_t ia = weft_tok_smap_get(&t->vocab, a, la), ib = weft_tok_smap_get(&t->vocab, b, lb);
+        int32_t ij = weft_tok_smap_get(&t->vocab, joined.p, joined.n);
+        if (ia < 0 || ib < 0 || ij < 0)
+            weft_fatal("%s: merge %zu (\"%s\" \"%s\") uses token \"%s\", which is not in the vocab", path, i, a, b,
+                       ia < 0   ? a
+                       : ib < 0 ? b
+                                : joined.p);
+        weft_tok_merge_set(&t->merges, ia, ib, (uint32_t)i, ij);
+        free(line);
+    }
+    free(joined.p);
+}
+
 static void parse_model(weft_tokenizer *t, json_t *model) {
     const char *path = t->path;
     if (!json_is_object(model)) weft_fatal("%s: no \"model\" object", path);
@@ -305,43 +347,7 @@ static void parse_model(weft_tokenizer *t, json_t *model) {
         snprintf(name, sizeof name, "<0x%02X>", b);
         t->fallback_id[b] = weft_tok_smap_get(&t->vocab, name, strlen(name));
     }
-
-    bytes joined = {0};
-    size_t i;
-    json_t *m;
-    json_array_foreach(merges, i, m) {
-        const char *a, *b;
-        size_t la, lb;
-        char *line = NULL;
-        if (json_is_string(m)) {
-            const char *s = json_string_value(m), *sp = strchr(s, ' ');
-            if (!sp || strchr(sp + 1, ' '))
-                weft_fatal("%s: merge %zu \"%s\" is not two tokens separated by one space", path, i, s);
-            line = strdup(s);
-            if (!line) weft_fatal("out of host memory");
-            a = line, la = (size_t)(sp - s), b = line + la + 1, lb = strlen(b);
-            line[la] = '\0';
-        } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
-                   json_is_string(json_array_get(m, 1))) {
-            a = json_string_value(json_array_get(m, 0)), la = json_string_length(json_array_get(m, 0));
-            b = json_string_value(json_array_get(m, 1)), lb = json_string_length(json_array_get(m, 1));
-        } else {
-            weft_fatal("%s: merge %zu is neither a \"a b\" string nor an [a, b] pair of strings", path, i);
-        }
-        joined.n = 0;
-        weft_tok_bytes_put(&joined, a, la);
-        weft_tok_bytes_put(&joined, b, lb);
-        int32_t ia = weft_tok_smap_get(&t->vocab, a, la), ib = weft_tok_smap_get(&t->vocab, b, lb);
-        int32_t ij = weft_tok_smap_get(&t->vocab, joined.p, joined.n);
-        if (ia < 0 || ib < 0 || ij < 0)
-            weft_fatal("%s: merge %zu (\"%s\" \"%s\") uses token \"%s\", which is not in the vocab", path, i, a, b,
-                       ia < 0   ? a
-                       : ib < 0 ? b
-                                : joined.p);
-        weft_tok_merge_set(&t->merges, ia, ib, (uint32_t)i, ij);
-        free(line);
-    }
-    free(joined.p);
+    parse_merges(t, merges);
 }
 
 static void parse_added_tokens(weft_tokenizer *t, json_t *list) {

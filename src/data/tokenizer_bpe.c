@@ -54,15 +54,10 @@ static int32_t unk_id_or_die(const weft_tokenizer *t) {
     return t->unk_id;
 }
 
-static void bpe_word(enc *e, const char *s, size_t n, i32vec *out) {
+// The word's characters as symbols: their vocab ids, else their bytes' fallback ids, else unk
+// (one per run of such characters under fuse_unk). Returns the number of symbols.
+static size_t word_symbols(enc *e, const char *s, size_t n) {
     const weft_tokenizer *t = e->t;
-    if (t->ignore_merges) {
-        int32_t id = weft_tok_smap_get(&t->vocab, s, n);
-        if (id >= 0) {
-            weft_tok_i32_push(out, id);
-            return;
-        }
-    }
     size_t ns = 0;
     bool have_unk = false;
     int32_t unk = -1;
@@ -94,7 +89,12 @@ static void bpe_word(enc *e, const char *s, size_t n, i32vec *out) {
         i += (size_t)l;
     }
     if (have_unk) sym_add(e, &ns, unk, unk_len);
+    return ns;
+}
 
+// Merges the first ns symbols of e->sym, lowest rank first; merged-away symbols get len 0.
+static void merge_symbols(enc *e, size_t ns) {
+    const weft_tokenizer *t = e->t;
     sym *y = e->sym;
     size_t nh = 0;
     for (size_t i = 0; i + 1 < ns; i++) {
@@ -126,6 +126,19 @@ static void bpe_word(enc *e, const char *s, size_t n, i32vec *out) {
             if (mn) heap_push(e, &nh, (heap_ent){mn->rank, top.pos, mn->id});
         }
     }
+}
+
+static void bpe_word(enc *e, const char *s, size_t n, i32vec *out) {
+    const weft_tokenizer *t = e->t;
+    if (t->ignore_merges) {
+        int32_t id = weft_tok_smap_get(&t->vocab, s, n);
+        if (id >= 0) {
+            weft_tok_i32_push(out, id);
+            return;
+        }
+    }
+    size_t ns = word_symbols(e, s, n);
+    merge_symbols(e, ns);
     for (size_t i = 0; i < ns; i++)
         if (e->sym[i].len) weft_tok_i32_push(out, e->sym[i].c);
 }
