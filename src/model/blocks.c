@@ -152,13 +152,25 @@ static weight_view eh_half(const weft_model *m, int k, int half) {
     return (weight_view){m->mtp[k].eh_proj, half * C, 2 * C};
 }
 
+// MTP module k's parameters, activations and decoder layer index.
+typedef struct mtp_module {
+    const weft_mtp_params *p;
+    mtp_acts *mk;
+    int layer;
+} mtp_module;
+
+static mtp_module module_of(const weft_model *m, weft_activations *a, int k) {
+    return (mtp_module){&m->mtp[k], &a->mtp[k], m->cfg.num_layers + k};
+}
+
 void weft_mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_prev,
                       const weft_kv_provider *kv) {
     weft_backend *be = m->be;
-    const weft_mtp_params *p = &m->mtp[k];
-    mtp_acts *mk = &a->mtp[k];
+    mtp_module mod = module_of(m, a, k);
+    const weft_mtp_params *p = mod.p;
+    mtp_acts *mk = mod.mk;
     dims d = a->d;
-    int l = m->cfg.num_layers + k;
+    int l = mod.layer;
     float eps = (float)m->cfg.rms_norm_eps;
     be->embedding_forward(be, mk->inputs, weft_model_param(m, m->embed), mk->emb, d.T, d.C);
     be->rmsnorm_forward(be, mk->emb, weft_model_param(m, p->enorm), eps, mk->en, mk->rstd_e, d.T,
@@ -176,10 +188,11 @@ void weft_mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_p
 void weft_mtp_backward(weft_model *m, weft_activations *a, int k, const void *h_prev,
                        const weft_kv_provider *kv) {
     weft_backend *be = m->be;
-    const weft_mtp_params *p = &m->mtp[k];
-    mtp_acts *mk = &a->mtp[k];
+    mtp_module mod = module_of(m, a, k);
     dims d = a->d;
-    int l = m->cfg.num_layers + k;
+    const weft_mtp_params *p = mod.p;
+    mtp_acts *mk = mod.mk;
+    int l = mod.layer;
     size_t row = weft_dtype_size(be->act_dtype) * d.T * d.C;
     if (k + 1 < m->cfg.num_mtp) be->add_inplace(be, mk->d_head, a->d_carry, (size_t)d.T * d.C);
     be->zero(be, a->d_res, row);

@@ -40,12 +40,10 @@ def reference_logprobs(params, cfg, docs):
 
 def cases(weft, tmp):
     failures = []
-    for mtp in (0, 2):
-        label = f"mtp={mtp}"
-        mdir = os.path.join(tmp, f"mtp{mtp}")
-        cfg, params, bpath, docs = fixtures.model_and_batch(
-            mdir, dict(qwen2.SMALL_CFG, num_nextn_predict_layers=mtp), 41 + mtp, LENGTHS,
-            PROMPTS, 141 + mtp)
+    for mtp, label, cfg, params, bpath, docs in fixtures.model_variants(
+            tmp, "mtp", "num_nextn_predict_layers", (0, 2), qwen2.SMALL_CFG,
+            lambda mtp: (41 + mtp, 141 + mtp), LENGTHS, PROMPTS):
+        mdir = os.path.dirname(bpath)
         want_lp, want_ent = reference_logprobs(params, cfg, docs)
         outs = {}
         for mode, extra in (("train", ["train.recompute=true"]), ("score", ["--score"])):
@@ -68,9 +66,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    return fixtures.run_test(cases, "weft_test_forward_only_")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_test(cases, "weft_test_forward_only_"))

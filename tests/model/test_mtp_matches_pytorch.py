@@ -96,10 +96,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    return fixtures.run_test(cases, "weft_test_mtp_",
-                             f"comparisons over tolerance {TOL:g} or failed")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_test(cases, "weft_test_mtp_", f"comparisons over tolerance {TOL:g} or failed"))

@@ -91,12 +91,10 @@ def check_bits(weft, program, emulated, mdir, bpath, wpath, label, failures):
 def cases(weft, tmp):
     failures = []
     cuda, emulated = fixtures.cuda_weft(weft, 1)
-    for mtp in (0, 2):
-        label = f"mtp={mtp}"
-        mdir = os.path.join(tmp, f"mtp{mtp}")
-        cfg, params, bpath, docs = fixtures.model_and_batch(
-            mdir, dict(qwen2.SMALL_CFG, num_nextn_predict_layers=mtp), 51 + mtp, LENGTHS,
-            PROMPTS, 151 + mtp)
+    for mtp, label, cfg, params, bpath, docs in fixtures.model_variants(
+            tmp, "mtp", "num_nextn_predict_layers", (0, 2), qwen2.SMALL_CFG,
+            lambda mtp: (51 + mtp, 151 + mtp), LENGTHS, PROMPTS):
+        mdir = os.path.dirname(bpath)
         ce = with_weights(bpath, docs, cross_entropy_weights(docs), os.path.join(mdir, "ce.jsonl"))
         check_bits(weft, weft, False, mdir, bpath, ce, label, failures)
         if cuda:
@@ -115,9 +113,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    return fixtures.run_test(cases, "weft_test_weighted_backward_")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_test(cases, "weft_test_weighted_backward_"))

@@ -14,7 +14,7 @@ import numpy as np
 
 from reference import files
 from reference.compare import rel_err
-from reference.fixtures import model_and_batch, run_test
+from reference.fixtures import model_variants, run_test
 from reference.mpi import run_ranks
 from reference.runner import stats_of
 
@@ -63,10 +63,10 @@ def logprobs_from_logits(logits, docs):
 
 def body(weft, tmp):
     failures = []
-    for mtp in (0, 1):
-        cfg = dict(CFG, num_nextn_predict_layers=mtp)
-        mdir = os.path.join(tmp, f"mtp{mtp}")
-        _, _, bpath, docs = model_and_batch(mdir, cfg, SEED, LENGTHS, PROMPTS, SEED + 1)
+    for mtp, _, _, _, bpath, docs in model_variants(tmp, "mtp", "num_nextn_predict_layers",
+                                                    (0, 1), CFG, lambda _: (SEED, SEED + 1),
+                                                    LENGTHS, PROMPTS):
+        mdir = os.path.dirname(bpath)
         ref, _ = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1, 1, "--logits")
         lp_err = rel_err(ref["logprobs"], logprobs_from_logits(ref["logits"], docs))[0]
         print(f"{'ok' if lp_err <= TOL else 'FAIL'} mtp={mtp} single-process logprobs vs "

@@ -12,7 +12,7 @@ import os, subprocess, sys
 
 from reference import files
 from reference.compare import rel_err
-from reference.fixtures import model_and_batch, run_test
+from reference.fixtures import model_variants, run_test
 from reference.mpi import mpirun, run_ranks
 from reference.runner import stats_of
 
@@ -104,10 +104,10 @@ def check_too_long(weft, mdir, tmp, ranks, failures):
 
 def body(weft, tmp):
     failures = []
-    for mtp in (0, 1):
-        cfg = dict(CFG, num_nextn_predict_layers=mtp)
-        mdir = os.path.join(tmp, f"mtp{mtp}")
-        _, _, bpath, _ = model_and_batch(mdir, cfg, SEED, LENGTHS, PROMPTS, SEED + 1)
+    for mtp, _, _, _, bpath, _ in model_variants(tmp, "mtp", "num_nextn_predict_layers", (0, 1),
+                                                 CFG, lambda _: (SEED, SEED + 1), LENGTHS,
+                                                 PROMPTS):
+        mdir = os.path.dirname(bpath)
         ref, _ = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1)
         for ranks, mode in ((4, "uniform"), (8, "uniform"), (8, "heterogeneous")):
             planned = check_plan(weft, bpath, ranks, mode, failures)

@@ -10,7 +10,7 @@ import os, sys
 
 from reference import files
 from reference.compare import rel_err
-from reference.fixtures import model_and_batch, run_test
+from reference.fixtures import model_variants, run_test
 from reference.mpi import run_ranks
 from reference.runner import stats_of
 
@@ -33,11 +33,10 @@ def run(weft, mdir, bpath, out, np_, *options):
 
 def body(weft, tmp):
     failures = []
-    for mtp in (0, 1):
-        cfg = dict(CFG, num_nextn_predict_layers=mtp)
-        mdir = os.path.join(tmp, f"mtp{mtp}")
-        model_and_batch(mdir, cfg, SEED, LENGTHS, PROMPTS, SEED + 1)
-        bpath = os.path.join(mdir, "batch.jsonl")
+    for mtp, _, _, _, bpath, _ in model_variants(tmp, "mtp", "num_nextn_predict_layers", (0, 1),
+                                                 CFG, lambda _: (SEED, SEED + 1), LENGTHS,
+                                                 PROMPTS):
+        mdir = os.path.dirname(bpath)
         ref, ref_stats = run(weft, mdir, bpath, os.path.join(tmp, "ref.safetensors"), 1,
                              "parallel.use_distributed_optimizer=false")
         for np_ in (1, 2, 4):

@@ -52,6 +52,17 @@ def model_and_batch(mdir, cfg, seed, lengths, prompts, batch_seed, **batch_kw):
     return cfg, params, bpath, docs
 
 
+def model_variants(tmp, name, key, values, cfg, seeds, lengths, prompts):
+    """For each value v of config field `key`: a model with cfg[key] = v and its batch
+    (model_and_batch into tmp/<name><index>, seeds(v) giving (model seed, batch seed)). Yields
+    (v, label "<name>=<v>", full cfg, params, batch path, docs)."""
+    for i, v in enumerate(values):
+        seed, batch_seed = seeds(v)
+        mdir = os.path.join(tmp, f"{name}{i}")
+        yield (v, f"{name}={v}", *model_and_batch(mdir, dict(cfg, **{key: v}), seed, lengths,
+                                                  prompts, batch_seed))
+
+
 def grad_args(mdir, bpath, *options):
     """The arguments of `weft grad` on the model in mdir and the batch file bpath, followed by
     `options` (flags such as --logits and key=value settings); run_weft adds --out."""

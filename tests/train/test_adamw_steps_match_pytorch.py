@@ -38,11 +38,10 @@ OPT = dict(lr=1e-3, min_lr=1e-4, warmup_steps=2, clip_grad=1.0)
 
 def cases(weft, tmp):
     failures = []
-    for tied in (False, True):
-        label = f"tied={tied}"
-        mdir = os.path.join(tmp, f"tied{int(tied)}")
-        cfg, params, bpath, docs = fixtures.model_and_batch(
-            mdir, dict(CFG, tie_word_embeddings=tied), SEED, LENGTHS, PROMPTS, SEED + 1000)
+    for tied, label, cfg, params, bpath, docs in fixtures.model_variants(
+            tmp, "tied", "tie_word_embeddings", (False, True), CFG,
+            lambda tied: (SEED, SEED + 1000), LENGTHS, PROMPTS):
+        mdir = os.path.dirname(bpath)
         ref = qwen2.adamw_steps(params, cfg, docs, STEPS, **OPT)
         loss0, _, grads0 = qwen2.reference_grad(params, cfg, docs)
         print(f"[{label}] targets={qwen2.count_targets(docs)}")
@@ -80,10 +79,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    return fixtures.run_test(cases, "weft_test_adamw_",
-                             f"comparisons over tolerance {TOL:g} or failed")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_test(cases, "weft_test_adamw_", f"comparisons over tolerance {TOL:g} or failed"))

@@ -21,12 +21,10 @@ PROMPTS = [4, 1, 1, 3, 6, 5, 2]
 
 def cases(weft, tmp):
     failures = []
-    for tied in (False, True):
-        label = f"tied={tied}"
-        mdir = os.path.join(tmp, f"tied{int(tied)}")
-        cfg, params, bpath, docs = fixtures.model_and_batch(
-            mdir, dict(qwen2.SMALL_CFG, tie_word_embeddings=tied), 21 + tied, LENGTHS, PROMPTS,
-            121 + tied)
+    for tied, label, cfg, params, bpath, docs in fixtures.model_variants(
+            tmp, "tied", "tie_word_embeddings", (False, True), qwen2.SMALL_CFG,
+            lambda tied: (21 + tied, 121 + tied), LENGTHS, PROMPTS):
+        mdir = os.path.dirname(bpath)
         loss, _, grads = qwen2.reference_grad(params, cfg, docs)
         print(f"[{label}] reference loss={loss:.10f} targets={qwen2.count_targets(docs)}")
         outs = {}
@@ -54,9 +52,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    return fixtures.run_test(cases, "weft_test_microbatch_")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_test(cases, "weft_test_microbatch_"))

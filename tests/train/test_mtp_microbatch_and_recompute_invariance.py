@@ -34,12 +34,11 @@ SEEDS = {False: 77, True: 75}  # float32 PyTorch within 3.2e-6 of float64 on the
 
 def cases(weft, tmp):
     failures = []
-    for tied in (False, True):
-        label = f"tied={tied}"
-        mdir = os.path.join(tmp, f"tied{int(tied)}")
-        cfg, params, bpath, docs = fixtures.model_and_batch(
-            mdir, dict(qwen2.SMALL_CFG, tie_word_embeddings=tied, num_nextn_predict_layers=D),
-            SEEDS[tied], LENGTHS, PROMPTS, SEEDS[tied] + 100)
+    for tied, label, cfg, params, bpath, docs in fixtures.model_variants(
+            tmp, "tied", "tie_word_embeddings", (False, True),
+            dict(qwen2.SMALL_CFG, num_nextn_predict_layers=D),
+            lambda tied: (SEEDS[tied], SEEDS[tied] + 100), LENGTHS, PROMPTS):
+        mdir = os.path.dirname(bpath)
         loss, _, grads, mtp = qwen2.reference_grad(params, cfg, docs, with_mtp=True)
         print(f"[{label}] reference loss={loss:.10f} mtp_losses="
               f"{' '.join(f'{x:.10f}' for x in mtp)} targets={qwen2.count_targets(docs)} "
@@ -86,9 +85,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    return fixtures.run_test(cases, "weft_test_mtp_microbatch_")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_test(cases, "weft_test_mtp_microbatch_"))
