@@ -99,23 +99,34 @@ static void alloc_tables(weft_activations *a, const weft_model_config *c) {
     a->mtp = weft_alloc(sizeof(mtp_acts) * (c->num_mtp > 0 ? c->num_mtp : 1));
 }
 
-weft_activations *weft_activations_prepare(weft_model *m, keep_mode keep, dims d, bool provider) {
+// Measures the layout and grows the arena to it; returns the arena's activations, laid out only
+// by measurement (arena pointers NULL) until carved again.
+static weft_activations *grow(weft_model *m, keep_mode keep, dims d, bool provider) {
     weft_activations *a = m->acts;
     if (!a) {
         a = m->acts = weft_alloc(sizeof *a);
         alloc_tables(a, &m->cfg);
     }
-    size_t esz = weft_dtype_size(m->be->act_dtype);
     char *arena = a->arena;
     a->arena = NULL;
-    carve(a, &m->cfg, keep, d, provider, esz);
+    carve(a, &m->cfg, keep, d, provider, weft_dtype_size(m->be->act_dtype));
     if (a->used > a->capacity) {
         if (arena) m->be->free(m->be, arena);
         arena = m->be->alloc(m->be, a->used);
         a->capacity = a->used;
     }
     a->arena = arena;
-    carve(a, &m->cfg, keep, d, provider, esz);
+    return a;
+}
+
+void weft_activations_reserve(weft_model *m, keep_mode keep, dims d, bool provider) {
+    weft_activations *a = grow(m, keep, d, provider);
+    if (a->used > a->peak) a->peak = a->used;
+}
+
+weft_activations *weft_activations_prepare(weft_model *m, keep_mode keep, dims d, bool provider) {
+    weft_activations *a = grow(m, keep, d, provider);
+    carve(a, &m->cfg, keep, d, provider, weft_dtype_size(m->be->act_dtype));
     if (a->used > a->peak) a->peak = a->used;
     a->keep = keep;
     a->d = d;

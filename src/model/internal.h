@@ -64,6 +64,8 @@ struct weft_activations {
 // Lays the arena out for a micro-batch (growing it, never shrinking, so steady state allocates
 // nothing) and returns it; the peak is what the arena has ever held.
 weft_activations *weft_activations_prepare(weft_model *m, keep_mode keep, dims d, bool provider);
+// Grows the arena to hold a pass of these sizes, without laying it out.
+void weft_activations_reserve(weft_model *m, keep_mode keep, dims d, bool provider);
 void weft_activations_free(weft_model *m);
 // Bytes such a pass keeps (the arena's size for it).
 size_t weft_activations_bytes(const weft_model *m, keep_mode keep, dims d, bool provider);

@@ -162,6 +162,10 @@ void weft_model_add_tensors(const weft_model *m, struct weft_safetensors_writer 
 // counts for such a batch.
 size_t weft_model_activation_bytes(const weft_model *m, int T, int T_kv, int n_docs,
                                    bool exchange);
+// Grows the activation memory, now, to what a training pass over up to T rows, T_kv key rows and
+// n_docs documents needs (provider: through a key/value provider), so that the passes of a step
+// allocate (and on a GPU wait for) nothing. Sizes only grow.
+void weft_model_reserve(weft_model *m, int T, int T_kv, int n_docs, bool provider);
 // The most activation memory any pass so far has held.
 size_t weft_model_peak_bytes(const weft_model *m);
 // Bytes of parameters and gradients as held on the device.

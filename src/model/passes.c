@@ -208,4 +208,9 @@ size_t weft_model_activation_bytes(const weft_model *m, int T, int T_kv, int n_d
     return weft_activations_bytes(m, keep_of(m, true), d, exchange);
 }
 
+void weft_model_reserve(weft_model *m, int T, int T_kv, int n_docs, bool provider) {
+    dims d = dims_of(m, &(weft_batch){.T = T, .T_kv = T_kv, .n_docs = n_docs});
+    weft_activations_reserve(m, keep_of(m, true), d, provider);
+}
+
 size_t weft_model_peak_bytes(const weft_model *m) { return m->acts ? m->acts->peak : 0; }

@@ -226,6 +226,29 @@ static void run_micro(weft_trainer *t, pass_kind kind, const weft_document *docs
     outputs_place(o, be, &t->batch, doc_index, m->cfg.vocab_size);
 }
 
+// Grows the model's activation memory before the first micro-batch to what the largest of this
+// rank's micro-batches needs, so no micro-batch allocates (or, on a GPU, waits to free) memory.
+static void reserve_activations(weft_trainer *t, const weft_local_plan *plan,
+                                const weft_document *docs) {
+    int T = 0, T_kv = 0, n_docs = 0;
+    bool provider = false;
+    for (int p = 0; p < plan->n_micro; p++) {
+        weft_cp_select(t->cp, plan->degree[p]);
+        int rows = 0, kv_rows = 0, c = weft_cp_size(t->cp);
+        for (int k = plan->offsets[p]; k < plan->offsets[p + 1]; k++) {
+            int start[2], chunk_len, padded;
+            int n = weft_cp_chunks(t->cp, docs[plan->docs[k]].len, start, &chunk_len, &padded);
+            rows += n * chunk_len, kv_rows += padded;
+        }
+        int docs_here = plan->offsets[p + 1] - plan->offsets[p];
+        T = rows > T ? rows : T;
+        T_kv = kv_rows > T_kv ? kv_rows : T_kv;
+        n_docs = docs_here > n_docs ? docs_here : n_docs;
+        provider = provider || c > 1;
+    }
+    if (plan->n_micro > 0) weft_model_reserve(t->model, T, T_kv, n_docs, provider);
+}
+
 // The head sums read back once, all-reduced with this rank's share of the gradient's squared norm
 // (0 when scoring), into the step's metrics.
 static void reduce_metrics(weft_trainer *t, const double *counts, double sumsq,
@@ -296,6 +319,7 @@ static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_doc
         scale[k] = counts[k] > 0 ? (float)(m->cfg.mtp_loss_scale / D / counts[k]) : 0.0f;
 
     bool backward = kind != PASS_SCORE;
+    if (backward) reserve_activations(t, &local, docs);
     if (backward) weft_model_zero_grad(m);
     be->zero(be, t->head_sums, sizeof(double) * 2 * heads);
     weft_cp_take_comm_seconds(t->cp);
