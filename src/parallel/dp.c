@@ -90,9 +90,9 @@ void weft_dp_owned_range(const weft_dp *dp, size_t *lo, size_t *hi) {
 }
 
 weft_optimizer *weft_dp_create_optimizer(weft_dp *dp, const weft_optim_config *cfg) {
-    size_t lo = 0, hi = dp->model->n_padded;
-    if (dp->sharded) weft_dp_owned_range(dp, &lo, &hi);
-    return weft_optimizer_create(dp->model->be, cfg, lo, hi, dp->model->param_buf);
+    weft_optim_range owned = {0, dp->model->n_padded};
+    if (dp->sharded) weft_dp_owned_range(dp, &owned.lo, &owned.hi);
+    return weft_optimizer_create(dp->model->be, cfg, &owned, 1, dp->model->param_buf);
 }
 
 void weft_dp_arm_last_microbatch(weft_dp *dp) {

@@ -55,9 +55,9 @@ static void save_model_weights(const weft_model *m, const char *path, const floa
 static float *whole_moment(const weft_trainer *t, float *mine) {
     const weft_optimizer *o = t->opt;
     weft_model *m = t->model;
-    if (o->lo == 0 && o->hi == m->n_padded) return NULL;
+    if (o->numel == m->n_padded) return NULL;
     float *all = m->be->alloc(m->be, m->n_padded * sizeof(float));
-    weft_comm_allgather(t->world, mine, all, o->hi - o->lo, WEFT_COMM_F32);
+    weft_comm_allgather(t->world, mine, all, o->numel, WEFT_COMM_F32);
     return all;
 }
 
@@ -249,7 +249,7 @@ static void load_moments(const weft_safetensors *st, const char *path, const wef
         m->be->to_device(m->be, dst + p->offset, host, p->numel * sizeof(float));
         weft_free(host);
     }
-    m->be->copy(m->be, own, dst + o->lo, (o->hi - o->lo) * sizeof(float));
+    m->be->copy(m->be, own, dst + o->ranges[0].lo, o->numel * sizeof(float));
     m->be->free(m->be, dst);
 }
 

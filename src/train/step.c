@@ -340,7 +340,7 @@ weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, i
     double t0 = weft_now_seconds();
     weft_step_result r = weft_trainer_gradients(t, docs, n_docs, NULL);
     weft_model *m = t->model;
-    size_t lo = t->opt->lo, hi = t->opt->hi;
+    size_t lo = t->opt->ranges[0].lo, hi = t->opt->ranges[0].hi;
     double clip = weft_clip_factor(&t->opt->cfg, r.grad_norm);
     if (clip < 1.0) m->be->scale_f32(m->be, m->grad_buf + lo, (float)clip, hi - lo);
     r.lr = weft_optimizer_step(t->opt, m->param_buf, m->grad_buf, t->segs, t->n_segs);
