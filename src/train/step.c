@@ -254,9 +254,7 @@ static double owned_sumsq(weft_trainer *t) {
         for (int i = 0; i < m->n_params; i++)
             if (weft_model_param_is_mtp(m, i))
                 be->zero(be, weft_model_grad(m, i), m->params[i].numel * sizeof(float));
-    size_t lo, hi;
-    weft_dp_owned_range(t->dp, &lo, &hi);
-    return be->sumsq_f32(be, m->grad_buf + lo, hi - lo);
+    return weft_dp_owned_sumsq(t->dp);
 }
 
 static bool has_weights(const weft_document *docs, int n) {
@@ -340,9 +338,8 @@ weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, i
     double t0 = weft_now_seconds();
     weft_step_result r = weft_trainer_gradients(t, docs, n_docs, NULL);
     weft_model *m = t->model;
-    size_t lo = t->opt->ranges[0].lo, hi = t->opt->ranges[0].hi;
     double clip = weft_clip_factor(&t->opt->cfg, r.grad_norm);
-    if (clip < 1.0) m->be->scale_f32(m->be, m->grad_buf + lo, (float)clip, hi - lo);
+    if (clip < 1.0) weft_dp_scale_owned(t->dp, (float)clip);
     r.lr = weft_optimizer_step(t->opt, m->param_buf, m->grad_buf, t->segs, t->n_segs);
     weft_dp_gather_parameters(t->dp);
     r.seconds = weft_now_seconds() - t0;
