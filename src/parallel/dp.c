@@ -14,7 +14,8 @@ struct weft_dp {
     weft_comm *world;
     weft_model *model;
     bool sharded;
-    int n_buckets, next_launch; // buckets launch in list order (reverse layout order)
+    // Buckets launch and complete in list order (reverse layout order), the same on every rank.
+    int n_buckets, next_launch, next_done;
     bucket *buckets;
     bool armed;
     float *shard_grad; // (n_padded / world) reduce-scatter targets, distributed optimizer only
@@ -131,12 +132,20 @@ static void launch_bucket(weft_dp *dp) {
         b->req = weft_comm_iallreduce_sum(dp->world, grads, b->hi - b->lo, WEFT_COMM_F32);
 }
 
+// OpenMPI moves non-blocking collectives on only inside MPI calls, and backward makes none: a
+// test of the oldest bucket still in flight runs its progress engine for all of them.
+static void progress(weft_dp *dp) {
+    while (dp->next_done < dp->next_launch && weft_comm_test(dp->buckets[dp->next_done].req))
+        dp->next_done++;
+}
+
 static void on_grads_ready(void *ctx, int first_param) {
     weft_dp *dp = ctx;
     if (!dp->armed) return;
     while (dp->next_launch < dp->n_buckets &&
            dp->buckets[dp->next_launch].first_param >= first_param)
         launch_bucket(dp);
+    progress(dp);
 }
 
 weft_grad_hook weft_dp_grad_hook(weft_dp *dp) {
@@ -145,7 +154,7 @@ weft_grad_hook weft_dp_grad_hook(weft_dp *dp) {
 
 void weft_dp_arm_last_microbatch(weft_dp *dp) {
     dp->armed = true;
-    dp->next_launch = 0;
+    dp->next_launch = dp->next_done = 0;
 }
 
 void weft_dp_finish_gradients(weft_dp *dp) {
