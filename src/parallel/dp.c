@@ -13,7 +13,7 @@ typedef struct bucket {
 struct weft_dp {
     weft_comm *world;
     weft_model *model;
-    bool sharded;
+    bool sharded, overlap;
     // Buckets launch and complete in list order (reverse layout order), the same on every rank.
     int n_buckets, next_launch, next_done;
     bucket *buckets;
@@ -95,6 +95,7 @@ weft_dp *weft_dp_create(weft_comm *world, weft_model *m, const weft_parallel_con
     dp->world = world;
     dp->model = m;
     dp->sharded = cfg->use_distributed_optimizer; // the one place the flag is read
+    dp->overlap = cfg->overlap_grad_reduce;
     weft_comm_configure(world, cfg->debug_collectives, cfg->collective_timeout);
     WEFT_CHECK(m->n_padded % weft_dp_pad_multiple(world) == 0,
                "internal: model buffers are not padded for %d ranks", weft_comm_size(world));
@@ -153,14 +154,14 @@ weft_grad_hook weft_dp_grad_hook(weft_dp *dp) {
 }
 
 void weft_dp_arm_last_microbatch(weft_dp *dp) {
-    dp->armed = true;
+    dp->armed = dp->overlap;
     dp->next_launch = dp->next_done = 0;
 }
 
 void weft_dp_finish_gradients(weft_dp *dp) {
     weft_model *m = dp->model;
-    // A rank whose backward did not launch every bucket (no documents this step) launches the
-    // rest in the same order as everyone else.
+    // A rank whose backward did not launch every bucket (no documents this step, or no overlap)
+    // launches the rest in the same order as everyone else.
     while (dp->next_launch < dp->n_buckets) launch_bucket(dp);
     for (int i = 0; i < dp->n_buckets; i++) {
         bucket *b = &dp->buckets[i];

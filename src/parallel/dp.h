@@ -32,9 +32,9 @@ void weft_dp_select_owned(const weft_dp *dp, const float *whole, float *owned);
 
 // The hook a micro-batch's backward calls as gradients become final (weft_pass_options).
 weft_grad_hook weft_dp_grad_hook(weft_dp *dp);
-// Gradient sync of one step: arm before the last micro-batch's backward (buckets then start
-// reducing as backward finishes them, an all-reduce each for DDP, a reduce-scatter for the
-// distributed optimizer); finish after it.
+// Gradient sync of one step: arm before the last micro-batch's backward (with
+// parallel.overlap_grad_reduce, buckets then start reducing as backward finishes them, an
+// all-reduce each for DDP, a reduce-scatter for the distributed optimizer); finish after it.
 // Afterwards the owned elements hold the gradient summed over all ranks (DDP: every element).
 void weft_dp_arm_last_microbatch(weft_dp *dp);
 void weft_dp_finish_gradients(weft_dp *dp);
