@@ -124,10 +124,10 @@ struct weft_backend {
     // sum of x (N) f32 / sum of squares of x (N) f32, accumulated in double on the host side.
     double (*sum_f32)(weft_backend *self, const float *x, size_t N);
     double (*sumsq_f32)(weft_backend *self, const float *x, size_t N);
-    // *acc (one f64 in device memory) += scale * sum of x (N) f32, without the host waiting:
-    // sums of a step's micro-batches stay on the device and are read back once.
-    void (*accumulate_f32)(weft_backend *self, const float *x, size_t N, double scale,
-                           double *acc);
+    // *acc (one f64 in device memory) += scale * sum of x (N) f32, or of its squares, without
+    // the host waiting: a step's sums stay on the device and are read back once.
+    void (*accumulate_f32)(weft_backend *self, const float *x, size_t N, bool squares,
+                           double scale, double *acc);
     void (*scale_f32)(weft_backend *self, float *x, float s, size_t N);
 
     // AdamW on one parameter tensor: decoupled weight decay, bias-corrected moments.

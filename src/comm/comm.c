@@ -291,8 +291,13 @@ weft_comm_request *weft_comm_iallreduce_sum(weft_comm *c, void *buf, size_t n, w
     return r;
 }
 
+// A request with nothing left to poll: complete, or never started (one rank, injected skip).
+static bool finished(const weft_comm_request *r) { return r->req == MPI_REQUEST_NULL && !r->event; }
+
+bool weft_comm_test(weft_comm_request *r) { return finished(r) || request_done(r); }
+
 void weft_comm_wait(weft_comm_request *r) {
-    if (r->req != MPI_REQUEST_NULL || r->event) wait_request(r);
+    if (!finished(r)) wait_request(r);
     weft_free(r);
 }
 
@@ -300,19 +305,25 @@ void weft_comm_allreduce_sum(weft_comm *c, void *buf, size_t n, weft_comm_type t
     weft_comm_wait(weft_comm_iallreduce_sum(c, buf, n, t));
 }
 
-void weft_comm_reduce_scatter_sum(weft_comm *c, const void *send, void *recv, size_t n,
-                                  weft_comm_type t) {
-    weft_comm_request r = pending(c, WEFT_OP_REDUCE_SCATTER, c->seq);
+weft_comm_request *weft_comm_ireduce_scatter_sum(weft_comm *c, const void *send, void *recv,
+                                                 size_t n, weft_comm_type t) {
+    weft_comm_request *r = weft_alloc(sizeof *r);
+    *r = pending(c, WEFT_OP_REDUCE_SCATTER, c->seq);
     if (!begin(c, WEFT_OP_REDUCE_SCATTER, n, n * c->size * type_size(t))) {
         if (!c->mpi) local_copy(c, recv, send, n * type_size(t));
-        return;
+        return r;
     }
     if (via_nccl(c, recv))
-        start_nccl(&r, WEFT_NCCL_REDUCE_SCATTER, send, recv, n, t, 0);
+        start_nccl(r, WEFT_NCCL_REDUCE_SCATTER, send, recv, n, t, 0);
     else
         MPI_Ireduce_scatter_block(send, recv, (int)n, mpi_type(c, t, true), MPI_SUM, c->handle,
-                                  &r.req);
-    wait_request(&r);
+                                  &r->req);
+    return r;
+}
+
+void weft_comm_reduce_scatter_sum(weft_comm *c, const void *send, void *recv, size_t n,
+                                  weft_comm_type t) {
+    weft_comm_wait(weft_comm_ireduce_scatter_sum(c, send, recv, n, t));
 }
 
 void weft_comm_allgather(weft_comm *c, const void *send, void *recv, size_t n, weft_comm_type t) {

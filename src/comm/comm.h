@@ -47,13 +47,20 @@ void weft_comm_use_backend(weft_comm *c, weft_backend *be);
 // Sums n elements over the group, in place.
 void weft_comm_allreduce_sum(weft_comm *c, void *buf, size_t n, weft_comm_type t);
 weft_comm_request *weft_comm_iallreduce_sum(weft_comm *c, void *buf, size_t n, weft_comm_type t);
-// send (size * n) -> recv (n): rank r receives the sum of every rank's block r.
+// send (size * n) -> recv (n): rank r receives the sum of every rank's block r. send must not
+// change until the request completes; recv must not overlap send.
 void weft_comm_reduce_scatter_sum(weft_comm *c, const void *send, void *recv, size_t n,
                                   weft_comm_type t);
+weft_comm_request *weft_comm_ireduce_scatter_sum(weft_comm *c, const void *send, void *recv,
+                                                 size_t n, weft_comm_type t);
 // send (n) -> recv (size * n), in rank order; send may alias recv's own block.
 void weft_comm_allgather(weft_comm *c, const void *send, void *recv, size_t n, weft_comm_type t);
 void weft_comm_broadcast(weft_comm *c, void *buf, size_t bytes, int root);
 void weft_comm_barrier(weft_comm *c);
+// One poll without waiting: true once the request is complete. MPI's non-blocking collectives
+// advance only inside MPI calls, so a rank that computes between launching and waiting polls
+// now and then to move them on. Never frees: every request still goes to weft_comm_wait.
+bool weft_comm_test(weft_comm_request *r);
 // Waits (with the group's timeout) and frees the request.
 void weft_comm_wait(weft_comm_request *r);
 

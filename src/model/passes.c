@@ -86,14 +86,14 @@ static void head_forward(weft_model *m, weft_activations *a, int k, head_mode mo
                          T, V);
         be->cross_entropy(be, a->logits, targets, mode.loss_scale[k], a->row_loss, a->correct, T,
                           V);
-        if (stats) be->accumulate_f32(be, a->row_loss, T, 1.0, &stats[k]);
+        if (stats) be->accumulate_f32(be, a->row_loss, T, false, 1.0, &stats[k]);
         head_backward(m, a, k);
     } else {
         float *lp = logprob ? logprob : a->row_loss;
         be->logprobs(be, a->logits, targets, lp, entropy, a->correct, T, V);
-        if (stats) be->accumulate_f32(be, lp, T, -1.0, &stats[k]);
+        if (stats) be->accumulate_f32(be, lp, T, false, -1.0, &stats[k]);
     }
-    if (stats) be->accumulate_f32(be, a->correct, T, 1.0, &stats[heads + k]);
+    if (stats) be->accumulate_f32(be, a->correct, T, false, 1.0, &stats[heads + k]);
 }
 
 // ------------------------------------------------------------------------------- forward ----

@@ -1,4 +1,4 @@
-// optim: AdamW over (a shard of) the flat parameter buffer, global-norm clipping, LR schedule.
+// optim: AdamW over (slices of) the flat parameter buffer, global-norm clipping, LR schedule.
 #pragma once
 #include "backend/backend.h"
 
@@ -17,22 +17,32 @@ typedef struct weft_optim_segment {
     bool weight_decay;
 } weft_optim_segment;
 
+// Elements [lo, hi) of the flat buffer.
+typedef struct weft_optim_range {
+    size_t lo, hi;
+} weft_optim_range;
+
 typedef struct weft_optimizer {
     weft_backend *be;
     weft_optim_config cfg;
-    size_t lo, hi;           // the elements [lo, hi) of the flat buffer this optimizer updates
-    float *m, *v, *master;   // (hi - lo) f32 each; master only when params are not f32
+    weft_optim_range *ranges; // the elements this optimizer updates, ascending and disjoint
+    int n_ranges;
+    size_t numel;             // their count: m, v and master hold them, range after range
+    float *m, *v, *master;    // (numel) f32 each; master only when params are not f32
     int step;
 } weft_optimizer;
 
-// State for elements [lo, hi): all of them for DDP, one shard for the distributed optimizer.
-weft_optimizer *weft_optimizer_create(weft_backend *be, const weft_optim_config *cfg, size_t lo,
-                                      size_t hi, const void *params);
+// State for the elements of ranges: all of them for DDP, the slices a rank owns for the
+// distributed optimizer.
+weft_optimizer *weft_optimizer_create(weft_backend *be, const weft_optim_config *cfg,
+                                      const weft_optim_range *ranges, int n_ranges,
+                                      const void *params);
 void weft_optimizer_free(weft_optimizer *o);
 size_t weft_optimizer_state_bytes(const weft_optimizer *o);
 // Global-norm clipping factor for a squared norm summed over every gradient element:
 // min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_; 1 when clipping is off.
 double weft_clip_factor(const weft_optim_config *cfg, double grad_norm);
-// One AdamW step over [lo, hi) with the gradients already clipped; returns the step's LR.
+// One AdamW step over the optimizer's ranges with the gradients already clipped; returns the
+// step's LR.
 double weft_optimizer_step(weft_optimizer *o, void *params, const float *grads,
                            const weft_optim_segment *segs, int n_segs);

@@ -50,14 +50,13 @@ static void save_model_weights(const weft_model *m, const char *path, const floa
 }
 
 // An optimizer buffer (moment, master weights) laid out like the whole parameter buffer: NULL
-// when the optimizer's own holds every element, else the shards of all ranks gathered (every rank
-// enters the collective).
-static float *whole_moment(const weft_trainer *t, float *mine) {
-    const weft_optimizer *o = t->opt;
+// when the optimizer's own already is (it holds every element, and then in buffer order), else
+// every rank's part gathered (every rank enters the collective).
+static float *whole_moment(const weft_trainer *t, const float *mine) {
     weft_model *m = t->model;
-    if (o->lo == 0 && o->hi == m->n_padded) return NULL;
+    if (t->opt->numel == m->n_padded) return NULL;
     float *all = m->be->alloc(m->be, m->n_padded * sizeof(float));
-    weft_comm_allgather(t->world, mine, all, o->hi - o->lo, WEFT_COMM_F32);
+    weft_dp_gather_owned(t->dp, mine, all);
     return all;
 }
 
@@ -233,9 +232,10 @@ static void check_same_shape(const char *dir, const weft_model_config *want) {
 }
 
 // Reads one fp32 tensor per parameter (a moment, or the weights themselves with prefix "") into a
-// whole-buffer-shaped dst, then keeps this optimizer's range in `own`.
-static void load_moments(const weft_safetensors *st, const char *path, const weft_optimizer *o,
-                         const weft_model *m, const char *prefix, float *own) {
+// whole-buffer-shaped dst, then keeps this rank's part of it in `own`, in optimizer order.
+static void load_moments(const weft_safetensors *st, const char *path, const weft_trainer *tr,
+                         const char *prefix, float *own) {
+    const weft_model *m = tr->model;
     float *dst = m->be->alloc(m->be, m->n_padded * sizeof(float));
     char name[160];
     for (int i = 0; i < m->n_params; i++) {
@@ -249,7 +249,7 @@ static void load_moments(const weft_safetensors *st, const char *path, const wef
         m->be->to_device(m->be, dst + p->offset, host, p->numel * sizeof(float));
         weft_free(host);
     }
-    m->be->copy(m->be, own, dst + o->lo, (o->hi - o->lo) * sizeof(float));
+    weft_dp_select_owned(tr->dp, dst, own);
     m->be->free(m->be, dst);
 }
 
@@ -259,14 +259,14 @@ weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
     weft_model_load_safetensors(t->model, path);
     if (t->opt->master) { // the fp32 weights, not their low-precision rounding
         weft_safetensors *st = weft_safetensors_load(path);
-        load_moments(st, path, t->opt, t->model, "", t->opt->master);
+        load_moments(st, path, t, "", t->opt->master);
         weft_safetensors_free(st);
     }
     weft_free(path);
     path = join(dir, "optimizer.safetensors");
     weft_safetensors *st = weft_safetensors_load(path);
-    load_moments(st, path, t->opt, t->model, "exp_avg.", t->opt->m);
-    load_moments(st, path, t->opt, t->model, "exp_avg_sq.", t->opt->v);
+    load_moments(st, path, t, "exp_avg.", t->opt->m);
+    load_moments(st, path, t, "exp_avg_sq.", t->opt->v);
     weft_safetensors_free(st);
     weft_free(path);
 

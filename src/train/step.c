@@ -42,7 +42,7 @@ weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_jo
     }
     t->dp = weft_dp_create(world, m, &cfg->parallel);
     t->cp = weft_cp_create(world, &cfg->parallel);
-    t->head_sums = m->be->alloc(m->be, sizeof(double) * 2 * weft_model_heads(m));
+    t->head_sums = m->be->alloc(m->be, sizeof(double) * (2 * weft_model_heads(m) + 1));
     if (with_optimizer) {
         weft_optim_config oc = cfg->optim;
         oc.total_steps = cfg->train.steps;
@@ -249,15 +249,13 @@ static void reserve_activations(weft_trainer *t, const weft_local_plan *plan,
     if (plan->n_micro > 0) weft_model_reserve(t->model, T, T_kv, n_docs, provider);
 }
 
-// The head sums read back once, all-reduced with this rank's share of the gradient's squared norm
-// (0 when scoring), into the step's metrics.
-static void reduce_metrics(weft_trainer *t, const double *counts, double sumsq,
-                           weft_step_result *r) {
+// The step's sums read back at once (the head sums, then this rank's share of the gradient's
+// squared norm, 0 when scoring), all-reduced into the step's metrics.
+static void reduce_metrics(weft_trainer *t, const double *counts, weft_step_result *r) {
     weft_backend *be = t->model->be;
     int heads = weft_model_heads(t->model);
     double metrics[2 * WEFT_MAX_HEADS + 1] = {0};
-    be->to_host(be, metrics, t->head_sums, sizeof(double) * 2 * heads);
-    metrics[2 * heads] = sumsq;
+    be->to_host(be, metrics, t->head_sums, sizeof(double) * (2 * heads + 1));
     weft_comm_allreduce_sum(t->world, metrics, 2 * heads + 1, WEFT_COMM_F64);
     r->loss = metrics[0] / counts[0];
     r->accuracy = metrics[heads] / counts[0];
@@ -268,18 +266,16 @@ static void reduce_metrics(weft_trainer *t, const double *counts, double sumsq,
     r->grad_norm = sqrt(metrics[2 * heads]);
 }
 
-// This rank's share of the squared gradient norm; frozen MTP modules take no update and no part
-// in the norm.
-static double owned_sumsq(weft_trainer *t) {
+// This rank's share of the squared gradient norm into the step's sums; frozen MTP modules take
+// no update and no part in the norm.
+static void add_owned_sumsq(weft_trainer *t) {
     weft_model *m = t->model;
     weft_backend *be = m->be;
     if (t->cfg.train.freeze_mtp)
         for (int i = 0; i < m->n_params; i++)
             if (weft_model_param_is_mtp(m, i))
                 be->zero(be, weft_model_grad(m, i), m->params[i].numel * sizeof(float));
-    size_t lo, hi;
-    weft_dp_owned_range(t->dp, &lo, &hi);
-    return be->sumsq_f32(be, m->grad_buf + lo, hi - lo);
+    weft_dp_owned_sumsq(t->dp, &t->head_sums[2 * weft_model_heads(m)]);
 }
 
 static bool has_weights(const weft_document *docs, int n) {
@@ -321,7 +317,7 @@ static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_doc
     bool backward = kind != PASS_SCORE;
     if (backward) reserve_activations(t, &local, docs);
     if (backward) weft_model_zero_grad(m);
-    be->zero(be, t->head_sums, sizeof(double) * 2 * heads);
+    be->zero(be, t->head_sums, sizeof(double) * (2 * heads + 1));
     weft_cp_take_comm_seconds(t->cp);
     output_rows o;
     outputs_begin(&o, out, docs, n_docs);
@@ -342,7 +338,8 @@ static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_doc
         r.sync_wait_seconds = weft_now_seconds() - sync_start;
     }
     outputs_end(&o, t->world, n_docs);
-    reduce_metrics(t, counts, backward ? owned_sumsq(t) : 0.0, &r);
+    if (backward) add_owned_sumsq(t);
+    reduce_metrics(t, counts, &r);
     r.seconds = weft_now_seconds() - t0;
     r.host_waits = be->host_waits - waits;
     return r;
@@ -367,9 +364,8 @@ weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, i
     weft_model *m = t->model;
     long waits = m->be->host_waits;
     weft_step_result r = weft_trainer_gradients(t, docs, n_docs, NULL);
-    size_t lo = t->opt->lo, hi = t->opt->hi;
     double clip = weft_clip_factor(&t->opt->cfg, r.grad_norm);
-    if (clip < 1.0) m->be->scale_f32(m->be, m->grad_buf + lo, (float)clip, hi - lo);
+    if (clip < 1.0) weft_dp_scale_owned(t->dp, (float)clip);
     r.lr = weft_optimizer_step(t->opt, m->param_buf, m->grad_buf, t->segs, t->n_segs);
     weft_dp_gather_parameters(t->dp);
     r.seconds = weft_now_seconds() - t0;

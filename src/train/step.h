@@ -22,7 +22,8 @@ typedef struct weft_trainer {
     weft_job_config cfg;
     weft_plan_layout layout;
     weft_batch batch;    // reused packing buffer
-    double *head_sums;   // (2 * heads) f64 on the device: the step's loss and correct sums
+    double *head_sums;   // (2 * heads + 1) f64 on the device: the step's loss and correct sums
+                         // per head, then this rank's share of the squared gradient norm
     // The last pass's micro-batches on this rank (degrees and documents), and the busy seconds of
     // each (wall time minus time inside CP collectives), for load-balance reports.
     weft_local_plan last;

@@ -240,8 +240,8 @@ static void test_head_ops(void) {
     double acc[2] = {0.5, 0.5};
     double *acc_g = gpu->alloc(gpu, sizeof(double));
     gpu->to_device(gpu, acc_g, &acc[1], sizeof(double));
-    cpu->accumulate_f32(cpu, logp.c, T, -2.0, &acc[0]);
-    gpu->accumulate_f32(gpu, logp.g, T, -2.0, acc_g);
+    cpu->accumulate_f32(cpu, logp.c, T, true, -2.0, &acc[0]);
+    gpu->accumulate_f32(gpu, logp.g, T, true, -2.0, acc_g);
     gpu->to_host(gpu, &acc[1], acc_g, sizeof(double));
     bool ok = fabs(acc[0] - acc[1]) <= 1e-5 * fabs(acc[0]);
     printf("%-52s |d| %.2e %s\n", "accumulate_f32", fabs(acc[0] - acc[1]), ok ? "ok" : "FAIL");

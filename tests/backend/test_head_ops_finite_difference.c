@@ -166,18 +166,21 @@ static void test_logprobs(void) {
     B->free(B, w_d), B->free(B, u_d);
 }
 
-// accumulate_f32 adds scale * sum(x) to a device double, as sum_f32 sums (tol as sum_f32's).
+// accumulate_f32 adds scale * sum(x), or scale * sum(x^2), to a device double, as sum_f32 and
+// sumsq_f32 sum (tol as theirs).
 static void test_accumulate(void) {
     enum { N = 100003 };
     float *x = host_normal(N, 0.5, 1);
     float *x_d = dev_f32(x, N);
-    double *acc_d = B->alloc(B, sizeof(double)), acc = 0.75, sum = 0;
-    for (int i = 0; i < N; i++) sum += x[i];
+    double *acc_d = B->alloc(B, sizeof(double)), acc = 0.75, sum = 0, sumsq = 0;
+    for (int i = 0; i < N; i++) sum += x[i], sumsq += (double)x[i] * x[i];
     B->to_device(B, acc_d, &acc, sizeof acc);
-    B->accumulate_f32(B, x_d, N, -2.0, acc_d);
-    B->accumulate_f32(B, x_d, N, 1.0, acc_d);
+    B->accumulate_f32(B, x_d, N, false, -2.0, acc_d);
+    B->accumulate_f32(B, x_d, N, false, 1.0, acc_d);
+    B->accumulate_f32(B, x_d, N, true, 0.5, acc_d);
     B->to_host(B, &acc, acc_d, sizeof acc);
-    report("accumulate_f32 (0.75 - 2 sum + sum) vs double", fabs(acc - (0.75 - sum)) / fabs(sum), 1e-9);
+    report("accumulate_f32 (0.75 - 2 sum + sum + sumsq / 2) vs double",
+           fabs(acc - (0.75 - sum + 0.5 * sumsq)) / fabs(sumsq), 1e-9);
     weft_free(x);
     B->free(B, x_d), B->free(B, acc_d);
 }

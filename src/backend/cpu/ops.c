@@ -522,9 +522,9 @@ static double cpu_sumsq_f32(weft_backend *self, const float *x, size_t N) {
     return sum_in_order(x, N, true);
 }
 
-static void cpu_accumulate_f32(weft_backend *self, const float *x, size_t N, double scale,
-                               double *acc) {
-    *acc += scale * cpu_sum_f32(self, x, N);
+static void cpu_accumulate_f32(weft_backend *self, const float *x, size_t N, bool squares,
+                               double scale, double *acc) {
+    *acc += scale * sum_in_order(x, N, squares);
 }
 
 static void cpu_scale_f32(weft_backend *self, float *x, float sc, size_t N) {

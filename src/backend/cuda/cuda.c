@@ -381,9 +381,9 @@ static void cuda_logits_backward(weft_backend *self, void *logits, const int32_t
     launched(self, "logits_backward");
 }
 
-static void cuda_accumulate_f32(weft_backend *self, const float *x, size_t N, double scale,
-                                double *acc) {
-    weft_cuda_sum_f32(STREAM(self), x, N, false, scale, true, acc);
+static void cuda_accumulate_f32(weft_backend *self, const float *x, size_t N, bool squares,
+                                double scale, double *acc) {
+    weft_cuda_sum_f32(STREAM(self), x, N, squares, scale, true, acc);
     launched(self, "accumulate_f32");
 }
 
