@@ -1,7 +1,6 @@
 #include "comm/comm.h"
 
 #include <mpi.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +8,7 @@
 #include <time.h>
 
 #include "comm/nccl.h"
+#include "core/fault.h"
 
 struct weft_comm {
     bool mpi;          // false: a one-rank group without MPI
@@ -21,7 +21,7 @@ struct weft_comm {
     double timeout;
     long seq;          // collectives issued on this group
     weft_comm_stats stats;
-    long fault_skip, fault_kill; // test hooks: this rank skips / dies at that call (-1: never)
+    bool is_world;     // fault injection (core/fault.h) counts the world group's calls
     weft_backend *be;  // whose buffers may be passed (NULL: host memory only)
     weft_nccl *nccl;   // for buffers in GPU memory; NULL on one rank or without a GPU backend
 };
@@ -46,15 +46,6 @@ static bool launched_by_mpi(void) {
            getenv("SLURM_STEP_NUM_TASKS");
 }
 
-// WEFT_TEST_SKIP_COLLECTIVE / WEFT_TEST_KILL_AT_COLLECTIVE = "RANK:CALL": fault injection for the
-// tests that prove a diverged or dead rank ends the job instead of hanging it.
-static long fault_at(const char *var, int rank) {
-    const char *v = getenv(var);
-    int r;
-    long call;
-    return v && sscanf(v, "%d:%ld", &r, &call) == 2 && r == rank ? call : -1;
-}
-
 weft_comm *weft_comm_init(int *argc, char ***argv) {
     weft_comm *c = weft_alloc(sizeof *c);
     snprintf(c->name, sizeof c->name, "world");
@@ -75,8 +66,7 @@ weft_comm *weft_comm_init(int *argc, char ***argv) {
         MPI_Comm_free(&node);
     }
     c->world_rank = c->rank;
-    c->fault_skip = fault_at("WEFT_TEST_SKIP_COLLECTIVE", c->rank);
-    c->fault_kill = fault_at("WEFT_TEST_KILL_AT_COLLECTIVE", c->rank);
+    c->is_world = true;
     return c;
 }
 
@@ -89,7 +79,6 @@ weft_comm *weft_comm_split(weft_comm *parent, int color, int key, const char *na
     c->size = 1;
     c->world_rank = parent->world_rank;
     c->local_rank = parent->local_rank;
-    c->fault_skip = c->fault_kill = -1; // fault injection counts the world group's calls only
     if (c->mpi) {
         // Blocking, but only at set-up, where every rank of the parent calls it in one order.
         int rc = MPI_Comm_split(parent->handle, color, key, &c->handle);
@@ -231,8 +220,8 @@ static bool begin(weft_comm *c, weft_comm_op op, size_t count, size_t bytes) {
     long seq = c->seq++;
     c->stats.calls[op]++;
     c->stats.bytes += bytes;
-    if (seq == c->fault_kill) raise(SIGKILL);
-    if (!c->mpi || seq == c->fault_skip) return false;
+    bool skip = c->is_world && weft_fault_skip("COLLECTIVE", c->rank, seq);
+    if (!c->mpi || skip) return false;
     if (c->debug) cross_check(c, seq, op, count);
     return true;
 }
