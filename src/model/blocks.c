@@ -113,8 +113,9 @@ static void attention_backward(weft_model *m, int l, const layer_acts *la, weft_
 }
 
 void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
-                         const weft_kv_provider *kv) {
+                         const weft_pass_options *pass) {
     weft_backend *be = m->be;
+    const weft_kv_provider *kv = pass ? pass->kv : NULL;
     const weft_layer_params *p = &m->layers[l];
     dims d = a->d;
     double theta = m->cfg.rope_theta;
@@ -126,9 +127,11 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
     linear_backward(m, la->ln2, p->up_w, a->d_up, a->d_ln, d.T, d.C, d.I, 1.0f);
     be->rmsnorm_backward(be, la->res1, weft_model_param(m, p->post_norm), la->rstd2, a->d_ln,
                          a->d_res, weft_model_grad(m, p->post_norm), d.T, d.C);
+    weft_notify_grads_ready(pass, p->post_norm);
 
     // Attention: res1 = x_in + o(attn(rope(q), rope(k), v))
     linear_backward(m, la->att, p->o_w, a->d_res, a->d_att, d.T, d.qd, d.C, 0.0f);
+    weft_notify_grads_ready(pass, p->o_w);
     attention_backward(m, l, la, a, kv);
     be->rope_backward(be, a->d_q, a->positions, theta, d.T, d.H, d.D);
     be->rope_backward(be, a->d_k, a->positions, theta, d.T, d.KV, d.D);
@@ -186,7 +189,8 @@ void weft_mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_p
 }
 
 void weft_mtp_backward(weft_model *m, weft_activations *a, int k, const void *h_prev,
-                       const weft_kv_provider *kv) {
+                       const weft_pass_options *pass) {
+    const weft_kv_provider *kv = pass ? pass->kv : NULL;
     weft_backend *be = m->be;
     mtp_module mod = module_of(m, a, k);
     dims d = a->d;
@@ -200,7 +204,7 @@ void weft_mtp_backward(weft_model *m, weft_activations *a, int k, const void *h_
                          a->d_res, weft_model_grad(m, p->final_norm), d.T, d.C);
     layer_acts *la = weft_layer_acts(m, a, l);
     if (a->keep == KEEP_INPUTS) weft_layer_forward(m, l, la, a, mk->out, kv); // out is free now
-    weft_layer_backward(m, l, la, a, kv);
+    weft_layer_backward(m, l, la, a, pass);
     // a->d_res = dL/dz; split it through eh_proj's halves.
     weft_linear_backward(m, mk->en, eh_half(m, k, 0), a->d_res, a->d_ln, d.T, d.C, d.C, 0.0f);
     weft_linear_backward(m, mk->hn, eh_half(m, k, 1), a->d_res, a->d_aux, d.T, d.C, d.C, 0.0f);

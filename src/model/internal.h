@@ -94,9 +94,11 @@ layer_acts *weft_layer_acts(weft_model *m, weft_activations *a, int l);
 // Decoder layer l from la->x_in: everything its backward needs, and its output into out.
 void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *a, void *out,
                         const weft_kv_provider *kv);
-// a->d_res holds dL/d(layer output) on entry and dL/d(layer input) on exit.
+// a->d_res holds dL/d(layer output) on entry and dL/d(layer input) on exit. Tells the pass's
+// gradient hook as the MLP's and the output projection's gradients become final (the caller tells
+// it when the whole layer's are), so data parallelism's buckets start, and progress, sooner.
 void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
-                         const weft_kv_provider *kv);
+                         const weft_pass_options *pass);
 
 // MTP module k (0-based) from h_prev (T, C) and the shifted tokens in a->mtp[k].inputs to h_k.
 void weft_mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_prev,
@@ -104,4 +106,9 @@ void weft_mtp_forward(weft_model *m, weft_activations *a, int k, const void *h_p
 // On entry a->d_carry holds dL/dh_k from module k+1 (when there is one) and a->mtp[k].d_head
 // dL/dh_k through its own head; on exit a->d_carry holds dL/dh_{k-1} from this module.
 void weft_mtp_backward(weft_model *m, weft_activations *a, int k, const void *h_prev,
-                       const weft_kv_provider *kv);
+                       const weft_pass_options *pass);
+
+// Tells the pass's hook that the gradients of parameters [first_param, n_params) are final.
+static inline void weft_notify_grads_ready(const weft_pass_options *pass, int first_param) {
+    if (pass && pass->grads_ready.ready) pass->grads_ready.ready(pass->grads_ready.ctx, first_param);
+}

@@ -3,10 +3,6 @@
 // weights.
 #include "model/internal.h"
 
-static void notify(const weft_pass_options *pass, int first_param) {
-    if (pass && pass->grads_ready.ready) pass->grads_ready.ready(pass->grads_ready.ctx, first_param);
-}
-
 static const weft_kv_provider *provider_of(const weft_pass_options *pass) {
     return pass ? pass->kv : NULL;
 }
@@ -152,24 +148,24 @@ static void trunk_backward(weft_model *m, weft_activations *a, const weft_pass_o
     dims d = a->d;
     int L = m->cfg.num_layers, D = m->cfg.num_mtp;
     size_t row = weft_dtype_size(be->act_dtype) * d.T * d.C;
-    if (m->lm_head != m->embed) notify(pass, m->lm_head);
+    if (m->lm_head != m->embed) weft_notify_grads_ready(pass, m->lm_head);
     for (int k = D - 1; k >= 0; k--) {
-        weft_mtp_backward(m, a, k, head_input(a, k), kv);
-        notify(pass, m->mtp[k].enorm);
+        weft_mtp_backward(m, a, k, head_input(a, k), pass);
+        weft_notify_grads_ready(pass, m->mtp[k].enorm);
     }
     if (D > 0) be->add_inplace(be, a->d_head0, a->d_carry, (size_t)d.T * d.C);
     be->zero(be, a->d_res, row);
     be->rmsnorm_backward(be, a->x_out, weft_model_param(m, m->final_norm), a->rstdf, a->d_head0,
                          a->d_res, weft_model_grad(m, m->final_norm), d.T, d.C);
-    notify(pass, m->final_norm);
+    weft_notify_grads_ready(pass, m->final_norm);
     for (int l = L - 1; l >= 0; l--) {
         layer_acts *la = weft_layer_acts(m, a, l);
         if (a->keep == KEEP_INPUTS) weft_layer_forward(m, l, la, a, a->x_out, kv); // x_out: free
-        weft_layer_backward(m, l, la, a, kv);
-        notify(pass, m->layers[l].input_norm);
+        weft_layer_backward(m, l, la, a, pass);
+        weft_notify_grads_ready(pass, m->layers[l].input_norm);
     }
     be->embedding_backward(be, a->tokens, a->d_res, weft_model_grad(m, m->embed), d.T, d.C);
-    notify(pass, 0);
+    weft_notify_grads_ready(pass, 0);
     a->backward_due = false;
 }
 
