@@ -28,6 +28,25 @@ typedef struct weft_attention_layout {
     const int32_t *q_pos; // (Tq) position of each query in its document
 } weft_attention_layout;
 
+// A paged KV cache's pool (DESIGN.md section 11): n_blocks blocks, each holding block_size
+// positions of every layer's keys and values, (n_blocks, layers, 2, block_size, width) in the
+// activation dtype (width = kv heads x head dim). Position p of a sequence lives in the
+// sequence's block block_table[p / block_size], at offset p % block_size.
+typedef struct weft_kv_pool {
+    void *data; // device memory
+    int n_blocks, layers, block_size, width;
+} weft_kv_pool;
+
+// Which pooled keys the query rows of a paged attention see: rows [cu_q[s], cu_q[s + 1]) belong
+// to sequence s, row r at position q_pos[r] sees that sequence's positions 0..q_pos[r], in the
+// blocks block_tables[s * max_blocks + j]. Arrays on the device; counts on the host.
+typedef struct weft_paged_layout {
+    int n_seqs, Tq, max_blocks;
+    const int32_t *cu_q;         // (n_seqs + 1)
+    const int32_t *q_pos;        // (Tq)
+    const int32_t *block_tables; // (n_seqs, max_blocks)
+} weft_paged_layout;
+
 typedef struct weft_backend weft_backend;
 struct weft_backend {
     const char *name;
@@ -90,6 +109,18 @@ struct weft_backend {
                                const weft_attention_layout *layout, const void *out,
                                const float *lse, const void *dout, void *dq, void *dk, void *dv,
                                int H, int KV, int D);
+
+    // Writes T rows of one layer's keys and values into the pool: row t to slot[t] (block *
+    // block_size + offset). k, v (T, width) act dtype; slot (T) int32 on the device.
+    void (*kv_store)(weft_backend *self, const weft_kv_pool *pool, int layer, const int32_t *slot,
+                     const void *k, const void *v, int T);
+    // Causal attention of q (Tq, H, D) over the keys and values of `layer` held in the pool, as
+    // the layout says; out (Tq, H, D), lse (H, Tq) f32. Per row the same arithmetic as
+    // attention_forward over the same keys in one contiguous document, so a decoded row matches
+    // the training forward's (bit for bit on the CPU).
+    void (*paged_attention)(weft_backend *self, const void *q, const weft_kv_pool *pool,
+                            int layer, const weft_paged_layout *layout, void *out, float *lse,
+                            int H, int KV, int D);
 
     // out (N) = silu(gate) * up ; backward overwrites dgate, dup
     void (*swiglu_forward)(weft_backend *self, const void *gate, const void *up, void *out,

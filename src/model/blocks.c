@@ -75,11 +75,15 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
     be->rope_forward(be, la->q, a->positions, theta, d.T, d.H, d.D);
     be->rope_forward(be, la->k, a->positions, theta, d.T, d.KV, d.D);
     const void *k = la->k, *v = la->v;
-    if (kv) {
-        gather_kv(l, la, a, kv);
-        k = a->k_full, v = a->v_full;
+    if (kv && kv->attend) {
+        kv->attend(kv->ctx, l, la->q, la->k, la->att, la->lse);
+    } else {
+        if (kv) {
+            gather_kv(l, la, a, kv);
+            k = a->k_full, v = a->v_full;
+        }
+        be->attention_forward(be, la->q, k, v, &a->layout, la->att, la->lse, d.H, d.KV, d.D);
     }
-    be->attention_forward(be, la->q, k, v, &a->layout, la->att, la->lse, d.H, d.KV, d.D);
     be->copy(be, la->res1, la->x_in, esz * d.T * d.C);
     linear_forward(m, la->att, p->o_w, la->res1, d.T, d.qd, d.C, 1.0f);
 
@@ -103,8 +107,8 @@ static void attention_backward(weft_model *m, int l, const layer_acts *la, weft_
                                a->d_q, a->d_k, a->d_v, d.H, d.KV, d.D);
         return;
     }
-    WEFT_CHECK(kv->reduce_scatter, "internal: a backward through a key/value provider that "
-               "takes no gradients (a KV cache)");
+    WEFT_CHECK(kv->reduce_scatter && !kv->attend, "internal: a backward through a key/value "
+               "provider that takes no gradients (a KV cache)");
     gather_kv(l, la, a, kv); // a no-op when this layer's keys are still there
     be->attention_backward(be, la->q, a->k_full, a->v_full, &a->layout, la->att, la->lse,
                            a->d_att, a->d_q, a->dk_full, a->dv_full, d.H, d.KV, d.D);

@@ -59,6 +59,11 @@ typedef struct weft_kv_provider {
     // provider whose extra rows take no gradient (a KV cache): backward through it is an error.
     void (*reduce_scatter)(void *ctx, int layer, const void *dkv_full, void *dkv, int width,
                            void *scratch);
+    // A provider that keeps the keys itself (a paged KV cache) gives attend instead of gather:
+    // forward only, it stores layer `layer`'s keys and values of the batch's rows (kv: (2, T,
+    // width), keys after RoPE) and computes the attention of q (T, H, D) over every key row each
+    // of the rows sees: out (T, H, D), lse (H, T) f32.
+    void (*attend)(void *ctx, int layer, const void *q, const void *kv, void *out, float *lse);
 } weft_kv_provider;
 
 // Called during backward whenever the gradients of parameters [first_param, n_params) are final

@@ -110,7 +110,9 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
                "provider");
     WEFT_CHECK(!m->acts || !m->acts->backward_due,
                "internal: a forward that kept its activations still waits for its backward");
-    weft_activations *a = weft_activations_prepare(m, keep, dims_of(m, batch), kv != NULL);
+    // Whole key rows are gathered into the model's buffers only for a provider that gathers.
+    bool gathered = kv && kv->gather;
+    weft_activations *a = weft_activations_prepare(m, keep, dims_of(m, batch), gathered);
     dims d = a->d;
     upload_batch(be, a, batch);
 

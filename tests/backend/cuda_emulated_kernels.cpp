@@ -6,3 +6,4 @@
 #include "backend/cuda/attention_mma.cu"
 #include "backend/cuda/cross_entropy.cu"
 #include "backend/cuda/kernels.cu"
+#include "backend/cuda/paged.cu"

@@ -6,6 +6,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/blas_setup.h"
+#include "backend/cpu/internal.h"
 
 // ---------------------------------------------------------------------------------- memory ----
 
@@ -13,14 +14,15 @@
 // pages, zero-filled by the kernel, on every call.
 typedef struct cpu_state {
     int n_threads;
-    float **scratch;   // (n_threads) buffers
-    size_t *capacity;  // (n_threads) floats
+    float **scratch;   // (n_threads * WEFT_CPU_SCRATCH_SLOTS) buffers
+    size_t *capacity;  // (n_threads * WEFT_CPU_SCRATCH_SLOTS) floats
 } cpu_state;
 
-static float *thread_scratch(weft_backend *self, int slot, size_t floats) {
+float *weft_cpu_scratch(weft_backend *self, int slot, size_t floats) {
     cpu_state *st = self->impl;
-    int t = omp_get_thread_num() * 2 + slot;
-    WEFT_CHECK(t < st->n_threads * 2, "internal: more OpenMP threads than the backend was built for");
+    int t = omp_get_thread_num() * WEFT_CPU_SCRATCH_SLOTS + slot;
+    WEFT_CHECK(t < st->n_threads * WEFT_CPU_SCRATCH_SLOTS,
+               "internal: more OpenMP threads than the backend was built for");
     if (st->capacity[t] < floats) {
         weft_free(st->scratch[t]);
         st->scratch[t] = weft_alloc(floats * sizeof(float));
@@ -73,8 +75,8 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
     }
-    float *ap = thread_scratch(self, 0, (size_t)padded * k);
-    float *cp = thread_scratch(self, 1, (size_t)padded * n);
+    float *ap = weft_cpu_scratch(self, 0, (size_t)padded * k);
+    float *cp = weft_cpu_scratch(self, 1, (size_t)padded * n);
     memset(ap, 0, sizeof(float) * (size_t)padded * k);
     memset(cp, 0, sizeof(float) * (size_t)padded * n);
     for (int i = 0; i < m; i++) {
@@ -218,149 +220,6 @@ static void cpu_rope_forward(weft_backend *self, void *x, const int32_t *positio
 static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *positions, double theta,
                               int T, int H, int D) {
     rope_rotate(dx, positions, theta, T, H, D, -1.0); // a rotation's adjoint is its inverse
-}
-
-// -------------------------------------------------------------------------------- attention ----
-//
-// Per (document, head), queries in tiles of ATTN_TILE rows: S = Q K^T through BLAS against only
-// the keys up to the tile's last visible one, the causal mask by each query's position, softmax,
-// O = P V. The scratch tile is (ATTN_TILE, L) for a document of L keys, so memory stays linear.
-
-enum { ATTN_TILE = 64 };
-
-typedef struct attn_shape {
-    int H, KV, D;
-    float scale;
-} attn_shape;
-
-static int max_doc_len(const int32_t *cu, int n_docs) {
-    int m = 0;
-    for (int d = 0; d < n_docs; d++)
-        if (cu[d + 1] - cu[d] > m) m = cu[d + 1] - cu[d];
-    return m;
-}
-
-// Keys a tile of queries needs: up to the furthest position among them.
-static int tile_keys(const int32_t *pos, int rows) {
-    int m = 0;
-    for (int i = 0; i < rows; i++) m = pos[i] + 1 > m ? pos[i] + 1 : m;
-    return m;
-}
-
-// S (rows, keys) = scale * Q_tile K^T with the causal mask of the queries' positions applied, then
-// P = exp(S - lse) when lse_in is given (backward), or a row softmax whose lse is stored (forward).
-static void attn_probs(const float *q_tile, const float *k, const int32_t *pos, int rows, int keys,
-                       int h, int kvh, const attn_shape *s, float *P, float *lse_out,
-                       const float *lse_in) {
-    int ldq = s->H * s->D, ldk = s->KV * s->D;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s->D, s->scale,
-                q_tile + (size_t)h * s->D, ldq, k + (size_t)kvh * s->D, ldk, 0.0f, P, keys);
-    for (int i = 0; i < rows; i++) {
-        float *row = P + (size_t)i * keys;
-        int visible = pos[i] + 1; // keys 0..pos of this document
-        if (lse_in) {
-            float l = lse_in[i];
-            for (int j = 0; j < visible; j++) row[j] = expf(row[j] - l);
-        } else {
-            float mx = -INFINITY;
-            for (int j = 0; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
-            double sum = 0;
-            for (int j = 0; j < visible; j++) sum += (row[j] = expf(row[j] - mx));
-            float inv = (float)(1.0 / sum);
-            for (int j = 0; j < visible; j++) row[j] *= inv;
-            lse_out[i] = mx + (float)log(sum);
-        }
-        for (int j = visible; j < keys; j++) row[j] = 0.0f;
-    }
-}
-
-static void cpu_attention_forward(weft_backend *self, const void *qv, const void *kv,
-                                  const void *vv, const weft_attention_layout *lay, void *outv,
-                                  float *lse, int H, int KV, int D) {
-    attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
-    const float *q = qv, *k = kv, *v = vv;
-    float *out = outv;
-    const int32_t *cq = lay->cu_q, *ck = lay->cu_kv;
-    int maxL = max_doc_len(ck, lay->n_docs), group = H / KV, Tq = lay->Tq;
-#pragma omp parallel
-    {
-        float *P = thread_scratch(self, 0, (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1));
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int d = 0; d < lay->n_docs; d++)
-            for (int h = 0; h < H; h++) {
-                const float *kd = k + (size_t)ck[d] * KV * D, *vd = v + (size_t)ck[d] * KV * D;
-                for (int r0 = cq[d]; r0 < cq[d + 1]; r0 += ATTN_TILE) {
-                    int rows = cq[d + 1] - r0 < ATTN_TILE ? cq[d + 1] - r0 : ATTN_TILE;
-                    const int32_t *pos = lay->q_pos + r0;
-                    int keys = tile_keys(pos, rows);
-                    attn_probs(q + (size_t)r0 * H * D, kd, pos, rows, keys, h, h / group, &s, P,
-                               lse + (size_t)h * Tq + r0, NULL);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys, 1.0f, P,
-                                keys, vd + (size_t)(h / group) * D, KV * D, 0.0f,
-                                out + ((size_t)r0 * H + h) * D, H * D);
-                }
-            }
-    }
-}
-
-static void cpu_attention_backward(weft_backend *self, const void *qv, const void *kv,
-                                   const void *vv, const weft_attention_layout *lay,
-                                   const void *outv, const float *lse, const void *doutv,
-                                   void *dqv, void *dkv, void *dvv, int H, int KV, int D) {
-    attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
-    const float *q = qv, *k = kv, *v = vv, *out = outv, *dout = doutv;
-    float *dq = dqv, *dk = dkv, *dv = dvv;
-    const int32_t *cq = lay->cu_q, *ck = lay->cu_kv;
-    int maxL = max_doc_len(ck, lay->n_docs), group = H / KV, ldq = H * D, ldk = KV * D;
-    size_t tile = (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1);
-    // One task per (document, kv head): the query heads that share a kv head accumulate dK and dV
-    // in the same task, so no two threads write the same rows.
-#pragma omp parallel
-    {
-        float *P = thread_scratch(self, 0, tile), *dP = thread_scratch(self, 1, tile);
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int d = 0; d < lay->n_docs; d++)
-            for (int g = 0; g < KV; g++) {
-                const float *kd = k + (size_t)ck[d] * ldk + (size_t)g * D;
-                const float *vd = v + (size_t)ck[d] * ldk + (size_t)g * D;
-                float *dkd = dk + (size_t)ck[d] * ldk + (size_t)g * D;
-                float *dvd = dv + (size_t)ck[d] * ldk + (size_t)g * D;
-                for (int i = 0; i < ck[d + 1] - ck[d]; i++) {
-                    memset(dkd + (size_t)i * ldk, 0, sizeof(float) * D);
-                    memset(dvd + (size_t)i * ldk, 0, sizeof(float) * D);
-                }
-                for (int h = g * group; h < (g + 1) * group; h++)
-                    for (int r0 = cq[d]; r0 < cq[d + 1]; r0 += ATTN_TILE) {
-                        int rows = cq[d + 1] - r0 < ATTN_TILE ? cq[d + 1] - r0 : ATTN_TILE;
-                        const int32_t *pos = lay->q_pos + r0;
-                        int keys = tile_keys(pos, rows);
-                        const float *qt = q + (size_t)r0 * ldq + (size_t)h * D;
-                        const float *ot = out + (size_t)r0 * ldq + (size_t)h * D;
-                        const float *dot = dout + (size_t)r0 * ldq + (size_t)h * D;
-                        float *dqt = dq + (size_t)r0 * ldq + (size_t)h * D;
-                        attn_probs(q + (size_t)r0 * ldq, k + (size_t)ck[d] * ldk, pos, rows, keys,
-                                   h, g, &s, P, NULL, lse + (size_t)h * lay->Tq + r0);
-                        // dV += P^T dO
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
-                                    P, keys, dot, ldq, 1.0f, dvd, ldk);
-                        // dP = dO V^T
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, D, 1.0f,
-                                    dot, ldq, vd, ldk, 0.0f, dP, keys);
-                        for (int i = 0; i < rows; i++) {
-                            double di = 0; // D_i = dO_i . O_i = sum_j P_ij dP_ij
-                            for (int c = 0; c < D; c++)
-                                di += (double)dot[(size_t)i * ldq + c] * ot[(size_t)i * ldq + c];
-                            float *pr = P + (size_t)i * keys, *dpr = dP + (size_t)i * keys;
-                            for (int j = 0; j < keys; j++) pr[j] = pr[j] * (dpr[j] - (float)di);
-                        }
-                        // P now holds dS. dQ = scale dS K ; dK += scale dS^T Q
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, keys,
-                                    s.scale, P, keys, kd, ldk, 0.0f, dqt, ldq);
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows,
-                                    s.scale, P, keys, qt, ldq, 1.0f, dkd, ldk);
-                    }
-            }
-    }
 }
 
 // ----------------------------------------------------------------------------- elementwise ----
@@ -553,7 +412,7 @@ static void cpu_adamw(weft_backend *self, void *paramv, float *master, const flo
 
 static void cpu_destroy(weft_backend *self) {
     cpu_state *st = self->impl;
-    for (int i = 0; i < 2 * st->n_threads; i++) weft_free(st->scratch[i]);
+    for (int i = 0; i < WEFT_CPU_SCRATCH_SLOTS * st->n_threads; i++) weft_free(st->scratch[i]);
     weft_free(st->scratch);
     weft_free(st->capacity);
 }
@@ -562,8 +421,8 @@ weft_backend *weft_backend_cpu_create(void) {
     weft_blas_fix_coretype();
     cpu_state *st = weft_alloc(sizeof *st);
     st->n_threads = omp_get_max_threads();
-    st->scratch = weft_alloc(sizeof(float *) * 2 * st->n_threads);
-    st->capacity = weft_alloc(sizeof(size_t) * 2 * st->n_threads);
+    st->scratch = weft_alloc(sizeof(float *) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
+    st->capacity = weft_alloc(sizeof(size_t) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){
         .name = "cpu",
@@ -585,8 +444,10 @@ weft_backend *weft_backend_cpu_create(void) {
         .bias_backward = cpu_bias_backward,
         .rope_forward = cpu_rope_forward,
         .rope_backward = cpu_rope_backward,
-        .attention_forward = cpu_attention_forward,
-        .attention_backward = cpu_attention_backward,
+        .attention_forward = weft_cpu_attention_forward,
+        .attention_backward = weft_cpu_attention_backward,
+        .kv_store = weft_cpu_kv_store,
+        .paged_attention = weft_cpu_paged_attention,
         .swiglu_forward = cpu_swiglu_forward,
         .swiglu_backward = cpu_swiglu_backward,
         .add_inplace = cpu_add_inplace,

@@ -358,6 +358,25 @@ static void cuda_swiglu_backward(weft_backend *self, const void *gate, const voi
     launched(self, "swiglu_backward");
 }
 
+static void cuda_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
+                          const int32_t *slot, const void *k, const void *v, int T) {
+    weft_cuda_kv_store(STREAM(self), pool->data, pool->layers, pool->block_size, pool->width,
+                       layer, slot, k, v, T);
+    launched(self, "kv_store");
+}
+
+static void cuda_paged_attention(weft_backend *self, const void *q, const weft_kv_pool *pool,
+                                 int layer, const weft_paged_layout *l, void *out, float *lse,
+                                 int H, int KV, int D) {
+    weft_cuda_paged_args a = {.pool = pool->data, .layers = pool->layers,
+                              .block_size = pool->block_size, .width = pool->width,
+                              .n_seqs = l->n_seqs, .Tq = l->Tq, .max_blocks = l->max_blocks,
+                              .H = H, .KV = KV, .D = D, .cu_q = l->cu_q, .q_pos = l->q_pos,
+                              .block_tables = l->block_tables};
+    weft_cuda_paged_attention(STREAM(self), &a, layer, q, out, lse);
+    launched(self, "paged_attention");
+}
+
 static void cuda_add_inplace(weft_backend *self, void *y, const void *x, size_t N) {
     weft_cuda_add_bf16(STREAM(self), y, x, N);
     launched(self, "add_inplace");
@@ -533,6 +552,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .rope_backward = cuda_rope_backward,
         .attention_forward = cuda_attention_forward,
         .attention_backward = cuda_attention_backward,
+        .kv_store = cuda_kv_store,
+        .paged_attention = cuda_paged_attention,
         .swiglu_forward = cuda_swiglu_forward,
         .swiglu_backward = cuda_swiglu_backward,
         .add_inplace = cuda_add_inplace,

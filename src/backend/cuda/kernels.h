@@ -102,6 +102,23 @@ void weft_cuda_attention_backward_simt(weft_cuda_stream s, const weft_cuda_atten
                                        const float *lse, const void *dout, const float *delta,
                                        void *dq, void *dk, void *dv);
 
+// The paged KV cache (backend.h's weft_kv_pool and weft_paged_layout, passed as their fields).
+// pool (n_blocks, layers, 2, block_size, width) bf16.
+typedef struct weft_cuda_paged_args {
+    void *pool;
+    int layers, block_size, width; // width = KV * D
+    int n_seqs, Tq, max_blocks, H, KV, D;
+    const int32_t *cu_q, *q_pos, *block_tables; // device arrays
+} weft_cuda_paged_args;
+
+// Rows t of k, v (T, width) bf16 to the pool's slot[t] (block * block_size + offset) of `layer`.
+void weft_cuda_kv_store(weft_cuda_stream s, void *pool, int layers, int block_size, int width,
+                        int layer, const int32_t *slot, const void *k, const void *v, int T);
+// Causal attention of q (Tq, H, D) bf16 over `layer`'s pooled keys and values: out (Tq, H, D)
+// bf16, lse (H, Tq) f32.
+void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_paged_args *a, int layer,
+                               const void *q, void *out, float *lse);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,22 @@
+// backend/cpu (private): what the CPU backend's files share.
+#pragma once
+#include "backend/backend.h"
+
+enum { WEFT_CPU_SCRATCH_SLOTS = 4 }; // per-thread scratch buffers an op may hold at once
+
+// This thread's scratch buffer `slot` of at least `floats` floats, kept across calls.
+float *weft_cpu_scratch(weft_backend *self, int slot, size_t floats);
+
+// attention.c: the backend's attention ops.
+void weft_cpu_attention_forward(weft_backend *self, const void *q, const void *k, const void *v,
+                                const weft_attention_layout *layout, void *out, float *lse, int H,
+                                int KV, int D);
+void weft_cpu_attention_backward(weft_backend *self, const void *q, const void *k, const void *v,
+                                 const weft_attention_layout *layout, const void *out,
+                                 const float *lse, const void *dout, void *dq, void *dk, void *dv,
+                                 int H, int KV, int D);
+void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
+                       const int32_t *slot, const void *k, const void *v, int T);
+void weft_cpu_paged_attention(weft_backend *self, const void *q, const weft_kv_pool *pool,
+                              int layer, const weft_paged_layout *layout, void *out, float *lse,
+                              int H, int KV, int D);

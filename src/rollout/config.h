@@ -1,0 +1,34 @@
+// rollout: the settings of generation, `sampling.*` (how each token is drawn) and `rollout.*`
+// (the engine: KV cache size and layout), plain structs the job's settings registry fills.
+#pragma once
+#include "core/core.h"
+
+enum { WEFT_MAX_STOP = 8, WEFT_MAX_STOP_LEN = 64 };
+
+typedef struct weft_sampling_config {
+    double temperature; // 0: greedy (the most likely token, the first on ties)
+    int top_k;          // 0: off
+    double top_p;       // 1: off; else in (0, 1]
+    double min_p;       // 0: off; else in [0, 1]
+    int max_tokens;     // new tokens per sample at most
+    int n;              // samples per prompt
+    int seed;
+    // Stop strings (a sample ends once its text contains one; the text is cut before it) and stop
+    // token ids (none given: the model's end-of-text token; the token is kept in token_ids).
+    int n_stop, n_stop_token_ids;
+    char stop[WEFT_MAX_STOP][WEFT_MAX_STOP_LEN];
+    int stop_token_ids[WEFT_MAX_STOP];
+    bool processed_logprobs; // also record each token's log-prob under the processed distribution
+} weft_sampling_config;
+
+typedef struct weft_rollout_config {
+    int block_size;           // KV cache positions per block
+    long kv_cache_tokens;     // pool size in positions (0: use kv_cache_fraction)
+    double kv_cache_fraction; // of the device's free memory (host RAM on the CPU)
+    int max_batch_tokens;     // rows one forward may hold (prefill is chunked to it)
+} weft_rollout_config;
+
+weft_sampling_config weft_sampling_config_default(void);
+weft_rollout_config weft_rollout_config_default(void);
+// Checks the settings' ranges; `source` names where they came from in the error.
+void weft_sampling_config_validate(const weft_sampling_config *c);
