@@ -121,6 +121,19 @@ char *weft_tokenizer_decode(const weft_tokenizer *t, const int32_t *ids, int n, 
     return s;
 }
 
+char *weft_tokenizer_decode_text(const weft_tokenizer *t, const int32_t *ids, int n, size_t *len_out) {
+    size_t len;
+    char *raw = weft_tokenizer_decode(t, ids, n, &len), *valid = weft_tok_utf8_sanitize(raw, len, &len);
+    if (valid) { // into weft_alloc'd memory, like every string this returns
+        weft_free(raw);
+        raw = weft_alloc(len + 1);
+        memcpy(raw, valid, len), raw[len] = '\0';
+        free(valid);
+    }
+    if (len_out) *len_out = len;
+    return raw;
+}
+
 int weft_tokenizer_vocab_size(const weft_tokenizer *t) { return t->vocab_size; }
 int weft_tokenizer_eos_id(const weft_tokenizer *t) { return t->eos_id; }
 

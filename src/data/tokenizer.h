@@ -54,5 +54,8 @@ int32_t *weft_tokenizer_encode(const weft_tokenizer *t, const char *text, size_t
 // Decodes n ids into a weft_alloc'd, NUL-terminated byte string of *len_out bytes (len_out may be
 // NULL). An id outside [0, vocab_size) or without a token ends in weft_fatal.
 char *weft_tokenizer_decode(const weft_tokenizer *t, const int32_t *ids, int n, size_t *len_out);
+// The same as text, as `tokenizers` decodes: valid UTF-8, each maximal invalid subpart (ids that
+// end or start inside a multi-byte character) replaced by U+FFFD.
+char *weft_tokenizer_decode_text(const weft_tokenizer *t, const int32_t *ids, int n, size_t *len_out);
 
 void weft_tokenizer_free(weft_tokenizer *t);
