@@ -2,6 +2,7 @@
 // chunks) and over a paged KV cache, through one per-document routine, so a row decoded against
 // the cache gets the bits it gets in a training forward.
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -10,16 +11,47 @@
 
 // -------------------------------------------------------------------------------- attention ----
 //
-// Per (document, head), queries in tiles of ATTN_TILE rows: S = Q K^T through BLAS against only
-// the keys up to the tile's last visible one, the causal mask by each query's position, softmax,
-// O = P V. The scratch tile is (ATTN_TILE, L) for a document of L keys, so memory stays linear.
+// Per (document, kv head), the keys packed transposed once; then per query head of the group,
+// queries in tiles of ATTN_TILE rows: S = scale Q K^T against only the keys up to the tile's last
+// visible one, the causal mask by each query's position, softmax, O = P V. Scratch is
+// (ATTN_TILE, L) and (D, L) for a document of L keys, so memory stays linear.
+//
+// S and P V are weft's own kernels rather than BLAS calls: each element is one FMA chain in a
+// fixed order (over the head dimension for S, over the keys for P V) whatever the number of rows
+// in the call. OpenBLAS picks other kernels, with other summation orders, for small products
+// (rows * keys <= 1200 with D >= 32, and more), so a decoded row (one query) would otherwise get
+// other bits than the same row in a training tile of 64.
 
-enum { ATTN_TILE = 64 };
+enum { ATTN_TILE = 64, LANES = 16, KEY_STEP = 2 * LANES, ROW_BLOCK = 4 };
+
+typedef float vf16 __attribute__((vector_size(LANES * sizeof(float))));
+static inline vf16 load16(const float *p) {
+    vf16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 
 typedef struct attn_shape {
     int H, KV, D;
     float scale;
 } attn_shape;
+
+// Rows of keys or values of one kv head: contiguous (a document) or in the blocks of a paged
+// pool. Row j of block b starts at base + block(b) * block_stride + (j % block_size) * ld.
+typedef struct kv_rows {
+    const float *base;
+    size_t ld, block_stride;
+    const int32_t *table; // the blocks, or NULL: block b is b
+    int block_size;
+} kv_rows;
+
+static kv_rows contiguous_rows(const float *base, size_t ld) {
+    return (kv_rows){.base = base, .ld = ld, .block_size = INT_MAX};
+}
+
+static const float *block_start(const kv_rows *r, int b) {
+    return r->base + (size_t)(r->table ? r->table[b] : b) * r->block_stride;
+}
 
 static int max_doc_len(const int32_t *cu, int n_docs) {
     int m = 0;
@@ -28,6 +60,8 @@ static int max_doc_len(const int32_t *cu, int n_docs) {
     return m;
 }
 
+static int round_up(int n, int to) { return (n + to - 1) / to * to; }
+
 // Keys a tile of queries needs: up to the furthest position among them.
 static int tile_keys(const int32_t *pos, int rows) {
     int m = 0;
@@ -35,14 +69,100 @@ static int tile_keys(const int32_t *pos, int rows) {
     return m;
 }
 
-// S (rows, keys) = scale * Q_tile K^T with the causal mask of the queries' positions applied, then
-// P = exp(S - lse) when lse_in is given (backward), or a row softmax whose lse is stored (forward).
-static void attn_probs(const float *q_tile, const float *k, const int32_t *pos, int rows, int keys,
-                       int h, int kvh, const attn_shape *s, float *P, float *lse_out,
-                       const float *lse_in) {
-    int ldq = s->H * s->D, ldk = s->KV * s->D;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, s->D, s->scale,
-                q_tile + (size_t)h * s->D, ldq, k + (size_t)kvh * s->D, ldk, 0.0f, P, keys);
+// Kt (D, ld) = the first n keys transposed, zero up to round_up(n, KEY_STEP) columns.
+static void pack_keys(const kv_rows *k, int n, int D, float *Kt, int ld) {
+    for (int j0 = 0; j0 < n; j0 += k->block_size) {
+        const float *row = block_start(k, j0 / k->block_size);
+        int rows = n - j0 < k->block_size ? n - j0 : k->block_size;
+        for (int o = 0; o < rows; o++, row += k->ld)
+            for (int d = 0; d < D; d++) Kt[(size_t)d * ld + j0 + o] = row[d];
+    }
+    for (int d = 0; d < D; d++)
+        for (int j = n; j < round_up(n, KEY_STEP); j++) Kt[(size_t)d * ld + j] = 0.0f;
+}
+
+// S rows [0, R) x keys [j0, j0 + KEY_STEP): scale * sum_d q_d Kt_d, an FMA chain over d in order.
+static inline __attribute__((always_inline)) void score_block(const float *q, int ldq, int R,
+                                                              const float *kt, int ldkt, int D,
+                                                              float scale, float *S, int lds,
+                                                              int n) {
+    vf16 acc[ROW_BLOCK][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf16){0};
+    for (int d = 0; d < D; d++) {
+        vf16 k0 = load16(kt + (size_t)d * ldkt), k1 = load16(kt + (size_t)d * ldkt + LANES);
+        for (int r = 0; r < R; r++) {
+            float x = q[(size_t)r * ldq + d];
+            acc[r][0] += x * k0, acc[r][1] += x * k1;
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float out[KEY_STEP];
+        vf16 a0 = acc[r][0] * scale, a1 = acc[r][1] * scale;
+        memcpy(out, &a0, sizeof a0), memcpy(out + LANES, &a1, sizeof a1);
+        memcpy(S + (size_t)r * lds, out, sizeof(float) * n);
+    }
+}
+
+// S (rows, keys) = scale Q K^T from the packed keys.
+static void scores(const float *q, int ldq, int rows, const float *Kt, int ldkt, int keys, int D,
+                   float scale, float *S) {
+    for (int j0 = 0; j0 < keys; j0 += KEY_STEP) {
+        int n = keys - j0 < KEY_STEP ? keys - j0 : KEY_STEP, i = 0;
+        for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
+            score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, Kt + j0, ldkt, D, scale,
+                        S + (size_t)i * keys + j0, keys, n);
+        for (; i < rows; i++)
+            score_block(q + (size_t)i * ldq, ldq, 1, Kt + j0, ldkt, D, scale,
+                        S + (size_t)i * keys + j0, keys, n);
+    }
+}
+
+// out rows [0, R), columns [c, c + LANES) = sum_j P_j V_j, an FMA chain over the keys in order.
+static inline __attribute__((always_inline)) void value_block(const float *P, int ldp, int R,
+                                                              int keys, const kv_rows *v, int c,
+                                                              float *out, int ldo) {
+    vf16 acc[ROW_BLOCK];
+    for (int r = 0; r < R; r++) acc[r] = (vf16){0};
+    for (int j0 = 0; j0 < keys; j0 += v->block_size) {
+        const float *row = block_start(v, j0 / v->block_size) + c;
+        int n = keys - j0 < v->block_size ? keys - j0 : v->block_size;
+        for (int o = 0; o < n; o++, row += v->ld) {
+            vf16 x = load16(row);
+            for (int r = 0; r < R; r++) acc[r] += P[(size_t)r * ldp + j0 + o] * x;
+        }
+    }
+    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * ldo + c, &acc[r], sizeof acc[r]);
+}
+
+// out (rows, D; ldo apart) = P (rows, keys) V. Columns past the last whole LANES run one chain
+// each in the same order.
+static void weighted_values(const float *P, int rows, int keys, const kv_rows *v, int D,
+                            float *out, int ldo) {
+    int whole = D / LANES * LANES;
+    for (int c = 0; c < whole; c += LANES) {
+        int i = 0;
+        for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
+            value_block(P + (size_t)i * keys, keys, ROW_BLOCK, keys, v, c,
+                        out + (size_t)i * ldo, ldo);
+        for (; i < rows; i++)
+            value_block(P + (size_t)i * keys, keys, 1, keys, v, c, out + (size_t)i * ldo, ldo);
+    }
+    for (int i = 0; i < rows; i++)
+        for (int c = whole; c < D; c++) {
+            float acc = 0.0f;
+            for (int j0 = 0; j0 < keys; j0 += v->block_size) {
+                const float *row = block_start(v, j0 / v->block_size) + c;
+                int n = keys - j0 < v->block_size ? keys - j0 : v->block_size;
+                for (int o = 0; o < n; o++) acc = fmaf(P[(size_t)i * keys + j0 + o], row[o * v->ld], acc);
+            }
+            out[(size_t)i * ldo + c] = acc;
+        }
+}
+
+// P (rows, keys) = S with the causal mask applied: exp(S - lse) when lse_in is given (backward),
+// or a row softmax whose lse is stored (forward).
+static void softmax_rows(float *P, const int32_t *pos, int rows, int keys, float *lse_out,
+                         const float *lse_in) {
     for (int i = 0; i < rows; i++) {
         float *row = P + (size_t)i * keys;
         int visible = pos[i] + 1; // keys 0..pos of this document
@@ -62,21 +182,26 @@ static void attn_probs(const float *q_tile, const float *k, const int32_t *pos, 
     }
 }
 
-// One head's attention for n query rows of one document, in tiles of ATTN_TILE rows: q rows are
-// H*D apart from q0 on, their positions pos, keys and values of the document (kv heads
-// contiguous, KV*D apart) from kd / vd, outputs from out0 (H*D apart) and lse0 (one per row).
-// The decode path (paged attention) runs exactly this on a gathered copy of the same keys.
-static void attend_rows(float *P, const float *q0, const int32_t *pos, int n, const float *kd,
-                        const float *vd, int h, const attn_shape *s, float *out0, float *lse0) {
-    int group = s->H / s->KV, ldq = s->H * s->D;
-    for (int r0 = 0; r0 < n; r0 += ATTN_TILE) {
-        int rows = n - r0 < ATTN_TILE ? n - r0 : ATTN_TILE, keys = tile_keys(pos + r0, rows);
-        attn_probs(q0 + (size_t)r0 * ldq, kd, pos + r0, rows, keys, h, h / group, s, P,
-                   lse0 + r0, NULL);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, s->D, keys, 1.0f, P, keys,
-                    vd + (size_t)(h / group) * s->D, s->KV * s->D, 0.0f,
-                    out0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq);
-    }
+// The query heads of kv head g over n query rows of one document or sequence (q rows H*D apart
+// from q0, positions pos; outputs likewise from out0; lse0 one per row, Tq apart per head),
+// keys and values from k, v (the kv head's columns). The decode path runs exactly this on rows
+// in the cache's blocks, so a row's bits do not depend on where its keys are or who shares its
+// call.
+static void attend_group(float *P, float *Kt, const float *q0, const int32_t *pos, int n,
+                         const kv_rows *k, const kv_rows *v, int g, const attn_shape *s,
+                         float *out0, float *lse0, int Tq) {
+    int group = s->H / s->KV, ldq = s->H * s->D, keys = tile_keys(pos, n);
+    int ldkt = round_up(keys, KEY_STEP);
+    pack_keys(k, keys, s->D, Kt, ldkt);
+    for (int h = g * group; h < (g + 1) * group; h++)
+        for (int r0 = 0; r0 < n; r0 += ATTN_TILE) {
+            int rows = n - r0 < ATTN_TILE ? n - r0 : ATTN_TILE, tk = tile_keys(pos + r0, rows);
+            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, Kt, ldkt, tk, s->D,
+                   s->scale, P);
+            softmax_rows(P, pos + r0, rows, tk, lse0 + (size_t)h * Tq + r0, NULL);
+            weighted_values(P, rows, tk, v, s->D, out0 + (size_t)r0 * ldq + (size_t)h * s->D,
+                            ldq);
+        }
 }
 
 void weft_cpu_attention_forward(weft_backend *self, const void *qv, const void *kv,
@@ -86,16 +211,21 @@ void weft_cpu_attention_forward(weft_backend *self, const void *qv, const void *
     const float *q = qv, *k = kv, *v = vv;
     float *out = outv;
     const int32_t *cq = lay->cu_q, *ck = lay->cu_kv;
-    int maxL = max_doc_len(ck, lay->n_docs), Tq = lay->Tq;
+    int L = round_up(max_doc_len(ck, lay->n_docs) + 1, KEY_STEP);
 #pragma omp parallel
     {
-        float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1));
+        float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * L);
+        float *Kt = weft_cpu_scratch(self, 2, (size_t)D * L);
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int d = 0; d < lay->n_docs; d++)
-            for (int h = 0; h < H; h++)
-                attend_rows(P, q + (size_t)cq[d] * H * D, lay->q_pos + cq[d], cq[d + 1] - cq[d],
-                            k + (size_t)ck[d] * KV * D, v + (size_t)ck[d] * KV * D, h, &s,
-                            out + (size_t)cq[d] * H * D, lse + (size_t)h * Tq + cq[d]);
+            for (int g = 0; g < KV; g++) {
+                kv_rows kd = contiguous_rows(k + (size_t)ck[d] * KV * D + (size_t)g * D, (size_t)KV * D);
+                kv_rows vd = contiguous_rows(v + (size_t)ck[d] * KV * D + (size_t)g * D, (size_t)KV * D);
+                if (cq[d + 1] > cq[d])
+                    attend_group(P, Kt, q + (size_t)cq[d] * H * D, lay->q_pos + cq[d],
+                                 cq[d + 1] - cq[d], &kd, &vd, g, &s, out + (size_t)cq[d] * H * D,
+                                 lse + cq[d], lay->Tq);
+            }
     }
 }
 
@@ -107,13 +237,15 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
     const float *q = qv, *k = kv, *v = vv, *out = outv, *dout = doutv;
     float *dq = dqv, *dk = dkv, *dv = dvv;
     const int32_t *cq = lay->cu_q, *ck = lay->cu_kv;
-    int maxL = max_doc_len(ck, lay->n_docs), group = H / KV, ldq = H * D, ldk = KV * D;
-    size_t tile = (size_t)ATTN_TILE * (maxL > 0 ? maxL : 1);
+    int group = H / KV, ldq = H * D, ldk = KV * D;
+    int L = round_up(max_doc_len(ck, lay->n_docs) + 1, KEY_STEP);
     // One task per (document, kv head): the query heads that share a kv head accumulate dK and dV
     // in the same task, so no two threads write the same rows.
 #pragma omp parallel
     {
-        float *P = weft_cpu_scratch(self, 0, tile), *dP = weft_cpu_scratch(self, 1, tile);
+        float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * L);
+        float *dP = weft_cpu_scratch(self, 1, (size_t)ATTN_TILE * L);
+        float *Kt = weft_cpu_scratch(self, 2, (size_t)D * L);
 #pragma omp for schedule(dynamic, 1) collapse(2)
         for (int d = 0; d < lay->n_docs; d++)
             for (int g = 0; g < KV; g++) {
@@ -125,6 +257,11 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                     memset(dkd + (size_t)i * ldk, 0, sizeof(float) * D);
                     memset(dvd + (size_t)i * ldk, 0, sizeof(float) * D);
                 }
+                if (cq[d + 1] == cq[d]) continue;
+                int all_keys = tile_keys(lay->q_pos + cq[d], cq[d + 1] - cq[d]);
+                int ldkt = round_up(all_keys, KEY_STEP);
+                pack_keys(&(kv_rows){.base = kd, .ld = ldk, .block_size = INT_MAX}, all_keys, D,
+                          Kt, ldkt);
                 for (int h = g * group; h < (g + 1) * group; h++)
                     for (int r0 = cq[d]; r0 < cq[d + 1]; r0 += ATTN_TILE) {
                         int rows = cq[d + 1] - r0 < ATTN_TILE ? cq[d + 1] - r0 : ATTN_TILE;
@@ -134,8 +271,8 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                         const float *ot = out + (size_t)r0 * ldq + (size_t)h * D;
                         const float *dot = dout + (size_t)r0 * ldq + (size_t)h * D;
                         float *dqt = dq + (size_t)r0 * ldq + (size_t)h * D;
-                        attn_probs(q + (size_t)r0 * ldq, k + (size_t)ck[d] * ldk, pos, rows, keys,
-                                   h, g, &s, P, NULL, lse + (size_t)h * lay->Tq + r0);
+                        scores(qt, ldq, rows, Kt, ldkt, keys, D, s.scale, P);
+                        softmax_rows(P, pos, rows, keys, NULL, lse + (size_t)h * lay->Tq + r0);
                         // dV += P^T dO
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
                                     P, keys, dot, ldq, 1.0f, dvd, ldk);
@@ -181,42 +318,32 @@ void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
     }
 }
 
-// Copies positions [0, n) of a sequence's keys and values for `layer` out of the pool into k, v
-// (n, width) each.
-static void gather_sequence(const weft_kv_pool *pool, int layer, const int32_t *table, int n,
-                            float *k, float *v) {
-    const float *data = pool->data;
-    size_t w = (size_t)pool->width, half = (size_t)pool->block_size * w;
-    for (int p = 0; p < n; p++) {
-        size_t at = pooled_row(pool, layer, table[p / pool->block_size], p % pool->block_size);
-        memcpy(k + (size_t)p * w, data + at, sizeof(float) * w);
-        memcpy(v + (size_t)p * w, data + at + half, sizeof(float) * w);
-    }
-}
-
 void weft_cpu_paged_attention(weft_backend *self, const void *qv, const weft_kv_pool *pool,
                               int layer, const weft_paged_layout *lay, void *outv, float *lse,
                               int H, int KV, int D) {
     attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
-    const float *q = qv;
+    const float *q = qv, *data = pool->data;
     float *out = outv;
     const int32_t *cq = lay->cu_q;
-    int keys_max = 0;
-    for (int r = 0; r < lay->Tq; r++) keys_max = lay->q_pos[r] + 1 > keys_max ? lay->q_pos[r] + 1 : keys_max;
-    size_t kv_floats = (size_t)(keys_max > 0 ? keys_max : 1) * pool->width;
+    int L = round_up(tile_keys(lay->q_pos, lay->Tq) + 1, KEY_STEP);
+    size_t w = (size_t)pool->width, keys_at = pooled_row(pool, layer, 0, 0);
+    size_t block_stride = pooled_row(pool, layer, 1, 0) - keys_at;
 #pragma omp parallel
     {
-        float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * (keys_max > 0 ? keys_max : 1));
-        float *k = weft_cpu_scratch(self, 2, kv_floats), *v = weft_cpu_scratch(self, 3, kv_floats);
-#pragma omp for schedule(dynamic, 1)
-        for (int sq = 0; sq < lay->n_seqs; sq++) {
-            int n = cq[sq + 1] - cq[sq];
-            if (n == 0) continue;
-            gather_sequence(pool, layer, lay->block_tables + (size_t)sq * lay->max_blocks,
-                            tile_keys(lay->q_pos + cq[sq], n), k, v);
-            for (int h = 0; h < H; h++)
-                attend_rows(P, q + (size_t)cq[sq] * H * D, lay->q_pos + cq[sq], n, k, v, h, &s,
-                            out + (size_t)cq[sq] * H * D, lse + (size_t)h * lay->Tq + cq[sq]);
-        }
+        float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * L);
+        float *Kt = weft_cpu_scratch(self, 2, (size_t)D * L);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int sq = 0; sq < lay->n_seqs; sq++)
+            for (int g = 0; g < KV; g++) {
+                if (cq[sq + 1] == cq[sq]) continue;
+                kv_rows k = {.base = data + keys_at + (size_t)g * D, .ld = w,
+                             .block_stride = block_stride, .block_size = pool->block_size,
+                             .table = lay->block_tables + (size_t)sq * lay->max_blocks};
+                kv_rows v = k;
+                v.base += (size_t)pool->block_size * w; // a block's values follow its keys
+                attend_group(P, Kt, q + (size_t)cq[sq] * H * D, lay->q_pos + cq[sq],
+                             cq[sq + 1] - cq[sq], &k, &v, g, &s, out + (size_t)cq[sq] * H * D,
+                             lse + cq[sq], lay->Tq);
+            }
     }
 }
