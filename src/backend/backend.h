@@ -63,6 +63,9 @@ struct weft_backend {
     void (*copy)(weft_backend *self, void *dst, const void *src, size_t bytes);
     void (*zero)(weft_backend *self, void *dst, size_t bytes);
     void (*synchronize)(weft_backend *self);
+    // Bytes the device could still allocate (host RAM the CPU backend could take), for sizing
+    // caches as a fraction of what is free.
+    size_t (*memory_available)(weft_backend *self);
 
     // C (m, n) = alpha * op(A) op(B) + beta * C, row-major; op(A) is (m, k), op(B) is (k, n).
     // lda/ldb/ldc are row strides of the stored (untransposed) matrices.

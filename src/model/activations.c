@@ -87,6 +87,8 @@ static void carve(weft_activations *a, const weft_model_config *c, keep_mode kee
     a->targets = take(a, ids);
     a->cu_seqlens = take(a, sizeof(int32_t) * (d.n_docs + 1));
     a->cu_seqlens_kv = take(a, sizeof(int32_t) * (d.n_docs + 1));
+    a->head_rows = backward ? NULL : take(a, ids);
+    a->head_input = backward ? NULL : take(a, row);
     a->k_full = a->v_full = a->dk_full = a->dv_full = NULL;
     if (provider) {
         take_kv(a, esz * d.T_kv * d.kvd, &a->k_full, &a->v_full);

@@ -53,6 +53,12 @@ void weft_model_config_load(const char *path, weft_model_config *cfg) {
                "%s: \"num_nextn_predict_layers\" must be an integer", path);
     cfg->num_mtp = mtp && json_is_integer(mtp) ? (int)json_integer_value(mtp) : 0;
     cfg->mtp_loss_scale = get_real(root, path, "mtp_loss_scale", 0.1);
+    cfg->max_position_embeddings = get_int(root, path, "max_position_embeddings", false, 0);
+    json_t *eos = json_object_get(root, "eos_token_id");
+    if (json_is_array(eos)) eos = json_array_get(eos, 0);
+    WEFT_CHECK(!eos || json_is_null(eos) || json_is_integer(eos),
+               "%s: \"eos_token_id\" must be an integer or a list of them", path);
+    cfg->eos_token_id = json_is_integer(eos) ? (int)json_integer_value(eos) : -1;
     json_decref(root);
     weft_model_config_validate(cfg, path);
 }
@@ -82,6 +88,9 @@ bool weft_model_config_save(const weft_model_config *c, const char *path) {
         c->tie_word_embeddings, "attention_bias", c->attention_bias, "hidden_act", "silu",
         "torch_dtype", "float32", "num_nextn_predict_layers", c->num_mtp, "mtp_loss_scale",
         c->mtp_loss_scale);
+    if (c->max_position_embeddings > 0)
+        json_object_set_new(root, "max_position_embeddings", json_integer(c->max_position_embeddings));
+    if (c->eos_token_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_token_id));
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(root);
     bool ok = text && weft_write_file_atomic(path, text, strlen(text));

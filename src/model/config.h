@@ -10,6 +10,9 @@ typedef struct weft_model_config {
     bool tie_word_embeddings, attention_bias;
     int num_mtp;           // num_nextn_predict_layers: MTP modules D (0 = none)
     double mtp_loss_scale; // lambda: the MTP losses weigh lambda / D each
+    // What generation needs to know, when config.json says (0 and -1: it does not).
+    int max_position_embeddings; // the longest context the model was made for
+    int eos_token_id;            // the end-of-text token (the first of a list)
 } weft_model_config;
 
 // Reads path (a config.json); any missing or inconsistent field is a fatal error naming it.

@@ -58,6 +58,8 @@ struct weft_activations {
     void *k_full, *v_full, *dk_full, *dv_full;
     int kv_full_layer; // whose keys k_full holds now (-1: none), so backward gathers only if needed
     int32_t *tokens, *positions, *targets, *cu_seqlens, *cu_seqlens_kv;
+    int32_t *head_rows;  // KEEP_NONE: (T) the rows a generation forward's head runs on
+    void *head_input;    // KEEP_NONE: (T, C) those rows of h_0
     weft_attention_layout layout;
 };
 

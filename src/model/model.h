@@ -128,6 +128,12 @@ typedef struct weft_forward_outputs {
     // stats[k] and its top-1 correct count at stats[heads + k]. Kept on the device, so a step reads
     // every micro-batch's sums back once.
     double *stats;
+    // Generation (a forward without keep): the main head runs only on these rows of the batch
+    // (host array of n_rows indices), so `logits` holds (n_rows, V) in this order; no other head
+    // output is made. NULL: every row.
+    const int32_t *rows;
+    int n_rows;
+    bool skip_mtp; // generation without drafting: the MTP modules do not run
 } weft_forward_outputs;
 
 // The SFT fast path. Adds to grad_buf the gradient of

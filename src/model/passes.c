@@ -92,6 +92,20 @@ static void head_forward(weft_model *m, weft_activations *a, int k, head_mode mo
     if (stats) be->accumulate_f32(be, a->correct, T, false, 1.0, &stats[heads + k]);
 }
 
+// Generation's head: logits of the chosen rows of h_0 only, gathered first (the embedding op is a
+// row gather: out[i] = table[ids[i]]).
+static void head_on_rows(weft_model *m, weft_activations *a, const weft_forward_outputs *out) {
+    weft_backend *be = m->be;
+    int n = out->n_rows, V = m->cfg.vocab_size;
+    WEFT_CHECK(a->keep == KEEP_NONE && n >= 0 && n <= a->d.T && !out->stats &&
+                   !out->logprobs[0] && !out->entropy[0],
+               "internal: a forward on chosen rows makes logits only, keeping nothing");
+    be->to_device(be, a->head_rows, out->rows, sizeof(int32_t) * n);
+    be->embedding_forward(be, a->head_rows, a->lnf, a->head_input, n, a->d.C);
+    weft_linear_forward(m, a->head_input, whole_weight(m->lm_head, m->cfg.hidden_size),
+                        out->logits ? out->logits : a->logits, n, a->d.C, V, 0.0f);
+}
+
 // ------------------------------------------------------------------------------- forward ----
 
 static keep_mode keep_of(const weft_model *m, bool keep) {
@@ -110,6 +124,9 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
                "provider");
     WEFT_CHECK(!m->acts || !m->acts->backward_due,
                "internal: a forward that kept its activations still waits for its backward");
+    WEFT_CHECK(keep == KEEP_NONE || !out || (!out->rows && !out->skip_mtp),
+               "internal: only a forward that keeps nothing may run the head on chosen rows or skip "
+               "the MTP modules");
     // Whole key rows are gathered into the model's buffers only for a provider that gathers.
     bool gathered = kv && kv->gather;
     weft_activations *a = weft_activations_prepare(m, keep, dims_of(m, batch), gathered);
@@ -126,8 +143,9 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
                         (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
     if (out && out->hidden) be->copy(be, out->hidden, a->lnf, weft_dtype_size(be->act_dtype) * d.T * d.C);
-    head_forward(m, a, 0, mode, out);
-    for (int k = 0; k < D; k++) {
+    if (out && out->rows) head_on_rows(m, a, out);
+    else head_forward(m, a, 0, mode, out);
+    for (int k = 0; k < D && !(out && out->skip_mtp); k++) {
         mtp_acts *mk = &a->mtp[k];
         be->to_device(be, mk->inputs, weft_batch_mtp_inputs(batch, k + 1), sizeof(int32_t) * d.T);
         be->to_device(be, mk->targets, weft_batch_mtp_targets(batch, k + 1),

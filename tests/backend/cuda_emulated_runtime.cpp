@@ -4,6 +4,7 @@
 // heap memory, every stream operation happens at once, and a GEMM is OpenBLAS's sgemm on fp32
 // copies of its operands, read through the same column-major layouts and transposes the backend
 // hands cuBLASLt, so the row-major-to-column-major mapping in cuda.c is exercised too.
+#include <unistd.h>
 #include <cblas.h>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -103,8 +104,10 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int) {
     *value = attr == cudaDevAttrComputeCapabilityMajor ? 9 : 0; // an H100, for the kernel choice
     return cudaSuccess;
 }
+// "Device" memory is host memory here: report the host's, as the CPU backend does.
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
-    *free_bytes = *total = 0;
+    *free_bytes = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    *total = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; } // emulated launches cannot fail

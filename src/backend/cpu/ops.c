@@ -3,6 +3,7 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/blas_setup.h"
@@ -40,6 +41,9 @@ static void cpu_zero(weft_backend *self, void *dst, size_t bytes) {
     if (bytes) memset(dst, 0, bytes);
 }
 static void cpu_synchronize(weft_backend *self) {}
+static size_t cpu_memory_available(weft_backend *self) {
+    return (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+}
 
 static void cpu_from_f32(weft_backend *self, void *dst, weft_dtype t, const float *src, size_t n) {
     WEFT_CHECK(t == WEFT_F32, "cpu backend holds fp32 tensors only");
@@ -435,6 +439,7 @@ weft_backend *weft_backend_cpu_create(void) {
         .copy = cpu_copy,
         .zero = cpu_zero,
         .synchronize = cpu_synchronize,
+        .memory_available = cpu_memory_available,
         .matmul = cpu_matmul,
         .embedding_forward = cpu_embedding_forward,
         .embedding_backward = cpu_embedding_backward,

@@ -127,6 +127,12 @@ static void cuda_synchronize(weft_backend *self) {
     self->host_waits++;
 }
 
+static size_t cuda_memory_available(weft_backend *self) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return free_b;
+}
+
 // Scratch of at least `bytes`, kept for later calls. Freed memory may still be in use by queued
 // kernels, so growth waits for the stream first.
 static float *scratch(weft_backend *self, size_t bytes) {
@@ -541,6 +547,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .copy = cuda_copy,
         .zero = cuda_zero,
         .synchronize = cuda_synchronize,
+        .memory_available = cuda_memory_available,
         .matmul = cuda_matmul,
         .embedding_forward = cuda_embedding_forward,
         .embedding_backward = cuda_embedding_backward,
