@@ -17,9 +17,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-# The BPE test compares against Hugging Face `tokenizers` (PyPI), for the Python that has torch.
-if ! /usr/bin/python3 -c "import tokenizers" 2>/dev/null; then
+# Tests compare against Hugging Face `tokenizers` (the BPE test) and `transformers` (greedy
+# generation, the CPU generation benchmark) from PyPI, for the Python that has Debian's torch 1.13:
+# transformers 4.45.2 is the last to run on it, and it wants tokenizers below 0.21.
+if ! /usr/bin/python3 -c "import transformers, tokenizers" 2>/dev/null; then
   dpkg-query -W -f='${Status}' python3-pip 2>/dev/null | grep -q "install ok installed" ||
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip
-  /usr/bin/python3 -m pip install -q --break-system-packages "tokenizers==0.23.3"
+  /usr/bin/python3 -m pip install -q --break-system-packages "tokenizers==0.20.3" \
+    "transformers==4.45.2"
 fi

@@ -18,6 +18,8 @@ static const char *USAGE =
     "  plan   [--ranks N] [--batch FILE.jsonl | --lengths FILE] [key=value ...]\n"
     "         the micro-batch plan of a global batch on N ranks, or a simulation of\n"
     "         heterogeneous DCP, uniform DCP and static CP on a trace of lengths\n"
+    "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [key=value ...]\n"
+    "         completions of every prompt with the model (sampling.*, rollout.* settings)\n"
     "  calibrate [--out FILE.yaml] [--repeats N] [key=value ...]\n"
     "         time the model on these ranks (run it under mpirun) and fit the planner's cost\n"
     "  tokenize [--tokenizer FILE.json] [--decode]\n"
@@ -36,6 +38,7 @@ int main(int argc, char **argv) {
     job_verb job = !strcmp(argv[1], "train")       ? weft_cmd_train
                    : !strcmp(argv[1], "grad")      ? weft_cmd_grad
                    : !strcmp(argv[1], "calibrate") ? weft_cmd_calibrate
+                   : !strcmp(argv[1], "generate")  ? weft_cmd_generate
                                                    : NULL;
     if (job) {
         // Under mpirun every rank runs the same command; launched alone, a one-rank world.

@@ -23,9 +23,10 @@ typedef struct weft_sampling_config {
 
 typedef struct weft_rollout_config {
     int block_size;           // KV cache positions per block
-    long kv_cache_tokens;     // pool size in positions (0: use kv_cache_fraction)
+    int kv_cache_tokens;      // pool size in positions (0: use kv_cache_fraction)
     double kv_cache_fraction; // of the device's free memory (host RAM on the CPU)
     int max_batch_tokens;     // rows one forward may hold (prefill is chunked to it)
+    int max_running;          // sequences running at once at most (0: as many as fit)
 } weft_rollout_config;
 
 weft_sampling_config weft_sampling_config_default(void);

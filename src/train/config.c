@@ -1,6 +1,7 @@
 #include "train/config.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <yaml.h>
 #include <math.h>
@@ -9,14 +10,24 @@
 #include <string.h>
 #include <strings.h>
 
-typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STRING, KEY_CHOICE } key_type;
+// KEY_STRINGS and KEY_INTS are lists (a JSON array on the command line, a YAML sequence, or one
+// bare value): an array field at the key's offset with its count elsewhere (list_def).
+typedef enum { KEY_INT, KEY_REAL, KEY_BOOL, KEY_STRING, KEY_CHOICE, KEY_STRINGS, KEY_INTS } key_type;
+
+typedef struct list_def {
+    size_t count_offset; // of the int holding how many entries are set
+    int capacity;        // entries
+    int entry_len;       // KEY_STRINGS: bytes per string entry
+} list_def;
 
 typedef struct key_def {
     const char *key;
     key_type type;
     size_t offset;
     const char *help;
-    const char *const *choices; // KEY_CHOICE: the names of the int's values 0, 1, ..., then NULL
+    // KEY_CHOICE: the names of the int's values 0, 1, ..., then NULL (const char *const *);
+    // lists: their list_def.
+    const void *extra;
 } key_def;
 
 static const char *const DCP_MODES[] = {"uniform", "heterogeneous", NULL}; // weft_dcp_mode
@@ -80,6 +91,29 @@ static const key_def KEYS[] = {
      "seconds a collective may wait before the job aborts", NULL},
     {"parallel.bucket_mb", KEY_INT, F(parallel.bucket_mb),
      "gradient bucket size (MiB), one collective each (DDP and distributed optimizer)", NULL},
+    {"sampling.temperature", KEY_REAL, F(sampling.temperature), "softmax temperature; 0: greedy", NULL},
+    {"sampling.top_k", KEY_INT, F(sampling.top_k), "keep the k most likely tokens; 0: off", NULL},
+    {"sampling.top_p", KEY_REAL, F(sampling.top_p), "nucleus: keep the most likely tokens up to this mass; 1: off", NULL},
+    {"sampling.min_p", KEY_REAL, F(sampling.min_p), "keep tokens at least this times the most likely's probability; 0: off", NULL},
+    {"sampling.max_tokens", KEY_INT, F(sampling.max_tokens), "new tokens per sample at most", NULL},
+    {"sampling.n", KEY_INT, F(sampling.n), "samples per prompt", NULL},
+    {"sampling.seed", KEY_INT, F(sampling.seed), "seed of the samples' random streams", NULL},
+    {"sampling.stop", KEY_STRINGS, F(sampling.stop), "strings that end a sample (a JSON list)",
+     &(const list_def){F(sampling.n_stop), WEFT_MAX_STOP, WEFT_MAX_STOP_LEN}},
+    {"sampling.stop_token_ids", KEY_INTS, F(sampling.stop_token_ids),
+     "token ids that end a sample (a JSON list); none: the model's end-of-text",
+     &(const list_def){F(sampling.n_stop_token_ids), WEFT_MAX_STOP, 0}},
+    {"sampling.processed_logprobs", KEY_BOOL, F(sampling.processed_logprobs),
+     "also record log-probs under the processed distribution", NULL},
+    {"rollout.block_size", KEY_INT, F(rollout.block_size), "KV cache positions per block", NULL},
+    {"rollout.kv_cache_tokens", KEY_INT, F(rollout.kv_cache_tokens),
+     "KV cache size in positions; 0: rollout.kv_cache_fraction of free memory", NULL},
+    {"rollout.kv_cache_fraction", KEY_REAL, F(rollout.kv_cache_fraction),
+     "KV cache size as a fraction of the device's free memory", NULL},
+    {"rollout.max_batch_tokens", KEY_INT, F(rollout.max_batch_tokens),
+     "rows one generation forward holds at most (prefills are chunked to it)", NULL},
+    {"rollout.max_running", KEY_INT, F(rollout.max_running),
+     "sequences generated at once at most; 0: as many as the KV cache holds", NULL},
     {"device", KEY_CHOICE, F(device), "where the model runs: cpu (fp32) or cuda (bf16, one GPU per rank)",
      DEVICES},
     {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from", NULL},
@@ -102,7 +136,7 @@ weft_job_config weft_job_config_default(void) {
                                        .num_layers = 4, .num_heads = 4, .num_kv_heads = 2,
                                        .rope_theta = 10000.0, .rms_norm_eps = 1e-6,
                                        .tie_word_embeddings = true, .attention_bias = true,
-                                       .mtp_loss_scale = 0.1};
+                                       .mtp_loss_scale = 0.1, .eos_token_id = -1};
     snprintf(c.data.source, sizeof c.data.source, "synthetic");
     c.data.synthetic_documents = 20000;
     c.train.steps = 300;
@@ -118,6 +152,8 @@ weft_job_config weft_job_config_default(void) {
     c.optim.lr = 3e-3;
     c.optim.min_lr = 3e-4;
     c.optim.warmup_steps = 20;
+    c.sampling = weft_sampling_config_default();
+    c.rollout = weft_rollout_config_default();
     return c;
 }
 
@@ -153,6 +189,35 @@ static const key_def *find_key(const char *key, const char *source) {
                best->help);
 }
 
+// A list value: a JSON array of numbers or strings, or one bare value.
+static void set_list(void *cfg, const key_def *k, const char *value, const char *source) {
+    const list_def *l = k->extra;
+    json_error_t err;
+    json_t *list = value[0] == '[' ? json_loads(value, 0, &err) : json_pack("[s]", value);
+    WEFT_CHECK(json_is_array(list), "%s: %s=%s: expected a JSON list such as %s", source, k->key,
+               value, k->type == KEY_INTS ? "[1, 2]" : "[\"###\", \"\\n\"]");
+    int n = (int)json_array_size(list);
+    WEFT_CHECK(n <= l->capacity, "%s: %s: at most %d entries", source, k->key, l->capacity);
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_array_get(list, i);
+        const char *text = json_string_value(v);
+        if (k->type == KEY_STRINGS) {
+            WEFT_CHECK(text && strlen(text) > 0 && strlen(text) < (size_t)l->entry_len,
+                       "%s: %s[%d]: expected a string of 1 to %d bytes", source, k->key, i,
+                       l->entry_len - 1);
+            snprintf((char *)cfg + k->offset + (size_t)i * l->entry_len, l->entry_len, "%s", text);
+        } else {
+            char *end = NULL;
+            long id = json_is_integer(v) ? (long)json_integer_value(v) : text ? strtol(text, &end, 10) : -1;
+            WEFT_CHECK(id >= 0 && id < (1L << 30) && (!end || !*end),
+                       "%s: %s[%d]: expected a non-negative integer", source, k->key, i);
+            ((int *)((char *)cfg + k->offset))[i] = (int)id;
+        }
+    }
+    *(int *)((char *)cfg + l->count_offset) = n;
+    json_decref(list);
+}
+
 void weft_job_config_set(weft_job_config *cfg, const char *key, const char *value,
                          const char *source) {
     const key_def *k = find_key(key, source);
@@ -180,12 +245,12 @@ void weft_job_config_set(weft_job_config *cfg, const char *key, const char *valu
         break;
     case KEY_CHOICE: {
         int i = 0;
-        while (k->choices[i] && strcmp(k->choices[i], value)) i++;
-        if (!k->choices[i]) {
+        while (((const char *const *)k->extra)[i] && strcmp(((const char *const *)k->extra)[i], value)) i++;
+        if (!((const char *const *)k->extra)[i]) {
             char all[256] = "";
-            for (int j = 0; k->choices[j]; j++)
+            for (int j = 0; ((const char *const *)k->extra)[j]; j++)
                 snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", j ? ", " : "",
-                         k->choices[j]);
+                         ((const char *const *)k->extra)[j]);
             weft_fatal("%s: %s=%s: expected one of %s", source, key, value, all);
         }
         *(int *)dst = i;
@@ -196,6 +261,8 @@ void weft_job_config_set(weft_job_config *cfg, const char *key, const char *valu
         else if (!strcasecmp(value, "false") || !strcmp(value, "0")) *(bool *)dst = false;
         else weft_fatal("%s: %s=%s: expected true or false", source, key, value);
         break;
+    case KEY_STRINGS:
+    case KEY_INTS: set_list(cfg, k, value, source); break;
     }
 }
 
@@ -231,6 +298,11 @@ void weft_job_config_validate(const weft_job_config *c) {
                "model.hidden_size (%d) must be a multiple of model.num_heads (%d) (or set "
                "model.head_dim), and model.num_heads a multiple of model.num_kv_heads (%d)",
                a->hidden_size, a->num_heads, a->num_kv_heads);
+    weft_sampling_config_validate(&c->sampling);
+    WEFT_CHECK(c->rollout.block_size >= 1 && c->rollout.max_batch_tokens >= 1 &&
+                   c->rollout.kv_cache_fraction > 0 && c->rollout.kv_cache_fraction <= 1,
+               "rollout.block_size and rollout.max_batch_tokens must be at least 1, and "
+               "rollout.kv_cache_fraction in (0, 1]");
 }
 
 void weft_job_config_resolve(weft_job_config *cfg, const char *config_path, int n_overrides,
@@ -250,6 +322,21 @@ static void yaml_walk(weft_job_config *cfg, yaml_document_t *doc, yaml_node_t *n
     if (node->type == YAML_SCALAR_NODE) {
         WEFT_CHECK(prefix[0], "%s: expected a mapping of settings, found a bare value", where);
         weft_job_config_set(cfg, prefix, (const char *)node->data.scalar.value, where);
+        return;
+    }
+    if (node->type == YAML_SEQUENCE_NODE && prefix[0]) { // a list setting, as a JSON array
+        json_t *list = json_array();
+        for (yaml_node_item_t *it = node->data.sequence.items.start;
+             it < node->data.sequence.items.top; it++) {
+            yaml_node_t *v = yaml_document_get_node(doc, *it);
+            WEFT_CHECK(v && v->type == YAML_SCALAR_NODE, "%s: %s: a list of plain values", where,
+                       prefix);
+            json_array_append_new(list, json_string((const char *)v->data.scalar.value));
+        }
+        char *text = json_dumps(list, JSON_COMPACT);
+        weft_job_config_set(cfg, prefix, text, where);
+        free(text);
+        json_decref(list);
         return;
     }
     WEFT_CHECK(node->type == YAML_MAPPING_NODE, "%s: %s: lists are not settings; use key: value",
@@ -287,6 +374,26 @@ void weft_job_config_load_yaml(weft_job_config *cfg, const char *path) {
     yaml_parser_delete(&parser);
 }
 
+// A value as JSON text (valid YAML: strings escaped, lists in flow style); releases v.
+static void quoted(char *out, size_t size, json_t *v) {
+    char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    snprintf(out, size, "%s", text ? text : "\"\"");
+    free(text);
+    json_decref(v);
+}
+
+static json_t *list_json(const weft_job_config *cfg, const key_def *k) {
+    const list_def *l = k->extra;
+    json_t *list = json_array();
+    int n = *(const int *)((const char *)cfg + l->count_offset);
+    for (int i = 0; i < n; i++) {
+        const char *at = (const char *)cfg + k->offset;
+        json_array_append_new(list, k->type == KEY_INTS ? json_integer(((const int *)at)[i])
+                                                        : json_string(at + (size_t)i * l->entry_len));
+    }
+    return list;
+}
+
 bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path) {
     size_t cap = 16384, len = 0;
     char *buf = weft_alloc(cap);
@@ -297,8 +404,10 @@ bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path) {
         case KEY_INT: snprintf(value, sizeof value, "%d", *(const int *)src); break;
         case KEY_REAL: snprintf(value, sizeof value, "%.17g", *(const double *)src); break;
         case KEY_BOOL: snprintf(value, sizeof value, "%s", *(const bool *)src ? "true" : "false"); break;
-        case KEY_STRING: snprintf(value, sizeof value, "\"%s\"", (const char *)src); break;
-        case KEY_CHOICE: snprintf(value, sizeof value, "%s", KEYS[i].choices[*(const int *)src]); break;
+        case KEY_STRING: quoted(value, sizeof value, json_string((const char *)src)); break;
+        case KEY_CHOICE: snprintf(value, sizeof value, "%s", ((const char *const *)KEYS[i].extra)[*(const int *)src]); break;
+        case KEY_STRINGS:
+        case KEY_INTS: quoted(value, sizeof value, list_json(cfg, &KEYS[i])); break;
         }
         len += (size_t)snprintf(buf + len, cap - len, "%s: %s\n", KEYS[i].key, value);
         WEFT_CHECK(len < cap, "internal: config too large to save");

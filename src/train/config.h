@@ -4,6 +4,7 @@
 #include "model/config.h"
 #include "optim/adamw.h"
 #include "parallel/config.h"
+#include "rollout/config.h"
 
 enum { WEFT_PATH_MAX = 1024 };
 
@@ -29,6 +30,8 @@ typedef struct weft_job_config {
         int save_every, log_every;
     } train;
     weft_parallel_config parallel;
+    weft_sampling_config sampling; // sampling.*: how generation draws tokens
+    weft_rollout_config rollout;   // rollout.*: the generation engine
     int device;                 // device: a weft_device (cpu, cuda)
     char resume[WEFT_PATH_MAX]; // resume: a run directory (or one of its checkpoints) to continue
     weft_optim_config optim;

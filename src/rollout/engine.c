@@ -1,0 +1,292 @@
+#include "rollout/engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "rollout/internal.h"
+#include "rollout/sampling.h"
+
+// ------------------------------------------------------------------------------- set-up ----
+
+long weft_engine_pool_blocks(const weft_model *m, const weft_rollout_config *rc,
+                             const weft_sampling_config *sc, const weft_prompt *prompts, int n) {
+    const weft_model_config *c = &m->cfg;
+    int bs = rc->block_size;
+    if (rc->kv_cache_tokens > 0) return (rc->kv_cache_tokens + bs - 1) / bs;
+    size_t block = weft_kv_cache_block_bytes(m->be, c->num_layers, c->num_kv_heads * c->head_dim, bs);
+    long blocks = (long)(rc->kv_cache_fraction * (double)m->be->memory_available(m->be) / block);
+    long most = 0; // every sample of every prompt at its longest, nothing shared
+    for (int i = 0; prompts && i < n; i++)
+        most += (long)sc->n * ((prompts[i].len + sc->max_tokens + bs - 1) / bs + 1);
+    return prompts && most < blocks ? most : blocks;
+}
+
+weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
+                                const weft_sampling_config *sc, const weft_tokenizer *tok,
+                                long kv_blocks) {
+    weft_sampling_config_validate(sc);
+    weft_engine *e = weft_alloc(sizeof *e);
+    *e = (weft_engine){.model = m, .be = m->be, .rc = *rc, .sc = *sc, .tok = tok};
+    const weft_model_config *c = &m->cfg;
+    e->cache = weft_kv_cache_create(m->be, c->num_layers, c->num_kv_heads * c->head_dim,
+                                    rc->block_size, kv_blocks);
+    if (e->sc.n_stop_token_ids == 0) { // the model's end-of-text
+        int eos = c->eos_token_id >= 0 ? c->eos_token_id : tok ? weft_tokenizer_eos_id(tok) : -1;
+        if (eos >= 0) e->sc.stop_token_ids[e->sc.n_stop_token_ids++] = eos;
+    }
+    e->sampling_scratch = weft_alloc(weft_sampling_scratch_bytes(c->vocab_size));
+    return e;
+}
+
+void weft_engine_free(weft_engine *e) {
+    if (!e) return;
+    weft_kv_cache_free(e->cache);
+    weft_rollout_step_buffers_free(e);
+    weft_free(e->sampling_scratch);
+    weft_free(e);
+}
+
+weft_rollout_stats weft_engine_stats(const weft_engine *e) {
+    weft_rollout_stats s = e->stats;
+    s.kv = weft_kv_cache_stats_now(e->cache);
+    return s;
+}
+
+// The longest context a sequence may reach: the model's, and what the pool holds.
+static long context_limit(const weft_engine *e) {
+    long pool = (long)weft_kv_cache_pool(e->cache)->n_blocks * e->rc.block_size;
+    long model = e->model->cfg.max_position_embeddings;
+    return model > 0 && model < pool ? model : pool;
+}
+
+void weft_engine_check_prompts(const weft_engine *e, const weft_prompt *prompts, int n,
+                               const char *const *names) {
+    long pool = (long)weft_kv_cache_pool(e->cache)->n_blocks * e->rc.block_size;
+    long model = e->model->cfg.max_position_embeddings;
+    for (int i = 0; i < n; i++) {
+        const char *name = names ? names[i] : "a prompt";
+        WEFT_CHECK(prompts[i].len > 0, "%s is empty; give every prompt at least one token", name);
+        long need = (long)prompts[i].len + 1;
+        WEFT_CHECK(model <= 0 || need <= model,
+                   "%s has %d tokens: with the first new one more than the model's context of "
+                   "%ld (max_position_embeddings); shorten it", name, prompts[i].len, model);
+        WEFT_CHECK(need <= pool,
+                   "%s has %d tokens: more than the KV cache's %ld positions hold; raise "
+                   "rollout.kv_cache_tokens (or rollout.kv_cache_fraction) or shorten it", name,
+                   prompts[i].len, pool);
+    }
+}
+
+void weft_completions_free(weft_completion *c, int n) {
+    for (int i = 0; i < n; i++) {
+        weft_free(c[i].tokens), weft_free(c[i].logprobs), weft_free(c[i].processed_logprobs);
+        weft_free(c[i].text);
+    }
+}
+
+// ---------------------------------------------------------------------------- sequences ----
+
+static gen_seq seq_for_prompt(const weft_prompt *p, int sample, int extra) {
+    gen_seq s = {.prompt = p->index, .sample = sample, .prompt_len = p->len, .kv = -1,
+                 .cap = p->len + extra + 1};
+    s.tokens = weft_alloc(sizeof(int32_t) * s.cap);
+    s.logprobs = weft_alloc(sizeof(float) * s.cap);
+    s.processed = weft_alloc(sizeof(float) * s.cap);
+    memcpy(s.tokens, p->tokens, sizeof(int32_t) * p->len);
+    s.len = p->len;
+    return s;
+}
+
+static void seq_free(gen_seq *s) {
+    weft_free(s->tokens), weft_free(s->logprobs), weft_free(s->processed);
+}
+
+// Whether the sample's text (decoded from its generated tokens) now holds a stop string; *cut
+// receives where the first one starts.
+static bool hit_stop_string(const weft_engine *e, const gen_seq *s, size_t *cut, char **text) {
+    *text = NULL;
+    if (!e->tok) return false;
+    size_t n;
+    *text = weft_tokenizer_decode_text(e->tok, s->tokens + s->prompt_len, s->len - s->prompt_len, &n);
+    for (int i = 0; i < e->sc.n_stop; i++) {
+        const char *at = strstr(*text, e->sc.stop[i]);
+        if (at && (size_t)(at - *text) < *cut) *cut = (size_t)(at - *text);
+    }
+    return *cut < n;
+}
+
+// After a new token: whether the sample is done, and why.
+static bool finished(weft_engine *e, gen_seq *s) {
+    int32_t last = s->tokens[s->len - 1];
+    for (int i = 0; i < e->sc.n_stop_token_ids; i++)
+        if (last == e->sc.stop_token_ids[i]) return s->finish = WEFT_FINISH_STOP, true;
+    size_t cut = (size_t)-1;
+    char *text = NULL;
+    bool stop = e->sc.n_stop > 0 && hit_stop_string(e, s, &cut, &text);
+    weft_free(text);
+    if (stop) return s->finish = WEFT_FINISH_STOP, true;
+    if (s->len - s->prompt_len >= e->sc.max_tokens || s->len >= context_limit(e))
+        return s->finish = WEFT_FINISH_LENGTH, true;
+    return false;
+}
+
+// The sample's completion: its generated tokens, log-probs and text.
+static void complete(const weft_engine *e, const gen_seq *s, weft_completion *out) {
+    int n = s->len - s->prompt_len;
+    *out = (weft_completion){.len = n, .finish = s->finish,
+                             .tokens = weft_alloc(sizeof(int32_t) * (n > 0 ? n : 1)),
+                             .logprobs = weft_alloc(sizeof(float) * (n > 0 ? n : 1))};
+    memcpy(out->tokens, s->tokens + s->prompt_len, sizeof(int32_t) * n);
+    memcpy(out->logprobs, s->logprobs + s->prompt_len, sizeof(float) * n);
+    if (e->sc.processed_logprobs) {
+        out->processed_logprobs = weft_alloc(sizeof(float) * (n > 0 ? n : 1));
+        memcpy(out->processed_logprobs, s->processed + s->prompt_len, sizeof(float) * n);
+    }
+    if (e->tok) {
+        size_t cut = (size_t)-1;
+        char *text = NULL;
+        if (hit_stop_string(e, s, &cut, &text)) text[cut] = '\0'; // decodes even with no stops
+        out->text = text;
+    }
+}
+
+// --------------------------------------------------------------------------- scheduling ----
+
+// The sequences not yet done, ready to be admitted in their order (oldest first).
+static int next_waiting(const weft_engine *e) {
+    int best = -1;
+    for (int i = 0; i < e->n_seqs; i++)
+        if (e->seqs[i].state == SEQ_WAITING && (best < 0 || e->seqs[i].order < e->seqs[best].order))
+            best = i;
+    return best;
+}
+
+// Frees running sequence i's blocks and sends it back to wait: it is recomputed (its prompt and
+// tokens so far prefilled again) when blocks allow.
+static void preempt(weft_engine *e, int i) {
+    gen_seq *s = &e->seqs[i];
+    weft_kv_seq_release(e->cache, s->kv);
+    s->kv = -1, s->cached = 0, s->state = SEQ_WAITING;
+    e->stats.preemptions++;
+}
+
+// The newest running sequence that arrived after `than` (-1: none).
+static int newest_after(const weft_engine *e, long than) {
+    int newest = -1;
+    for (int i = 0; i < e->n_seqs; i++)
+        if (e->seqs[i].state == SEQ_RUNNING && e->seqs[i].order > than &&
+            (newest < 0 || e->seqs[i].order > e->seqs[newest].order))
+            newest = i;
+    return newest;
+}
+
+bool weft_rollout_reserve_rows(weft_engine *e, int i, int rows) {
+    if (e->seqs[i].kv < 0) e->seqs[i].kv = weft_kv_seq_new(e->cache);
+    while (!weft_kv_seq_reserve(e->cache, e->seqs[i].kv, e->seqs[i].cached,
+                                e->seqs[i].cached + rows)) {
+        int victim = newest_after(e, e->seqs[i].order);
+        if (victim < 0) { // nothing newer to make room: this one waits
+            preempt(e, i);
+            return false;
+        }
+        preempt(e, victim);
+    }
+    return true;
+}
+
+// Admits waiting sequences, oldest first, while their next rows' blocks are free (admission never
+// preempts: only running sequences make room for newer ones).
+static void admit(weft_engine *e) {
+    int running = 0;
+    for (int i = 0; i < e->n_seqs; i++) running += e->seqs[i].state == SEQ_RUNNING;
+    for (int i; (i = next_waiting(e)) >= 0 && (e->rc.max_running <= 0 || running < e->rc.max_running);
+         running++) {
+        gen_seq *s = &e->seqs[i];
+        int rows = s->len - s->cached;
+        if (rows > e->rc.max_batch_tokens) rows = e->rc.max_batch_tokens;
+        if (s->kv < 0) s->kv = weft_kv_seq_new(e->cache);
+        if (weft_kv_seq_blocks_needed(e->cache, s->kv, s->cached, s->cached + rows) >
+            weft_kv_cache_free_blocks(e->cache))
+            return;
+        s->state = SEQ_RUNNING;
+    }
+}
+
+int weft_rollout_fork_samples(weft_engine *e, int parent) {
+    int first = e->n_seqs;
+    for (int s = 0; s < e->sc.n; s++) {
+        const gen_seq *p = &e->seqs[parent]; // the table may move as samples are added
+        gen_seq child = seq_for_prompt(&(weft_prompt){p->tokens, p->len, p->prompt}, s,
+                                       e->sc.max_tokens);
+        child.kv = weft_kv_seq_fork(e->cache, p->kv);
+        child.cached = p->cached;
+        child.state = SEQ_RUNNING;
+        child.order = p->order + 1 + s; // the samples take the prompt's place in line
+        weft_rollout_add_seq(e, child);
+    }
+    gen_seq *p = &e->seqs[parent];
+    weft_kv_seq_release(e->cache, p->kv);
+    p->kv = -1;
+    p->state = SEQ_DONE;
+    return first;
+}
+
+int weft_rollout_add_seq(weft_engine *e, gen_seq s) {
+    if (e->n_seqs == e->seq_cap) {
+        int cap = e->seq_cap ? 2 * e->seq_cap : 64;
+        gen_seq *grown = weft_alloc(sizeof(gen_seq) * cap);
+        if (e->n_seqs) memcpy(grown, e->seqs, sizeof(gen_seq) * e->n_seqs);
+        weft_free(e->seqs);
+        e->seqs = grown, e->seq_cap = cap;
+    }
+    e->seqs[e->n_seqs] = s;
+    return e->n_seqs++;
+}
+
+// After a sample's token is appended: done (its blocks freed at once) or on to the next.
+void weft_rollout_after_token(weft_engine *e, int i) {
+    gen_seq *s = &e->seqs[i];
+    e->stats.tokens++;
+    if (!finished(e, s)) return;
+    weft_kv_seq_release(e->cache, s->kv);
+    s->kv = -1;
+    s->state = SEQ_DONE;
+    e->done_samples++;
+}
+
+// ------------------------------------------------------------------------------- the loop ----
+
+void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
+                          weft_completion *out, weft_progress_fn progress, void *progress_ctx) {
+    double t0 = weft_now_seconds();
+    weft_engine_check_prompts(e, prompts, n_prompts, NULL);
+    e->n_seqs = 0, e->done_samples = 0;
+    for (int p = 0; p < n_prompts; p++) {
+        gen_seq s = seq_for_prompt(&prompts[p], -1, 0);
+        s.order = e->next_order;
+        e->next_order += e->sc.n + 1; // room for the samples' places
+        weft_rollout_add_seq(e, s);
+    }
+    long total = (long)n_prompts * e->sc.n;
+    while (e->done_samples < total) {
+        admit(e);
+        WEFT_CHECK(weft_rollout_step(e), "internal: rollout made no progress");
+        if (progress) progress(progress_ctx, (int)(e->done_samples / e->sc.n), n_prompts,
+                               e->stats.tokens);
+    }
+    // Samples in (prompt, sample) order: sequences of one prompt were added in sample order.
+    for (int i = 0; i < e->n_seqs; i++) {
+        const gen_seq *s = &e->seqs[i];
+        if (s->sample < 0) continue;
+        int p = 0;
+        while (prompts[p].index != s->prompt) p++;
+        complete(e, s, &out[(size_t)p * e->sc.n + s->sample]);
+    }
+    for (int i = 0; i < e->n_seqs; i++) seq_free(&e->seqs[i]);
+    e->n_seqs = 0;
+    e->stats.prompts += n_prompts;
+    e->stats.sequences += total;
+    e->stats.seconds += weft_now_seconds() - t0;
+}
+

@@ -1,0 +1,72 @@
+// rollout: the generation engine (DESIGN.md section 11). It generates with the trainer's own model,
+// ops and parameter buffer, through a paged KV cache and continuous batching:
+//  - every step runs one forward over all running sequences: each contributes the positions not
+//    yet in the cache (a prompt's prefill, in chunks, or the one token sampled last), and the head
+//    runs on the last row of those that are due a new token;
+//  - the n samples of a prompt share its prefill and its blocks (copy on write of the last one);
+//  - waiting sequences are admitted while blocks allow; when the pool runs out the newest running
+//    sequences are preempted (their blocks freed) and recomputed later;
+//  - tokens are drawn with randomness that depends only on (seed, prompt, sample, position), and
+//    each token's log-prob is computed by the same op the trainer uses, so outputs do not depend
+//    on batching, the pool or preemptions, and the log-probs equal the trainer's (bit for bit on
+//    the CPU).
+#pragma once
+#include "data/tokenizer.h"
+#include "model/model.h"
+#include "rollout/config.h"
+#include "rollout/kv_cache.h"
+
+typedef enum { WEFT_FINISH_STOP, WEFT_FINISH_LENGTH } weft_finish_reason;
+
+typedef struct weft_prompt {
+    const int32_t *tokens;
+    int len;
+    int index; // the prompt's place in the whole input: the random streams' counter
+} weft_prompt;
+
+typedef struct weft_completion {
+    int32_t *tokens;          // (len) generated token ids, the stopping token included
+    float *logprobs;          // (len) under the model (temperature 1, no filter)
+    float *processed_logprobs; // (len) under the processed distribution, when asked; else NULL
+    int len;
+    weft_finish_reason finish;
+    char *text;               // decoded (cut before a stop string), when a tokenizer was given
+} weft_completion;
+
+typedef struct weft_rollout_stats {
+    long prompts, sequences, tokens, forwards, preemptions;
+    int peak_batch; // the most sequences one forward ran (continuous batching at work)
+    double seconds;
+    weft_kv_cache_stats kv;
+} weft_rollout_stats;
+
+typedef struct weft_engine weft_engine;
+
+// An engine over model m with a pool of kv_blocks blocks (see weft_engine_pool_blocks). tok, if
+// given, decodes text for stop strings and completions; stop_tokens lists the ids that end a
+// sample (the settings' stop_token_ids, or the model's end-of-text).
+weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
+                                const weft_sampling_config *sc, const weft_tokenizer *tok,
+                                long kv_blocks);
+void weft_engine_free(weft_engine *e); // frees the KV pool too
+// Blocks the settings give the pool: rollout.kv_cache_tokens, else rollout.kv_cache_fraction of
+// the device's free memory, but never more than generating every prompt's samples at once could
+// use (prompts: n of them; NULL: no such bound).
+long weft_engine_pool_blocks(const weft_model *m, const weft_rollout_config *rc,
+                             const weft_sampling_config *sc, const weft_prompt *prompts, int n);
+
+// Checks, before any work, that every prompt can be generated alone: not empty, and prompt plus
+// max_tokens within the model's context and the pool. `names` (may be NULL) say where each prompt
+// came from for the error.
+void weft_engine_check_prompts(const weft_engine *e, const weft_prompt *prompts, int n,
+                               const char *const *names);
+
+// Called after each step with the prompts finished and the tokens generated so far.
+typedef void (*weft_progress_fn)(void *ctx, int prompts_done, int prompts, long tokens);
+
+// Generates sampling.n samples of each prompt: out[p * n + s] (freed with
+// weft_completions_free).
+void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
+                          weft_completion *out, weft_progress_fn progress, void *progress_ctx);
+weft_rollout_stats weft_engine_stats(const weft_engine *e);
+void weft_completions_free(weft_completion *c, int n);

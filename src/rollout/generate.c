@@ -1,0 +1,301 @@
+#include "rollout/generate.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/safetensors.h"
+#include "rollout/engine.h"
+
+// ----------------------------------------------------------------------------- the input ----
+
+typedef struct prompt_set {
+    int n;
+    json_t **rows;     // the input objects, echoed in the output
+    int32_t **tokens;  // each prompt's ids
+    int *lens;
+    char **names;      // "FILE:LINE" for errors
+} prompt_set;
+
+static int32_t *ids_of(json_t *ids, const char *where, int vocab, int *len) {
+    WEFT_CHECK(json_is_array(ids), "%s: \"input_ids\" must be a list of token ids", where);
+    *len = (int)json_array_size(ids);
+    int32_t *t = weft_alloc(sizeof(int32_t) * (*len > 0 ? *len : 1));
+    for (int i = 0; i < *len; i++) {
+        json_t *v = json_array_get(ids, i);
+        WEFT_CHECK(json_is_integer(v) && json_integer_value(v) >= 0 &&
+                       json_integer_value(v) < vocab,
+                   "%s: input_ids[%d] is not a token id in [0, %d)", where, i, vocab);
+        t[i] = (int32_t)json_integer_value(v);
+    }
+    return t;
+}
+
+// One prompt from its row: token ids as given, or the text encoded with the model's tokenizer.
+static int32_t *prompt_tokens(json_t *row, const char *where, const weft_tokenizer *tok,
+                              int vocab, int *len) {
+    WEFT_CHECK(json_is_object(row), "%s: each line must be a JSON object with \"prompt\" or "
+               "\"input_ids\"", where);
+    json_t *ids = json_object_get(row, "input_ids"), *text = json_object_get(row, "prompt");
+    if (ids) return ids_of(ids, where, vocab, len);
+    WEFT_CHECK(json_is_string(text), "%s: the row has no \"prompt\" string and no \"input_ids\"",
+               where);
+    WEFT_CHECK(tok, "%s: a text prompt needs the model's tokenizer.json, which its directory "
+               "lacks; give \"input_ids\" instead", where);
+    const char *s = json_string_value(text);
+    return weft_tokenizer_encode(tok, s, strlen(s), len);
+}
+
+static prompt_set read_prompts(const char *path, const weft_tokenizer *tok, int vocab) {
+    FILE *f = fopen(path, "r");
+    WEFT_CHECK(f, "%s: cannot open the prompts (%s)", path, strerror(errno));
+    prompt_set p = {0};
+    int cap = 0;
+    char *line = NULL;
+    size_t line_cap = 0;
+    for (long lineno = 1; getline(&line, &line_cap, f) != -1; lineno++) {
+        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%ld", path, lineno);
+        json_error_t err;
+        json_t *row = json_loads(line, 0, &err);
+        WEFT_CHECK(row, "%s: not valid JSON (%s)", where, err.text);
+        if (p.n == cap) {
+            cap = cap ? 2 * cap : 64;
+            p.rows = realloc(p.rows, sizeof(json_t *) * cap);
+            p.tokens = realloc(p.tokens, sizeof(int32_t *) * cap);
+            p.lens = realloc(p.lens, sizeof(int) * cap);
+            p.names = realloc(p.names, sizeof(char *) * cap);
+            WEFT_CHECK(p.rows && p.tokens && p.lens && p.names, "out of host memory reading %s", path);
+        }
+        p.rows[p.n] = row;
+        p.tokens[p.n] = prompt_tokens(row, where, tok, vocab, &p.lens[p.n]);
+        p.names[p.n] = weft_strdup(where);
+        p.n++;
+    }
+    free(line);
+    fclose(f);
+    WEFT_CHECK(p.n > 0, "%s: holds no prompts; give one JSON object per line", path);
+    return p;
+}
+
+static void prompt_set_free(prompt_set *p) {
+    for (int i = 0; i < p->n; i++) {
+        json_decref(p->rows[i]);
+        weft_free(p->tokens[i]);
+        weft_free(p->names[i]);
+    }
+    free(p->rows), free(p->tokens), free(p->lens), free(p->names);
+}
+
+// ---------------------------------------------------------------------------- the ranks ----
+
+// This rank's prompts: each goes to the rank with the least estimated work so far (prompt and
+// samples' tokens; longest first, ties by index), the same on every rank.
+static int *my_prompts(const prompt_set *p, const weft_sampling_config *sc, int rank, int ranks,
+                       int *n_mine) {
+    double *load = weft_alloc(sizeof(double) * ranks);
+    int *order = weft_alloc(sizeof(int) * p->n), *mine = weft_alloc(sizeof(int) * p->n);
+    for (int i = 0; i < p->n; i++) order[i] = i;
+    for (int i = 1; i < p->n; i++) // insertion sort by length, descending, stable
+        for (int j = i; j > 0 && p->lens[order[j]] > p->lens[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    int *owner = weft_alloc(sizeof(int) * p->n);
+    for (int k = 0; k < p->n; k++) {
+        int best = 0;
+        for (int r = 1; r < ranks; r++) best = load[r] < load[best] ? r : best;
+        owner[order[k]] = best;
+        load[best] += (double)sc->n * (p->lens[order[k]] + sc->max_tokens);
+    }
+    *n_mine = 0;
+    for (int i = 0; i < p->n; i++)
+        if (owner[i] == rank) mine[(*n_mine)++] = i;
+    weft_free(load), weft_free(order), weft_free(owner);
+    return mine;
+}
+
+// ---------------------------------------------------------------------------- the output ----
+
+static json_t *floats(const float *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_real(v[i]));
+    return a;
+}
+
+// The output row of prompt i: its input fields and its samples.
+static char *output_row(const prompt_set *p, int i, const weft_completion *c, int n) {
+    json_t *row = json_deep_copy(p->rows[i]), *responses = json_array();
+    for (int s = 0; s < n; s++) {
+        json_t *ids = json_array();
+        for (int t = 0; t < c[s].len; t++) json_array_append_new(ids, json_integer(c[s].tokens[t]));
+        json_t *r = json_pack("{s:o, s:o, s:s}", "token_ids", ids, "logprobs",
+                              floats(c[s].logprobs, c[s].len), "finish_reason",
+                              c[s].finish == WEFT_FINISH_STOP ? "stop" : "length");
+        if (c[s].text) json_object_set_new(r, "text", json_string(c[s].text));
+        if (c[s].processed_logprobs)
+            json_object_set_new(r, "processed_logprobs", floats(c[s].processed_logprobs, c[s].len));
+        json_array_append_new(responses, r);
+    }
+    json_object_set_new(row, "responses", responses);
+    char *text = json_dumps(row, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(row);
+    return text;
+}
+
+// Every rank's rows to everyone (all ranks enter), in input order: rows[i] of prompt i. A rank's
+// part is, per prompt, its index and its row's length (two int32) and the row's bytes.
+static char **gather_rows(weft_comm *world, const int *mine, int n_mine, char **my_rows,
+                          int n_prompts) {
+    int W = weft_comm_size(world);
+    size_t len = 0;
+    for (int k = 0; k < n_mine; k++) len += 8 + strlen(my_rows[k]);
+    double my_len = (double)len, *lens = weft_alloc(sizeof(double) * W), most = 4;
+    weft_comm_allgather(world, &my_len, lens, 1, WEFT_COMM_F64);
+    for (int r = 0; r < W; r++) most = lens[r] > most ? lens[r] : most;
+    size_t stride = ((size_t)most + 3) / 4 * 4; // moved as 32-bit words
+    char *part = weft_alloc(stride), *all = weft_alloc(stride * W), *at = part;
+    for (int k = 0; k < n_mine; k++) {
+        int32_t head[2] = {mine[k], (int32_t)strlen(my_rows[k])};
+        memcpy(at, head, sizeof head);
+        memcpy(at + 8, my_rows[k], (size_t)head[1]);
+        at += 8 + head[1];
+    }
+    weft_comm_allgather(world, part, all, stride / 4, WEFT_COMM_F32);
+    char **rows = weft_alloc(sizeof(char *) * n_prompts);
+    for (int r = 0; r < W; r++)
+        for (const char *c = all + stride * r; c < all + stride * r + (size_t)lens[r];) {
+            int32_t head[2];
+            memcpy(head, c, sizeof head);
+            rows[head[0]] = weft_alloc((size_t)head[1] + 1);
+            memcpy(rows[head[0]], c + 8, (size_t)head[1]);
+            c += 8 + head[1];
+        }
+    weft_free(part), weft_free(lens), weft_free(all);
+    return rows;
+}
+
+// Writes the rows, one per line, atomically (rank 0 only).
+static void write_output(const char *path, char **rows, int n) {
+    size_t len = 0;
+    for (int i = 0; i < n; i++) len += strlen(rows[i]) + 1;
+    char *text = weft_alloc(len + 1), *at = text;
+    for (int i = 0; i < n; i++) at += sprintf(at, "%s\n", rows[i]);
+    WEFT_CHECK(weft_write_file_atomic(path, text, len), "%s: cannot write the output (%s)", path,
+               strerror(errno));
+    weft_free(text);
+}
+
+// ------------------------------------------------------------------------------ progress ----
+
+typedef struct progress {
+    bool print, tty;
+    double started;
+    int last_done;
+} progress;
+
+static void show_progress(void *ctx, int done, int total, long tokens) {
+    progress *p = ctx;
+    if (!p->print || (!p->tty && done == p->last_done)) return;
+    double s = weft_now_seconds() - p->started;
+    if (p->tty) printf("\rgenerate: %d/%d prompts, %ld tokens, %.0f tokens/s\033[K", done, total,
+                       tokens, s > 0 ? tokens / s : 0.0);
+    else if (done == total || done / 10 != p->last_done / 10)
+        printf("generate: %d/%d prompts, %ld tokens, %.0f tokens/s\n", done, total, tokens,
+               s > 0 ? tokens / s : 0.0);
+    p->last_done = done;
+    fflush(stdout);
+}
+
+// ------------------------------------------------------------------------------ the verb ----
+
+// The model of the directory, its weights loaded, on `be`; *tok its tokenizer if it has one.
+static weft_model *load_model(const char *dir, weft_backend *be, weft_tokenizer **tok) {
+    char path[4200];
+    weft_model_config mc;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    weft_model_config_load(path, &mc);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    WEFT_CHECK(access(path, R_OK) == 0, "%s: the model directory has no readable "
+               "model.safetensors; weft generate needs the model's weights", dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    *tok = access(path, R_OK) == 0 ? weft_tokenizer_load(path) : NULL;
+    weft_model *m = weft_model_create(be, &mc, &(weft_model_options){0});
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    weft_model_load_safetensors(m, path);
+    return m;
+}
+
+static json_t *summary(const weft_rollout_stats *s, double seconds, weft_comm *world, bool print) {
+    double totals[3] = {(double)s->tokens, (double)s->preemptions, (double)s->kv.peak_used};
+    double mine_peak = totals[2];
+    weft_comm_allreduce_sum(world, totals, 3, WEFT_COMM_F64);
+    if (print)
+        printf("generate: done: %ld prompts, %.0f tokens in %.1f s (%.0f tokens/s), KV blocks peak "
+               "%.0f of %ld on rank 0 (%ld shared at most), %.0f preemptions\n", s->prompts,
+               totals[0], seconds, seconds > 0 ? totals[0] / seconds : 0.0, mine_peak,
+               s->kv.blocks_total, s->kv.peak_shared, totals[1]);
+    return json_pack("{s:f, s:f, s:f, s:f, s:{s:I, s:f, s:I, s:I, s:I, s:I}}", "tokens", totals[0],
+                     "seconds", seconds, "tokens_per_s", seconds > 0 ? totals[0] / seconds : 0.0,
+                     "preemptions", totals[1], "kv", "blocks_total", (json_int_t)s->kv.blocks_total,
+                     "peak_used_sum", totals[2], "peak_used", (json_int_t)s->kv.peak_used,
+                     "peak_shared", (json_int_t)s->kv.peak_shared, "copies",
+                     (json_int_t)s->kv.copies, "pool_bytes", (json_int_t)s->kv.pool_bytes);
+}
+
+int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
+    double t0 = weft_now_seconds();
+    weft_comm_configure(world, r->debug_collectives, r->collective_timeout);
+    weft_backend *be = weft_backend_create(r->device, weft_comm_local_rank(world));
+    weft_comm_use_backend(world, be);
+    weft_tokenizer *tok;
+    weft_model *m = load_model(r->model_dir, be, &tok);
+    prompt_set p = read_prompts(r->prompts, tok, m->cfg.vocab_size);
+    weft_prompt *all = weft_alloc(sizeof(weft_prompt) * p.n);
+    for (int i = 0; i < p.n; i++) all[i] = (weft_prompt){p.tokens[i], p.lens[i], i};
+    // The pool is sized on the whole input, so every rank makes the same one.
+    long blocks = weft_engine_pool_blocks(m, &r->rollout, &r->sampling, all, p.n);
+    weft_engine *e = weft_engine_create(m, &r->rollout, &r->sampling, tok, blocks);
+    weft_engine_check_prompts(e, all, p.n, (const char *const *)p.names); // every rank, all
+    int n_mine, *mine = my_prompts(&p, &r->sampling, weft_comm_rank(world), weft_comm_size(world),
+                                   &n_mine);
+    weft_prompt *local = weft_alloc(sizeof(weft_prompt) * (n_mine > 0 ? n_mine : 1));
+    for (int k = 0; k < n_mine; k++) local[k] = all[mine[k]];
+    int n = r->sampling.n;
+    weft_completion *out = weft_alloc(sizeof(weft_completion) * ((size_t)n_mine * n + 1));
+    bool writer = weft_comm_rank(world) == 0;
+    progress prog = {.print = writer, .tty = isatty(STDOUT_FILENO), .started = weft_now_seconds()};
+    weft_engine_generate(e, local, n_mine, out, show_progress, &prog);
+    if (prog.tty && writer) printf("\n");
+    char **my_rows = weft_alloc(sizeof(char *) * (n_mine > 0 ? n_mine : 1));
+    for (int k = 0; k < n_mine; k++) my_rows[k] = output_row(&p, mine[k], out + (size_t)k * n, n);
+    char **rows = gather_rows(world, mine, n_mine, my_rows, p.n);
+    if (writer) write_output(r->out, rows, p.n);
+    weft_rollout_stats st = weft_engine_stats(e);
+    json_t *stats = summary(&st, weft_now_seconds() - t0, world, writer);
+    json_object_set_new(stats, "prompts", json_integer(p.n));
+    json_object_set_new(stats, "peak_batch", json_integer(st.peak_batch)); // on rank 0
+    if (writer && r->stats) {
+        char *text = json_dumps(stats, JSON_INDENT(2));
+        WEFT_CHECK(weft_write_file_atomic(r->stats, text, strlen(text)), "%s: cannot write the "
+                   "statistics (%s)", r->stats, strerror(errno));
+        free(text);
+    }
+    json_decref(stats);
+    for (int i = 0; i < p.n; i++) weft_free(rows[i]);
+    for (int k = 0; k < n_mine; k++) free(my_rows[k]);
+    weft_free(rows), weft_free(my_rows), weft_free(mine), weft_free(local), weft_free(all);
+    weft_completions_free(out, n_mine * n);
+    weft_free(out);
+    weft_engine_free(e);
+    prompt_set_free(&p);
+    weft_model_free(m);
+    if (tok) weft_tokenizer_free(tok);
+    weft_backend_destroy(be);
+    return 0;
+}

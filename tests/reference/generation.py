@@ -1,0 +1,88 @@
+"""Running `weft generate` from the Python tests: prompt files, the command line, and reading the
+output rows and statistics back; the completions as a `weft grad` batch, so the trainer's
+log-probs can be compared with the rollout's."""
+
+import json
+import os
+import subprocess
+
+import numpy as np
+
+from reference.mpi import mpirun
+
+
+def write_prompts(path, prompts, **extra):
+    """prompts: lists of token ids, or strings (text prompts). Each row also gets "id": its index
+    and the `extra` fields."""
+    with open(path, "w") as f:
+        for i, p in enumerate(prompts):
+            row = {"prompt": p} if isinstance(p, str) else {"input_ids": [int(x) for x in p]}
+            f.write(json.dumps(dict(row, id=i, **extra)) + "\n")
+    return path
+
+
+def random_prompts(lengths, vocab, seed):
+    rng = np.random.default_rng(seed)
+    return [[int(x) for x in rng.integers(0, vocab, size=n)] for n in lengths]
+
+
+def generate(weft, mdir, prompts_path, out, *settings, ranks=1, timeout=300, check=True):
+    """Runs weft generate (under mpirun when ranks > 1); returns (rows, stats, process). With
+    check, a failure raises RuntimeError carrying the output."""
+    stats = out + ".stats.json"
+    args = [weft, "generate", "--model", mdir, "--prompts", prompts_path, "--out", out,
+            "--stats", stats, *settings]
+    cmd = mpirun(ranks, *args) if ranks > 1 else args
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, OMP_NUM_THREADS="1" if ranks > 1 else
+                                os.environ.get("OMP_NUM_THREADS", "2")))
+    if r.returncode != 0:
+        if check:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+        return None, None, r
+    with open(out) as f:
+        rows = [json.loads(line) for line in f]
+    with open(stats) as f:
+        return rows, json.load(f), r
+
+
+def completions_batch(rows, path):
+    """Each sample as a document of prompt + completion, the completion's tokens the targets;
+    returns [(prompt length, response)] in the file's order."""
+    docs = []
+    with open(path, "w") as f:
+        for row in rows:
+            for resp in row["responses"]:
+                ids = row["input_ids"] + resp["token_ids"]
+                mask = [0] * len(row["input_ids"]) + [1] * len(resp["token_ids"])
+                f.write(json.dumps({"input_ids": ids, "loss_mask": mask}) + "\n")
+                docs.append((len(row["input_ids"]), resp))
+    return docs
+
+
+def trainer_logprobs(docs, logprobs):
+    """The trainer's log-probs (weft grad --logprobs, batch order) of each completion's tokens."""
+    out, at = [], 0
+    for prompt_len, resp in docs:
+        n = len(resp["token_ids"])
+        out.append(np.asarray(logprobs[at + prompt_len:at + prompt_len + n], dtype=np.float32))
+        at += prompt_len + n
+    return out
+
+
+def write_tokenizer(dirname, vocab_size=320):
+    """A small byte-level BPE tokenizer.json (GPT-2 style, "<|endoftext|>" its end of text) in
+    dirname, trained with Hugging Face `tokenizers`; returns it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1,
+                                  special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    text = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine",
+            "to be or not to be, that is the question", "2 + 3 = 5 and 7 * 6 = 42"] * 20
+    tok.train_from_iterator(text, trainer)
+    tok.save(os.path.join(dirname, "tokenizer.json"))
+    return tok

@@ -1,0 +1,79 @@
+"""Bad input to `weft generate`: each case ends with one "weft: error:" line naming the input and
+what to do, a non-zero exit, and no output file: a prompt longer than the model's context
+(max_position_embeddings) or than the KV cache holds, an empty prompt (token ids or text), an
+unknown sampling key, top_p outside (0, 1], n < 1, text prompts for a model directory without
+tokenizer.json, and a model directory without weights."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from reference import files, fixtures, qwen2
+from reference.generation import random_prompts, write_prompts, write_tokenizer
+
+
+def expect_error(weft, name, mdir, prompts, out, settings, must_contain, failures):
+    r = subprocess.run([weft, "generate", "--model", mdir, "--prompts", prompts, "--out", out,
+                        *settings], capture_output=True, text=True, timeout=120)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    problems = []
+    if r.returncode == 0:
+        problems.append("exit status 0")
+    if len(lines) != 1 or not lines[0].startswith("weft: error:"):
+        problems.append(f"stderr is not one error line: {r.stderr!r}")
+    problems += [f"message lacks {s!r}" for s in must_contain if s not in r.stderr]
+    if os.path.exists(out):
+        problems.append("an output file was written")
+    print(f"{name}: exit {r.returncode}: {lines[0] if lines else ''}")
+    if problems:
+        failures.append(f"{name}: " + "; ".join(problems))
+
+
+def cases(weft, tmp):
+    failures = []
+    cfg = dict(qwen2.SMALL_CFG, vocab_size=320, max_position_embeddings=64)
+    text_model, bare, no_weights = (os.path.join(tmp, d) for d in ("text", "bare", "empty"))
+    files.make_model(text_model, cfg, 1, std=0.1)
+    tok = write_tokenizer(text_model)
+    files.make_model(bare, cfg, 1, std=0.1)
+    files.make_model(no_weights, cfg, 1, std=0.1)
+    os.remove(os.path.join(no_weights, "model.safetensors"))
+    out = os.path.join(tmp, "out.jsonl")
+    ok = write_prompts(os.path.join(tmp, "ok.jsonl"), random_prompts([5, 9], 320, 1))
+    long_prompt = write_prompts(os.path.join(tmp, "long.jsonl"), random_prompts([5, 70], 320, 2))
+    pool = write_prompts(os.path.join(tmp, "pool.jsonl"), random_prompts([5, 40], 320, 3))
+    empty_ids = write_prompts(os.path.join(tmp, "empty_ids.jsonl"), [[3, 4], []])
+    empty_text = write_prompts(os.path.join(tmp, "empty_text.jsonl"), ["hello", ""])
+    text = write_prompts(os.path.join(tmp, "text.jsonl"), ["the quick brown fox"])
+    cases = [
+        ("prompt longer than the context", bare, long_prompt, [], [f"{long_prompt}:2", "70 tokens", "max_position_embeddings"]),
+        ("prompt longer than the KV cache", bare, pool, ["rollout.kv_cache_tokens=32"], [f"{pool}:2", "rollout.kv_cache_tokens"]),
+        ("empty token-id prompt", bare, empty_ids, [], [f"{empty_ids}:2", "empty"]),
+        ("empty text prompt", text_model, empty_text, [], [f"{empty_text}:2", "empty"]),
+        ("unknown sampling key", bare, ok, ["sampling.temprature=0.5"], ['"sampling.temprature"', '"sampling.temperature"']),
+        ("top_p of 0", bare, ok, ["sampling.top_p=0"], ["sampling.top_p", "(0, 1]"]),
+        ("top_p over 1", bare, ok, ["sampling.top_p=1.5"], ["sampling.top_p", "(0, 1]"]),
+        ("n of 0", bare, ok, ["sampling.n=0"], ["sampling.n"]),
+        ("text prompt without tokenizer.json", bare, text, [], [f"{text}:1", "tokenizer.json", "input_ids"]),
+        ("model directory without weights", no_weights, ok, [], [no_weights, "model.safetensors"]),
+    ]
+    for name, mdir, prompts, settings, want in cases:
+        expect_error(weft, name, mdir, prompts, out, settings, want, failures)
+    # And the good inputs work, text prompts included.
+    # The completion's text is what `tokenizers` decodes from its ids (invalid UTF-8 replaced).
+    r = subprocess.run([weft, "generate", "--model", text_model, "--prompts", text, "--out", out,
+                        "sampling.max_tokens=8", "sampling.n=4"], capture_output=True, text=True,
+                       timeout=120)
+    row = json.loads(open(out).readline()) if r.returncode == 0 else {}
+    responses = row.get("responses", [])
+    texts = [(x.get("text"), tok.decode(x["token_ids"], skip_special_tokens=False)) for x in responses]
+    print(f"text prompt with tokenizer.json: exit {r.returncode}, texts {[t for t, _ in texts]!r}")
+    if r.returncode != 0 or len(texts) != 4 or any(got != want for got, want in texts):
+        failures.append(f"a text prompt with the model's tokenizer: texts (weft, tokenizers) {texts}; "
+                        f"stderr {r.stderr}")
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(fixtures.run_test(cases, "weft_test_generate_bad_input_", "checks failed"))

@@ -1,0 +1,66 @@
+"""The log-prob `weft generate` records for each sampled token is the one the trainer computes.
+
+A random Qwen2 (GQA, biases, head_dim 64: BLAS would take other kernels for one decoded row than
+for a training tile), 8 prompts of 1 to 300 tokens (across KV-cache blocks of 16), 3 samples each
+at temperature 1 with top-p 0.9, up to 20 new tokens: every recorded log-prob equals
+`weft grad --logprobs` on prompt + completion (the completion the targets) bit for bit on the CPU.
+With device=cuda (the GPU where one is listed, else weft_emulated: the CUDA kernels run on the
+CPU) generation and scoring both run in bf16 and differ only by its round-off: the max and mean
+absolute difference are printed and must stay under MAX_DIFF and MEAN_DIFF.
+"""
+import os
+import sys
+
+import numpy as np
+
+from reference import files, fixtures, qwen2, runner
+from reference.generation import (completions_batch, generate, random_prompts, trainer_logprobs,
+                                  write_prompts)
+
+LENGTHS = [1, 5, 16, 17, 33, 70, 9, 300]
+CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+SETTINGS = ["sampling.temperature=1", "sampling.top_p=0.9", "sampling.n=3",
+            "sampling.max_tokens=20", "sampling.seed=11"]
+MAX_DIFF, MEAN_DIFF = 0.1, 0.02  # bf16 logits: 2^-9 relative on logits of a few units
+
+
+def compare(weft, mdir, tmp, device, failures):
+    tag = f"device={device}"
+    prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
+                            random_prompts(LENGTHS, CFG["vocab_size"], 3))
+    dev = [f"device={device}"]
+    rows, stats, _ = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{device}.jsonl"),
+                              *SETTINGS, *dev)
+    docs = completions_batch(rows, os.path.join(tmp, f"batch_{device}.jsonl"))
+    out, _ = runner.run_weft(weft, fixtures.grad_args(mdir, os.path.join(tmp, f"batch_{device}.jsonl"),
+                                                     "--logprobs", *dev))
+    want = trainer_logprobs(docs, out["logprobs"])
+    got = [np.asarray(resp["logprobs"], dtype=np.float32) for _, resp in docs]
+    tokens = sum(len(g) for g in got)
+    diff = np.concatenate([np.abs(g.astype(np.float64) - w) for g, w in zip(got, want)])
+    bits = sum(int(np.sum(g.view(np.uint32) != w.view(np.uint32))) for g, w in zip(got, want))
+    print(f"{tag}: {len(docs)} samples, {tokens} tokens; log-probs differing in any bit: {bits}; "
+          f"max |diff| {diff.max():.3g}, mean {diff.mean():.3g}")
+    if tokens < len(docs):
+        failures.append(f"{tag}: some samples generated nothing")
+    if device == "cpu" and bits:
+        failures.append(f"{tag}: {bits} of {tokens} log-probs differ from the trainer's")
+    if device == "cuda" and (diff.max() > MAX_DIFF or diff.mean() > MEAN_DIFF):
+        failures.append(f"{tag}: log-probs differ from the trainer's by max {diff.max():.3g}, "
+                        f"mean {diff.mean():.3g}")
+
+
+def cases(weft, tmp):
+    failures = []
+    mdir = os.path.join(tmp, "model")
+    files.make_model(mdir, CFG, 5, std=0.1)
+    compare(weft, mdir, tmp, "cpu", failures)
+    program, emulated = fixtures.cuda_weft(weft, 1)
+    if program:
+        print(f"device=cuda on {'weft_emulated' if emulated else 'the GPU'}")
+        compare(program, mdir, tmp, "cuda", failures)
+    return failures
+
+
+if __name__ == "__main__":
+    sys.exit(fixtures.run_test(cases, "weft_test_generate_logprobs_", "checks failed"))
