@@ -339,6 +339,52 @@ static void attention_cp_chunks(void) {
     check_attention("CP rank 1/2 [40,72] H4 KV2 D32", H, KV, D, 2, cu_q, cu_kv, pos);
 }
 
+// The paged KV cache through the op table: kv_store writes every position of three sequences
+// into scattered blocks of layer 1, then paged_attention runs A's last 3 rows (a prefill
+// continuation) and B's and C's last row (decoding). A and B share the blocks of their first 32
+// positions, as two samples of one prompt do; the pool itself must match too (bf16-exact values
+// on both sides).
+static void test_paged(int H, int KV, int D, int bs) {
+    enum { N_BLOCKS = 12, LAYERS = 2, MAX_BLOCKS = 4, T = 55, TQ = 5 };
+    const int lens[3] = {45, 37, 5}, shared = 32 / bs;
+    const int32_t own[3][3] = {{7, 2, 9}, {4, 10, 3}, {11, 5, 6}}, cu_q[4] = {0, 3, 4, 5};
+    const int32_t q_pos[TQ] = {42, 43, 44, 36, 4};
+    int32_t tables[3 * MAX_BLOCKS] = {0}, slot[T];
+    int t = 0;
+    for (int s = 0; s < 3; s++) {
+        int first_own = s == 1 ? shared : 0;
+        for (int j = 0; j < (lens[s] + bs - 1) / bs; j++)
+            tables[s * MAX_BLOCKS + j] = j < first_own ? tables[j] : own[s][j - first_own];
+        for (int p = first_own * bs; p < lens[s]; p++)
+            slot[t++] = tables[s * MAX_BLOCKS + p / bs] * bs + p % bs;
+    }
+    WEFT_CHECK(t == T, "test_paged: %d rows stored", t);
+    int width = KV * D;
+    ints slots = upload_ints(slot, T), cq = upload_ints(cu_q, 4), pos = upload_ints(q_pos, TQ);
+    ints tab = upload_ints(tables, 3 * MAX_BLOCKS);
+    twin pool = zeros((size_t)N_BLOCKS * LAYERS * 2 * bs * width, WEFT_BF16);
+    twin k = act((size_t)T * width, 1), v = act((size_t)T * width, 1);
+    twin q = act((size_t)TQ * H * D, 1), out = zeros((size_t)TQ * H * D, WEFT_BF16);
+    twin lse = zeros((size_t)H * TQ, WEFT_F32);
+    weft_kv_pool pc = {pool.c, N_BLOCKS, LAYERS, bs, width}, pg = pc;
+    pg.data = pool.g;
+    cpu->kv_store(cpu, &pc, 1, slots.c, k.c, v.c, T);
+    gpu->kv_store(gpu, &pg, 1, slots.g, k.g, v.g, T);
+    char name[96];
+    snprintf(name, sizeof name, "kv_store H%d KV%d D%d bs%d", H, KV, D, bs);
+    compare(name, &pool, 0);
+    weft_paged_layout lc = {3, TQ, MAX_BLOCKS, cq.c, pos.c, tab.c};
+    weft_paged_layout lg = {3, TQ, MAX_BLOCKS, cq.g, pos.g, tab.g};
+    cpu->paged_attention(cpu, q.c, &pc, 1, &lc, out.c, lse.c, H, KV, D);
+    gpu->paged_attention(gpu, q.g, &pg, 1, &lg, out.g, lse.g, H, KV, D);
+    snprintf(name, sizeof name, "paged_attention H%d KV%d D%d bs%d out", H, KV, D, bs);
+    compare(name, &out, BF16_TOL);
+    snprintf(name, sizeof name, "paged_attention H%d KV%d D%d bs%d lse", H, KV, D, bs);
+    compare(name, &lse, 1e-5); // fp32 on bf16-exact inputs on both sides
+    release(&pool), release(&k), release(&v), release(&q), release(&out), release(&lse);
+    release_ints(&slots), release_ints(&cq), release_ints(&pos), release_ints(&tab);
+}
+
 int main(void) {
     if (weft_cuda_device_count() == 0) {
         printf("no CUDA GPU visible: skipped\n");
@@ -358,6 +404,9 @@ int main(void) {
     test_cross_entropy();
     test_head_ops();
     test_adamw();
+    test_paged(4, 2, 32, 16);
+    test_paged(8, 2, 128, 32);
+    test_paged(4, 4, 40, 16);
     weft_backend_destroy(gpu);
     // Both attention kernel families, each on a backend of its own.
     const char *families[] = {"mma", "simt"};
