@@ -612,7 +612,9 @@ void paged_reference(const paged_case &c, const paged_batch &b, const std::vecto
     }
 }
 
-void test_paged_attention(const paged_case &c, const char *note = "") {
+// With split_keys 0 the launcher chooses the splits (here, with few blocks, it splits the long
+// sequences in two); a small split_keys makes many splits of up to one tile per warp.
+void test_paged_attention(const paged_case &c, int split_keys, const char *note = "") {
     paged_batch b = make_paged_batch(c);
     int Tq = b.Tq();
     std::vector<bf16> q = random_bf16((size_t)Tq * c.H * c.D), out(q.size(), NAN_BF16);
@@ -621,9 +623,11 @@ void test_paged_attention(const paged_case &c, const char *note = "") {
     paged_reference(c, b, q, want_out, want_lse);
     weft_cuda_paged_args a = {b.pool.data(), b.p.layers, b.p.block_size, b.p.width,
                               (int)c.seqs.size(), Tq, b.max_blocks, c.H, c.KV, c.D,
-                              b.cu_q.data(), b.q_pos.data(), b.tables.data()};
-    weft_cuda_paged_attention(nullptr, &a, 1, q.data(), out.data(), lse.data());
-    std::string name = "paged_attention " + c.label + note;
+                              b.cu_q.data(), b.q_pos.data(), b.tables.data(), split_keys};
+    std::vector<float> partials(weft_cuda_paged_partials_bytes(&a) / sizeof(float), NAN);
+    weft_cuda_paged_attention(nullptr, &a, 1, q.data(), out.data(), lse.data(), partials.data());
+    std::string name = "paged_attention " + c.label + " split " +
+                       (split_keys ? std::to_string(split_keys) : std::string("auto")) + note;
     compare(name + " out", out, want_out, BF16_TOL);
     compare(name + " lse", lse, want_lse, F32_TOL);
 }
@@ -688,7 +692,12 @@ int main() {
         {"prefill H4 KV2 D16 bs16", 4, 2, 16, 16, prefill(16)},
         {"prefill H6 KV3 D20 bs16", 6, 3, 20, 16, prefill(16)},
     };
-    for (const paged_case &c : paged_cases) test_paged_attention(c);
+    for (bool early : {false, true}) {
+        emu::g_copies_land_at_issue = early;
+        for (const paged_case &c : paged_cases)
+            for (int split_keys : {0, 40})
+                test_paged_attention(c, split_keys, early ? " (copies land early)" : "");
+    }
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;
 }
