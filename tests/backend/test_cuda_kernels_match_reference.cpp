@@ -666,7 +666,7 @@ int main() {
             test_attention(l, true, early ? " (copies land early)" : "");
     }
     test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), false); // simt only
-    for (int width : {128, 60}) test_kv_store(width);
+    for (int width : {1032, 300}) test_kv_store(width); // the threads of a row loop twice
     // Sequences of every shape a batch holds: one position, a partial block, full blocks and a
     // partial one, a long one; samples sharing a prompt's full blocks, then going their own way.
     auto decode = [](int bs) {

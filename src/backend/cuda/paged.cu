@@ -43,15 +43,23 @@ __device__ __forceinline__ size_t pool_row(int layers, int block_size, int width
 
 // ------------------------------------------------------------------------------ kv_store ----
 
-// One block per row of k and v; its threads copy the row's width elements one at a time.
+// A block per row t of k and v (grid-stride over rows), its threads over the row's width in VEC
+// elements: rows go to scattered slots, but each row is contiguous on both sides, so 16-byte
+// accesses stay coalesced.
+template <int VEC>
 __global__ void kv_store_kernel(bf16 *pool, int layers, int block_size, int width, int layer,
                                 const int32_t *slot, const bf16 *k, const bf16 *v, int T) {
-    int t = blockIdx.x;
-    size_t at = pool_row(layers, block_size, width, slot[t] / block_size, layer,
-                         slot[t] % block_size);
-    for (int j = threadIdx.x; j < width; j += blockDim.x) {
-        pool[at + j] = k[(size_t)t * width + j];
-        pool[at + (size_t)block_size * width + j] = v[(size_t)t * width + j];
+    size_t half = (size_t)block_size * width; // values after keys
+    for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        size_t at = pool_row(layers, block_size, width, slot[t] / block_size, layer,
+                             slot[t] % block_size);
+        for (int c = threadIdx.x * VEC; c < width; c += blockDim.x * VEC) {
+            bf16_vec<VEC> x;
+            x.load(k + (size_t)t * width + c);
+            x.store(pool + at + c);
+            x.load(v + (size_t)t * width + c);
+            x.store(pool + at + half + c);
+        }
     }
 }
 
@@ -445,8 +453,11 @@ extern "C" void weft_cuda_kv_store(weft_cuda_stream s, void *pool, int layers, i
                                    int width, int layer, const int32_t *slot, const void *k,
                                    const void *v, int T) {
     if (T == 0) return;
-    WEFT_LAUNCH(paged::kv_store_kernel, T, 128, 0, s, (bf16 *)pool, layers, block_size, width,
-                layer, slot, (const bf16 *)k, (const bf16 *)v, T);
+    int vec = vector_width(width, pool, k, v), steps = (width / vec + 31) / 32;
+    unsigned threads = 32 * (steps < 4 ? steps : 4), blocks = T < 65536 ? T : 65536;
+    WEFT_LAUNCH_VECTORIZED(paged::kv_store_kernel, vec, blocks, threads, 0, s, (bf16 *)pool,
+                           layers, block_size, width, layer, slot, (const bf16 *)k,
+                           (const bf16 *)v, T);
 }
 
 extern "C" size_t weft_cuda_paged_partials_bytes(const weft_cuda_paged_args *a) {
