@@ -339,6 +339,53 @@ static void attention_cp_chunks(void) {
     check_attention("CP rank 1/2 [40,72] H4 KV2 D32", H, KV, D, 2, cu_q, cu_kv, pos);
 }
 
+// The paged KV cache through the op table: kv_store writes every position of four sequences into
+// blocks handed out of order in layer 1, then paged_attention runs the last rows of each: 3 of A
+// (a prefill continuation), 1 of B and C (decoding), 2 of D, whose 300 positions span more
+// than one split of the CUDA kernel (so its partials, in the backend's scratch, are combined). A
+// and B share the blocks of their first 32 positions, as two samples of one prompt do. The pool
+// itself must match too (bf16-exact values on both sides).
+static void test_paged(int H, int KV, int D, int bs) {
+    enum { N_SEQS = 4, N_BLOCKS = 48, LAYERS = 2, MAX_BLOCKS = 20, T = 355, TQ = 7 };
+    const int lens[N_SEQS] = {45, 37, 5, 300}, rows[N_SEQS] = {3, 1, 1, 2}, shared = 32 / bs;
+    int32_t tables[N_SEQS * MAX_BLOCKS] = {0}, slot[T], cu_q[N_SEQS + 1] = {0}, q_pos[TQ];
+    int t = 0, next = 0;
+    for (int s = 0; s < N_SEQS; s++) {
+        int first_own = s == 1 ? shared : 0; // B's first blocks are A's
+        for (int j = 0; j < (lens[s] + bs - 1) / bs; j++)
+            tables[s * MAX_BLOCKS + j] = j < first_own ? tables[j] : (next++ * 29 + 7) % N_BLOCKS;
+        for (int p = first_own * bs; p < lens[s]; p++)
+            slot[t++] = tables[s * MAX_BLOCKS + p / bs] * bs + p % bs;
+        cu_q[s + 1] = cu_q[s] + rows[s];
+        for (int r = 0; r < rows[s]; r++) q_pos[cu_q[s] + r] = lens[s] - rows[s] + r;
+    }
+    WEFT_CHECK(t == T && cu_q[N_SEQS] == TQ, "test_paged: %d rows stored", t);
+    int width = KV * D;
+    ints slots = upload_ints(slot, T), cq = upload_ints(cu_q, N_SEQS + 1);
+    ints pos = upload_ints(q_pos, TQ), tab = upload_ints(tables, N_SEQS * MAX_BLOCKS);
+    twin pool = zeros((size_t)N_BLOCKS * LAYERS * 2 * bs * width, WEFT_BF16);
+    twin k = act((size_t)T * width, 1), v = act((size_t)T * width, 1);
+    twin q = act((size_t)TQ * H * D, 1), out = zeros((size_t)TQ * H * D, WEFT_BF16);
+    twin lse = zeros((size_t)H * TQ, WEFT_F32);
+    weft_kv_pool pc = {pool.c, N_BLOCKS, LAYERS, bs, width}, pg = pc;
+    pg.data = pool.g;
+    cpu->kv_store(cpu, &pc, 1, slots.c, k.c, v.c, T);
+    gpu->kv_store(gpu, &pg, 1, slots.g, k.g, v.g, T);
+    char name[96];
+    snprintf(name, sizeof name, "kv_store H%d KV%d D%d bs%d", H, KV, D, bs);
+    compare(name, &pool, 0);
+    weft_paged_layout lc = {N_SEQS, TQ, MAX_BLOCKS, cq.c, pos.c, tab.c};
+    weft_paged_layout lg = {N_SEQS, TQ, MAX_BLOCKS, cq.g, pos.g, tab.g};
+    cpu->paged_attention(cpu, q.c, &pc, 1, &lc, out.c, lse.c, H, KV, D);
+    gpu->paged_attention(gpu, q.g, &pg, 1, &lg, out.g, lse.g, H, KV, D);
+    snprintf(name, sizeof name, "paged_attention H%d KV%d D%d bs%d out", H, KV, D, bs);
+    compare(name, &out, BF16_TOL);
+    snprintf(name, sizeof name, "paged_attention H%d KV%d D%d bs%d lse", H, KV, D, bs);
+    compare(name, &lse, 1e-5); // fp32 on bf16-exact inputs on both sides
+    release(&pool), release(&k), release(&v), release(&q), release(&out), release(&lse);
+    release_ints(&slots), release_ints(&cq), release_ints(&pos), release_ints(&tab);
+}
+
 int main(void) {
     if (weft_cuda_device_count() == 0) {
         printf("no CUDA GPU visible: skipped\n");
@@ -358,6 +405,9 @@ int main(void) {
     test_cross_entropy();
     test_head_ops();
     test_adamw();
+    test_paged(4, 2, 32, 16);
+    test_paged(8, 2, 128, 32);
+    test_paged(4, 4, 40, 16);
     weft_backend_destroy(gpu);
     // Both attention kernel families, each on a backend of its own.
     const char *families[] = {"mma", "simt"};

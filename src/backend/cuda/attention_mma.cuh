@@ -88,35 +88,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *m, int ld
 #endif
 }
 
-// 16 bytes global -> shared without passing through registers; zeros when !valid.
-__device__ __forceinline__ void cp_async16(bf16 *dst, const bf16 *src, bool valid) {
-#if defined(WEFT_CUDA_EMULATION)
-    weft_emulated_cp_async16(dst, src, valid);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-#else
-    __trap();
-#endif
-}
-
-// Closes the group of copies issued so far; waits until at most `pending` groups are in flight.
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(WEFT_CUDA_EMULATION)
-    weft_emulated_cp_async_commit();
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
-#if defined(WEFT_CUDA_EMULATION)
-    weft_emulated_cp_async_wait(PENDING);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
-#endif
-}
-
 // A fragment of the 16 rows at `m` (row stride ld), columns k0 .. k0+15; rows >= n_rows read as 0.
 __device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *m, size_t ld, int k0,
                                        int n_rows = 16) {

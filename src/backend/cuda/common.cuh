@@ -1,4 +1,5 @@
-// Helpers shared by the CUDA kernel files: bf16 conversion, grid sizing, block reductions.
+// Helpers shared by the CUDA kernel files: bf16 conversion, grid sizing, block reductions,
+// asynchronous copies to shared memory.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -87,6 +88,36 @@ template <typename T> __device__ T block_sum(T v, T *partial) {
     T total = 0;
     for (int w = 0; w < warps; w++) total += partial[w];
     return total;
+}
+
+// cp.async, shared by the attention kernels (sm_80 and newer): 16 bytes global -> shared without
+// passing through registers; zeros when !valid.
+__device__ __forceinline__ void cp_async16(bf16 *dst, const bf16 *src, bool valid) {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_cp_async16(dst, src, valid);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+#else
+    __trap();
+#endif
+}
+
+// Closes the group of copies issued so far; waits until at most `pending` groups are in flight.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_cp_async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_cp_async_wait(PENDING);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+#endif
 }
 
 // The block's dynamic shared memory (the bytes given at launch), as an array of T. Every kernel

@@ -32,7 +32,7 @@ typedef struct cuda_state {
     cublasLtHandle_t lt;
     void *workspace;
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
-    float *scratch;              // attention backward's delta and partials, grown on demand
+    float *scratch;              // attention's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
@@ -296,11 +296,15 @@ static void cuda_rope_backward(weft_backend *self, void *dx, const int32_t *posi
     launched(self, "rope_backward");
 }
 
-static weft_cuda_attention_args attention_args(const weft_attention_layout *l, int H, int KV,
-                                               int D) {
+static void check_head_dim(int D) {
     WEFT_CHECK(D <= WEFT_CUDA_MAX_HEAD_DIM,
                "model: head_dim %d is over the cuda attention kernel's limit of %d", D,
                WEFT_CUDA_MAX_HEAD_DIM);
+}
+
+static weft_cuda_attention_args attention_args(const weft_attention_layout *l, int H, int KV,
+                                               int D) {
+    check_head_dim(D);
     return (weft_cuda_attention_args){.n_docs = l->n_docs, .Tq = l->Tq, .Tkv = l->Tkv, .H = H,
                                       .KV = KV, .D = D, .cu_q = l->cu_q, .cu_kv = l->cu_kv,
                                       .q_pos = l->q_pos};
@@ -374,12 +378,14 @@ static void cuda_kv_store(weft_backend *self, const weft_kv_pool *pool, int laye
 static void cuda_paged_attention(weft_backend *self, const void *q, const weft_kv_pool *pool,
                                  int layer, const weft_paged_layout *l, void *out, float *lse,
                                  int H, int KV, int D) {
+    check_head_dim(D);
     weft_cuda_paged_args a = {.pool = pool->data, .layers = pool->layers,
                               .block_size = pool->block_size, .width = pool->width,
                               .n_seqs = l->n_seqs, .Tq = l->Tq, .max_blocks = l->max_blocks,
                               .H = H, .KV = KV, .D = D, .cu_q = l->cu_q, .q_pos = l->q_pos,
                               .block_tables = l->block_tables};
-    weft_cuda_paged_attention(STREAM(self), &a, layer, q, out, lse);
+    float *partials = scratch(self, weft_cuda_paged_partials_bytes(&a));
+    weft_cuda_paged_attention(STREAM(self), &a, layer, q, out, lse, partials);
     launched(self, "paged_attention");
 }
 

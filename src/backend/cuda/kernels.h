@@ -109,15 +109,18 @@ typedef struct weft_cuda_paged_args {
     int layers, block_size, width; // width = KV * D
     int n_seqs, Tq, max_blocks, H, KV, D;
     const int32_t *cu_q, *q_pos, *block_tables; // device arrays
+    int split_keys; // positions per split-K block; 0: the launcher's choice (tests force splits)
 } weft_cuda_paged_args;
 
 // Rows t of k, v (T, width) bf16 to the pool's slot[t] (block * block_size + offset) of `layer`.
 void weft_cuda_kv_store(weft_cuda_stream s, void *pool, int layers, int block_size, int width,
                         int layer, const int32_t *slot, const void *k, const void *v, int T);
 // Causal attention of q (Tq, H, D) bf16 over `layer`'s pooled keys and values: out (Tq, H, D)
-// bf16, lse (H, Tq) f32.
+// bf16, lse (H, Tq) f32. Long sequences are split over several blocks whose partial results
+// need weft_cuda_paged_partials_bytes(a) of device scratch (0 when the call does not split).
+size_t weft_cuda_paged_partials_bytes(const weft_cuda_paged_args *a);
 void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_paged_args *a, int layer,
-                               const void *q, void *out, float *lse);
+                               const void *q, void *out, float *lse, float *partials);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,38 @@
-// The paged KV cache's kernels: storing keys and values into the pool's blocks, and causal
-// attention of query rows over a sequence's pooled keys (decoding: one or a few rows per
-// sequence). A first, simple version: one block per (query row, head), keys in order, online
-// softmax in fp32.
+// The paged KV cache's kernels (DESIGN.md section 11): storing a batch's keys and values into the
+// pool's blocks, and causal attention of query rows over their sequence's pooled keys.
+//
+// Attention is built for decoding, FlashDecoding-style: one or a few query rows per sequence
+// against hundreds or thousands of keys, so the time is that of reading K and V.
+//  - A block serves one kv head of one sequence and up to NQ query vectors (row, head) that read
+//    the same keys: the query heads sharing the kv head (grouped-query attention) and, for a
+//    prefill continuation or a speculative check, several rows of the sequence. Each K/V tile is
+//    read from the pool once for all of them.
+//  - Long sequences are split over several blocks (split-K) of split_keys positions each, so a
+//    batch of a few sequences still fills the GPU. A block whose rows see keys past its split
+//    writes, per (row, head), its softmax-normalized output and log-sum-exp as fp32 partials; a
+//    second kernel combines them in split order (deterministic, no atomics). Rows whose keys all
+//    lie in the first split are written by that block directly, and with one split (a batch of
+//    many sequences) the second kernel does not run.
+//  - In a block each of the 4 warps streams its own tiles of 32 keys (warp w takes tiles w, w + 4,
+//    .. of the split) through its own shared memory, with 16-byte cp.async copies straight from
+//    the pool's blocks and no barrier between warps, so one warp's copies overlap the others'
+//    arithmetic. Scores are lane-per-key against the query vectors in shared memory (fp32); the
+//    online softmax keeps a running max per vector and a per-lane sum; P V has each lane own 4
+//    dims of one key group. Warps merge their (max, sum, acc) at the end, in warp order.
+// Everything accumulates in fp32; bf16 only in the pool, q and out.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
 #include <math.h>
+
+namespace paged {
+
+constexpr int WARPS = 4, THREADS = 32 * WARPS;
+constexpr int TILE = 32;              // keys per warp tile: one per lane when scoring
+constexpr int BLOCK_KEYS = WARPS * TILE;
+constexpr int MAX_VECTORS = 8;        // query vectors (row, head) per block
+constexpr int MIN_SPLIT_KEYS = 256;   // a split never holds fewer keys than this
+constexpr int TARGET_BLOCKS = 528;    // 4 per SM of an H100 (132 SMs): the split-K goal
 
 // Offset (in elements) of the keys of (block, layer, offset) in the pool; values follow
 // block_size * width elements later.
@@ -14,67 +41,454 @@ __device__ __forceinline__ size_t pool_row(int layers, int block_size, int width
     return (((size_t)block * layers + layer) * 2 * block_size + offset) * width;
 }
 
+// ------------------------------------------------------------------------------ kv_store ----
+
+// A block per row t of k and v (grid-stride over rows), its threads over the row's width in VEC
+// elements: rows go to scattered slots, but each row is contiguous on both sides, so 16-byte
+// accesses stay coalesced.
+template <int VEC>
 __global__ void kv_store_kernel(bf16 *pool, int layers, int block_size, int width, int layer,
                                 const int32_t *slot, const bf16 *k, const bf16 *v, int T) {
-    int t = blockIdx.x;
-    size_t at = pool_row(layers, block_size, width, slot[t] / block_size, layer,
-                         slot[t] % block_size);
-    for (int j = threadIdx.x; j < width; j += blockDim.x) {
-        pool[at + j] = k[(size_t)t * width + j];
-        pool[at + (size_t)block_size * width + j] = v[(size_t)t * width + j];
+    size_t half = (size_t)block_size * width; // values after keys
+    for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        size_t at = pool_row(layers, block_size, width, slot[t] / block_size, layer,
+                             slot[t] % block_size);
+        for (int c = threadIdx.x * VEC; c < width; c += blockDim.x * VEC) {
+            bf16_vec<VEC> x;
+            x.load(k + (size_t)t * width + c);
+            x.store(pool + at + c);
+            x.load(v + (size_t)t * width + c);
+            x.store(pool + at + half + c);
+        }
     }
 }
+
+// ------------------------------------------------------------------------ the work split ----
+
+// How one call divides its work (the launcher's plan): query vectors into blocks, keys into
+// splits.
+struct work {
+    int heads;       // query heads per block, of one kv head's group
+    int rows;        // query rows per block, of one sequence
+    int head_blocks; // blocks per kv head (its group of query heads in `heads`)
+    int splits;      // blocks per (rows, heads), each over split_keys positions
+    int split_keys;
+    bool vectorized; // head_dim a multiple of 8 and the pool 16-byte aligned: cp.async copies
+};
+
+// Items (sets of up to `rows` rows of one sequence) along the grid's x, times the splits: sequence
+// s owns items [first_item(s), first_item(s + 1)), at least ceil(its rows / rows) of them and one
+// more at most (which finds no rows); exactly its rows when rows = 1, as in decoding.
+__host__ __device__ inline int first_item(int cu_q_s, int s, int rows) {
+    return (cu_q_s + s * (rows - 1)) / rows;
+}
+
+// The padded layout of a head's dims in shared memory: query rows of DQ
+// floats (zeros past D, so the scores can read whole 16-byte chunks), K/V rows of KS bf16 with an
+// odd number of 16-byte chunks, so the 8 lanes of each phase of a 16-byte read by lane-per-key
+// hit distinct banks.
+__host__ __device__ inline int padded_dim(int D) { return (D + 7) / 8 * 8; }
+__host__ __device__ inline int tile_stride(int D) { return 8 * ((D + 7) / 8 | 1); }
+
+// Per warp: its key and value tiles (TILE, KS) bf16, probabilities (TILE, NQ) fp32 (16-byte
+// aligned, as the tiles' size is a multiple of 16 bytes), and the pool offsets of the tile's keys.
+__host__ __device__ inline size_t warp_smem(int D, int nq) {
+    return 2 * TILE * tile_stride(D) * sizeof(bf16) + TILE * nq * sizeof(float) +
+           TILE * sizeof(size_t);
+}
+// The query vectors (NQ, DQ) fp32, then the warps' areas. After the key loop the same bytes hold
+// the warps' results for the merge (much smaller than their tiles).
+__host__ __device__ inline size_t block_smem(int D, int nq) {
+    return nq * padded_dim(D) * sizeof(float) + WARPS * warp_smem(D, nq);
+}
+
+// Partials of split-K: the log-sum-exp (Tq, H, splits) f32, padded to 16 bytes, then the
+// normalized outputs (Tq, H, splits, D) f32.
+__host__ __device__ inline size_t partial_lse_floats(int Tq, int H, int splits) {
+    return ((size_t)Tq * H * splits + 3) / 4 * 4;
+}
+
+// One block's share of the work: rows [r0, r1) of sequence seq, query heads [h0, h0 + n_heads)
+// of kv head kvh, key positions [k0, k1) of split `split`.
+struct task {
+    int seq, r0, r1, kvh, h0, n_heads, split, k0, k1;
+};
+
+// This block's task; false when it has none (an item past its sequence's rows, or a split past
+// the keys its rows see).
+__device__ bool find_task(const weft_cuda_paged_args &a, const work &w, task *t) {
+    int item = blockIdx.x / w.splits, lo = 0, hi = a.n_seqs;
+    while (hi - lo > 1) { // the last sequence whose first item is at most `item`
+        int mid = (lo + hi) / 2;
+        if (first_item(a.cu_q[mid], mid, w.rows) <= item) lo = mid;
+        else hi = mid;
+    }
+    t->seq = lo;
+    t->r0 = a.cu_q[lo] + (item - first_item(a.cu_q[lo], lo, w.rows)) * w.rows;
+    t->r1 = min(t->r0 + w.rows, a.cu_q[lo + 1]);
+    int group = a.H / a.KV, part = blockIdx.y % w.head_blocks;
+    t->kvh = blockIdx.y / w.head_blocks;
+    t->h0 = t->kvh * group + part * w.heads;
+    t->n_heads = min(w.heads, group - part * w.heads);
+    int keys = 0;
+    for (int r = t->r0; r < t->r1; r++) keys = max(keys, a.q_pos[r] + 1);
+    t->split = blockIdx.x % w.splits;
+    t->k0 = t->split * w.split_keys;
+    t->k1 = min(keys, t->k0 + w.split_keys);
+    return t->k0 < t->k1;
+}
+
+// Query vector v of the block: row r0 + v / heads, head h0 + v % heads; false for the slots the
+// block does not fill.
+__device__ __forceinline__ bool vector_of(const task &t, const work &w, int v, int *row, int *h) {
+    *row = t.r0 + v / w.heads;
+    *h = t.h0 + v % w.heads;
+    return *row < t.r1 && v % w.heads < t.n_heads;
+}
+
+// ------------------------------------------------------------------------- one warp tile ----
+
+// Copies positions [t0, t0 + TILE) of kv head kvh (those at or past `end` as zeros) into the
+// warp's tiles, K then V as two cp.async groups, so scoring can start before V lands. `rows`
+// receives each key's pool offset first, so the copies need no division per chunk.
+__device__ void load_tile(const weft_cuda_paged_args &a, const int32_t *table, int layer,
+                          int kvh, int t0, int end, bool vectorized, bf16 *Ks, bf16 *Vs,
+                          size_t *rows) {
+    int lane = threadIdx.x & 31, p = t0 + lane, D = a.D, KS = tile_stride(D);
+    rows[lane] = p < end ? pool_row(a.layers, a.block_size, a.width, table[p / a.block_size],
+                                    layer, p % a.block_size) + (size_t)kvh * D
+                         : SIZE_MAX;
+    __syncwarp();
+    const bf16 *pool = (const bf16 *)a.pool;
+    size_t half = (size_t)a.block_size * a.width; // values after keys
+    if (vectorized) { // lane l copies chunk l % chunks of rows l / chunks, + 32 / chunks, ..
+        int chunks = D / 8, per_step = 32 / chunks, c = 8 * (lane % chunks);
+        for (int kv = 0; kv < 2; kv++) {
+            bf16 *dst = kv ? Vs : Ks;
+            for (int j = lane / chunks; j < TILE && lane < per_step * chunks; j += per_step) {
+                bool valid = rows[j] != SIZE_MAX;
+                cp_async16(dst + j * KS + c, valid ? pool + rows[j] + kv * half + c : pool, valid);
+            }
+            cp_async_commit();
+        }
+    } else { // one element at a time, zeros past D up to the padded width
+        int DQ = padded_dim(D);
+        for (int j = 0; j < TILE; j++) {
+            bool valid = rows[j] != SIZE_MAX;
+            for (int d = lane; d < DQ; d += 32) {
+                bool in = valid && d < D;
+                Ks[j * KS + d] = in ? pool[rows[j] + d] : to_bf16(0.0f);
+                Vs[j * KS + d] = in ? pool[rows[j] + half + d] : to_bf16(0.0f);
+            }
+        }
+        cp_async_commit(); // empty groups: the waits below count the same either way
+        cp_async_commit();
+    }
+}
+
+// s[v] = q_v . k for the key of this lane, over the padded dims (zeros past D on both sides).
+template <int NQ>
+__device__ __forceinline__ void score_tile(const float *Qs, const bf16 *Ks, int DQ, int KS,
+                                           float *s) {
+    const bf16 *k = Ks + (threadIdx.x & 31) * KS;
+#pragma unroll
+    for (int v = 0; v < NQ; v++) s[v] = 0.0f;
+    for (int c = 0; c < DQ; c += 8) {
+        bf16_vec<8> kc;
+        kc.load(k + c);
+#pragma unroll
+        for (int v = 0; v < NQ; v++) {
+            const float4 *q4 = reinterpret_cast<const float4 *>(Qs + v * DQ + c);
+            float4 x = q4[0], y = q4[1];
+            s[v] += x.x * kc.x[0] + x.y * kc.x[1] + x.z * kc.x[2] + x.w * kc.x[3] +
+                    y.x * kc.x[4] + y.y * kc.x[5] + y.z * kc.x[6] + y.w * kc.x[7];
+        }
+    }
+}
+
+// Folds the tile's scores (key p = t0 + lane) into each vector's running max m (the warp's),
+// per-lane sum l and accumulators, rescaling those to the new max; leaves the probabilities in
+// P (TILE, NQ). Vector v sees keys below limit[v].
+template <int NQ>
+__device__ __forceinline__ void softmax_tile(const float *s, const int *limit, int t0,
+                                             float scale, float *m, float *l, float (*acc)[4],
+                                             float *P) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int v = 0; v < NQ; v++) {
+        if (t0 >= limit[v]) { // the whole tile is past this vector's keys (warp-uniform)
+            P[lane * NQ + v] = 0.0f;
+            continue;
+        }
+        bool valid = t0 + lane < limit[v];
+        float sv = valid ? s[v] * scale : -INFINITY;
+        float m_new = fmaxf(m[v], warp_max(sv)); // finite: key t0 is valid
+        float corr = __expf(m[v] - m_new), p = valid ? __expf(sv - m_new) : 0.0f;
+        l[v] = l[v] * corr + p;
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[v][e] *= corr;
+        m[v] = m_new;
+        P[lane * NQ + v] = p;
+    }
+}
+
+// acc[v] += P[j][v] V[j][d0 .. d0 + 3] over this lane's keys j: the lanes form groups of
+// `lanes_per_key` (enough to cover the padded dims 4 at a time), group g taking keys g, g + 32 /
+// lanes_per_key, ..
+template <int NQ>
+__device__ __forceinline__ void accumulate_tile(const float *P, const bf16 *Vs, int DQ, int KS,
+                                                int lanes_per_key, float (*acc)[4]) {
+    int lane = threadIdx.x & 31, d0 = 4 * (lane % lanes_per_key);
+    if (d0 >= DQ) return;
+    for (int j = lane / lanes_per_key; j < TILE; j += 32 / lanes_per_key) {
+        uint2 raw = *reinterpret_cast<const uint2 *>(Vs + j * KS + d0);
+        const bf16 *h = reinterpret_cast<const bf16 *>(&raw);
+        float x[4] = {to_f32(h[0]), to_f32(h[1]), to_f32(h[2]), to_f32(h[3])};
+        float p[NQ]; // key j's probabilities, 16 bytes at a time where NQ allows
+        if constexpr (NQ % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < NQ; i += 4) {
+                float4 p4 = *reinterpret_cast<const float4 *>(P + j * NQ + i);
+                p[i] = p4.x, p[i + 1] = p4.y, p[i + 2] = p4.z, p[i + 3] = p4.w;
+            }
+        } else {
+#pragma unroll
+            for (int v = 0; v < NQ; v++) p[v] = P[j * NQ + v];
+        }
+#pragma unroll
+        for (int v = 0; v < NQ; v++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[v][e] += p[v] * x[e];
+    }
+}
+
+// ------------------------------------------------------------------------ block results ----
+
+// The warp's totals: l summed over its lanes, acc over its key groups (so that every lane holds
+// the sums for its dims), then both stored with m for the merge: ms, ls (WARPS, NQ) and
+// accs (WARPS, NQ, DQ).
+template <int NQ>
+__device__ void store_warp_result(const float *m, float *l, float (*acc)[4], int DQ,
+                                  int lanes_per_key, float *ms, float *ls, float *accs) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d0 = 4 * lane;
+#pragma unroll
+    for (int v = 0; v < NQ; v++) {
+        l[v] = warp_sum(l[v]);
+        for (int o = 16; o >= lanes_per_key; o >>= 1)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[v][e] += __shfl_xor_sync(0xffffffffu, acc[v][e], o);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int v = 0; v < NQ; v++) {
+            ms[warp * NQ + v] = m[v];
+            ls[warp * NQ + v] = l[v];
+        }
+    if (lane < lanes_per_key && d0 < DQ)
+#pragma unroll
+        for (int v = 0; v < NQ; v++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) accs[(warp * NQ + v) * DQ + d0 + e] = acc[v][e];
+}
+
+// Merges the warps' results, in warp order, for each (vector, dim) of the block and writes them:
+// to out and lse where the row's keys all lie in the first split, else to this split's partials.
+// Rows that see no key of this split write nothing.
+template <int NQ>
+__device__ void write_block_result(const weft_cuda_paged_args &a, const work &w, const task &t,
+                                   const float *ms, const float *ls, const float *accs,
+                                   bf16 *out, float *lse, float *partials) {
+    int D = a.D, DQ = padded_dim(D);
+    for (int idx = threadIdx.x; idx < NQ * DQ; idx += THREADS) {
+        int v = idx / DQ, d = idx - v * DQ, row, h;
+        if (d >= D || !vector_of(t, w, v, &row, &h)) continue;
+        int pos = a.q_pos[row];
+        if (pos < t.k0) continue;
+        float M = -INFINITY, L = 0.0f, o = 0.0f;
+        for (int wp = 0; wp < WARPS; wp++) M = fmaxf(M, ms[wp * NQ + v]);
+        for (int wp = 0; wp < WARPS; wp++) {
+            float e = __expf(ms[wp * NQ + v] - M); // 0 for a warp that saw none of its keys
+            L += e * ls[wp * NQ + v];
+            o += e * accs[(wp * NQ + v) * DQ + d];
+        }
+        size_t item = (size_t)row * a.H + h;
+        if (pos < w.split_keys) {
+            out[item * D + d] = to_bf16(o / L);
+            if (d == 0) lse[(size_t)h * a.Tq + row] = M + logf(L);
+        } else {
+            size_t at = item * w.splits + t.split;
+            partials[partial_lse_floats(a.Tq, a.H, w.splits) + at * D + d] = o / L;
+            if (d == 0) partials[at] = M + logf(L);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------- the kernels ----
+
+// Causal attention of the block's query vectors over the key positions of its split (see the
+// file's comment). q (Tq, H, D), out (Tq, H, D) bf16; lse (H, Tq) f32. Three blocks per SM
+// leave ptxas up to 170 registers, which it fits without spilling (given the block size alone,
+// it aims lower and spills); shared memory allows no more than 2 to 5 blocks anyway.
+template <int NQ>
+__global__ void __launch_bounds__(THREADS, 3)
+    paged_attention_kernel(weft_cuda_paged_args a, work w, int layer, const bf16 *q, bf16 *out,
+                           float *lse, float *partials) {
+    task t;
+    if (!find_task(a, w, &t)) return;
+    int D = a.D, DQ = padded_dim(D), KS = tile_stride(D), warp = threadIdx.x >> 5;
+    int lanes_per_key = 2; // a power of two covering DQ / 4 dims
+    while (4 * lanes_per_key < DQ) lanes_per_key *= 2;
+    float *Qs = dynamic_smem<float>(); // (NQ, DQ)
+    unsigned char *mine = (unsigned char *)(Qs + NQ * DQ) + warp * warp_smem(D, NQ);
+    bf16 *Ks = (bf16 *)mine, *Vs = Ks + TILE * KS;
+    float *P = (float *)(Vs + TILE * KS);
+    size_t *rows = (size_t *)(P + TILE * NQ);
+
+    int limit[NQ]; // vector v sees positions below limit[v] of this split
+#pragma unroll
+    for (int v = 0; v < NQ; v++) {
+        int row, h;
+        limit[v] = vector_of(t, w, v, &row, &h) ? min(a.q_pos[row] + 1, t.k1) : 0;
+    }
+    for (int idx = threadIdx.x; idx < NQ * DQ; idx += THREADS) {
+        int v = idx / DQ, d = idx - v * DQ, row, h;
+        bool in = vector_of(t, w, v, &row, &h) && d < D;
+        Qs[idx] = in ? to_f32(q[((size_t)row * a.H + h) * D + d]) : 0.0f;
+    }
+    __syncthreads();
+
+    float m[NQ], l[NQ], acc[NQ][4], scale = 1.0f / sqrtf((float)D);
+#pragma unroll
+    for (int v = 0; v < NQ; v++) {
+        m[v] = -INFINITY;
+        l[v] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[v][e] = 0.0f;
+    }
+    const int32_t *table = a.block_tables + (size_t)t.seq * a.max_blocks;
+    for (int t0 = t.k0 + warp * TILE; t0 < t.k1; t0 += BLOCK_KEYS) {
+        __syncwarp(); // every lane is done with the previous tile
+        load_tile(a, table, layer, t.kvh, t0, t.k1, w.vectorized, Ks, Vs, rows);
+        cp_async_wait<1>(); // K
+        __syncwarp();
+        float s[NQ];
+        score_tile<NQ>(Qs, Ks, DQ, KS, s);
+        softmax_tile<NQ>(s, limit, t0, scale, m, l, acc, P);
+        cp_async_wait<0>(); // V
+        __syncwarp();
+        accumulate_tile<NQ>(P, Vs, DQ, KS, lanes_per_key, acc);
+    }
+    __syncthreads(); // every warp is done with its tiles: the merge reuses their memory
+    float *ms = dynamic_smem<float>(), *ls = ms + WARPS * NQ, *accs = ls + WARPS * NQ;
+    store_warp_result<NQ>(m, l, acc, DQ, lanes_per_key, ms, ls, accs);
+    __syncthreads();
+    write_block_result<NQ>(a, w, t, ms, ls, accs, out, lse, partials);
+}
+
+// Split-K's second pass: one warp per (row, head) whose keys span n > 1 splits combines the n
+// partials in split order: lse = log sum_k exp(lse_k), out = sum_k exp(lse_k - lse) out_k.
+__global__ void paged_combine_kernel(weft_cuda_paged_args a, work w, const float *partials,
+                                     bf16 *out, float *lse) {
+    size_t item = (size_t)blockIdx.x * WARPS + (threadIdx.x >> 5); // row * H + h
+    if (item >= (size_t)a.Tq * a.H) return;
+    int lane = threadIdx.x & 31, row = (int)(item / a.H), h = (int)(item % a.H), D = a.D;
+    int n = a.q_pos[row] / w.split_keys + 1;
+    if (n == 1) return; // written by its block
+    const float *part_lse = partials + item * w.splits;
+    const float *part_out = partials + partial_lse_floats(a.Tq, a.H, w.splits) +
+                            item * w.splits * D;
+    float M = -INFINITY, L = 0.0f;
+    for (int k = 0; k < n; k++) M = fmaxf(M, part_lse[k]);
+    for (int k = 0; k < n; k++) L += __expf(part_lse[k] - M);
+    float total = M + logf(L);
+    for (int d = lane; d < D; d += 32) {
+        float o = 0.0f;
+        for (int k = 0; k < n; k++) o += __expf(part_lse[k] - total) * part_out[(size_t)k * D + d];
+        out[item * D + d] = to_bf16(o);
+    }
+    if (lane == 0) lse[(size_t)h * a.Tq + row] = total;
+}
+
+// ------------------------------------------------------------------------------ the plan ----
+
+static int smallest_power_of_two(int n) { // at least n
+    int p = 1;
+    while (p < n) p *= 2;
+    return p;
+}
+
+// The call's work split (see `work`), and in *nq the query vectors per block: the group's heads
+// (up to MAX_VECTORS) times the rows a sequence has on average, rounded up to 1, 2, 4 or 8. The
+// splits aim at TARGET_BLOCKS blocks in all, each over at least MIN_SPLIT_KEYS of the longest
+// possible sequence (the block tables' width), unless a->split_keys fixes the split size.
+static work plan(const weft_cuda_paged_args *a, int *nq) {
+    int group = a->H / a->KV, rows_each = (a->Tq + a->n_seqs - 1) / a->n_seqs;
+    work w;
+    w.heads = group < MAX_VECTORS ? group : MAX_VECTORS;
+    int vectors = w.heads * rows_each;
+    *nq = smallest_power_of_two(vectors < MAX_VECTORS ? vectors : MAX_VECTORS);
+    w.rows = *nq / w.heads;
+    w.head_blocks = (group + w.heads - 1) / w.heads;
+    long blocks = (long)first_item(a->Tq, a->n_seqs, w.rows) * a->KV * w.head_blocks;
+    int max_keys = a->max_blocks * a->block_size > 0 ? a->max_blocks * a->block_size : 1;
+    w.split_keys = a->split_keys;
+    if (w.split_keys <= 0) {
+        long wanted = (TARGET_BLOCKS + blocks - 1) / blocks;
+        long most = (max_keys + MIN_SPLIT_KEYS - 1) / MIN_SPLIT_KEYS;
+        int splits = (int)(wanted < most ? wanted : most);
+        if (splits < 1) splits = 1;
+        int keys = (max_keys + splits - 1) / splits;
+        w.split_keys = (keys + BLOCK_KEYS - 1) / BLOCK_KEYS * BLOCK_KEYS;
+    }
+    w.splits = (max_keys + w.split_keys - 1) / w.split_keys;
+    w.vectorized = vector_width(a->D, a->pool) == 8;
+    return w;
+}
+
+} // namespace paged
+
+// -------------------------------------------------------------------------------- launchers ----
 
 extern "C" void weft_cuda_kv_store(weft_cuda_stream s, void *pool, int layers, int block_size,
                                    int width, int layer, const int32_t *slot, const void *k,
                                    const void *v, int T) {
     if (T == 0) return;
-    WEFT_LAUNCH(kv_store_kernel, T, 128, 0, s, (bf16 *)pool, layers, block_size, width, layer,
-                slot, (const bf16 *)k, (const bf16 *)v, T);
+    int vec = vector_width(width, pool, k, v), steps = (width / vec + 31) / 32;
+    unsigned threads = 32 * (steps < 4 ? steps : 4), blocks = T < 65536 ? T : 65536;
+    WEFT_LAUNCH_VECTORIZED(paged::kv_store_kernel, vec, blocks, threads, 0, s, (bf16 *)pool,
+                           layers, block_size, width, layer, slot, (const bf16 *)k,
+                           (const bf16 *)v, T);
 }
 
-// The sequence a query row belongs to (cu_q is ascending).
-__device__ int sequence_of(const int32_t *cu_q, int n_seqs, int row) {
-    int lo = 0, hi = n_seqs;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (cu_q[mid] <= row) lo = mid;
-        else hi = mid;
-    }
-    return lo;
-}
-
-// One block of 32 threads per (query row, head); thread j takes head dims j, j + 32, ...
-__global__ void paged_attention_kernel(weft_cuda_paged_args a, int layer, const bf16 *q,
-                                       bf16 *out, float *lse) {
-    int row = blockIdx.x, h = blockIdx.y, D = a.D, kvh = h / (a.H / a.KV);
-    int seq = sequence_of(a.cu_q, a.n_seqs, row), keys = a.q_pos[row] + 1;
-    const int32_t *table = a.block_tables + (size_t)seq * a.max_blocks;
-    const bf16 *pool = (const bf16 *)a.pool;
-    float scale = 1.0f / sqrtf((float)D), m = -INFINITY, sum = 0.0f, acc[4] = {0, 0, 0, 0};
-    const bf16 *qr = q + ((size_t)row * a.H + h) * D;
-    for (int p = 0; p < keys; p++) {
-        size_t at = pool_row(a.layers, a.block_size, a.width, table[p / a.block_size], layer,
-                             p % a.block_size) + (size_t)kvh * D;
-        float dot = 0.0f;
-        for (int d = threadIdx.x; d < D; d += 32) dot += to_f32(qr[d]) * to_f32(pool[at + d]);
-        dot = warp_sum(dot) * scale;
-        float m_new = fmaxf(m, dot), correction = __expf(m - m_new), w = __expf(dot - m_new);
-        sum = sum * correction + w;
-        const bf16 *vr = pool + at + (size_t)a.block_size * a.width;
-        for (int i = 0, d = threadIdx.x; d < D; i++, d += 32)
-            acc[i] = acc[i] * correction + w * to_f32(vr[d]);
-        m = m_new;
-    }
-    bf16 *o = out + ((size_t)row * a.H + h) * D;
-    for (int i = 0, d = threadIdx.x; d < D; i++, d += 32) o[d] = to_bf16(acc[i] / sum);
-    if (threadIdx.x == 0) lse[(size_t)h * a.Tq + row] = m + logf(sum);
+extern "C" size_t weft_cuda_paged_partials_bytes(const weft_cuda_paged_args *a) {
+    if (a->Tq == 0) return 0;
+    int nq;
+    paged::work w = paged::plan(a, &nq);
+    if (w.splits == 1) return 0;
+    return sizeof(float) * (paged::partial_lse_floats(a->Tq, a->H, w.splits) +
+                            (size_t)a->Tq * a->H * w.splits * a->D);
 }
 
 extern "C" void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_paged_args *a,
-                                          int layer, const void *q, void *out, float *lse) {
+                                          int layer, const void *q, void *out, float *lse,
+                                          float *partials) {
     if (a->Tq == 0) return;
-    dim3 grid(a->Tq, a->H);
-    WEFT_LAUNCH(paged_attention_kernel, grid, 32, 0, s, *a, layer, (const bf16 *)q,
+    int nq;
+    paged::work w = paged::plan(a, &nq);
+    dim3 grid(paged::first_item(a->Tq, a->n_seqs, w.rows) * w.splits, a->KV * w.head_blocks);
+    size_t smem = paged::block_smem(a->D, nq);
+#define LAUNCH(NQ)                                                                                 \
+    WEFT_LAUNCH(paged::paged_attention_kernel<NQ>, grid, paged::THREADS, smem, s, *a, w, layer,    \
+                (const bf16 *)q, (bf16 *)out, lse, partials)
+    switch (nq) {
+    case 1: LAUNCH(1); break;
+    case 2: LAUNCH(2); break;
+    case 4: LAUNCH(4); break;
+    default: LAUNCH(8); break;
+    }
+#undef LAUNCH
+    if (w.splits == 1) return;
+    unsigned blocks = (unsigned)(((size_t)a->Tq * a->H + paged::WARPS - 1) / paged::WARPS);
+    WEFT_LAUNCH(paged::paged_combine_kernel, blocks, paged::THREADS, 0, s, *a, w, partials,
                 (bf16 *)out, lse);
 }
