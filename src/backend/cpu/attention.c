@@ -2,6 +2,9 @@
 // chunks) and over a paged KV cache, through one per-document routine, so a row decoded against
 // the cache gets the bits it gets in a training forward.
 #include <cblas.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
@@ -53,6 +56,14 @@ static const float *block_start(const kv_rows *r, int b) {
     return r->base + (size_t)(r->table ? r->table[b] : b) * r->block_stride;
 }
 
+// Asks for block b's rows (D floats each) ahead of use: a paged sequence's next block is
+// anywhere in the pool, where no hardware prefetcher looks.
+static void prefetch_block(const kv_rows *r, int b, int D) {
+    const float *row = block_start(r, b);
+    for (int o = 0; o < r->block_size; o++, row += r->ld)
+        for (int d = 0; d < D; d += 16) __builtin_prefetch(row + d);
+}
+
 static int max_doc_len(const int32_t *cu, int n_docs) {
     int m = 0;
     for (int d = 0; d < n_docs; d++)
@@ -69,27 +80,68 @@ static int tile_keys(const int32_t *pos, int rows) {
     return m;
 }
 
-// Kt (D, ld) = the first n keys transposed, zero up to round_up(n, KEY_STEP) columns.
-static void pack_keys(const kv_rows *k, int n, int D, float *Kt, int ld) {
-    for (int j0 = 0; j0 < n; j0 += k->block_size) {
-        const float *row = block_start(k, j0 / k->block_size);
-        int rows = n - j0 < k->block_size ? n - j0 : k->block_size;
-        for (int o = 0; o < rows; o++, row += k->ld)
-            for (int d = 0; d < D; d++) Kt[(size_t)d * ld + j0 + o] = row[d];
+#ifdef __AVX__
+// Rows r[0..8) (8 floats each) transposed into out[0..8) (ld apart): out[c][i] = r[i][c].
+static void transpose8(const float *const r[8], float *out, size_t ld) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        __m256 a = _mm256_loadu_ps(r[i]), b = _mm256_loadu_ps(r[i + 1]);
+        t[i] = _mm256_unpacklo_ps(a, b), t[i + 1] = _mm256_unpackhi_ps(a, b);
     }
-    for (int d = 0; d < D; d++)
-        for (int j = n; j < round_up(n, KEY_STEP); j++) Kt[(size_t)d * ld + j] = 0.0f;
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(out + c * ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+        _mm256_storeu_ps(out + (c + 4) * ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+    }
+}
+#endif
+
+// Key j (D floats at row) into its panel column.
+static void pack_one_key(const float *row, int j, int D, float *Kt) {
+    float *col = Kt + (size_t)(j / KEY_STEP) * D * KEY_STEP + j % KEY_STEP;
+    for (int d = 0; d < D; d++) col[(size_t)d * KEY_STEP] = row ? row[d] : 0.0f;
 }
 
-// S rows [0, R) x keys [j0, j0 + KEY_STEP): scale * sum_d q_d Kt_d, an FMA chain over d in order.
+// Kt = the first n keys transposed in panels of KEY_STEP keys: panel c holds (D, KEY_STEP), key
+// c * KEY_STEP + l's element d at d * KEY_STEP + l, zero past key n. A panel (D * 128 bytes) stays
+// in L1 while it is written. Copies only, so how they are made (8 x 8 tiles where the vector
+// unit has them) does not touch the bits.
+static void pack_keys(const kv_rows *k, int n, int D, float *Kt) {
+    for (int j0 = 0; j0 < n; j0 += k->block_size) {
+        const float *row = block_start(k, j0 / k->block_size);
+        int rows = n - j0 < k->block_size ? n - j0 : k->block_size, o = 0;
+        if ((long)j0 + k->block_size < n) prefetch_block(k, j0 / k->block_size + 1, D);
+#ifdef __AVX__
+        for (; D % 8 == 0 && o + 8 <= rows && (j0 + o) % 8 == 0; o += 8) {
+            const float *r[8];
+            for (int i = 0; i < 8; i++) r[i] = row + (size_t)(o + i) * k->ld;
+            int j = j0 + o;
+            float *col = Kt + (size_t)(j / KEY_STEP) * D * KEY_STEP + j % KEY_STEP;
+            for (int d = 0; d < D; d += 8) {
+                transpose8(r, col + (size_t)d * KEY_STEP, KEY_STEP);
+                for (int i = 0; i < 8; i++) r[i] += 8;
+            }
+        }
+#endif
+        for (; o < rows; o++) pack_one_key(row + (size_t)o * k->ld, j0 + o, D, Kt);
+    }
+    for (int j = n; j < round_up(n, KEY_STEP); j++) pack_one_key(NULL, j, D, Kt);
+}
+
+// S rows [0, R) x the keys of one panel: scale * sum_d q_d Kt_d, an FMA chain over d in order.
 static inline __attribute__((always_inline)) void score_block(const float *q, int ldq, int R,
-                                                              const float *kt, int ldkt, int D,
+                                                              const float *panel, int D,
                                                               float scale, float *S, int lds,
                                                               int n) {
     vf16 acc[ROW_BLOCK][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf16){0};
     for (int d = 0; d < D; d++) {
-        vf16 k0 = load16(kt + (size_t)d * ldkt), k1 = load16(kt + (size_t)d * ldkt + LANES);
+        vf16 k0 = load16(panel + (size_t)d * KEY_STEP), k1 = load16(panel + (size_t)d * KEY_STEP + LANES);
         for (int r = 0; r < R; r++) {
             float x = q[(size_t)r * ldq + d];
             acc[r][0] += x * k0, acc[r][1] += x * k1;
@@ -104,34 +156,41 @@ static inline __attribute__((always_inline)) void score_block(const float *q, in
 }
 
 // S (rows, keys) = scale Q K^T from the packed keys.
-static void scores(const float *q, int ldq, int rows, const float *Kt, int ldkt, int keys, int D,
+static void scores(const float *q, int ldq, int rows, const float *Kt, int keys, int D,
                    float scale, float *S) {
     for (int j0 = 0; j0 < keys; j0 += KEY_STEP) {
         int n = keys - j0 < KEY_STEP ? keys - j0 : KEY_STEP, i = 0;
         for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
-            score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, Kt + j0, ldkt, D, scale,
+            score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, Kt + (size_t)j0 * D, D, scale,
                         S + (size_t)i * keys + j0, keys, n);
         for (; i < rows; i++)
-            score_block(q + (size_t)i * ldq, ldq, 1, Kt + j0, ldkt, D, scale,
+            score_block(q + (size_t)i * ldq, ldq, 1, Kt + (size_t)j0 * D, D, scale,
                         S + (size_t)i * keys + j0, keys, n);
     }
 }
 
-// out rows [0, R), columns [c, c + LANES) = sum_j P_j V_j, an FMA chain over the keys in order.
+enum { VALUE_CHUNKS = 4 }; // LANES-wide column chunks a value block holds: one 64-float head
+
+// out rows [0, R), columns [c, c + CH * LANES) = sum_j P_j V_j, an FMA chain over the keys in
+// order. Each value row's CH chunks are read together, whole cache lines at a time.
 static inline __attribute__((always_inline)) void value_block(const float *P, int ldp, int R,
-                                                              int keys, const kv_rows *v, int c,
-                                                              float *out, int ldo) {
-    vf16 acc[ROW_BLOCK];
-    for (int r = 0; r < R; r++) acc[r] = (vf16){0};
+                                                              int CH, int keys, const kv_rows *v,
+                                                              int c, int D, float *out, int ldo) {
+    vf16 acc[ROW_BLOCK][VALUE_CHUNKS];
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < CH; h++) acc[r][h] = (vf16){0};
     for (int j0 = 0; j0 < keys; j0 += v->block_size) {
         const float *row = block_start(v, j0 / v->block_size) + c;
         int n = keys - j0 < v->block_size ? keys - j0 : v->block_size;
-        for (int o = 0; o < n; o++, row += v->ld) {
-            vf16 x = load16(row);
-            for (int r = 0; r < R; r++) acc[r] += P[(size_t)r * ldp + j0 + o] * x;
-        }
+        if (c == 0 && (long)j0 + v->block_size < keys) prefetch_block(v, j0 / v->block_size + 1, D);
+        for (int o = 0; o < n; o++, row += v->ld)
+            for (int h = 0; h < CH; h++) {
+                vf16 x = load16(row + h * LANES);
+                for (int r = 0; r < R; r++) acc[r][h] += P[(size_t)r * ldp + j0 + o] * x;
+            }
     }
-    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * ldo + c, &acc[r], sizeof acc[r]);
+    for (int r = 0; r < R; r++)
+        memcpy(out + (size_t)r * ldo + c, acc[r], sizeof(vf16) * CH);
 }
 
 // out (rows, D; ldo apart) = P (rows, keys) V. Columns past the last whole LANES run one chain
@@ -139,13 +198,23 @@ static inline __attribute__((always_inline)) void value_block(const float *P, in
 static void weighted_values(const float *P, int rows, int keys, const kv_rows *v, int D,
                             float *out, int ldo) {
     int whole = D / LANES * LANES;
-    for (int c = 0; c < whole; c += LANES) {
-        int i = 0;
+    for (int c = 0; c < whole;) {
+        int wide = whole - c >= VALUE_CHUNKS * LANES, i = 0;
         for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
-            value_block(P + (size_t)i * keys, keys, ROW_BLOCK, keys, v, c,
-                        out + (size_t)i * ldo, ldo);
+            if (wide)
+                value_block(P + (size_t)i * keys, keys, ROW_BLOCK, VALUE_CHUNKS, keys, v, c, D,
+                            out + (size_t)i * ldo, ldo);
+            else
+                value_block(P + (size_t)i * keys, keys, ROW_BLOCK, 1, keys, v, c, D,
+                            out + (size_t)i * ldo, ldo);
         for (; i < rows; i++)
-            value_block(P + (size_t)i * keys, keys, 1, keys, v, c, out + (size_t)i * ldo, ldo);
+            if (wide)
+                value_block(P + (size_t)i * keys, keys, 1, VALUE_CHUNKS, keys, v, c, D,
+                            out + (size_t)i * ldo, ldo);
+            else
+                value_block(P + (size_t)i * keys, keys, 1, 1, keys, v, c, D,
+                            out + (size_t)i * ldo, ldo);
+        c += wide ? VALUE_CHUNKS * LANES : LANES;
     }
     for (int i = 0; i < rows; i++)
         for (int c = whole; c < D; c++) {
@@ -191,12 +260,11 @@ static void attend_group(float *P, float *Kt, const float *q0, const int32_t *po
                          const kv_rows *k, const kv_rows *v, int g, const attn_shape *s,
                          float *out0, float *lse0, int Tq) {
     int group = s->H / s->KV, ldq = s->H * s->D, keys = tile_keys(pos, n);
-    int ldkt = round_up(keys, KEY_STEP);
-    pack_keys(k, keys, s->D, Kt, ldkt);
+    pack_keys(k, keys, s->D, Kt);
     for (int h = g * group; h < (g + 1) * group; h++)
         for (int r0 = 0; r0 < n; r0 += ATTN_TILE) {
             int rows = n - r0 < ATTN_TILE ? n - r0 : ATTN_TILE, tk = tile_keys(pos + r0, rows);
-            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, Kt, ldkt, tk, s->D,
+            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, Kt, tk, s->D,
                    s->scale, P);
             softmax_rows(P, pos + r0, rows, tk, lse0 + (size_t)h * Tq + r0, NULL);
             weighted_values(P, rows, tk, v, s->D, out0 + (size_t)r0 * ldq + (size_t)h * s->D,
@@ -259,9 +327,8 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                 }
                 if (cq[d + 1] == cq[d]) continue;
                 int all_keys = tile_keys(lay->q_pos + cq[d], cq[d + 1] - cq[d]);
-                int ldkt = round_up(all_keys, KEY_STEP);
                 pack_keys(&(kv_rows){.base = kd, .ld = ldk, .block_size = INT_MAX}, all_keys, D,
-                          Kt, ldkt);
+                          Kt);
                 for (int h = g * group; h < (g + 1) * group; h++)
                     for (int r0 = cq[d]; r0 < cq[d + 1]; r0 += ATTN_TILE) {
                         int rows = cq[d + 1] - r0 < ATTN_TILE ? cq[d + 1] - r0 : ATTN_TILE;
@@ -271,7 +338,7 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                         const float *ot = out + (size_t)r0 * ldq + (size_t)h * D;
                         const float *dot = dout + (size_t)r0 * ldq + (size_t)h * D;
                         float *dqt = dq + (size_t)r0 * ldq + (size_t)h * D;
-                        scores(qt, ldq, rows, Kt, ldkt, keys, D, s.scale, P);
+                        scores(qt, ldq, rows, Kt, keys, D, s.scale, P);
                         softmax_rows(P, pos, rows, keys, NULL, lse + (size_t)h * lay->Tq + r0);
                         // dV += P^T dO
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
@@ -332,7 +399,7 @@ void weft_cpu_paged_attention(weft_backend *self, const void *qv, const weft_kv_
     {
         float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * L);
         float *Kt = weft_cpu_scratch(self, 2, (size_t)D * L);
-#pragma omp for schedule(dynamic, 1) collapse(2)
+#pragma omp for schedule(dynamic, 1)
         for (int sq = 0; sq < lay->n_seqs; sq++)
             for (int g = 0; g < KV; g++) {
                 if (cq[sq + 1] == cq[sq]) continue;
