@@ -62,8 +62,17 @@ static void cpu_to_f32(weft_backend *self, float *dst, const void *src, weft_dty
 // Such calls get their rows padded with zeros up to a size the regular kernel takes; rows of a
 // product are then the same bits in any micro-batch. The cost is bounded (a few MFLOP per call)
 // and only tiny models ever pay it.
-static int rows_for_regular_kernel(int n, int k) {
-    long by_mn = (8192L + n - 1) / n, by_mnk = 1000000L / ((long)n * k) + 1;
+// A product with B transposed (a linear layer's forward, X W^T) takes the small kernel only
+// while M*N <= 1200, K >= 32 and M*N*K <= 1e6 (OpenBLAS's SkylakeX permit for its "TN" case, and
+// what tests/rollout checks bit for bit): it is padded just past that, which keeps a decode step's
+// few rows cheap. Other products keep the conservative bound.
+static int rows_for_regular_kernel(bool tb, int n, int k) {
+    long by_mnk = 1000000L / ((long)n * k) + 1;
+    if (tb) {
+        long by_mn = 1200L / n + 1;
+        return k < 32 ? 1 : (int)(by_mn < by_mnk ? by_mn : by_mnk);
+    }
+    long by_mn = (8192L + n - 1) / n;
     return (int)(by_mn > by_mnk ? by_mn : by_mnk);
 }
 
@@ -74,7 +83,7 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
                "cpu backend multiplies fp32 matrices only");
     if (m == 0 || n == 0) return;
     CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-    int padded = rows_for_regular_kernel(n, k);
+    int padded = rows_for_regular_kernel(tb, n, k);
     if (ta || m >= padded) { // with A transposed its rows are not C's rows; nothing to keep stable
         cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
