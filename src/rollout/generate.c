@@ -280,6 +280,7 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     json_t *stats = summary(&st, weft_now_seconds() - t0, world, writer);
     json_object_set_new(stats, "prompts", json_integer(p.n));
     json_object_set_new(stats, "peak_batch", json_integer(st.peak_batch)); // on rank 0
+    json_object_set_new(stats, "generation_seconds", json_real(st.seconds)); // rank 0's engine time
     if (writer && r->stats) {
         char *text = json_dumps(stats, JSON_INDENT(2));
         WEFT_CHECK(weft_write_file_atomic(r->stats, text, strlen(text)), "%s: cannot write the "

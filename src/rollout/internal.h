@@ -26,6 +26,8 @@ typedef struct step_buffers {
     void *logits, *draw_logits;             // (head rows, V), (draws, V)
     int32_t *draw_rows, *draw_tokens;       // (draws)
     float *draw_logprobs;                   // (draws)
+    float *host_logits;                     // (head rows, V) f32 on the host, for the draws
+    size_t host_logits_cap;                 // floats
 } step_buffers;
 
 struct weft_engine {

@@ -27,6 +27,7 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
     void *all[] = {b->slots, b->cu_q, b->tables, b->logits, b->draw_logits, b->draw_rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->free(be, all[i]);
+    weft_free(b->host_logits);
     memset(b, 0, sizeof *b);
     weft_batch_free(&e->batch);
 }
@@ -230,10 +231,14 @@ bool weft_rollout_step(weft_engine *e) {
     e->stats.forwards++;
     if (n > e->stats.peak_batch) e->stats.peak_batch = n;
     if (n_due > 0) {
-        float *logits = weft_alloc(sizeof(float) * n_due * V);
-        be->to_f32(be, logits, e->buf.logits, be->act_dtype, (size_t)n_due * V);
-        draw_tokens(e, due, n_due, logits);
-        weft_free(logits);
+        step_buffers *b = &e->buf;
+        if (b->host_logits_cap < (size_t)n_due * V) { // kept: fresh pages every step cost faults
+            weft_free(b->host_logits);
+            b->host_logits_cap = (size_t)n_due * V;
+            b->host_logits = weft_alloc(sizeof(float) * b->host_logits_cap);
+        }
+        be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)n_due * V);
+        draw_tokens(e, due, n_due, b->host_logits);
     }
     weft_free(part), weft_free(rows), weft_free(due);
     return true;
