@@ -1,7 +1,8 @@
 #include "rollout/config.h"
 
 weft_sampling_config weft_sampling_config_default(void) {
-    return (weft_sampling_config){.temperature = 1.0, .top_p = 1.0, .max_tokens = 256, .n = 1};
+    return (weft_sampling_config){.temperature = 1.0, .top_p = 1.0, .max_tokens = 256, .n = 1,
+                                  .n_stop_token_ids = -1};
 }
 
 weft_rollout_config weft_rollout_config_default(void) {

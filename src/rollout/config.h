@@ -14,7 +14,8 @@ typedef struct weft_sampling_config {
     int n;              // samples per prompt
     int seed;
     // Stop strings (a sample ends once its text contains one; the text is cut before it) and stop
-    // token ids (none given: the model's end-of-text token; the token is kept in token_ids).
+    // token ids (the token is kept in token_ids). n_stop_token_ids -1 (the default): the model's
+    // end-of-text token; 0 (an explicit empty list): none, every sample runs to max_tokens.
     int n_stop, n_stop_token_ids;
     char stop[WEFT_MAX_STOP][WEFT_MAX_STOP_LEN];
     int stop_token_ids[WEFT_MAX_STOP];

@@ -31,10 +31,15 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
     const weft_model_config *c = &m->cfg;
     e->cache = weft_kv_cache_create(m->be, c->num_layers, c->num_kv_heads * c->head_dim,
                                     rc->block_size, kv_blocks);
-    if (e->sc.n_stop_token_ids == 0) { // the model's end-of-text
+    if (e->sc.n_stop_token_ids < 0) { // unset: the model's end-of-text
         int eos = c->eos_token_id >= 0 ? c->eos_token_id : tok ? weft_tokenizer_eos_id(tok) : -1;
+        e->sc.n_stop_token_ids = 0;
         if (eos >= 0) e->sc.stop_token_ids[e->sc.n_stop_token_ids++] = eos;
     }
+    for (int i = 0; i < e->sc.n_stop_token_ids; i++)
+        WEFT_CHECK(e->sc.stop_token_ids[i] < c->vocab_size, "sampling.stop_token_ids: %d is not a "
+                   "token id of the model (vocabulary of %d)", e->sc.stop_token_ids[i],
+                   c->vocab_size);
     e->sampling_scratch = weft_alloc(weft_sampling_scratch_bytes(c->vocab_size));
     return e;
 }

@@ -101,7 +101,7 @@ static const key_def KEYS[] = {
     {"sampling.stop", KEY_STRINGS, F(sampling.stop), "strings that end a sample (a JSON list)",
      &(const list_def){F(sampling.n_stop), WEFT_MAX_STOP, WEFT_MAX_STOP_LEN}},
     {"sampling.stop_token_ids", KEY_INTS, F(sampling.stop_token_ids),
-     "token ids that end a sample (a JSON list); none: the model's end-of-text",
+     "token ids that end a sample (a JSON list; [] none); unset: the model's end-of-text",
      &(const list_def){F(sampling.n_stop_token_ids), WEFT_MAX_STOP, 0}},
     {"sampling.processed_logprobs", KEY_BOOL, F(sampling.processed_logprobs),
      "also record log-probs under the processed distribution", NULL},
@@ -400,6 +400,8 @@ bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path) {
     for (int i = 0; i < N_KEYS; i++) {
         const void *src = (const char *)cfg + KEYS[i].offset;
         char value[WEFT_PATH_MAX + 8];
+        const list_def *l = KEYS[i].type == KEY_INTS ? KEYS[i].extra : NULL;
+        if (l && *(const int *)((const char *)cfg + l->count_offset) < 0) continue; // unset
         switch (KEYS[i].type) {
         case KEY_INT: snprintf(value, sizeof value, "%d", *(const int *)src); break;
         case KEY_REAL: snprintf(value, sizeof value, "%.17g", *(const double *)src); break;

@@ -6,9 +6,12 @@ FILE.yaml, then key=value overrides, with one validation.
   - weft train --config: train.steps from the file is the run's last step;
   - weft plan --config: parallel.* settings from the file make the plan's layout;
   - weft calibrate --config: parallel.max_seqlen_per_rank from the file sets the longest probe;
-  - an unknown key in the file is one clear error naming the file and the closest key, for grad
-    as for train.
+  - weft generate --config: sampling.n and sampling.max_tokens from the file (a YAML mapping)
+    shape the responses, and sampling.n=2 on the command line wins over the file;
+  - an unknown key in the file is one clear error naming the file and the closest key, for grad,
+    train and generate.
 """
+import json
 import os
 import subprocess
 import sys
@@ -69,8 +72,21 @@ def cases(weft, tmp):
     if longest != 32:
         failures.append(f"calibrate --config: longest probe {longest}, want 32")
 
+    prompts = write(os.path.join(tmp, "prompts.jsonl"), '{"input_ids": [3, 1, 4]}\n')
+    generate = [weft, "generate", "--model", mdir, "--prompts", prompts, "--out",
+                os.path.join(tmp, "out.jsonl")]
+    cfg = write(os.path.join(tmp, "gen.yaml"), "sampling:\n  n: 3\n  max_tokens: 2\n")
+    for extra, want in (([], 3), (["sampling.n=2"], 2)):
+        r = run([*generate, "--config", cfg, *extra])
+        with open(os.path.join(tmp, "out.jsonl")) as f:
+            got = [len(x["token_ids"]) for x in json.loads(f.readline())["responses"]]
+        print(f"generate --config {extra}: response lengths {got} (want {want} of at most 2)")
+        if r.returncode != 0 or len(got) != want or max(got) > 2:
+            failures.append(f"generate --config with {extra}: responses {got}: {r.stderr}")
+
     bad = write(os.path.join(tmp, "bad.yaml"), "train:\n  micro_batchez: 2\n")
-    for verb in ([*grad], [weft, "train", *TINY, f"train.output_dir={os.path.join(tmp, 'r2')}"]):
+    for verb in ([*grad], [weft, "train", *TINY, f"train.output_dir={os.path.join(tmp, 'r2')}"],
+                 [*generate]):
         r = run([*verb, "--config", bad])
         lines = [l for l in r.stderr.splitlines() if l.strip()]
         print(f"{verb[1]} --config with an unknown key: exit {r.returncode}: {lines[:1]}")
