@@ -45,6 +45,16 @@ void *weft_alloc(size_t bytes) {
 
 void weft_free(void *p) { free(p); }
 
+void *weft_grow(void *array, int n, int *cap, size_t size, int first_cap) {
+    if (n < *cap) return array;
+    int grown_cap = *cap ? 2 * *cap : first_cap;
+    char *grown = weft_alloc(size * (size_t)grown_cap);
+    if (n) memcpy(grown, array, size * (size_t)n);
+    weft_free(array);
+    *cap = grown_cap;
+    return grown;
+}
+
 char *weft_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = weft_alloc(n);

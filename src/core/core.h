@@ -19,6 +19,10 @@ void weft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void *weft_alloc(size_t bytes);
 void weft_free(void *p);
 char *weft_strdup(const char *s);
+// Makes room for one more element in an array of n (weft_alloc'd or NULL) of *cap elements of
+// `size` bytes: doubles the capacity when full (first: first_cap), keeping the n elements.
+// Returns the array (new when grown, the old one freed).
+void *weft_grow(void *array, int n, int *cap, size_t size, int first_cap);
 
 // Reads a whole file into a NUL-terminated buffer; NULL with errno set on failure.
 char *weft_read_file(const char *path, size_t *len);

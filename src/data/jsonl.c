@@ -175,15 +175,9 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
 }
 
 static void append(weft_document_set *set, int *cap, weft_document doc) {
-    if (set->n == *cap) {
-        WEFT_CHECK(*cap <= INT_MAX / 2, "too many documents in one file (more than %d); split the file", *cap);
-        int new_cap = *cap ? 2 * *cap : 64;
-        weft_document *docs = weft_alloc((size_t)new_cap * sizeof *docs);
-        if (set->n) memcpy(docs, set->docs, (size_t)set->n * sizeof *docs);
-        weft_free(set->docs);
-        set->docs = docs;
-        *cap = new_cap;
-    }
+    WEFT_CHECK(set->n < *cap || *cap <= INT_MAX / 2,
+               "too many documents in one file (more than %d); split the file", *cap);
+    set->docs = weft_grow(set->docs, set->n, cap, sizeof *set->docs, 64);
     set->docs[set->n++] = doc;
 }
 

@@ -316,15 +316,6 @@ weft_safetensors_writer *weft_safetensors_writer_create(void) {
     return w;
 }
 
-static void writer_grow(weft_safetensors_writer *w) {
-    int cap = w->cap ? 2 * w->cap : 16;
-    writer_tensor *t = weft_alloc((size_t)cap * sizeof *t);
-    if (w->n) memcpy(t, w->tensors, (size_t)w->n * sizeof *t);
-    weft_free(w->tensors);
-    w->tensors = t;
-    w->cap = cap;
-}
-
 void weft_safetensors_writer_add_f32(weft_safetensors_writer *w, const char *name, const float *data, int ndim,
                                      const int64_t *shape) {
     WEFT_CHECK(ndim >= 0 && ndim <= WEFT_ST_MAX_DIMS, "safetensors writer: tensor \"%s\" has %d dims (0..%d allowed)",
@@ -333,7 +324,7 @@ void weft_safetensors_writer_add_f32(weft_safetensors_writer *w, const char *nam
                name);
     for (int i = 0; i < w->n; i++)
         WEFT_CHECK(strcmp(w->tensors[i].name, name) != 0, "safetensors writer: tensor \"%s\" added twice", name);
-    if (w->n == w->cap) writer_grow(w);
+    w->tensors = weft_grow(w->tensors, w->n, &w->cap, sizeof *w->tensors, 16);
 
     writer_tensor *t = &w->tensors[w->n++];
     t->name = weft_strdup(name);

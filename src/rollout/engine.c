@@ -238,13 +238,7 @@ int weft_rollout_fork_samples(weft_engine *e, int parent) {
 }
 
 int weft_rollout_add_seq(weft_engine *e, gen_seq s) {
-    if (e->n_seqs == e->seq_cap) {
-        int cap = e->seq_cap ? 2 * e->seq_cap : 64;
-        gen_seq *grown = weft_alloc(sizeof(gen_seq) * cap);
-        if (e->n_seqs) memcpy(grown, e->seqs, sizeof(gen_seq) * e->n_seqs);
-        weft_free(e->seqs);
-        e->seqs = grown, e->seq_cap = cap;
-    }
+    e->seqs = weft_grow(e->seqs, e->n_seqs, &e->seq_cap, sizeof(gen_seq), 64);
     e->seqs[e->n_seqs] = s;
     return e->n_seqs++;
 }

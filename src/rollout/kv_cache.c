@@ -78,13 +78,7 @@ int weft_kv_seq_new(weft_kv_cache *c) {
     int s = 0;
     while (s < c->n_seqs && c->seqs[s].live) s++;
     if (s == c->n_seqs) {
-        if (c->n_seqs == c->seq_cap) {
-            int cap = c->seq_cap ? 2 * c->seq_cap : 64;
-            kv_seq *grown = weft_alloc(sizeof(kv_seq) * cap);
-            if (c->n_seqs) memcpy(grown, c->seqs, sizeof(kv_seq) * c->n_seqs);
-            weft_free(c->seqs);
-            c->seqs = grown, c->seq_cap = cap;
-        }
+        c->seqs = weft_grow(c->seqs, c->n_seqs, &c->seq_cap, sizeof(kv_seq), 64);
         c->seqs[c->n_seqs++] = (kv_seq){0};
     }
     c->seqs[s].live = true;
@@ -93,13 +87,7 @@ int weft_kv_seq_new(weft_kv_cache *c) {
 }
 
 static void seq_push(kv_seq *q, int32_t block) {
-    if (q->n == q->cap) {
-        int cap = q->cap ? 2 * q->cap : 16;
-        int32_t *grown = weft_alloc(sizeof(int32_t) * cap);
-        if (q->n) memcpy(grown, q->blocks, sizeof(int32_t) * q->n);
-        weft_free(q->blocks);
-        q->blocks = grown, q->cap = cap;
-    }
+    q->blocks = weft_grow(q->blocks, q->n, &q->cap, sizeof(int32_t), 16);
     q->blocks[q->n++] = block;
 }
 

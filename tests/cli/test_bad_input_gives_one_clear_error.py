@@ -2,6 +2,7 @@
 nothing overwritten."""
 import hashlib, json, os, shutil, subprocess, sys, tempfile
 
+from reference import fixtures
 from reference.files import make_model
 from reference.runner import weft_path
 
@@ -24,21 +25,10 @@ def snapshot(root):
 
 def expect_error(name, args, must_contain, watch):
     before = snapshot(watch)
-    r = subprocess.run([WEFT, *args], capture_output=True, text=True, timeout=120)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    problems = []
-    if r.returncode == 0:
-        problems.append("exit status 0")
-    if len(lines) != 1 or not lines[0].startswith("weft: error:"):
-        problems.append(f"stderr is not one error line: {r.stderr!r}")
-    for s in must_contain:
-        if s not in r.stderr:
-            problems.append(f"message lacks {s!r}")
-    if snapshot(watch) != before:
-        problems.append("files under the watched directory changed")
-    print(f"{name}: exit {r.returncode}: {lines[0] if lines else ''}")
-    if problems:
-        failures.append(f"{name}: " + "; ".join(problems))
+    problem = fixtures.one_clear_error(name, [WEFT, *args], must_contain,
+                                       lambda: snapshot(watch) != before)
+    if problem:
+        failures.append(problem)
 
 
 def main():

@@ -137,3 +137,19 @@ def cuda_weft(weft, gpus):
     emulated = os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")
     return (emulated, True) if os.path.exists(emulated) else (None, True)
 
+
+
+def one_clear_error(name, cmd, must_contain, wrote=lambda: False, timeout=120):
+    """Runs cmd, which must fail with one clear error: a non-zero exit, one stderr line that
+    starts "weft: error:" and holds every string of must_contain, and nothing written (wrote()
+    false afterwards). Prints one line; returns "name: problems" or None."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    problems = ["exit status 0"] if r.returncode == 0 else []
+    if len(lines) != 1 or not lines[0].startswith("weft: error:"):
+        problems.append(f"stderr is not one error line: {r.stderr!r}")
+    problems += [f"message lacks {s!r}" for s in must_contain if s not in r.stderr]
+    if wrote():
+        problems.append("output was written")
+    print(f"{name}: exit {r.returncode}: {lines[0] if lines else ''}")
+    return f"{name}: " + "; ".join(problems) if problems else None

@@ -14,20 +14,10 @@ from reference.generation import random_prompts, write_prompts, write_tokenizer
 
 
 def expect_error(weft, name, mdir, prompts, out, settings, must_contain, failures):
-    r = subprocess.run([weft, "generate", "--model", mdir, "--prompts", prompts, "--out", out,
-                        *settings], capture_output=True, text=True, timeout=120)
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    problems = []
-    if r.returncode == 0:
-        problems.append("exit status 0")
-    if len(lines) != 1 or not lines[0].startswith("weft: error:"):
-        problems.append(f"stderr is not one error line: {r.stderr!r}")
-    problems += [f"message lacks {s!r}" for s in must_contain if s not in r.stderr]
-    if os.path.exists(out):
-        problems.append("an output file was written")
-    print(f"{name}: exit {r.returncode}: {lines[0] if lines else ''}")
-    if problems:
-        failures.append(f"{name}: " + "; ".join(problems))
+    cmd = [weft, "generate", "--model", mdir, "--prompts", prompts, "--out", out, *settings]
+    problem = fixtures.one_clear_error(name, cmd, must_contain, lambda: os.path.exists(out))
+    if problem:
+        failures.append(problem)
 
 
 def cases(weft, tmp):
