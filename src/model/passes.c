@@ -117,8 +117,8 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     weft_backend *be = m->be;
     const weft_kv_provider *kv = provider_of(pass);
     int L = m->cfg.num_layers, D = m->cfg.num_mtp;
-    WEFT_CHECK(batch->mtp_depth == D, "internal: batch built for %d MTP depths, model has %d",
-               batch->mtp_depth, D);
+    WEFT_CHECK(batch->mtp_depth == D || (out && out->skip_mtp),
+               "internal: batch built for %d MTP depths, model has %d", batch->mtp_depth, D);
     WEFT_CHECK(kv || batch->T_kv == batch->T,
                "internal: a batch whose attention sees rows it does not hold needs a key/value "
                "provider");
