@@ -50,6 +50,7 @@ int weft_rollout_verify(weft_engine *e, int i, const float *logits, int first_ro
     uint64_t sample = (uint64_t)s->sample;
     double *p = weft_alloc(sizeof(double) * V * 2), *q = p + V;
     if (nd > 0) e->stats.verify_steps++;
+    for (int d = 0; d < nd; d++) e->stats.drafted[d]++; // offered, whether reached or not
     for (int d = 0; d < nd; d++) {
         int position = s->len + d, x = s->tokens[position];
         weft_sampling_distribution(&e->sc, logits + (size_t)d * V, V, p, e->sampling_scratch);
@@ -57,10 +58,9 @@ int weft_rollout_verify(weft_engine *e, int i, const float *logits, int first_ro
                                    e->sampling_scratch);
         double u = weft_sampling_uniform(seed, prompt, sample, (uint64_t)position,
                                          WEFT_DRAW_ACCEPT);
-        e->stats.drafted[d]++;
         // A test's deliberately biased rule (every draft accepted) must fail the exactness test.
         bool accept = u * q[x] < p[x] ||
-                      weft_fault_skip("SPECULATIVE_ACCEPT_TEST", 0, e->stats.drafted[d]);
+                      weft_fault_skip("SPECULATIVE_ACCEPT_TEST", 0, e->stats.verify_steps);
         if (accept) {
             e->stats.accepted[d]++;
             out[d] = (draw){i, first_row + d, x, (float)log(p[x])};
