@@ -34,6 +34,7 @@ import json
 import math
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -115,11 +116,27 @@ def trainer_accuracy(run_dir, steps, last=50):
 
 # ------------------------------------------------------------------------------ the runs ----
 
+def run_measured(cmd, env):
+    """Runs cmd; returns (CompletedProcess, its CPU seconds, cores' worth of CPU that other
+    processes used meanwhile), as train_throughput.run_measured but with the process's own CPU
+    time, a measure of the work done that waiting for a core on a shared machine does not
+    inflate (with one thread)."""
+    b0, r0, t0 = tt.cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wall = time.time() - t0
+    b1, r1 = tt.cpu_busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    other = None
+    if b0 is not None and b1 is not None and wall > 0:
+        other = max(0.0, (b1 - b0) - own) / wall
+    return r, own, other
+
+
 def run_generate(weft, mdir, prompts, out, threads, settings):
     stats = out + ".stats.json"
     cmd = [weft, "generate", "--model", mdir, "--prompts", prompts, "--out", out, "--stats",
            stats, *settings]
-    r, wall, other = tt.run_measured(cmd, tt.base_env(threads))
+    r, cpu, other = run_measured(cmd, tt.base_env(threads))
     if r.returncode != 0:
         sys.exit(f"weft failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
     with open(stats) as f:
@@ -128,6 +145,7 @@ def run_generate(weft, mdir, prompts, out, threads, settings):
         rows = [json.loads(line) for line in f]
     return dict(seconds=st["generation_seconds"], tokens=int(st["tokens"]),
                 peak_batch=st.get("peak_batch"), spec=st.get("speculative"), other=other,
+                cpu=cpu,
                 prompts=[row["input_ids"] for row in rows],
                 outputs=[[r["token_ids"] for r in row["responses"]] for row in rows],
                 answers=[row.get("answer") for row in rows])
@@ -239,8 +257,20 @@ def check_prediction(ckpt, run, depths, rows):
             seqs.append(prompt + ids)
             lens.append(len(prompt))
     forced = teacher_forced_drafts(ckpt, seqs)
-    print("\nteacher-forced prediction of greedy acceptance (float64 reference over the greedy "
-          "outputs):")
+    # Module j's top-1 agreement with the main model's greedy tokens at every completion
+    # position, the analogue of the trainer's MTP accuracy on the model's own text.
+    depth = len(forced[0][2]) if forced else 0
+    agree = []
+    for j in range(1, depth + 1):
+        hits = total = 0
+        for (seq, _, drafts), P in zip(forced, lens):
+            for t in range(P - 1, len(seq) - 1 - j):
+                hits, total = hits + (drafts[j - 1][t] == seq[t + j + 1]), total + 1
+        agree.append(hits / total if total else 0.0)
+    print("\nteacher-forced pass (float64 reference) over the greedy outputs: module j's top-1 "
+          "agreement with the main model's tokens at every position: "
+          + ", ".join(f"depth {j + 1} {x:.1%}" for j, x in enumerate(agree)))
+    print("predicted greedy acceptance (the same argmaxes walked as the engine verifies):")
     result = []
     for k in depths:
         p = predicted_acceptance(forced, lens, k)
@@ -252,10 +282,36 @@ def check_prediction(ckpt, run, depths, rows):
             f"weft at batch {r['batch']}: " + " ".join(f"{x:.1%}" for x in r["acceptance"])
             + f", MAL {r['mean_accepted_length']:.2f}, {r['verify_steps']} steps"
             for r in rows if r["temperature"] == 0 and r["k"] == k)
-        print(f"  k={k}: predicted " + " ".join(f"{x:.1%}" for x in p["acceptance"])
+        print(f"  k={k}: " + " ".join(f"{x:.1%}" for x in p["acceptance"])
               + f", MAL {p['mean_accepted_length']:.2f}, {p['verify_steps']} steps"
               + f" (main-head near-ties: {p['mismatches']}); {weft}")
-    return result
+    return dict(agreement=agree, walks=result)
+
+
+def compare_with_training(acc, prediction, rows, depth):
+    """Per depth: the trainer's top-1 accuracy (teacher-forced, against the data), module j's
+    agreement with the main model on its own greedy text, and the acceptance at the deepest k
+    (greedy and sampled, batch 1), unconditional and given the draft before it accepted."""
+    if depth == 0:
+        return
+    print(f"\nper depth: trainer's top-1 accuracy against acceptance (k={depth}, batch "
+          f"{min(r['batch'] for r in rows)}):")
+    cols = ["trainer top-1", "own-text agreement"]
+    picked = {}
+    for r in rows:
+        if r["k"] == depth and r["batch"] == min(x["batch"] for x in rows):
+            picked[r["temperature"]] = r
+            cols.append(f"accepted t={r['temperature']:g}")
+            cols.append("  given previous")
+    print(f"{'':7s}" + "".join(f"{c:>20s}" for c in cols))
+    for j in range(depth):
+        cells = [f"{acc['mtp'][j]:.1%}" if j < len(acc["mtp"]) else "",
+                 f"{prediction['agreement'][j]:.1%}" if prediction else ""]
+        for r in picked.values():
+            acc_j = r["accepted"][j] / r["drafted"][j] if r["drafted"][j] else 0.0
+            prev = r["accepted"][j - 1] if j else r["drafted"][0]
+            cells += [f"{acc_j:.1%}", f"{r['accepted'][j] / prev:.1%}" if prev else ""]
+        print(f"depth {j + 1}" + "".join(f"{c:>20s}" for c in cells))
 
 
 # ------------------------------------------------------------------------------ the table ----
@@ -272,32 +328,51 @@ def spec_fields(spec, k):
                 draft_seconds=spec["draft_seconds"])
 
 
-def summarize(runs, off_runs, k):
+def summarize(runs, off_runs, k, B, n_samples, load_cpu):
     """One table row from the repeats of one configuration and those of speculation off at the
-    same batch and temperature (run i of each was taken side by side)."""
+    same batch and temperature (run i of each was taken side by side). load_cpu: the CPU seconds
+    of a run that generates nothing to speak of (start-up, loading), taken off every run's."""
     tok_s = [r["tokens"] / r["seconds"] for r in runs]
     ratios = [(r["tokens"] / r["seconds"]) / (o["tokens"] / o["seconds"])
               for r, o in zip(runs, off_runs)]
+    def cpu_rate(r):
+        return r["tokens"] / max(1e-9, r["cpu"] - load_cpu)
+    cpu_tok_s = [cpu_rate(r) for r in runs]
+    cpu_ratios = [cpu_rate(r) / cpu_rate(o) for r, o in zip(runs, off_runs)]
     sf = spec_fields(runs[0]["spec"], k)
     seconds = statistics.median(r["seconds"] for r in runs)
     draft = statistics.median(spec_fields(r["spec"], k)["draft_seconds"] for r in runs)
     ratio = statistics.median(ratios)
-    return dict(k=k, tokens=runs[0]["tokens"], tokens_per_s=statistics.median(tok_s),
-                tokens_per_s_range=[min(tok_s), max(tok_s)], speedup=ratio,
-                speedup_range=[min(ratios), max(ratios)], generation_seconds=seconds,
-                draft_share=draft / seconds if seconds > 0 else 0.0,
-                # the time of one speculative step over one plain step, per sequence
-                step_cost=sf["mean_accepted_length"] / ratio if k else 1.0,
-                peak_batch=runs[0]["peak_batch"],
-                others=max((r["other"] or 0.0) for r in runs + off_runs), **sf)
+    row = dict(k=k, tokens=runs[0]["tokens"], tokens_per_s=statistics.median(tok_s),
+               tokens_per_s_range=[min(tok_s), max(tok_s)], speedup=ratio,
+               speedup_range=[min(ratios), max(ratios)], generation_seconds=seconds,
+               cpu_tokens_per_s=statistics.median(cpu_tok_s),
+               cpu_speedup=statistics.median(cpu_ratios),
+               cpu_speedup_range=[min(cpu_ratios), max(cpu_ratios)],
+               draft_seconds=draft, draft_share=draft / seconds if seconds > 0 else 0.0,
+               # the time of one speculative step over one plain step, per sequence
+               step_cost=sf["mean_accepted_length"] / ratio if k else 1.0,
+               peak_batch=runs[0]["peak_batch"],
+               others=max((r["other"] or 0.0) for r in runs + off_runs),
+               **{key: v for key, v in sf.items() if key != "draft_seconds"})
+    if B == 1:  # one sequence at a time: engine steps are countable
+        # a prompt's forward draws its first token; then one forward per token, or per
+        # verification (the few steps at the token limit with nothing to draft not counted)
+        forwards = n_samples + sf["verify_steps"] if k else runs[0]["tokens"]
+        row["forward_ms"] = 1e3 * (seconds - draft) / forwards
+        row["draft_ms"] = 1e3 * draft / sf["verify_steps"] if k else 0.0
+    return row
 
 
 def print_row(temp, B, row, same, depth):
     acc = " ".join(f"{x:6.1%}" for x in row["acceptance"]) if row["k"] else ""
     acc = acc + " " * (7 * depth - len(acc))
     same_s = "" if same is None else f"{same:6.1%}"
-    print(f"{temp:>4} {B:5d} {row['k']:2d} {row['tokens_per_s']:8.0f} {row['speedup']:6.2f}x  "
-          f"{acc} {row['mean_accepted_length']:5.2f} {row['draft_share']:6.1%} "
+    ms = (f"{row['forward_ms']:6.3f} {row['draft_ms']:6.3f}" if "forward_ms" in row
+          else " " * 13)
+    print(f"{temp:>4} {B:5d} {row['k']:2d} {row['tokens_per_s']:8.0f} {row['speedup']:6.2f}x "
+          f"{row['cpu_tokens_per_s']:8.0f} {row['cpu_speedup']:6.2f}x  "
+          f"{acc} {row['mean_accepted_length']:5.2f} {row['draft_share']:6.1%} {ms} "
           f"{row['step_cost']:5.2f} {same_s:>6} {row['others']:6.2f}", flush=True)
 
 
@@ -350,7 +425,13 @@ def main():
         prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"), a.prompts, a.seed)
         print(f"{a.prompts} prompts of the training task, at most {a.max_tokens} new tokens "
               f"each (end-of-text stops), {a.threads} threads, median of {a.repeats} runs\n")
+        one = os.path.join(tmp, "one.jsonl")
+        with open(prompts) as f, open(one, "w") as g:
+            g.write(f.readline())
+        loads = []
         for rep in range(a.repeats):
+            loads.append(run_generate(weft, ckpt, one, os.path.join(tmp, "one.out.jsonl"),
+                                      a.threads, settings_of(1, 0, 0, 1, a.seed))["cpu"])
             for temp in temps:
                 for B in batches:
                     for k in ks:
@@ -363,10 +444,13 @@ def main():
                         results.setdefault((temp, B, k), []).append(run)
             print(f"  run {rep + 1}/{a.repeats} done", file=sys.stderr, flush=True)
 
+    load_cpu = statistics.median(loads)
     depth = max(depths, default=0)
     head_acc = " ".join(f"{'acc d' + str(j + 1):>6}" for j in range(depth))
-    print(f"{'temp':>4} {'batch':>5} {'k':>2} {'tok/s':>8} {'vs off':>7}  {head_acc} "
-          f"{'MAL':>5} {'draft':>6} {'cost':>5} {'same':>6} {'others':>6}")
+    print(f"{'temp':>4} {'batch':>5} {'k':>2} {'tok/s':>8} {'vs off':>7} {'cpu':>8} {'vs off':>7}  "
+          f"{head_acc} "
+          f"{'MAL':>5} {'draft':>6} {'fwd ms':>6} {'dft ms':>6} {'cost':>5} {'same':>6} "
+          f"{'others':>6}")
     rows, failed = [], False
     greedy_off = None
     for temp in temps:
@@ -376,7 +460,7 @@ def main():
                 greedy_off = off[0]
             for k in ks:
                 runs = results[(temp, B, k)]
-                row = summarize(runs, off, k)
+                row = summarize(runs, off, k, B, a.prompts, load_cpu)
                 row.update(temperature=temp, batch=B)
                 same = None
                 if temp == 0:  # greedy: every run must equal speculation off, token for token
@@ -388,9 +472,11 @@ def main():
                     row["correct"] = correct_share(runs[0])
                 rows.append(row)
                 print_row(f"{temp:g}", B, row, same, depth)
-    print("\nvs off: median of the runs' tokens/s over speculation off's, run by run; acc dj: "
+    print("\nvs off: median of the runs' tokens/s over speculation off's, run by run; cpu: "
+          "tokens per CPU second of the process (less a start-up run's), and its ratio; acc dj: "
           "accepted / drafted at depth j; MAL: tokens per verification step; draft: share of "
-          "engine time in the MTP draft passes; cost: one speculative step's time over a plain "
+          "engine time in the MTP draft passes; fwd ms, dft ms (batch 1): milliseconds per main "
+          "forward and per step's draft passes; cost: one speculative step's time over a plain "
           "step's (MAL / speedup); same: greedy tokens equal to speculation off's")
     if greedy_off:
         print(f"greedy outputs that are the task's right answer: {correct_share(greedy_off):.1%}")
@@ -401,6 +487,7 @@ def main():
             print("(no torch: the teacher-forced prediction is skipped)")
         else:
             prediction = check_prediction(ckpt, greedy_off, depths, rows)
+    compare_with_training(acc, prediction, rows, depth)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(model=dict(checkpoint=ckpt, train_steps=a.train_steps, config=cfg),
