@@ -35,6 +35,7 @@ import math
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 import train_throughput as tt  # noqa: E402  (its process helpers)
 from generate_throughput import agreement  # noqa: E402
 
-DEFAULT_TRAIN_STEPS = 1000
+DEFAULT_TRAIN_STEPS = 5000
 EOS = 256  # the byte-level tokenizer's end-of-text
 MTP_LAYERS = 2
 TRAIN_SETTINGS = [f"model.mtp_layers={MTP_LAYERS}"]  # on top of the built-in default job
@@ -93,12 +94,13 @@ def ensure_model(weft, run_dir, steps, threads):
         return ckpt, None
     cmd = [weft, "train", *TRAIN_SETTINGS, f"train.steps={steps}", f"train.save_every={steps}",
            f"train.log_every={max(1, steps // 10)}", f"train.output_dir={run_dir}"]
+    if os.path.isdir(run_dir):  # an interrupted run's leftovers
+        shutil.rmtree(run_dir)
     print(f"training the model (once; cached in {run_dir}): {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
-    r = subprocess.run(cmd, env=tt.base_env(threads), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
+    r = subprocess.run(cmd, env=tt.base_env(threads))  # its progress lines show
     if r.returncode != 0 or not os.path.exists(os.path.join(ckpt, "model.safetensors")):
-        sys.exit(f"weft train failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}")
+        sys.exit(f"weft train failed ({r.returncode}): {' '.join(cmd)}")
     return ckpt, time.time() - t0
 
 
@@ -228,7 +230,9 @@ def predicted_acceptance(forced, prompt_lens, k):
     n+j), accepts the longest prefix of drafts equal to the tokens the main model emitted, and
     emits those plus one. Returns drafted and accepted per depth (a depth-j draft is accepted only
     with all before it), verify steps, and the main head's disagreements with the emitted tokens
-    (the reference's argmax against weft's choice: near-ties; the prediction is exact while 0)."""
+    (the reference's argmax against weft's choice: near-ties; the prediction is exact while 0).
+    The walk stops at the sample's end; weft also verifies drafts past an accepted end-of-text
+    (never emitted), so its accepted counts can exceed the prediction by a few."""
     drafted, accepted = [0] * k, [0] * k
     steps = mismatches = 0
     for (seq, main, drafts), P in zip(forced, prompt_lens):
@@ -343,6 +347,10 @@ def summarize(runs, off_runs, k, B, n_samples, load_cpu):
     seconds = statistics.median(r["seconds"] for r in runs)
     draft = statistics.median(spec_fields(r["spec"], k)["draft_seconds"] for r in runs)
     ratio = statistics.median(ratios)
+    # Tokens a verification step emitted (each sample's first token comes from its prompt's
+    # forward). The engine's mean accepted length (1 + accepted per step) is a little higher: it
+    # counts the bonus token of a sample's last step, which its end-of-text does not emit.
+    per_step = (runs[0]["tokens"] - n_samples) / sf["verify_steps"] if k else 1.0
     row = dict(k=k, tokens=runs[0]["tokens"], tokens_per_s=statistics.median(tok_s),
                tokens_per_s_range=[min(tok_s), max(tok_s)], speedup=ratio,
                speedup_range=[min(ratios), max(ratios)], generation_seconds=seconds,
@@ -350,8 +358,9 @@ def summarize(runs, off_runs, k, B, n_samples, load_cpu):
                cpu_speedup=statistics.median(cpu_ratios),
                cpu_speedup_range=[min(cpu_ratios), max(cpu_ratios)],
                draft_seconds=draft, draft_share=draft / seconds if seconds > 0 else 0.0,
+               tokens_per_verification=per_step,
                # the time of one speculative step over one plain step, per sequence
-               step_cost=sf["mean_accepted_length"] / ratio if k else 1.0,
+               step_cost=per_step / ratio if k else 1.0,
                peak_batch=runs[0]["peak_batch"],
                others=max((r["other"] or 0.0) for r in runs + off_runs),
                **{key: v for key, v in sf.items() if key != "draft_seconds"})
@@ -379,7 +388,11 @@ def print_row(temp, B, row, same, depth):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--weft", default=os.path.join(REPO, "build", "weft"), help="the weft binary")
-    ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of every run")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OMP_NUM_THREADS of the generation runs (1: the CPU-time column is "
+                    "meaningful; 2 threads do not speed up batch 1 of this small model)")
+    ap.add_argument("--train-threads", type=int, default=1,
+                    help="OMP_NUM_THREADS of training (the trained bits depend on it)")
     ap.add_argument("--train-steps", type=int, default=DEFAULT_TRAIN_STEPS,
                     help="optimizer steps of the default job with model.mtp_layers=2")
     ap.add_argument("--cache", default=os.path.join(REPO, "bench", ".cache"),
@@ -405,8 +418,9 @@ def main():
         ap.error(f"--depths: each k in 1..{MTP_LAYERS} (the model's MTP depth)")
 
     run_dir = os.path.join(os.path.abspath(a.cache),
-                           f"speculative_decoding_mtp{MTP_LAYERS}_steps{a.train_steps}")
-    ckpt, train_seconds = ensure_model(weft, run_dir, a.train_steps, a.threads)
+                           f"speculative_decoding_mtp{MTP_LAYERS}_steps{a.train_steps}"
+                           f"_threads{a.train_threads}")
+    ckpt, train_seconds = ensure_model(weft, run_dir, a.train_steps, a.train_threads)
     acc = trainer_accuracy(run_dir, a.train_steps)
     with open(os.path.join(ckpt, "config.json")) as f:
         cfg = json.load(f)
@@ -477,7 +491,7 @@ def main():
           "accepted / drafted at depth j; MAL: tokens per verification step; draft: share of "
           "engine time in the MTP draft passes; fwd ms, dft ms (batch 1): milliseconds per main "
           "forward and per step's draft passes; cost: one speculative step's time over a plain "
-          "step's (MAL / speedup); same: greedy tokens equal to speculation off's")
+          "step's (tokens per verification / speedup); same: greedy tokens equal to speculation off's")
     if greedy_off:
         print(f"greedy outputs that are the task's right answer: {correct_share(greedy_off):.1%}")
 
