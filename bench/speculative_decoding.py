@@ -4,29 +4,36 @@
 with the acceptance rate per draft depth, the mean accepted length and the drafts' share of the
 time, next to the trainer's per-depth top-1 accuracy of the same model.
 
-The model: weft's built-in default job (a ~1.3M-parameter Qwen2, byte-level tokens, learning
-multi-term addition with worked steps from scratch, src/data/synthetic.c) with model.mtp_layers=2,
-trained for --train-steps steps on first use and kept under --cache (bench/.cache/ by default,
-git-ignored), so later runs skip training. The trainer's per-depth top-1 accuracy is the mean of
-metrics.jsonl's "accuracy" and "mtp_accuracy" over the last 50 steps (training batches,
-teacher-forced against the data).
+The model: weft's built-in default job (a 1.28M-parameter Qwen2 with its MTP modules, byte-level
+tokens, learning multi-term addition with worked steps from scratch, src/data/synthetic.c) with
+model.mtp_layers=2, trained for --train-steps steps (5000: about 13 minutes on one thread) on first
+use and kept under --cache (bench/.cache/ by default, git-ignored), so later runs skip training.
+Training runs on --train-threads threads (the trained bits depend on the thread count and on the
+OpenBLAS kernels). The trainer's per-depth top-1 accuracy is the mean of metrics.jsonl's
+"accuracy" and "mtp_accuracy" over the last 50 steps (training batches, teacher-forced against
+the data).
 
 The prompts: --prompts problems drawn from the same distribution as the training task (with
 Python's random, seeded, so not the training documents), as byte ids ("input_ids"); each sample
 ends at the model's end-of-text (id 256) or sampling.max_tokens. Batch 1 runs them one at a time
 (rollout.max_running=1), batch 16 sixteen at a time in one continuous batch
-(rollout.max_running=16). Greedy (sampling.temperature=0) and, with --temperatures, sampled.
+(rollout.max_running=16). Greedy (sampling.temperature=0) and sampled (temperature 1).
 
 Timed: the engine time of `weft generate` (generation_seconds of --stats), model loading
-excluded; tokens/s is the tokens generated over it. Each configuration runs --repeats times,
-interleaved with the others, and the median is reported (trust a row only when `others`, the
-cores other processes used meanwhile, is near 0).
+excluded; tokens/s is the tokens generated over it. Beside it, tokens per CPU second of the
+process, less the CPU time of a run that only starts up: with one thread (the default) this is
+the work done, which waiting for a core on a busy machine does not inflate. Each configuration
+runs --repeats times, interleaved with the others; the tables give medians, and `vs off` is the
+median of the run-by-run ratios (trust a row only when `others`, the cores other processes used
+meanwhile, is near 0). At batch 1 the engine's steps can be counted, so the table also splits the
+time into milliseconds per main forward and per step's MTP draft passes.
 
 Checks: greedy output with speculation must equal output without, token for token (`same`; the
 script exits with status 1 otherwise). With torch present, a teacher-forced float64 pass of the
-reference model over the greedy outputs (tests/reference/qwen2.py) predicts what greedy
-speculation should accept (the drafts of module j against the tokens the main model chose, walked
-step by step as the engine verifies): the engine's acceptance should match it up to near-ties.
+reference model over the greedy outputs (tests/reference/qwen2.py) gives each MTP module's top-1
+agreement with the main model on its own text and predicts what greedy speculation should accept
+(module j's argmax against the tokens the main model chose, walked step by step as the engine
+verifies): the engine's counts should match it up to near-ties.
 """
 import argparse
 import importlib.util
@@ -381,7 +388,8 @@ def print_row(temp, B, row, same, depth):
           else " " * 13)
     print(f"{temp:>4} {B:5d} {row['k']:2d} {row['tokens_per_s']:8.0f} {row['speedup']:6.2f}x "
           f"{row['cpu_tokens_per_s']:8.0f} {row['cpu_speedup']:6.2f}x  "
-          f"{acc} {row['mean_accepted_length']:5.2f} {row['draft_share']:6.1%} {ms} "
+          f"{acc} {row['mean_accepted_length']:5.2f} {row['tokens_per_verification']:5.2f} "
+          f"{row['draft_share']:6.1%} {ms} "
           f"{row['step_cost']:5.2f} {same_s:>6} {row['others']:6.2f}", flush=True)
 
 
@@ -463,7 +471,7 @@ def main():
     head_acc = " ".join(f"{'acc d' + str(j + 1):>6}" for j in range(depth))
     print(f"{'temp':>4} {'batch':>5} {'k':>2} {'tok/s':>8} {'vs off':>7} {'cpu':>8} {'vs off':>7}  "
           f"{head_acc} "
-          f"{'MAL':>5} {'draft':>6} {'fwd ms':>6} {'dft ms':>6} {'cost':>5} {'same':>6} "
+          f"{'MAL':>5} {'t/ver':>5} {'draft':>6} {'fwd ms':>6} {'dft ms':>6} {'cost':>5} {'same':>6} "
           f"{'others':>6}")
     rows, failed = [], False
     greedy_off = None
@@ -488,10 +496,12 @@ def main():
                 print_row(f"{temp:g}", B, row, same, depth)
     print("\nvs off: median of the runs' tokens/s over speculation off's, run by run; cpu: "
           "tokens per CPU second of the process (less a start-up run's), and its ratio; acc dj: "
-          "accepted / drafted at depth j; MAL: tokens per verification step; draft: share of "
+          "accepted / drafted at depth j; MAL: the engine's mean accepted length (1 + accepted per verification); "
+          "t/ver: tokens a verification emitted (MAL counts a bonus token after a sample's "
+          "end-of-text); draft: share of "
           "engine time in the MTP draft passes; fwd ms, dft ms (batch 1): milliseconds per main "
           "forward and per step's draft passes; cost: one speculative step's time over a plain "
-          "step's (tokens per verification / speedup); same: greedy tokens equal to speculation off's")
+          "step's (t/ver / speedup); same: greedy tokens equal to speculation off's")
     if greedy_off:
         print(f"greedy outputs that are the task's right answer: {correct_share(greedy_off):.1%}")
 
