@@ -3,7 +3,7 @@
 //   WEFT_TEST_KILL_AT_<SITE>=RANK:INDEX   the process kills itself (SIGKILL) at that event;
 //   WEFT_TEST_SKIP_<SITE>=RANK:INDEX      the caller skips that event;
 // e.g. WEFT_TEST_KILL_AT_COLLECTIVE=1:11 kills rank 1 at its collective number 11 (0-based) on the
-// world group. The code under test asks at each event of a site and knows nothing else of tests.
+// world group; INDEX * names every event of the site. The code under test asks at each event of a site and knows nothing else of tests.
 #pragma once
 #include "core/core.h"
 

@@ -148,6 +148,15 @@ void weft_model_forward_backward(weft_model *m, const weft_batch *batch, const f
 void weft_model_forward(weft_model *m, const weft_batch *batch, bool keep,
                         const weft_pass_options *pass, const weft_forward_outputs *out);
 
+// Drafting for speculative decoding (DESIGN.md sections 8 and 11): MTP module `depth` (1-based)
+// alone over the batch's rows, keeping nothing, its attention through a KV cache's provider. The
+// batch's tokens are the module's input tokens (at the row of position t, token t + depth) and
+// h_prev (T, C) holds h_{depth-1} of each row. Writes h_depth (T, C) to out->hidden (if given) and
+// the shared head's logits of out->rows to out->logits.
+void weft_model_draft_forward(weft_model *m, int depth, const weft_batch *batch,
+                              const void *h_prev, const weft_pass_options *pass,
+                              const weft_forward_outputs *out);
+
 // Per head k and row t, device (T) f32 arrays, each optional (NULL: zero).
 typedef struct weft_head_weights {
     const float *d_logprob[WEFT_MAX_HEADS]; // dL/dlogp_k(t)

@@ -92,16 +92,18 @@ static void head_forward(weft_model *m, weft_activations *a, int k, head_mode mo
     if (stats) be->accumulate_f32(be, a->correct, T, false, 1.0, &stats[heads + k]);
 }
 
-// Generation's head: logits of the chosen rows of h_0 only, gathered first (the embedding op is a
-// row gather: out[i] = table[ids[i]]).
-static void head_on_rows(weft_model *m, weft_activations *a, const weft_forward_outputs *out) {
+// Generation's head: logits of the chosen rows of h (T, C) only, gathered first (the embedding op
+// is a row gather: out[i] = table[ids[i]]).
+static void head_on_rows(weft_model *m, weft_activations *a, const void *h,
+                         const weft_forward_outputs *out) {
     weft_backend *be = m->be;
     int n = out->n_rows, V = m->cfg.vocab_size;
     WEFT_CHECK(a->keep == KEEP_NONE && n >= 0 && n <= a->d.T && !out->stats &&
                    !out->logprobs[0] && !out->entropy[0],
                "internal: a forward on chosen rows makes logits only, keeping nothing");
+    if (n == 0) return;
     be->to_device(be, a->head_rows, out->rows, sizeof(int32_t) * n);
-    be->embedding_forward(be, a->head_rows, a->lnf, a->head_input, n, a->d.C);
+    be->embedding_forward(be, a->head_rows, h, a->head_input, n, a->d.C);
     weft_linear_forward(m, a->head_input, whole_weight(m->lm_head, m->cfg.hidden_size),
                         out->logits ? out->logits : a->logits, n, a->d.C, V, 0.0f);
 }
@@ -143,7 +145,7 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
                         (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
     if (out && out->hidden) be->copy(be, out->hidden, a->lnf, weft_dtype_size(be->act_dtype) * d.T * d.C);
-    if (out && out->rows) head_on_rows(m, a, out);
+    if (out && out->rows) head_on_rows(m, a, a->lnf, out);
     else head_forward(m, a, 0, mode, out);
     for (int k = 0; k < D && !(out && out->skip_mtp); k++) {
         mtp_acts *mk = &a->mtp[k];
@@ -155,6 +157,26 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     }
     a->fused = mode.fused;
     a->backward_due = keep != KEEP_NONE;
+}
+
+void weft_model_draft_forward(weft_model *m, int depth, const weft_batch *batch,
+                              const void *h_prev, const weft_pass_options *pass,
+                              const weft_forward_outputs *out) {
+    weft_backend *be = m->be;
+    const weft_kv_provider *kv = provider_of(pass);
+    WEFT_CHECK(depth >= 1 && depth <= m->cfg.num_mtp, "internal: no MTP module of depth %d",
+               depth);
+    WEFT_CHECK(kv && kv->attend && out && out->rows,
+               "internal: drafting reads a KV cache and makes logits on chosen rows");
+    WEFT_CHECK(!m->acts || !m->acts->backward_due,
+               "internal: a forward that kept its activations still waits for its backward");
+    weft_activations *a = weft_activations_prepare(m, KEEP_NONE, dims_of(m, batch), false);
+    upload_batch(be, a, batch);
+    mtp_acts *mk = &a->mtp[depth - 1];
+    be->copy(be, mk->inputs, a->tokens, sizeof(int32_t) * a->d.T);
+    weft_mtp_forward(m, a, depth - 1, h_prev, kv);
+    if (out->hidden) be->copy(be, out->hidden, mk->h, weft_dtype_size(be->act_dtype) * a->d.T * a->d.C);
+    head_on_rows(m, a, mk->h, out);
 }
 
 // ------------------------------------------------------------------------------ backward ----

@@ -22,3 +22,19 @@ void weft_sampling_config_validate(const weft_sampling_config *c) {
     WEFT_CHECK(c->max_tokens >= 1, "sampling.max_tokens = %d: give at least 1 new token",
                c->max_tokens);
 }
+
+void weft_rollout_config_validate(const weft_rollout_config *c, int mtp_depth, const char *model) {
+    WEFT_CHECK(c->block_size >= 1, "rollout.block_size = %d: give at least 1 position per block",
+               c->block_size);
+    WEFT_CHECK(c->speculative_tokens >= 0, "rollout.speculative_tokens = %d must not be negative "
+               "(0: no speculation)", c->speculative_tokens);
+    WEFT_CHECK(c->speculative_tokens == 0 || mtp_depth > 0, "rollout.speculative_tokens = %d, but "
+               "the model %s has no MTP modules to draft with; set it to 0, or train the model "
+               "with model.mtp_layers", c->speculative_tokens, model);
+    WEFT_CHECK(c->speculative_tokens <= mtp_depth, "rollout.speculative_tokens = %d, but the model "
+               "%s has %d MTP modules (depth %d); set it to at most %d", c->speculative_tokens,
+               model, mtp_depth, mtp_depth, mtp_depth);
+    WEFT_CHECK(c->max_batch_tokens >= 1 + c->speculative_tokens, "rollout.max_batch_tokens = %d "
+               "cannot hold a sequence's token and its %d drafts; raise it", c->max_batch_tokens,
+               c->speculative_tokens);
+}

@@ -28,9 +28,12 @@ typedef struct weft_rollout_config {
     double kv_cache_fraction; // of the device's free memory (host RAM on the CPU)
     int max_batch_tokens;     // rows one forward may hold (prefill is chunked to it)
     int max_running;          // sequences running at once at most (0: as many as fit)
+    int speculative_tokens;   // tokens the MTP modules draft per step (0: no speculation)
 } weft_rollout_config;
 
 weft_sampling_config weft_sampling_config_default(void);
 weft_rollout_config weft_rollout_config_default(void);
 // Checks the settings' ranges; `source` names where they came from in the error.
 void weft_sampling_config_validate(const weft_sampling_config *c);
+// Checks the engine's settings against the model (its MTP depth; `model` names it in the error).
+void weft_rollout_config_validate(const weft_rollout_config *c, int mtp_depth, const char *model);

@@ -12,13 +12,14 @@
 long weft_engine_pool_blocks(const weft_model *m, const weft_rollout_config *rc,
                              const weft_sampling_config *sc, const weft_prompt *prompts, int n) {
     const weft_model_config *c = &m->cfg;
-    int bs = rc->block_size;
+    int bs = rc->block_size, k = rc->speculative_tokens;
     if (rc->kv_cache_tokens > 0) return (rc->kv_cache_tokens + bs - 1) / bs;
-    size_t block = weft_kv_cache_block_bytes(m->be, c->num_layers, c->num_kv_heads * c->head_dim, bs);
+    size_t block = weft_kv_cache_block_bytes(m->be, c->num_layers + k,
+                                             c->num_kv_heads * c->head_dim, bs);
     long blocks = (long)(rc->kv_cache_fraction * (double)m->be->memory_available(m->be) / block);
-    long most = 0; // every sample of every prompt at its longest, nothing shared
+    long most = 0; // every sample of every prompt at its longest (drafts too), nothing shared
     for (int i = 0; prompts && i < n; i++)
-        most += (long)sc->n * ((prompts[i].len + sc->max_tokens + bs - 1) / bs + 1);
+        most += (long)sc->n * ((prompts[i].len + sc->max_tokens + k + bs - 1) / bs + 1);
     return prompts && most < blocks ? most : blocks;
 }
 
@@ -26,11 +27,14 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
                                 const weft_sampling_config *sc, const weft_tokenizer *tok,
                                 long kv_blocks) {
     weft_sampling_config_validate(sc);
+    weft_rollout_config_validate(rc, m->cfg.num_mtp, "given to the engine");
     weft_engine *e = weft_alloc(sizeof *e);
     *e = (weft_engine){.model = m, .be = m->be, .rc = *rc, .sc = *sc, .tok = tok};
     const weft_model_config *c = &m->cfg;
-    e->cache = weft_kv_cache_create(m->be, c->num_layers, c->num_kv_heads * c->head_dim,
-                                    rc->block_size, kv_blocks);
+    // The MTP modules that draft keep their keys and values in the same blocks, after the
+    // decoder's layers.
+    e->cache = weft_kv_cache_create(m->be, c->num_layers + rc->speculative_tokens,
+                                    c->num_kv_heads * c->head_dim, rc->block_size, kv_blocks);
     if (e->sc.n_stop_token_ids < 0) { // unset: the model's end-of-text
         int eos = c->eos_token_id >= 0 ? c->eos_token_id : tok ? weft_tokenizer_eos_id(tok) : -1;
         e->sc.n_stop_token_ids = 0;
@@ -48,6 +52,7 @@ void weft_engine_free(weft_engine *e) {
     if (!e) return;
     weft_kv_cache_free(e->cache);
     weft_rollout_step_buffers_free(e);
+    weft_free(e->seqs);
     weft_free(e->sampling_scratch);
     weft_free(e);
 }
@@ -56,6 +61,16 @@ weft_rollout_stats weft_engine_stats(const weft_engine *e) {
     weft_rollout_stats s = e->stats;
     s.kv = weft_kv_cache_stats_now(e->cache);
     return s;
+}
+
+// Positions the samples forked from prompt sequence s copy on write when they draft (their MTP
+// modules rewrite the prompt's last k positions): reserved with the prompt's last chunk, so the
+// fork cannot run out of blocks.
+int weft_rollout_fork_spare(const weft_engine *e, int sample, int len) {
+    int k = e->rc.speculative_tokens, bs = e->rc.block_size;
+    if (k == 0 || sample >= 0) return 0;
+    int first = len - k > 0 ? len - k : 0;
+    return (e->sc.n - 1) * ((len - 1) / bs - first / bs + 1) * bs;
 }
 
 // The longest context a sequence may reach: the model's, and what the pool holds.
@@ -76,6 +91,8 @@ void weft_engine_check_prompts(const weft_engine *e, const weft_prompt *prompts,
         WEFT_CHECK(model <= 0 || need <= model,
                    "%s has %d tokens: with the first new one more than the model's context of "
                    "%ld (max_position_embeddings); shorten it", name, prompts[i].len, model);
+        // Speculating, the prompt's last chunk also holds the blocks its samples copy to draft.
+        need += e->rc.speculative_tokens + weft_rollout_fork_spare(e, -1, prompts[i].len);
         WEFT_CHECK(need <= pool,
                    "%s has %d tokens: more than the KV cache's %ld positions hold; raise "
                    "rollout.kv_cache_tokens (or rollout.kv_cache_fraction) or shorten it", name,
@@ -92,19 +109,39 @@ void weft_completions_free(weft_completion *c, int n) {
 
 // ---------------------------------------------------------------------------- sequences ----
 
-static gen_seq seq_for_prompt(const weft_prompt *p, int sample, int extra) {
+// Forgets what the MTP modules cached (the sequence's blocks are gone or never were).
+static void reset_drafting_cache(gen_seq *s) {
+    for (int j = 0; j < WEFT_MAX_MTP; j++) s->mtp_cached[j] = 0, s->stash_pos[j] = -1;
+}
+
+// A sequence for prompt p: its prefill (sample -1) or one of its samples, with room for `extra`
+// new tokens and the drafts beyond them.
+static gen_seq seq_for_prompt(const weft_engine *e, const weft_prompt *p, int sample, int extra) {
+    int k = e->rc.speculative_tokens;
     gen_seq s = {.prompt = p->index, .sample = sample, .prompt_len = p->len, .kv = -1,
-                 .cap = p->len + extra + 1};
+                 .cap = p->len + extra + 1 + k};
     s.tokens = weft_alloc(sizeof(int32_t) * s.cap);
     s.logprobs = weft_alloc(sizeof(float) * s.cap);
     s.processed = weft_alloc(sizeof(float) * s.cap);
     memcpy(s.tokens, p->tokens, sizeof(int32_t) * p->len);
     s.len = p->len;
+    reset_drafting_cache(&s);
+    if (k > 0) {
+        const weft_model_config *c = &e->model->cfg;
+        s.draft_logits = weft_alloc(sizeof(float) * k * c->vocab_size);
+        s.stash = weft_alloc(weft_dtype_size(e->be->act_dtype) * k * c->hidden_size);
+    }
     return s;
 }
 
 static void seq_free(gen_seq *s) {
     weft_free(s->tokens), weft_free(s->logprobs), weft_free(s->processed);
+    weft_free(s->draft_logits), weft_free(s->stash);
+}
+
+int weft_rollout_token_limit(const weft_engine *e, const gen_seq *s) {
+    long limit = context_limit(e), most = (long)s->prompt_len + e->sc.max_tokens;
+    return (int)(most < limit ? most : limit);
 }
 
 // Whether the sample's text (decoded from its generated tokens) now holds a stop string; *cut
@@ -131,8 +168,7 @@ static bool finished(weft_engine *e, gen_seq *s) {
     bool stop = e->sc.n_stop > 0 && hit_stop_string(e, s, &cut, &text);
     weft_free(text);
     if (stop) return s->finish = WEFT_FINISH_STOP, true;
-    if (s->len - s->prompt_len >= e->sc.max_tokens || s->len >= context_limit(e))
-        return s->finish = WEFT_FINISH_LENGTH, true;
+    if (s->len >= weft_rollout_token_limit(e, s)) return s->finish = WEFT_FINISH_LENGTH, true;
     return false;
 }
 
@@ -173,6 +209,7 @@ static void preempt(weft_engine *e, int i) {
     gen_seq *s = &e->seqs[i];
     weft_kv_seq_release(e->cache, s->kv);
     s->kv = -1, s->cached = 0, s->state = SEQ_WAITING;
+    reset_drafting_cache(s); // its drafts stay: verified as they would have been
     e->stats.preemptions++;
 }
 
@@ -186,10 +223,19 @@ static int newest_after(const weft_engine *e, long than) {
     return newest;
 }
 
-bool weft_rollout_reserve_rows(weft_engine *e, int i, int rows) {
+int weft_rollout_pending_rows(const gen_seq *s) { return s->len + s->n_drafts - s->cached; }
+
+int weft_rollout_write_from(const weft_engine *e, const gen_seq *s) {
+    int from = s->cached;
+    for (int j = 0; j < e->rc.speculative_tokens; j++)
+        from = s->mtp_cached[j] < from ? s->mtp_cached[j] : from;
+    return from;
+}
+
+bool weft_rollout_reserve_rows(weft_engine *e, int i, int rows, int spare) {
     if (e->seqs[i].kv < 0) e->seqs[i].kv = weft_kv_seq_new(e->cache);
-    while (!weft_kv_seq_reserve(e->cache, e->seqs[i].kv, e->seqs[i].cached,
-                                e->seqs[i].cached + rows)) {
+    while (!weft_kv_seq_reserve(e->cache, e->seqs[i].kv, weft_rollout_write_from(e, &e->seqs[i]),
+                                e->seqs[i].cached + rows + spare)) {
         int victim = newest_after(e, e->seqs[i].order);
         if (victim < 0) { // nothing newer to make room: this one waits
             preempt(e, i);
@@ -208,32 +254,50 @@ static void admit(weft_engine *e) {
     for (int i; (i = next_waiting(e)) >= 0 && (e->rc.max_running <= 0 || running < e->rc.max_running);
          running++) {
         gen_seq *s = &e->seqs[i];
-        int rows = s->len - s->cached;
+        int rows = weft_rollout_pending_rows(s);
         if (rows > e->rc.max_batch_tokens) rows = e->rc.max_batch_tokens;
         if (s->kv < 0) s->kv = weft_kv_seq_new(e->cache);
-        if (weft_kv_seq_blocks_needed(e->cache, s->kv, s->cached, s->cached + rows) >
+        if (weft_kv_seq_blocks_needed(e->cache, s->kv, weft_rollout_write_from(e, s),
+                                      s->cached + rows) >
             weft_kv_cache_free_blocks(e->cache))
             return;
         s->state = SEQ_RUNNING;
     }
 }
 
+// A sample of prompt sequence p: its tokens, blocks and what the MTP modules cached.
+static gen_seq fork_sample(weft_engine *e, const gen_seq *p, int sample) {
+    gen_seq child = seq_for_prompt(e, &(weft_prompt){p->tokens, p->len, p->prompt}, sample,
+                                   e->sc.max_tokens);
+    child.kv = weft_kv_seq_fork(e->cache, p->kv);
+    child.cached = p->cached;
+    child.state = SEQ_RUNNING;
+    child.order = p->order + 1 + sample; // the samples take the prompt's place in line
+    child.main_row0 = p->main_row0, child.main_lo = p->main_lo, child.main_hi = p->main_hi;
+    memcpy(child.mtp_cached, p->mtp_cached, sizeof child.mtp_cached);
+    memcpy(child.stash_pos, p->stash_pos, sizeof child.stash_pos);
+    const weft_model_config *c = &e->model->cfg;
+    if (p->stash)
+        memcpy(child.stash, p->stash, weft_dtype_size(e->be->act_dtype) *
+                                          e->rc.speculative_tokens * c->hidden_size);
+    return child;
+}
+
 int weft_rollout_fork_samples(weft_engine *e, int parent) {
     int first = e->n_seqs;
-    for (int s = 0; s < e->sc.n; s++) {
-        const gen_seq *p = &e->seqs[parent]; // the table may move as samples are added
-        gen_seq child = seq_for_prompt(&(weft_prompt){p->tokens, p->len, p->prompt}, s,
-                                       e->sc.max_tokens);
-        child.kv = weft_kv_seq_fork(e->cache, p->kv);
-        child.cached = p->cached;
-        child.state = SEQ_RUNNING;
-        child.order = p->order + 1 + s; // the samples take the prompt's place in line
-        weft_rollout_add_seq(e, child);
-    }
+    // The spare blocks reserved with the prompt's last chunk go back for the samples' copies.
+    weft_kv_seq_truncate(e->cache, e->seqs[parent].kv, e->seqs[parent].len);
+    for (int s = 0; s < e->sc.n; s++) // the table may move as samples are added
+        weft_rollout_add_seq(e, fork_sample(e, &e->seqs[parent], s));
     gen_seq *p = &e->seqs[parent];
     weft_kv_seq_release(e->cache, p->kv);
     p->kv = -1;
     p->state = SEQ_DONE;
+    // Drafting, each sample's MTP modules rewrite the prompt's last k positions: its own copy.
+    int k = e->rc.speculative_tokens, from = p->len - k > 0 ? p->len - k : 0;
+    for (int s = 0; s < e->sc.n && k > 0; s++)
+        WEFT_CHECK(weft_kv_seq_reserve(e->cache, e->seqs[first + s].kv, from, p->len),
+                   "internal: the blocks reserved for a prompt's samples ran out");
     return first;
 }
 
@@ -262,7 +326,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     weft_engine_check_prompts(e, prompts, n_prompts, NULL);
     e->n_seqs = 0, e->done_samples = 0;
     for (int p = 0; p < n_prompts; p++) {
-        gen_seq s = seq_for_prompt(&prompts[p], -1, 0);
+        gen_seq s = seq_for_prompt(e, &prompts[p], -1, 0);
         s.order = e->next_order;
         e->next_order += e->sc.n + 1; // room for the samples' places
         weft_rollout_add_seq(e, s);

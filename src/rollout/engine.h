@@ -37,6 +37,11 @@ typedef struct weft_rollout_stats {
     long prompts, sequences, tokens, forwards, preemptions;
     int peak_batch; // the most sequences one forward ran (continuous batching at work)
     double seconds;
+    // Speculative decoding: steps that verified drafts, drafts offered and accepted per depth
+    // (index j: depth j+1; a draft after a rejected one counts as offered, not accepted), and
+    // the time the MTP modules' passes took.
+    long verify_steps, drafted[WEFT_MAX_MTP], accepted[WEFT_MAX_MTP];
+    double draft_seconds;
     weft_kv_cache_stats kv;
 } weft_rollout_stats;
 

@@ -248,6 +248,36 @@ static json_t *summary(const weft_rollout_stats *s, double seconds, weft_comm *w
                      (json_int_t)s->kv.copies, "pool_bytes", (json_int_t)s->kv.pool_bytes);
 }
 
+// Speculative decoding's counts summed over the ranks: per depth the drafts offered and accepted,
+// and how many tokens each verification gave. Printed by rank 0 when asked.
+static json_t *speculation_summary(const weft_rollout_stats *s, int k, weft_comm *world,
+                                   bool print) {
+    double totals[2 + 2 * WEFT_MAX_MTP] = {(double)s->verify_steps};
+    for (int j = 0; j < k; j++) totals[2 + j] = (double)s->drafted[j];
+    for (int j = 0; j < k; j++) totals[2 + k + j] = (double)s->accepted[j];
+    weft_comm_allreduce_sum(world, totals, 2 + 2 * k, WEFT_COMM_F64);
+    json_t *drafted = json_array(), *accepted = json_array(), *rate = json_array();
+    double all_accepted = 0;
+    for (int j = 0; j < k; j++) {
+        double d = totals[2 + j], a = totals[2 + k + j];
+        json_array_append_new(drafted, json_integer((json_int_t)d));
+        json_array_append_new(accepted, json_integer((json_int_t)a));
+        json_array_append_new(rate, json_real(d > 0 ? a / d : 0.0));
+        all_accepted += a;
+    }
+    double steps = totals[0], length = steps > 0 ? 1 + all_accepted / steps : 0;
+    if (print) {
+        printf("generate: speculation: %d draft tokens per step, acceptance", k);
+        for (int j = 0; j < k; j++)
+            printf(" %s%.1f%%", j ? "/ " : "", 100 * json_real_value(json_array_get(rate, j)));
+        printf(" by depth, %.2f tokens per verification, drafting %.1f s on rank 0\n", length,
+               s->draft_seconds);
+    }
+    return json_pack("{s:i, s:I, s:o, s:o, s:o, s:f, s:f}", "tokens", k, "verify_steps",
+                     (json_int_t)steps, "drafted", drafted, "accepted", accepted, "acceptance",
+                     rate, "mean_accepted_length", length, "draft_seconds", s->draft_seconds);
+}
+
 int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     double t0 = weft_now_seconds();
     weft_comm_configure(world, r->debug_collectives, r->collective_timeout);
@@ -255,6 +285,7 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     weft_comm_use_backend(world, be);
     weft_tokenizer *tok;
     weft_model *m = load_model(r->model_dir, be, &tok);
+    weft_rollout_config_validate(&r->rollout, m->cfg.num_mtp, r->model_dir);
     prompt_set p = read_prompts(r->prompts, tok, m->cfg.vocab_size);
     weft_prompt *all = weft_alloc(sizeof(weft_prompt) * p.n);
     for (int i = 0; i < p.n; i++) all[i] = (weft_prompt){p.tokens[i], p.lens[i], i};
@@ -281,6 +312,9 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     json_object_set_new(stats, "prompts", json_integer(p.n));
     json_object_set_new(stats, "peak_batch", json_integer(st.peak_batch)); // on rank 0
     json_object_set_new(stats, "generation_seconds", json_real(st.seconds)); // rank 0's engine time
+    if (r->rollout.speculative_tokens > 0)
+        json_object_set_new(stats, "speculative", speculation_summary(&st, r->rollout.speculative_tokens,
+                                                                      world, writer));
     if (writer && r->stats) {
         char *text = json_dumps(stats, JSON_INDENT(2));
         WEFT_CHECK(weft_write_file_atomic(r->stats, text, strlen(text)), "%s: cannot write the "

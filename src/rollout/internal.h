@@ -3,6 +3,7 @@
 #pragma once
 #include "model/batch.h"
 #include "rollout/engine.h"
+#include "rollout/sampling.h"
 
 typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state;
 
@@ -17,6 +18,18 @@ typedef struct gen_seq {
     seq_state state;
     long order;                 // arrival order: admission takes the oldest, preemption the newest
     weft_finish_reason finish;
+    // Speculative decoding (rollout.speculative_tokens = k > 0, speculate.c):
+    int n_drafts;        // drafted tokens waiting at tokens[len, len + n_drafts), verified next
+    float *draft_logits; // (k, V) the logits each draft was drawn from (its q)
+    // MTP module j+1's positions [0, mtp_cached[j]) hold keys of true inputs (accepted tokens).
+    int mtp_cached[WEFT_MAX_MTP];
+    // h_j (j = 0: the main model's h_0) at position stash_pos[j] (-1: none), (k, C) act dtype on
+    // the host: the one row module j+1 starts from that producer j no longer computes.
+    void *stash;
+    int stash_pos[WEFT_MAX_MTP];
+    // This step: the main forward's rows for this sequence, positions [main_lo, main_hi] at
+    // rows main_row0 + position of its hidden states.
+    int main_row0, main_lo, main_hi;
 } gen_seq;
 
 // Device buffers of one step, grown as needed and kept.
@@ -28,6 +41,12 @@ typedef struct step_buffers {
     float *draw_logprobs;                   // (draws)
     float *host_logits;                     // (head rows, V) f32 on the host, for the draws
     size_t host_logits_cap;                 // floats
+    // Speculative decoding: the main forward's hidden states, the MTP modules' outputs (ping-pong)
+    // and a module's gathered input, each (rows + seqs, C) (the tail takes stashed rows).
+    void *hidden_main, *hidden_mtp[2], *hidden_in;
+    int hidden_main_cap, hidden_mtp_cap[2], hidden_in_cap; // rows
+    int32_t *gather_rows;                   // (rows) device
+    int gather_cap;
 } step_buffers;
 
 struct weft_engine {
@@ -43,21 +62,64 @@ struct weft_engine {
     weft_rollout_stats stats;
     void *sampling_scratch;
     weft_batch batch;
+    weft_batch draft_batch; // one MTP module's rows
     step_buffers buf;
 };
 
 // engine.c
 int weft_rollout_add_seq(weft_engine *e, gen_seq s);
-// Makes room in the cache for positions [cached, cached + rows) of sequence i, preempting newer
-// running sequences as needed; false (sequence i itself preempted) when even that is not enough.
-bool weft_rollout_reserve_rows(weft_engine *e, int i, int rows);
+// Makes room in the cache for positions [cached, cached + rows + spare) of sequence i (its own
+// copies from weft_rollout_write_from on), preempting newer running sequences as needed; false
+// (sequence i itself preempted) when even that is not enough.
+bool weft_rollout_reserve_rows(weft_engine *e, int i, int rows, int spare);
+// Positions a prompt's last chunk reserves beyond its end for the copies its samples make when
+// they draft (0 for a sample, or without speculation).
+int weft_rollout_fork_spare(const weft_engine *e, int sample, int len);
 // The prompt's samples from its prefilled sequence `parent`, sharing its blocks; returns the
 // first sample's index (the n samples are consecutive).
 int weft_rollout_fork_samples(weft_engine *e, int parent);
 // After a sample's token is appended: done (its blocks freed at once) or on to the next.
 void weft_rollout_after_token(weft_engine *e, int i);
 
+// Positions [from, ...) a running sequence's next forwards write (MTP modules rewrite some below
+// `cached`), so its blocks there must be its own.
+int weft_rollout_write_from(const weft_engine *e, const gen_seq *s);
+// Rows the sequence's next forward would take: its positions not yet in the cache and its drafts.
+int weft_rollout_pending_rows(const gen_seq *s);
+// The most tokens sequence s may reach (prompt + max_tokens, within the model's context and the
+// pool).
+int weft_rollout_token_limit(const weft_engine *e, const gen_seq *s);
+
 // step.c
 // One forward over the running sequences and the tokens drawn from it; false if none ran.
 bool weft_rollout_step(weft_engine *e);
 void weft_rollout_step_buffers_free(weft_engine *e);
+// Device buffers: grown to hold `want` elements of `each` bytes (contents lost), else kept.
+void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t each);
+// Uploads the slots, positions, sequence bounds and block tables of a batch whose documents are the
+// sequences seqs[0..n) and returns the provider through which its attention reads the cache.
+typedef struct paged_provider {
+    weft_engine *e;
+    const int32_t *slots; // (T) device: where each row's keys and values go
+    weft_paged_layout layout;
+    int H, KV, D;
+} paged_provider;
+weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,
+                                       int n, paged_provider *storage);
+// A token drawn from the processed distribution of a logits row (V, host), its log-prob under it.
+int weft_rollout_draw(weft_engine *e, const gen_seq *s, const float *logits, int position,
+                      weft_draw_kind kind, float *processed);
+
+// speculate.c
+// The MTP modules' passes for sequences seqs[0..n): every row whose inputs are known, and with
+// `drafting` the drafts for the next step (module j drafts token len + j - 1).
+void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting);
+// Verifies sequence i's drafts against the main model's logits rows (1 + n_drafts, V, host) of
+// the rows first_row.. of the step: fills out with the tokens to append (the accepted drafts and
+// one more: drawn from the residual at the first rejection, else the bonus) and returns how many.
+typedef struct draw {
+    int seq, row;
+    int32_t token;
+    float processed;
+} draw;
+int weft_rollout_verify(weft_engine *e, int i, const float *logits, int first_row, draw *out);

@@ -146,13 +146,21 @@ bool weft_kv_seq_reserve(weft_kv_cache *c, int seq, int from, int len) {
     return true;
 }
 
+static void drop_block(weft_kv_cache *c, int32_t block) {
+    int left = --c->holders[block];
+    if (left == 1) c->shared--;
+    if (left == 0) c->free_list[c->n_free++] = block;
+}
+
+void weft_kv_seq_truncate(weft_kv_cache *c, int seq, int len) {
+    kv_seq *q = seq_of(c, seq);
+    int keep = (len + c->pool.block_size - 1) / c->pool.block_size;
+    while (q->n > keep) drop_block(c, q->blocks[--q->n]);
+}
+
 void weft_kv_seq_release(weft_kv_cache *c, int seq) {
     kv_seq *q = seq_of(c, seq);
-    for (int i = 0; i < q->n; i++) {
-        int left = --c->holders[q->blocks[i]];
-        if (left == 1) c->shared--;
-        if (left == 0) c->free_list[c->n_free++] = q->blocks[i];
-    }
+    for (int i = 0; i < q->n; i++) drop_block(c, q->blocks[i]);
     q->n = 0;
     q->live = false;
 }

@@ -38,6 +38,9 @@ int weft_kv_seq_fork(weft_kv_cache *c, int src);
 bool weft_kv_seq_reserve(weft_kv_cache *c, int seq, int from, int len);
 // Blocks weft_kv_seq_reserve(c, seq, from, len) would take from the free list.
 long weft_kv_seq_blocks_needed(const weft_kv_cache *c, int seq, int from, int len);
+// Keeps only the blocks positions [0, len) fall in, giving the rest back (speculative decoding's
+// rejected positions).
+void weft_kv_seq_truncate(weft_kv_cache *c, int seq, int len);
 // Gives the sequence's blocks back (a shared block stays with its other holders).
 void weft_kv_seq_release(weft_kv_cache *c, int seq);
 // The sequence's block table (host; valid until its next reserve or release) and length.

@@ -14,8 +14,8 @@
 // samples of a prompt and the prompts are distinct counters, and, the map being a bijection, never
 // collide the way a 64-bit hash of the four numbers could. A simpler 64-bit mix of a hash
 // (SplitMix64) would be one word of output from a 64-bit input, so four 64-bit counters would have
-// to be folded first. A draw uses the top 53 bits of the block's first word; the other three are
-// left for draws a position may need later (speculative decoding's accept test).
+// to be folded first. A draw uses the top 53 bits of one of the block's four words: the first for
+// the token, the second for a draft token, the third for speculative decoding's accept test.
 
 enum { PHILOX_ROUNDS = 10 };
 
@@ -30,7 +30,8 @@ static void philox_round(uint64_t counter[4], const uint64_t key[2]) {
     counter[3] = lo0;
 }
 
-double weft_sampling_uniform(uint64_t seed, uint64_t prompt, uint64_t sample, uint64_t position) {
+double weft_sampling_uniform(uint64_t seed, uint64_t prompt, uint64_t sample, uint64_t position,
+                             weft_draw_kind kind) {
     uint64_t counter[4] = {position, sample, prompt, 0}, key[2] = {seed, 0};
     for (int round = 0; round < PHILOX_ROUNDS; round++) {
         if (round > 0) { // the key schedule: Weyl increments (golden ratio, sqrt(3) - 1)
@@ -39,7 +40,7 @@ double weft_sampling_uniform(uint64_t seed, uint64_t prompt, uint64_t sample, ui
         }
         philox_round(counter, key);
     }
-    return (double)(counter[0] >> 11) * 0x1.0p-53;
+    return (double)(counter[kind] >> 11) * 0x1.0p-53;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,9 +15,14 @@
 #pragma once
 #include "rollout/config.h"
 
+// What a uniform decides at a position: the token (drawn from the processed distribution, or from
+// speculative decoding's residual), a draft token, or speculative decoding's accept test.
+typedef enum { WEFT_DRAW_TOKEN, WEFT_DRAW_DRAFT, WEFT_DRAW_ACCEPT } weft_draw_kind;
+
 // A uniform double in [0, 1) from the four counters (53 random bits, a multiple of 2^-53). Distinct
-// (prompt, sample, position) give independent draws; each seed is its own generator.
-double weft_sampling_uniform(uint64_t seed, uint64_t prompt, uint64_t sample, uint64_t position);
+// (prompt, sample, position, kind) give independent draws; each seed is its own generator.
+double weft_sampling_uniform(uint64_t seed, uint64_t prompt, uint64_t sample, uint64_t position,
+                             weft_draw_kind kind);
 
 // The processed distribution of logits (V) under c: probs (V) doubles summing to 1 (0 outside the
 // kept set). scratch: at least weft_sampling_scratch_bytes(V) bytes.

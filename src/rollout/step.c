@@ -1,10 +1,11 @@
-// One step of the engine: the running sequences' uncached positions as one packed batch, a forward
-// whose attention reads and writes the paged KV cache, and the tokens drawn from the last row of
-// each sequence that is due one.
+// One step of the engine: the running sequences' uncached positions (and drafts) as one packed
+// batch, a forward whose attention reads and writes the paged KV cache, and the tokens drawn (or
+// drafts verified) from the last rows of each sequence that is due one; with speculation, the MTP
+// modules' passes that draft the next step's tokens.
 #include <string.h>
 
+#include "core/fault.h"
 #include "rollout/internal.h"
-#include "rollout/sampling.h"
 
 // A step's sequences in the batch: index into e->seqs and the rows it adds.
 typedef struct participant {
@@ -13,7 +14,7 @@ typedef struct participant {
 
 // ------------------------------------------------------------------------- device buffers ----
 
-static void *grown(weft_backend *be, void *p, int *cap, int want, size_t each) {
+void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t each) {
     if (want <= *cap) return p;
     if (p) be->free(be, p);
     *cap = want * 2 > 64 ? want * 2 : 64;
@@ -24,24 +25,18 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     // q_pos lives in slots' allocation, draw_tokens and draw_logprobs in draw_rows'.
-    void *all[] = {b->slots, b->cu_q, b->tables, b->logits, b->draw_logits, b->draw_rows};
+    void *all[] = {b->slots, b->cu_q, b->tables, b->logits, b->draw_logits, b->draw_rows,
+                   b->hidden_main, b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
+                   b->gather_rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->free(be, all[i]);
     weft_free(b->host_logits);
     memset(b, 0, sizeof *b);
     weft_batch_free(&e->batch);
+    weft_batch_free(&e->draft_batch);
 }
 
 // ---------------------------------------------------------------------------- the provider ----
-
-// The cache's side of attention for one forward: where each row's keys go and which blocks each
-// sequence reads.
-typedef struct paged_provider {
-    weft_engine *e;
-    const int32_t *slots; // (T) device
-    weft_paged_layout layout;
-    int H, KV, D;
-} paged_provider;
 
 static void attend(void *ctx, int layer, const void *q, const void *kv, void *out, float *lse) {
     paged_provider *p = ctx;
@@ -52,71 +47,83 @@ static void attend(void *ctx, int layer, const void *q, const void *kv, void *ou
     be->paged_attention(be, q, pool, layer, &p->layout, out, lse, p->H, p->KV, p->D);
 }
 
-// Uploads the step's slots, positions, sequence bounds and block tables (host arrays built here)
-// and returns the provider reading them.
-static paged_provider provider_for(weft_engine *e, const participant *part, int n) {
+weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,
+                                       int n, paged_provider *storage) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
-    const weft_batch *batch = &e->batch;
     int bs = e->rc.block_size, max_blocks = 1;
     for (int j = 0; j < n; j++) {
         int blocks;
-        weft_kv_seq_blocks(e->cache, e->seqs[part[j].seq].kv, &blocks);
+        weft_kv_seq_blocks(e->cache, e->seqs[seqs[j]].kv, &blocks);
         max_blocks = blocks > max_blocks ? blocks : max_blocks;
     }
     int32_t *slots = weft_alloc(sizeof(int32_t) * (batch->T + 1));
     int32_t *tables = weft_alloc(sizeof(int32_t) * n * max_blocks);
     for (int j = 0; j < n; j++) {
         int blocks;
-        const int32_t *table = weft_kv_seq_blocks(e->cache, e->seqs[part[j].seq].kv, &blocks);
+        const int32_t *table = weft_kv_seq_blocks(e->cache, e->seqs[seqs[j]].kv, &blocks);
         memcpy(tables + (size_t)j * max_blocks, table, sizeof(int32_t) * blocks);
         for (int r = batch->cu_seqlens[j]; r < batch->cu_seqlens[j + 1]; r++) {
             int pos = batch->positions[r];
+            WEFT_CHECK(pos / bs < blocks, "internal: position %d has no KV block", pos);
             slots[r] = table[pos / bs] * bs + pos % bs;
         }
     }
-    b->slots = grown(be, b->slots, &b->rows_cap, batch->T, sizeof(int32_t) * 2);
+    b->slots = weft_rollout_grown(be, b->slots, &b->rows_cap, batch->T, sizeof(int32_t) * 2);
     b->q_pos = b->slots + b->rows_cap; // one allocation holds both
-    b->cu_q = grown(be, b->cu_q, &b->seqs_cap, n + 1, sizeof(int32_t));
-    b->tables = grown(be, b->tables, &b->tables_cap, n * max_blocks, sizeof(int32_t));
+    b->cu_q = weft_rollout_grown(be, b->cu_q, &b->seqs_cap, n + 1, sizeof(int32_t));
+    b->tables = weft_rollout_grown(be, b->tables, &b->tables_cap, n * max_blocks, sizeof(int32_t));
     be->to_device(be, b->slots, slots, sizeof(int32_t) * batch->T);
     be->to_device(be, b->q_pos, batch->positions, sizeof(int32_t) * batch->T);
     be->to_device(be, b->cu_q, batch->cu_seqlens, sizeof(int32_t) * (n + 1));
     be->to_device(be, b->tables, tables, sizeof(int32_t) * n * max_blocks);
     weft_free(slots), weft_free(tables);
     const weft_model_config *c = &e->model->cfg;
-    return (paged_provider){.e = e, .slots = b->slots, .H = c->num_heads, .KV = c->num_kv_heads,
-                            .D = c->head_dim,
-                            .layout = {.n_seqs = n, .Tq = batch->T, .max_blocks = max_blocks,
-                                       .cu_q = b->cu_q, .q_pos = b->q_pos,
-                                       .block_tables = b->tables}};
+    *storage = (paged_provider){.e = e, .slots = b->slots, .H = c->num_heads,
+                                .KV = c->num_kv_heads, .D = c->head_dim,
+                                .layout = {.n_seqs = n, .Tq = batch->T, .max_blocks = max_blocks,
+                                           .cu_q = b->cu_q, .q_pos = b->q_pos,
+                                           .block_tables = b->tables}};
+    return (weft_kv_provider){.ctx = storage, .attend = attend};
 }
 
 // ---------------------------------------------------------------------------- the batch ----
+
+// Rows sequence s takes within `budget`: all it has pending when they fit, else a chunk of its
+// prompt; a chunk stops short of the last token when drafts wait, since they are verified only
+// beside it. 0: it waits for the next step.
+static int rows_within(const gen_seq *s, int budget) {
+    int pending = weft_rollout_pending_rows(s);
+    if (pending <= budget) return pending;
+    int uncached = s->len - s->cached;
+    if (s->n_drafts > 0) uncached--;
+    return uncached < budget ? uncached : budget;
+}
 
 // The sequences of this step and their rows, oldest first, within rollout.max_batch_tokens:
 // blocks are reserved here (newer sequences preempted when the pool runs out).
 static int choose_participants(weft_engine *e, participant *part) {
     int n = 0, budget = e->rc.max_batch_tokens;
-    for (bool more = true; more;) { // oldest running sequence not yet placed, until none
-        more = false;
+    bool *seen = weft_alloc(sizeof(bool) * (e->n_seqs > 0 ? e->n_seqs : 1));
+    memset(seen, 0, sizeof(bool) * (e->n_seqs > 0 ? e->n_seqs : 1));
+    while (budget > 0) { // the oldest running sequence not yet seen, until none
         int best = -1;
-        for (int i = 0; i < e->n_seqs; i++) {
-            const gen_seq *s = &e->seqs[i];
-            bool placed = false;
-            for (int j = 0; j < n && !placed; j++) placed = part[j].seq == i;
-            if (s->state == SEQ_RUNNING && !placed && (best < 0 || s->order < e->seqs[best].order))
+        for (int i = 0; i < e->n_seqs; i++)
+            if (e->seqs[i].state == SEQ_RUNNING && !seen[i] &&
+                (best < 0 || e->seqs[i].order < e->seqs[best].order))
                 best = i;
-        }
-        if (best < 0 || budget == 0) break;
-        int rows = e->seqs[best].len - e->seqs[best].cached;
-        rows = rows < budget ? rows : budget;
-        if (weft_rollout_reserve_rows(e, best, rows)) {
+        if (best < 0) break;
+        seen[best] = true;
+        int rows = rows_within(&e->seqs[best], budget);
+        if (rows == 0) continue;
+        bool last = rows == weft_rollout_pending_rows(&e->seqs[best]);
+        int spare = last ? weft_rollout_fork_spare(e, e->seqs[best].sample, e->seqs[best].len) : 0;
+        if (weft_rollout_reserve_rows(e, best, rows, spare)) {
             part[n++] = (participant){best, rows};
             budget -= rows;
         }
-        more = true;
     }
+    weft_free(seen);
     return n;
 }
 
@@ -125,31 +132,30 @@ static void build_batch(weft_engine *e, const participant *part, int n) {
     weft_batch_clear(b);
     for (int j = 0; j < n; j++) {
         const gen_seq *s = &e->seqs[part[j].seq];
-        int start = s->cached;
-        weft_batch_append_chunks(b, s->tokens, NULL, s->len, s->cached + part[j].rows, &start, 1,
-                                 part[j].rows);
+        int start = s->cached, end = s->cached + part[j].rows;
+        weft_batch_append_chunks(b, s->tokens, NULL, end, end, &start, 1, part[j].rows);
     }
 }
 
 // ------------------------------------------------------------------------------ drawing ----
 
-// A token drawn for sample `seq` from logits row (V, host), and the row it came from (for the
-// log-prob the trainer's op computes).
-typedef struct draw {
-    int seq, row;
-    int32_t token;
-    float processed;
-} draw;
+int weft_rollout_draw(weft_engine *e, const gen_seq *s, const float *logits, int position,
+                      weft_draw_kind kind, float *processed) {
+    double u = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
+                                     (uint64_t)s->sample, (uint64_t)position, kind);
+    double logp = 0;
+    int token = weft_sample_token(&e->sc, logits, e->model->cfg.vocab_size, u, &logp,
+                                  e->sampling_scratch);
+    if (processed) *processed = (float)logp;
+    return token;
+}
 
 static draw draw_token(weft_engine *e, int seq, int row, const float *logits) {
     const gen_seq *s = &e->seqs[seq];
-    double u = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
-                                     (uint64_t)s->sample, (uint64_t)s->len);
-    double processed = 0;
-    int V = e->model->cfg.vocab_size;
-    int token = weft_sample_token(&e->sc, logits + (size_t)row * V, V, u, &processed,
-                                  e->sampling_scratch);
-    return (draw){seq, row, token, (float)processed};
+    draw d = {.seq = seq, .row = row};
+    d.token = weft_rollout_draw(e, s, logits + (size_t)row * e->model->cfg.vocab_size, s->len,
+                                WEFT_DRAW_TOKEN, &d.processed);
+    return d;
 }
 
 // Each drawn token's log-prob under the model (temperature 1, no filter), by the backend's
@@ -160,7 +166,7 @@ static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
     int V = e->model->cfg.vocab_size, cap = b->draws_cap;
     int32_t *rows = weft_alloc(sizeof(int32_t) * n), *tokens = weft_alloc(sizeof(int32_t) * n);
     for (int i = 0; i < n; i++) rows[i] = d[i].row, tokens[i] = d[i].token;
-    b->draw_rows = grown(be, b->draw_rows, &cap, n, sizeof(int32_t) * 3);
+    b->draw_rows = weft_rollout_grown(be, b->draw_rows, &cap, n, sizeof(int32_t) * 3);
     if (cap != b->draws_cap) {
         if (b->draw_logits) be->free(be, b->draw_logits);
         b->draw_logits = be->alloc(be, weft_dtype_size(be->act_dtype) * (size_t)cap * V);
@@ -176,31 +182,88 @@ static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
     weft_free(rows), weft_free(tokens);
 }
 
-// Draws a token for every sequence due one (a prompt's prefill forks its samples first), then
-// appends them with their log-probs.
-static void draw_tokens(weft_engine *e, const int *due, int n_due, const float *logits) {
-    int cap = n_due * e->sc.n, n = 0;
-    draw *d = weft_alloc(sizeof(draw) * (cap > 0 ? cap : 1));
-    for (int k = 0; k < n_due; k++) {
-        if (e->seqs[due[k]].sample >= 0) {
-            d[n++] = draw_token(e, due[k], k, logits);
+// The sequences due a token this step: each one's first logits row (its last 1 + n_drafts rows
+// have logits).
+typedef struct due_seqs {
+    int *seq, *first_row, n, rows;
+} due_seqs;
+
+// Draws a token for every sequence due one (a prompt's prefill forks its samples first; drafts are
+// verified), then appends them with their log-probs. Returns the sequences that took a token and
+// still run (the next step's drafters) in *took.
+static int draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took) {
+    int cap = 1;
+    for (int k = 0; k < due->n; k++) cap += e->sc.n + e->seqs[due->seq[k]].n_drafts + 1;
+    draw *d = weft_alloc(sizeof(draw) * cap);
+    int n = 0, V = e->model->cfg.vocab_size;
+    for (int k = 0; k < due->n; k++) {
+        int i = due->seq[k], row = due->first_row[k];
+        if (e->seqs[i].sample >= 0) {
+            n += weft_rollout_verify(e, i, logits + (size_t)row * V, row, d + n);
             continue;
         }
-        int first = weft_rollout_fork_samples(e, due[k]);
-        for (int s = 0; s < e->sc.n; s++) d[n++] = draw_token(e, first + s, k, logits);
+        int first = weft_rollout_fork_samples(e, i);
+        for (int s = 0; s < e->sc.n; s++) d[n++] = draw_token(e, first + s, row, logits);
     }
     float *logp = weft_alloc(sizeof(float) * (n > 0 ? n : 1));
     base_logprobs(e, d, n, logp);
+    int n_took = 0;
     for (int i = 0; i < n; i++) {
         gen_seq *s = &e->seqs[d[i].seq];
+        if (s->state != SEQ_RUNNING) continue; // finished at an earlier accepted draft
+        if (n_took == 0 || took[n_took - 1] != d[i].seq) took[n_took++] = d[i].seq;
         s->logprobs[s->len] = logp[i], s->processed[s->len] = d[i].processed;
-        s->tokens[s->len++] = d[i].token; // room was made at creation: prompt + max_tokens
+        s->tokens[s->len++] = d[i].token; // room was made at creation
         weft_rollout_after_token(e, d[i].seq);
     }
+    int still = 0;
+    for (int i = 0; i < n_took; i++) {
+        gen_seq *s = &e->seqs[took[i]];
+        if (s->state != SEQ_RUNNING) continue;
+        // Every token but the last is in the cache; rejected drafts' positions are dropped.
+        s->cached = s->len - 1, s->n_drafts = 0;
+        weft_kv_seq_truncate(e->cache, s->kv, s->cached);
+        took[still++] = took[i];
+    }
     weft_free(d), weft_free(logp);
+    return still;
 }
 
 // -------------------------------------------------------------------------------- a step ----
+
+// The main forward over the participants: logits of the due sequences' last 1 + n_drafts rows
+// into the host buffer, and (speculating) every row's hidden state.
+static void main_forward(weft_engine *e, const participant *part, int n, const due_seqs *due,
+                         const int32_t *head_rows) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    int V = e->model->cfg.vocab_size, C = e->model->cfg.hidden_size;
+    b->logits = weft_rollout_grown(be, b->logits, &b->logits_cap, due->rows > 0 ? due->rows : 1,
+                                   weft_dtype_size(be->act_dtype) * V);
+    int *seqs = weft_alloc(sizeof(int) * n);
+    for (int j = 0; j < n; j++) seqs[j] = part[j].seq;
+    paged_provider storage;
+    weft_kv_provider kv = weft_rollout_provider(e, &e->batch, seqs, n, &storage);
+    weft_pass_options pass = {.kv = &kv};
+    weft_forward_outputs out = {.logits = b->logits, .rows = head_rows, .n_rows = due->rows,
+                                .skip_mtp = true};
+    if (e->rc.speculative_tokens > 0) {
+        size_t row = weft_dtype_size(be->act_dtype) * C;
+        b->hidden_main = weft_rollout_grown(be, b->hidden_main, &b->hidden_main_cap,
+                                            e->batch.T + e->n_seqs, row);
+        out.hidden = b->hidden_main;
+    }
+    weft_model_forward(e->model, &e->batch, false, &pass, &out);
+    weft_free(seqs);
+    if (due->rows > 0) {
+        if (b->host_logits_cap < (size_t)due->rows * V) { // kept: fresh pages cost faults
+            weft_free(b->host_logits);
+            b->host_logits_cap = (size_t)due->rows * V;
+            b->host_logits = weft_alloc(sizeof(float) * b->host_logits_cap);
+        }
+        be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)due->rows * V);
+    }
+}
 
 bool weft_rollout_step(weft_engine *e) {
     participant *part = weft_alloc(sizeof(participant) * (e->n_seqs > 0 ? e->n_seqs : 1));
@@ -210,36 +273,33 @@ bool weft_rollout_step(weft_engine *e) {
         return false;
     }
     build_batch(e, part, n);
-    // Sequences whose rows reach their last token are due a new one: the head runs there only.
-    int32_t *rows = weft_alloc(sizeof(int32_t) * n);
-    int *due = weft_alloc(sizeof(int) * n), n_due = 0;
+    // Sequences whose rows reach their last token (and drafts) are due: the head runs on those
+    // rows only. The rest (prompt chunks, and prompts about to fork) feed the MTP modules first.
+    int cap = e->batch.T + 1;
+    int32_t *head_rows = weft_alloc(sizeof(int32_t) * cap);
+    due_seqs due = {.seq = weft_alloc(sizeof(int) * n), .first_row = weft_alloc(sizeof(int) * n)};
+    int *before = weft_alloc(sizeof(int) * n), n_before = 0;
     for (int j = 0; j < n; j++) {
         gen_seq *s = &e->seqs[part[j].seq];
+        s->main_row0 = e->batch.cu_seqlens[j] - s->cached;
+        s->main_lo = s->cached, s->main_hi = s->cached + part[j].rows - 1;
         s->cached += part[j].rows;
-        if (s->cached == s->len) rows[n_due] = e->batch.cu_seqlens[j + 1] - 1, due[n_due++] = part[j].seq;
+        bool is_due = s->cached == s->len + s->n_drafts;
+        if (!is_due || s->sample < 0) before[n_before++] = part[j].seq;
+        if (!is_due) continue;
+        due.seq[due.n] = part[j].seq, due.first_row[due.n] = due.rows;
+        for (int r = s->n_drafts; r >= 0; r--) head_rows[due.rows++] = e->batch.cu_seqlens[j + 1] - 1 - r;
+        due.n++;
     }
-    weft_backend *be = e->be;
-    int V = e->model->cfg.vocab_size;
-    e->buf.logits = grown(be, e->buf.logits, &e->buf.logits_cap, n_due > 0 ? n_due : 1,
-                          weft_dtype_size(be->act_dtype) * V);
-    paged_provider provider = provider_for(e, part, n);
-    weft_kv_provider kv = {.ctx = &provider, .attend = attend};
-    weft_pass_options pass = {.kv = &kv};
-    weft_forward_outputs out = {.logits = e->buf.logits, .rows = rows, .n_rows = n_due,
-                                .skip_mtp = true};
-    weft_model_forward(e->model, &e->batch, false, &pass, &out);
+    main_forward(e, part, n, &due, head_rows);
     e->stats.forwards++;
     if (n > e->stats.peak_batch) e->stats.peak_batch = n;
-    if (n_due > 0) {
-        step_buffers *b = &e->buf;
-        if (b->host_logits_cap < (size_t)n_due * V) { // kept: fresh pages every step cost faults
-            weft_free(b->host_logits);
-            b->host_logits_cap = (size_t)n_due * V;
-            b->host_logits = weft_alloc(sizeof(float) * b->host_logits_cap);
-        }
-        be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)n_due * V);
-        draw_tokens(e, due, n_due, b->host_logits);
-    }
-    weft_free(part), weft_free(rows), weft_free(due);
+    bool speculating = e->rc.speculative_tokens > 0;
+    if (speculating) weft_rollout_draft(e, before, n_before, false);
+    int *took = weft_alloc(sizeof(int) * (e->n_seqs + (size_t)due.n * e->sc.n + 1));
+    int n_took = due.n > 0 ? draw_tokens(e, &due, e->buf.host_logits, took) : 0;
+    if (speculating) weft_rollout_draft(e, took, n_took, true);
+    weft_free(part), weft_free(head_rows), weft_free(due.seq), weft_free(due.first_row);
+    weft_free(before), weft_free(took);
     return true;
 }

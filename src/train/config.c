@@ -114,6 +114,8 @@ static const key_def KEYS[] = {
      "rows one generation forward holds at most (prefills are chunked to it)", NULL},
     {"rollout.max_running", KEY_INT, F(rollout.max_running),
      "sequences generated at once at most; 0: as many as the KV cache holds", NULL},
+    {"rollout.speculative_tokens", KEY_INT, F(rollout.speculative_tokens),
+     "tokens the model's MTP modules draft per step (speculative decoding); 0: off", NULL},
     {"device", KEY_CHOICE, F(device), "where the model runs: cpu (fp32) or cuda (bf16, one GPU per rank)",
      DEVICES},
     {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from", NULL},

@@ -201,7 +201,7 @@ static void draw(const weft_sampling_config *c, uint64_t prompt, const double *e
                  void *scratch) {
     memset(counts, 0, V * sizeof *counts);
     for (int i = 0; i < DRAWS; i++) {
-        const double u = weft_sampling_uniform(SEED, prompt, (uint64_t)i, POSITION);
+        const double u = weft_sampling_uniform(SEED, prompt, (uint64_t)i, POSITION, WEFT_DRAW_TOKEN);
         double logprob;
         const int token = weft_sample_token(c, logits, V, u, &logprob, scratch);
         CHECK(token >= 0 && token < V && exact[token] > 0);
@@ -294,7 +294,7 @@ static void check_greedy(void *scratch) {
     const weft_sampling_config greedy = sampling(0, 5, 0.5, 0.2);
     for (int i = 0; i < 100; i++) {
         double logprob = -1;
-        const double u = weft_sampling_uniform(SEED, 99, (uint64_t)i, POSITION);
+        const double u = weft_sampling_uniform(SEED, 99, (uint64_t)i, POSITION, WEFT_DRAW_TOKEN);
         CHECK(weft_sample_token(&greedy, tied, V, u, &logprob, scratch) == 7 && logprob == 0);
     }
     tied[V - 1] = 6; // the largest, last
@@ -312,7 +312,7 @@ static void uniforms_along(const uint64_t base[4], int counter, int n, double *u
     uint64_t c[4] = {base[0], base[1], base[2], base[3]};
     for (int i = 0; i < n; i++) {
         c[counter] = base[counter] + (uint64_t)i;
-        u[i] = weft_sampling_uniform(c[0], c[1], c[2], c[3]);
+        u[i] = weft_sampling_uniform(c[0], c[1], c[2], c[3], WEFT_DRAW_TOKEN);
     }
 }
 
@@ -333,9 +333,13 @@ static double correlation(const double *x, const double *y, int n) {
 // and uncorrelated with (and unlike) the stream one step along another counter; e.g. position j of
 // sample i against position j of sample i + 1, as two samples of one prompt would draw.
 static void check_uniforms(void) {
-    CHECK(weft_sampling_uniform(0, 0, 0, 0) == philox_word_as_uniform(0x16554d9eca36314cULL));
-    CHECK(weft_sampling_uniform(42, 7, 3, 1000) == philox_word_as_uniform(0x2f8602751741ab51ULL));
-    CHECK(weft_sampling_uniform(UINT64_MAX, 0x8000000000000005ULL, 123456789, 0x10000000003ULL) ==
+    CHECK(weft_sampling_uniform(0, 0, 0, 0, WEFT_DRAW_TOKEN) == philox_word_as_uniform(0x16554d9eca36314cULL));
+    // The block's other words feed the draft draw and the accept test of speculative decoding.
+    CHECK(weft_sampling_uniform(0, 0, 0, 0, WEFT_DRAW_DRAFT) == philox_word_as_uniform(0xdb20fe9d672d0fdcULL));
+    CHECK(weft_sampling_uniform(0, 0, 0, 0, WEFT_DRAW_ACCEPT) == philox_word_as_uniform(0xd7e772cee186176bULL));
+    CHECK(weft_sampling_uniform(42, 7, 3, 1000, WEFT_DRAW_TOKEN) == philox_word_as_uniform(0x2f8602751741ab51ULL));
+    CHECK(weft_sampling_uniform(UINT64_MAX, 0x8000000000000005ULL, 123456789, 0x10000000003ULL,
+                                WEFT_DRAW_TOKEN) ==
           philox_word_as_uniform(0xa70d0b098be2e05bULL));
     static const char *const names[4] = {"seed", "prompt", "sample", "position"};
     const uint64_t base[4] = {SEED, 5, 0, POSITION};
