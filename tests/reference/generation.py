@@ -27,16 +27,17 @@ def random_prompts(lengths, vocab, seed):
     return [[int(x) for x in rng.integers(0, vocab, size=n)] for n in lengths]
 
 
-def generate(weft, mdir, prompts_path, out, *settings, ranks=1, timeout=300, check=True):
-    """Runs weft generate (under mpirun when ranks > 1); returns (rows, stats, process). With
-    check, a failure raises RuntimeError carrying the output."""
+def generate(weft, mdir, prompts_path, out, *settings, ranks=1, timeout=300, check=True, env=None):
+    """Runs weft generate (under mpirun when ranks > 1), with the environment variables `env`
+    added; returns (rows, stats, process). With check, a failure raises RuntimeError carrying the
+    output."""
     stats = out + ".stats.json"
     args = [weft, "generate", "--model", mdir, "--prompts", prompts_path, "--out", out,
             "--stats", stats, *settings]
     cmd = mpirun(ranks, *args) if ranks > 1 else args
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                        env=dict(os.environ, OMP_NUM_THREADS="1" if ranks > 1 else
-                                os.environ.get("OMP_NUM_THREADS", "2")))
+                                os.environ.get("OMP_NUM_THREADS", "2"), **(env or {})))
     if r.returncode != 0:
         if check:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
