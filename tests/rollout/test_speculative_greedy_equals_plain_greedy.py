@@ -106,7 +106,8 @@ def first_difference(want_path, got_path):
 def same_as(ref, out, name, st, failures):
     same = filecmp.cmp(ref, out, shallow=False)
     spec = st.get("speculative") or {}
-    print(f"  {name}: {'byte-identical' if same else 'DIFFERS'}; acceptance "
+    print(f"  {name}: {'byte-identical' if same else 'DIFFERS'}; {st['peak_batch']} sequences "
+          f"at most in a forward, acceptance "
           f"{[round(a, 3) for a in spec.get('acceptance', [])]}, {st['preemptions']:.0f} "
           f"preemptions, KV blocks peak {st['kv']['peak_used']}")
     if not same:
@@ -128,8 +129,8 @@ def cases(weft, tmp):
     completions = [r["responses"][0]["token_ids"] for r in rows]
     candidates = [t for t in range(V) if all(c[0] != t for c in completions)
                   and sum(t in c for c in completions) <= 2 * len(completions) // 3]
-    stop = max(candidates, key=lambda t: sum(t in c for c in completions))
-    common = [*COMMON, f"sampling.stop_token_ids=[{stop}]"]
+    stop = max(candidates, key=lambda t: sum(t in c for c in completions)) if candidates else None
+    common = [*COMMON, f"sampling.stop_token_ids=[{'' if stop is None else stop}]"]
 
     greedy = [*common, "sampling.temperature=0"]
     ref = os.path.join(tmp, "greedy.jsonl")
