@@ -1,24 +1,24 @@
 """Speculative decoding with the MTP modules draws from the policy's own distribution.
 
 A random Qwen2 with 16 tokens and two MTP modules whose drafts q differ much from the main model's
-p (acceptance about 0.4 at depth 1), one 6-token prompt, 20,000 samples. Drafting starts at the
-first new token: token 1 comes from the prefill, tokens 2 (and 3 with two drafts) are drafted then
-and verified in the next step, so the first tokens' joint distribution goes through the acceptance
-test (accept x with probability min(1, p(x)/q(x)), else draw from max(0, p - q) normalized).
+p (acceptance about 0.4 at depth 1), one 6-token prompt, 20,000 samples of 3 new tokens. Drafting
+starts at the first new token: token 1 comes from the prefill, tokens 2 (and 3 with two drafts)
+are drafted then and verified in the next step, so the first tokens' joint distribution goes
+through the acceptance test (accept x with probability min(1, p(x)/q(x)), else draw from
+max(0, p - q) normalized, a bonus token when all pass).
 
-  - rollout.speculative_tokens=1, temperature 1, 2 new tokens: the (x1, x2) counts pass a
-    chi-square test against p(x1) p(x2 | x1).
-  - rollout.speculative_tokens=2, temperature 1 with top-p 0.8, 3 new tokens: the (x1, x2) counts
-    against p(x1) p(x2 | x1) and the (x2, x3) counts against sum_x1 p(x1) p(x2 | x1)
-    p(x3 | x1, x2), where x3 is a second draft, a draft after a rejection or a bonus token.
+  - rollout.speculative_tokens=1, temperature 1: x2 is an accepted draft or a residual draw, x3
+    the bonus token after an accepted x2, or a draft verified a step later.
+  - rollout.speculative_tokens=2, temperature 1 with top-p 0.8: x3 is also a depth-2 draft.
 
-The distributions are computed here, independently: the PyTorch reference's main and MTP logits
-(float64) for every continuation of the prompt, processed in numpy as sampling.h states it
-(reference.generation.processed); cells under 5 expected draws are pooled, p above 1e-3 passes,
-and no draw may fall outside the kept set. The recorded log-probs (base and processed) of every
-token, drafted or not, are the reference's within 1e-5, and the statistics' acceptance counts
-are the expected ones (sum_x min(p(x), q(x)), taken over the draws' paths) within 5 standard
-errors.
+For both, the (x1, x2) counts pass a chi-square test against p(x1) p(x2 | x1), and the (x2, x3)
+counts against sum_x1 p(x1) p(x2 | x1) p(x3 | x1, x2). The distributions are computed here,
+independently: the PyTorch reference's main and MTP logits (float64) for every continuation of the
+prompt, processed in numpy as sampling.h states it (reference.generation.processed); cells under 5
+expected draws are pooled, p above 1e-3 passes, and no draw may fall outside the kept set. The
+recorded log-probs (base and processed) of every token, drafted or not, are the reference's within
+1e-5, and the statistics' draft counts (offered at depth 1, accepted at each depth) are the ones
+expected from sum_x min(p(x), q(x)) over the draws' paths, within 5 standard errors.
 
 Control: the same runs with WEFT_TEST_SKIP_SPECULATIVE_ACCEPT_TEST=0:* (every draft accepted
 without the test, a deliberately biased rule) must fail the same chi-square test, and must pass
@@ -37,7 +37,8 @@ N, P_MIN, SE = 20000, 1e-3, 5.0
 CFG = dict(qwen2.SMALL_CFG, vocab_size=16, hidden_size=32, intermediate_size=64,
            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
            num_nextn_predict_layers=2)
-SETTINGS = [(1, dict(temperature=1.0), 2), (2, dict(temperature=1.0, top_p=0.8), 3)]
+SETTINGS = [(1, dict(temperature=1.0)), (2, dict(temperature=1.0, top_p=0.8))]
+NEW_TOKENS = 3
 CONTROL = {"WEFT_TEST_SKIP_SPECULATIVE_ACCEPT_TEST": "0:*"}  # every draft accepted
 
 
@@ -81,33 +82,33 @@ class Reference:
         return j12, j23
 
     def acceptance(self, k):
-        """Expected accepted draft counts per sample at depths 1..k, and depth 1's expected offers,
-        when max_tokens is k + 1: depth 1 is offered once, and a second time after its rejection
-        when k = 2 (one token left, one draft); depth 2 once."""
+        """Per sample, with 3 new tokens: the expected accepted drafts at depths 1..k, and the
+        expected drafts offered at depth 1. After x1, k drafts are offered; when the depth-1 draft
+        fails, x2 is a residual draw and x3's draft (module 1 reading x2) is offered a step later;
+        when it passes, x3 is the bonus token (k = 1) or the depth-2 draft's outcome (k = 2)."""
         m1 = np.minimum(self.p2, self.q1).sum(axis=1)  # (x1,) the depth-1 draft passes
-        if k == 1:
-            return [float(self.p1 @ m1)], 1.0
-        a2 = np.minimum(self.p3, self.q2).sum(axis=2)  # (x1, x2) the depth-2 draft passes
         b1 = np.minimum(self.p3, self.r1).sum(axis=2)  # (x1, x2) the next step's draft passes
-        accepted1 = self.p1 @ (m1 + (np.maximum(self.p2 - self.q1, 0) * b1).sum(axis=1))
-        accepted2 = self.p1 @ (np.minimum(self.p2, self.q1) * a2).sum(axis=1)
-        return [float(accepted1), float(accepted2)], float(self.p1 @ (2 - m1))
+        accepted = [float(self.p1 @ (m1 + (np.maximum(self.p2 - self.q1, 0) * b1).sum(axis=1)))]
+        if k == 2:
+            a2 = np.minimum(self.p3, self.q2).sum(axis=2)  # (x1, x2) the depth-2 draft passes
+            accepted.append(float(self.p1 @ (np.minimum(self.p2, self.q1) * a2).sum(axis=1)))
+        return accepted, float(self.p1 @ (2 - m1))
 
 
-def draws(weft, mdir, prompts, tmp, name, k, setting, max_tokens, control=False):
-    """(tokens (N, max_tokens), base log-probs, processed log-probs, the speculative statistics);
+def draws(weft, mdir, prompts, tmp, name, k, setting, control=False):
+    """(tokens (N, NEW_TOKENS), base log-probs, processed log-probs, the speculative statistics);
     the control's run (every draft accepted) gives its tokens only: its processed log-probs may be
     log 0."""
     keys = [f"sampling.{key}={v}" for key, v in setting.items()]
     if not control:
         keys.append("sampling.processed_logprobs=true")
     rows, stats, _ = generate(weft, mdir, prompts, os.path.join(tmp, f"{name}.jsonl"), *keys,
-                              f"sampling.n={N}", f"sampling.max_tokens={max_tokens}",
+                              f"sampling.n={N}", f"sampling.max_tokens={NEW_TOKENS}",
                               "sampling.seed=5", "sampling.stop_token_ids=[]",
                               f"rollout.speculative_tokens={k}", env=CONTROL if control else None)
     responses = rows[0]["responses"]
-    if any(len(r["token_ids"]) != max_tokens for r in responses):
-        raise RuntimeError(f"{name}: a sample has not {max_tokens} tokens")
+    if any(len(r["token_ids"]) != NEW_TOKENS for r in responses):
+        raise RuntimeError(f"{name}: a sample has not {NEW_TOKENS} tokens")
     tokens = np.array([r["token_ids"] for r in responses], dtype=np.int64)
     if control:
         return tokens
@@ -115,12 +116,11 @@ def draws(weft, mdir, prompts, tmp, name, k, setting, max_tokens, control=False)
     return tokens, get("logprobs"), get("processed_logprobs"), stats["speculative"]
 
 
-def test_counts(tag, tokens, expected, V):
-    """Chi-square of the (x1, x2) and (x2, x3) counts; returns [(label, p, outside)]."""
+def pair_tests(tag, tokens, expected, V):
+    """Chi-square of the (x1, x2) and (x2, x3) counts against `expected` (two (V, V) arrays);
+    returns [(label, p, draws outside the support)]."""
     out = []
     for label, (a, b), want in (("(x1, x2)", (0, 1), expected[0]), ("(x2, x3)", (1, 2), expected[1])):
-        if tokens.shape[1] <= b:
-            continue
         counts = np.bincount(tokens[:, a] * V + tokens[:, b], minlength=V * V)
         stat, df, pval, outside = chi_square(counts, want.ravel())
         print(f"  {tag} {label}: chi-square {stat:8.2f} df {df:3d} p {pval:.3g}, "
@@ -137,52 +137,47 @@ def cases(weft, tmp):
     V = CFG["vocab_size"]
     prompt = random_prompts([6], V, 1)[0]
     prompts = write_prompts(os.path.join(tmp, "prompt.jsonl"), [prompt])
-    for k, setting, max_tokens in SETTINGS:
+    for k, setting in SETTINGS:
         name = f"k={k}, " + ", ".join(f"{key} {v}" for key, v in setting.items())
         ref = Reference(params, prompt, setting)
-        tokens, lp, plp, spec = draws(weft, mdir, prompts, tmp, f"k{k}", k, setting, max_tokens)
-        print(f"{name}, {max_tokens} new tokens: acceptance {[round(a, 3) for a in spec['acceptance']]}"
-              f" (drafted {spec['drafted']}, accepted {spec['accepted']})")
-        for label, pval, outside in test_counts("speculative", tokens, ref.joints(k), V):
+        tokens, lp, plp, spec = draws(weft, mdir, prompts, tmp, f"k{k}", k, setting)
+        print(f"{name}: acceptance {[round(a, 3) for a in spec['acceptance']]} (drafted "
+              f"{spec['drafted']}, accepted {spec['accepted']})")
+        for label, pval, outside in pair_tests("speculative", tokens, ref.joints(k), V):
             if pval < P_MIN or outside:
                 failures.append(f"{name} {label}: p {pval:.3g}, {outside} draws outside the kept set")
         # Log-probs of every token, drafted or not: base (temperature 1, unfiltered) and processed.
-        x1, x2 = tokens[:, 0], tokens[:, 1]
-        base = [ref.base1[x1], ref.base2[x1, x2]]
-        proc = [ref.p1[x1], ref.p2[x1, x2]]
-        if max_tokens > 2:
-            base.append(ref.base3[x1, x2, tokens[:, 2]])
-            proc.append(ref.p3[x1, x2, tokens[:, 2]])
-        lp_err = float(np.abs(lp - np.stack(base, axis=1)).max())
-        plp_err = float(np.abs(plp - np.log(np.stack(proc, axis=1) + 1e-300)).max())
+        x1, x2, x3 = tokens.T
+        base = np.stack([ref.base1[x1], ref.base2[x1, x2], ref.base3[x1, x2, x3]], axis=1)
+        proc = np.stack([ref.p1[x1], ref.p2[x1, x2], ref.p3[x1, x2, x3]], axis=1)
+        lp_err = float(np.abs(lp - base).max())
+        plp_err = float(np.abs(plp - np.log(proc + 1e-300)).max())
         print(f"  |log-prob err| {lp_err:.2g}, processed {plp_err:.2g}")
         if lp_err > 1e-5 or plp_err > 1e-5:
             failures.append(f"{name}: log-probs off by {lp_err:.2g} (base), {plp_err:.2g} "
                             f"(processed)")
-        # The statistics: depth d's accepted drafts against their expectation.
+        # The statistics: drafts offered at depth 1 (a second time after a rejection) and
+        # accepted at each depth, against their expectations (each a sum of N Bernoulli draws).
         want, offered1 = ref.acceptance(k)
-        for d in range(k):
-            got = spec["accepted"][d]
-            sd = np.sqrt(N * want[d] * (1 - want[d]))
-            print(f"  depth {d + 1}: {got} drafts accepted, expected {N * want[d]:.0f} +- {sd:.0f}")
-            if abs(got - N * want[d]) > SE * sd:
-                failures.append(f"{name}: {got} drafts accepted at depth {d + 1}, expected "
-                                f"{N * want[d]:.0f} +- {sd:.0f}")
-        if k == 1 and spec["drafted"] != [N]:
-            failures.append(f"{name}: {spec['drafted']} drafts offered, not one per sample")
-        if k == 2 and spec["drafted"][1] != N:
-            failures.append(f"{name}: {spec['drafted'][1]} depth-2 drafts offered, not {N}")
+        counts = [("offered at depth 1", spec["drafted"][0], offered1 - 1, 1)]
+        counts += [(f"accepted at depth {d + 1}", spec["accepted"][d], want[d], 0) for d in range(k)]
+        if k == 2:
+            counts.append(("offered at depth 2", spec["drafted"][1], 1.0, 0))
+        for label, got, m, base_count in counts:
+            expect, sd = N * (base_count + m), np.sqrt(N * m * (1 - m))
+            print(f"  drafts {label}: {got}, expected {expect:.0f} +- {sd:.0f}")
+            if abs(got - expect) > SE * sd + 0.5:
+                failures.append(f"{name}: {got} drafts {label}, expected {expect:.0f} +- {sd:.0f}")
         if not 0.1 < spec["acceptance"][0] < 0.9:
             failures.append(f"{name}: acceptance {spec['acceptance'][0]:.3f}: the fixture should "
                             f"reject and accept often")
 
-        tokens = draws(weft, mdir, prompts, tmp, f"k{k}_control", k, setting, max_tokens,
-                       control=True)
-        for label, pval, outside in test_counts("control vs policy", tokens, ref.joints(k), V):
+        tokens = draws(weft, mdir, prompts, tmp, f"k{k}_control", k, setting, control=True)
+        for label, pval, outside in pair_tests("control vs policy", tokens, ref.joints(k), V):
             if pval >= P_MIN and not outside:
                 failures.append(f"control {name} {label}: accepting every draft passed the test "
                                 f"(p {pval:.3g}): it cannot tell the distributions apart")
-        for label, pval, outside in test_counts("control vs drafts", tokens,
+        for label, pval, outside in pair_tests("control vs drafts", tokens,
                                                 ref.joints(k, accept_all=True), V):
             if pval < P_MIN or outside:
                 failures.append(f"control {name} {label}: accepting every draft does not draw "
