@@ -2,8 +2,9 @@
 what to do, a non-zero exit, and no output file: a prompt longer than the model's context
 (max_position_embeddings) or than the KV cache holds, an empty prompt (token ids or text), an
 unknown sampling key, top_p outside (0, 1], n < 1, text prompts for a model directory without
-tokenizer.json, a model directory without weights, and rollout.speculative_tokens negative, above
-the model's MTP depth or above 0 for a model without MTP modules."""
+tokenizer.json, a model directory without weights, rollout.speculative_tokens negative, above the
+model's MTP depth or above 0 for a model without MTP modules, and rollout.max_batch_tokens too
+small for a token and its drafts (verified in one forward)."""
 import json
 import os
 import shutil
@@ -55,6 +56,8 @@ def cases(weft, tmp):
          ["rollout.speculative_tokens", bare, "no MTP modules"]),
         ("negative speculative_tokens", mtp, ok, ["rollout.speculative_tokens=-1"],
          ["rollout.speculative_tokens", "-1"]),
+        ("max_batch_tokens below a token and its drafts", mtp, ok,
+         ["rollout.speculative_tokens=2", "rollout.max_batch_tokens=2"], ["rollout.max_batch_tokens"]),
     ]
     for name, mdir, prompts, settings, want in cases:
         expect_error(weft, name, mdir, prompts, out, settings, want, failures)
