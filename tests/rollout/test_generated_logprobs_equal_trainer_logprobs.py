@@ -65,6 +65,10 @@ def compare(weft, mdir, tmp, device, failures, speculative=0):
 
 def cases(weft, tmp):
     failures = []
+    # OpenMP threads that sleep while they wait: speculation runs many small forwards, and two
+    # threads spinning at each barrier of a tiny model on a busy 2-core machine (ctest -j 2) made
+    # this test up to 10 times slower. Results do not depend on it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     mdir = os.path.join(tmp, "model")
     files.make_model(mdir, CFG, 5, std=0.1)
     mtp = os.path.join(tmp, "mtp_model")
