@@ -1,7 +1,7 @@
 """Speculative decoding with the MTP modules draws from the policy's own distribution.
 
 A random Qwen2 with 16 tokens and two MTP modules whose drafts q differ much from the main model's
-p (acceptance about 0.4 at depth 1), one 6-token prompt, 20,000 samples of 3 new tokens. Drafting
+p (depth-1 acceptance about 0.4 at temperature 1), one 6-token prompt, 20,000 samples of 3 new tokens. Drafting
 starts at the first new token: token 1 comes from the prefill, tokens 2 (and 3 with two drafts)
 are drafted then and verified in the next step, so the first tokens' joint distribution goes
 through the acceptance test (accept x with probability min(1, p(x)/q(x)), else draw from
