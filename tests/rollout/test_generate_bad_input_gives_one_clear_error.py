@@ -25,7 +25,8 @@ def expect_error(weft, name, mdir, prompts, out, settings, must_contain, failure
 def cases(weft, tmp):
     failures = []
     cfg = dict(qwen2.SMALL_CFG, vocab_size=320, max_position_embeddings=64)
-    text_model, bare, no_weights, mtp = (os.path.join(tmp, d) for d in ("text", "bare", "empty", "mtp"))
+    text_model, bare, no_weights, mtp = (os.path.join(tmp, d)
+                                         for d in ("text", "bare", "empty", "mtp"))
     files.make_model(text_model, cfg, 1, std=0.1)
     tok = write_tokenizer(text_model)
     files.make_model(bare, cfg, 1, std=0.1)

@@ -75,7 +75,8 @@ def trained_model(weft, tmp):
     os.makedirs(mdir)
     os.replace(os.path.join(init, "config.json"), os.path.join(mdir, "config.json"))
     files.write_safetensors(os.path.join(mdir, "model.safetensors"),
-                            {k[len("param."):]: v for k, v in out.items() if k.startswith("param.")})
+                            {k[len("param."):]: v for k, v in out.items()
+                             if k.startswith("param.")})
     return mdir
 
 
@@ -162,7 +163,8 @@ def cases(weft, tmp):
                     failures.append(f"greedy k=1: acceptance {spec['acceptance'][0]:.3f} < "
                                     f"{MIN_ACCEPTANCE}: the drafts do little work")
                 if spec["accepted"][0] >= spec["drafted"][0]:
-                    failures.append("greedy k=1: no draft was rejected: the rejection path never ran")
+                    failures.append("greedy k=1: no draft was rejected: the rejection path "
+                                    "never ran")
 
     for k in (1, 2):
         sampled = [*common, "sampling.temperature=1", "sampling.seed=7",

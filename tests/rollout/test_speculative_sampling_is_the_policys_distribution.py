@@ -1,11 +1,11 @@
 """Speculative decoding with the MTP modules draws from the policy's own distribution.
 
 A random Qwen2 with 16 tokens and two MTP modules whose drafts q differ much from the main model's
-p (depth-1 acceptance about 0.4 at temperature 1), one 6-token prompt, 20,000 samples of 3 new tokens. Drafting
-starts at the first new token: token 1 comes from the prefill, tokens 2 (and 3 with two drafts)
-are drafted then and verified in the next step, so the first tokens' joint distribution goes
-through the acceptance test (accept x with probability min(1, p(x)/q(x)), else draw from
-max(0, p - q) normalized, a bonus token when all pass).
+p (depth-1 acceptance about 0.4 at temperature 1), one 6-token prompt, 20,000 samples of 3 new
+tokens. Drafting starts at the first new token: token 1 comes from the prefill, tokens 2 (and 3
+with two drafts) are drafted then and verified in the next step, so the first tokens' joint
+distribution goes through the acceptance test (accept x with probability min(1, p(x)/q(x)), else
+draw from max(0, p - q) normalized, a bonus token when all pass).
 
   - rollout.speculative_tokens=1, temperature 1: x2 is an accepted draft or a residual draw, x3
     the bonus token after an accepted x2, or a draft verified a step later.
@@ -58,6 +58,7 @@ class Reference:
         self.p1, self.p2, self.q1 = None, np.zeros((V, V)), np.zeros((V, V))
         self.p3, self.q2, self.r1 = (np.zeros((V, V, V)) for _ in range(3))
         self.base1, self.base2, self.base3 = None, np.zeros((V, V)), np.zeros((V, V, V))
+
         def logits(ids):
             main, depths = qwen2.document_logits(params, CFG, ids)
             return main.numpy(), [d.numpy() for d in depths]
@@ -66,7 +67,8 @@ class Reference:
             main, (d1, _) = logits(prompt + [x1])
             if x1 == 0:
                 self.p1, self.base1 = pr(main[P - 1]), log_softmax(main[P - 1])
-            self.p2[x1], self.q1[x1], self.base2[x1] = pr(main[P]), pr(d1[P - 1]), log_softmax(main[P])
+            self.p2[x1], self.q1[x1] = pr(main[P]), pr(d1[P - 1])
+            self.base2[x1] = log_softmax(main[P])
             for x2 in range(V):
                 main, (d1, d2) = logits(prompt + [x1, x2])
                 self.p3[x1, x2], self.base3[x1, x2] = pr(main[P + 1]), log_softmax(main[P + 1])
@@ -120,7 +122,8 @@ def pair_tests(tag, tokens, expected, V):
     """Chi-square of the (x1, x2) and (x2, x3) counts against `expected` (two (V, V) arrays);
     returns [(label, p, draws outside the support)]."""
     out = []
-    for label, (a, b), want in (("(x1, x2)", (0, 1), expected[0]), ("(x2, x3)", (1, 2), expected[1])):
+    for label, (a, b), want in (("(x1, x2)", (0, 1), expected[0]),
+                                ("(x2, x3)", (1, 2), expected[1])):
         counts = np.bincount(tokens[:, a] * V + tokens[:, b], minlength=V * V)
         stat, df, pval, outside = chi_square(counts, want.ravel())
         print(f"  {tag} {label}: chi-square {stat:8.2f} df {df:3d} p {pval:.3g}, "
@@ -149,7 +152,8 @@ def cases(weft, tmp):
               f"{spec['drafted']}, accepted {spec['accepted']})")
         for label, pval, outside in pair_tests("speculative", tokens, ref.joints(k), V):
             if pval < P_MIN or outside:
-                failures.append(f"{name} {label}: p {pval:.3g}, {outside} draws outside the kept set")
+                failures.append(f"{name} {label}: p {pval:.3g}, {outside} draws outside the "
+                                f"kept set")
         # Log-probs of every token, drafted or not: base (temperature 1, unfiltered) and processed.
         x1, x2, x3 = tokens.T
         base = np.stack([ref.base1[x1], ref.base2[x1, x2], ref.base3[x1, x2, x3]], axis=1)
@@ -164,7 +168,8 @@ def cases(weft, tmp):
         # accepted at each depth, against their expectations (each a sum of N Bernoulli draws).
         want, offered1 = ref.acceptance(k)
         counts = [("offered at depth 1", spec["drafted"][0], offered1 - 1, 1)]
-        counts += [(f"accepted at depth {d + 1}", spec["accepted"][d], want[d], 0) for d in range(k)]
+        counts += [(f"accepted at depth {d + 1}", spec["accepted"][d], want[d], 0)
+                   for d in range(k)]
         if k == 2:
             counts.append(("offered at depth 2", spec["drafted"][1], 1.0, 0))
         for label, got, m, base_count in counts:
