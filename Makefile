@@ -25,6 +25,7 @@ fuzz:
 bench: all
 	/usr/bin/python3 bench/train_throughput.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/generate_throughput.py --weft $(BUILD)/weft
+	/usr/bin/python3 bench/speculative_decoding.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/parallel_and_mtp.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/context_parallel.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/dynamic_context_parallel.py --weft $(BUILD)/weft
