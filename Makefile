@@ -2,7 +2,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all test sanitize bench bench-gpu clean
+.PHONY: all test sanitize fuzz bench bench-gpu clean
 all:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
@@ -14,6 +14,13 @@ sanitize:
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -E 'default_job|resume|bpe'
+
+# libFuzzer targets (tests/fuzz), built with clang into build-fuzz/ and run FUZZ_SECONDS each;
+# FUZZ_TARGETS picks some (default: all). Crash inputs go to build-fuzz/crashes/.
+FUZZ_SECONDS ?= 180
+FUZZ_TARGETS ?=
+fuzz:
+	bash tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 bench: all
 	/usr/bin/python3 bench/train_throughput.py --weft $(BUILD)/weft
@@ -32,4 +39,4 @@ bench-gpu: all
 	$(GPU_PYTHON) bench/gpu_train_throughput.py --weft $(BUILD)/weft
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-fuzz

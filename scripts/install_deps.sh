@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-dev libopenblas0-openmp libjansson-dev
           libyaml-dev libpcre2-dev libopenmpi-dev openmpi-bin gnuplot-nox python3 python3-torch
-          python3-numpy)
+          python3-numpy clang libclang-rt-14-dev) # clang: the fuzz targets (make fuzz)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

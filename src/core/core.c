@@ -14,6 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
+static void (*fatal_hook)(void);
+
+void weft_set_fatal_hook(void (*hook)(void)) { fatal_hook = hook; }
+
 noreturn void weft_fatal(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -22,6 +26,7 @@ noreturn void weft_fatal(const char *fmt, ...) {
     fputc('\n', stderr);
     va_end(ap);
     fflush(stderr);
+    if (fatal_hook) fatal_hook();
     exit(1);
 }
 
@@ -171,6 +176,17 @@ double weft_now_seconds(void) {
 }
 
 int weft_num_threads(void) { return omp_get_max_threads(); }
+
+size_t weft_host_memory_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    if (f) fclose(f);
+    if (kib) return (size_t)kib * 1024;
+    return (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE); // no /proc
+}
 
 void weft_format_bytes(char *buf, size_t n, size_t bytes) {
     const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

@@ -9,6 +9,10 @@
 // line naming the input and what to do.
 noreturn void weft_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void weft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// Called by weft_fatal after the message, before exit(1); NULL (the default): none. For fuzz
+// harnesses (tests/fuzz), which longjmp out of it so that a clean error is not counted as a crash
+// and the next input runs in the same process. Must not return into weft_fatal's caller.
+void weft_set_fatal_hook(void (*hook)(void));
 
 #define WEFT_CHECK(cond, ...)                                                                      \
     do {                                                                                           \
@@ -41,6 +45,10 @@ void weft_rng_seed(weft_rng *rng, uint64_t seed);
 uint64_t weft_rng_next(weft_rng *rng);
 double weft_rng_uniform(weft_rng *rng); // [0, 1)
 double weft_rng_normal(weft_rng *rng);
+
+// Host memory a new allocation can still get (MemAvailable: free plus reclaimable page cache),
+// for checks that refuse work which cannot fit before starting it.
+size_t weft_host_memory_available(void);
 
 double weft_now_seconds(void); // monotonic
 int weft_num_threads(void);

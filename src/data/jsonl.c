@@ -181,6 +181,32 @@ static void append(weft_document_set *set, int *cap, weft_document doc) {
     set->docs[set->n++] = doc;
 }
 
+// One document per line: the longest line weft reads. 64 MiB holds a document of millions of
+// tokens (as ids or text) while a file with no newline at all, or a runaway line, is refused
+// before it is read into memory whole.
+#define MAX_LINE_BYTES ((size_t)64 << 20)
+
+// Reads the next line (with its newline, if any) into *buf; its length, or -1 at the end of the
+// file. A line longer than MAX_LINE_BYTES is an error naming it.
+static ssize_t read_line(FILE *f, char **buf, size_t *cap, source_line at) {
+    size_t n = 0;
+    int c = 0;
+    while (c != '\n' && (c = getc_unlocked(f)) != EOF) {
+        if (n + 2 > *cap) {
+            size_t grown = *cap ? 2 * *cap : 4096;
+            char *p = realloc(*buf, grown);
+            if (!p) weft_fatal("out of host memory reading %s:%ld", at.path, at.line);
+            *buf = p, *cap = grown;
+        }
+        (*buf)[n++] = (char)c;
+        if (n > MAX_LINE_BYTES)
+            weft_fatal("%s:%ld: the line is longer than %zu MiB; one document per line, at most "
+                       "that long: split or shorten it", at.path, at.line, MAX_LINE_BYTES >> 20);
+    }
+    if (n) (*buf)[n] = '\0';
+    return n == 0 ? -1 : (ssize_t)n;
+}
+
 static weft_document_set *read_jsonl(const char *path, int vocab_size, const weft_tokenizer *tok) {
     WEFT_CHECK(vocab_size > 0, "%s: vocab_size must be positive, got %d", path, vocab_size);
     FILE *f = fopen(path, "r");
@@ -188,16 +214,15 @@ static weft_document_set *read_jsonl(const char *path, int vocab_size, const wef
 
     weft_document_set *set = weft_alloc(sizeof *set);
     int cap = 0;
-    char *line = NULL; // getline's buffer, grown as needed: lines may be arbitrarily long
+    char *line = NULL; // grown as needed, up to MAX_LINE_BYTES
     size_t line_cap = 0;
     ssize_t len;
-    source_line at = {path, 0};
-    while ((len = getline(&line, &line_cap, f)) != -1) {
-        at.line++;
+    source_line at = {path, 1};
+    for (; (len = read_line(f, &line, &line_cap, at)) != -1; at.line++) {
         if (is_blank(line, (size_t)len)) continue;
         append(set, &cap, parse_line(at, line, (size_t)len, vocab_size, tok));
     }
-    if (ferror(f)) weft_fatal("%s:%ld: read error (%s); check the file", path, at.line + 1, strerror(errno));
+    if (ferror(f)) weft_fatal("%s:%ld: read error (%s); check the file", path, at.line, strerror(errno));
     free(line);
     fclose(f);
     if (set->n == 0)

@@ -36,7 +36,10 @@ static void enc_init(enc *e, const weft_tokenizer *t) {
     e->md = pcre2_match_data_create(1, NULL);
     e->mctx = pcre2_match_context_create(NULL);
     if (!e->md || !e->mctx) weft_fatal("out of host memory creating a regex match context");
-    pcre2_set_match_limit(e->mctx, UINT32_MAX);
+    // A pattern from the file may backtrack catastrophically ((a+)+$ doubles its time with
+    // every character): the match limit turns that into an error (find_segments) instead of a
+    // hang. Ten million steps per match leave every real tokenizer's patterns far below it.
+    pcre2_set_match_limit(e->mctx, WEFT_TOK_MATCH_LIMIT);
     pcre2_set_depth_limit(e->mctx, UINT32_MAX);
     pcre2_set_heap_limit(e->mctx, 4u * 1024 * 1024); // KiB: 4 GiB
 }
@@ -443,6 +446,27 @@ static void build_decoder(weft_tokenizer *t) {
     free(tok_len);
 }
 
+// The token (vocab entry or added token) holding id, for messages.
+static const char *token_with_id(const weft_tokenizer *t, int32_t id) {
+    for (int i = 0; i < t->n_added; i++)
+        if (t->added[i].id == id) return t->added[i].content;
+    for (size_t i = 0; i < t->vocab.cap; i++)
+        if (t->vocab.slot[i].len != EMPTY32 && t->vocab.slot[i].val == id)
+            return t->vocab.keys.p + t->vocab.slot[i].off;
+    return "?";
+}
+
+// Tables indexed by id (the decoder's) take memory for every id up to the largest: ids may leave
+// gaps (added tokens placed past the model's vocab), but not millions of them, or a 500-byte file
+// could claim gigabytes. The bound is twice the tokens the file defines plus 65536.
+static void check_id_range(const weft_tokenizer *t) {
+    size_t defined = t->vocab.n + (size_t)t->n_added, bound = 2 * defined + 65536;
+    if ((size_t)t->vocab_size <= bound) return;
+    int32_t id = t->vocab_size - 1;
+    weft_fatal("%s: token \"%.64s\" has id %d, but the file defines only %zu tokens (ids must be "
+               "below %zu); fix the id or the file", t->path, token_with_id(t, id), id, defined, bound);
+}
+
 weft_tokenizer *weft_tokenizer_load(const char *path) {
     weft_tok_byte_level_init();
     size_t len;
@@ -479,6 +503,7 @@ weft_tokenizer *weft_tokenizer_load(const char *path) {
         else weft_tok_bytes_put(&m, a->content, a->len);
         a->match = m.p, a->match_len = m.n;
     }
+    check_id_range(t);
     if (need_word_re) t->word_re = weft_tok_regex_compile(path, WORD_CHAR_PATTERN, strlen(WORD_CHAR_PATTERN), false);
     weft_tok_match_set_build(t, &t->raw_set, false);
     weft_tok_match_set_build(t, &t->normalized_set, true);

@@ -15,6 +15,8 @@
 #include "data/tokenizer.h"
 
 #define EMPTY32 UINT32_MAX
+// Backtracking steps one regex match may take (pcre2_set_match_limit) before encoding fails.
+#define WEFT_TOK_MATCH_LIMIT 10000000
 
 // ---------------------------------------------------------------------------------------------
 // Growable arrays (tokenizer_maps.c)

@@ -148,6 +148,10 @@ static void find_segments(enc *e, const pcre2_code *re, const char *s, size_t n)
             continue;
         }
         if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc == PCRE2_ERROR_MATCHLIMIT)
+            weft_fatal("%s: a pre_tokenizer regex needs more than %d backtracking steps on a "
+                       "%zu-byte piece of text (catastrophic backtracking, as in (a+)+$); fix the "
+                       "pattern in tokenizer.json", e->t->path, WEFT_TOK_MATCH_LIMIT, n);
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);

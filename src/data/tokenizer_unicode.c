@@ -1,6 +1,7 @@
 // data: the tokenizer's UTF-8 handling and its Unicode normalization (NFC).
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "data/tokenizer_internal.h"
 
@@ -194,6 +195,44 @@ static uint32_t compose(uint32_t a, uint32_t b) {
     return lo < n_nfc_pairs && nfc_pairs[lo].key == key ? nfc_pairs[lo].composite : 0;
 }
 
+// A stable sort of c[a..b) by combining class (all non-zero). Short runs, the normal case, by
+// insertion; long ones by counting sort over the 255 classes, so a document of nothing but
+// combining marks costs linear time instead of quadratic.
+static void sort_run(uint32_t *c, uint8_t *cc, size_t a, size_t b) {
+    if (b - a <= 32) {
+        for (size_t k = a + 1; k < b; k++)
+            for (size_t j = k; j > a && cc[j - 1] > cc[j]; j--) {
+                uint32_t tc = c[j];
+                c[j] = c[j - 1], c[j - 1] = tc;
+                uint8_t tk = cc[j];
+                cc[j] = cc[j - 1], cc[j - 1] = tk;
+            }
+        return;
+    }
+    size_t start[257] = {0};
+    for (size_t k = a; k < b; k++) start[cc[k] + 1]++;
+    for (int v = 1; v < 257; v++) start[v] += start[v - 1];
+    uint32_t *sorted = weft_tok_xrealloc(NULL, (b - a) * sizeof *sorted);
+    for (size_t k = a; k < b; k++) sorted[start[cc[k]]++] = c[k];
+    memcpy(c + a, sorted, (b - a) * sizeof *sorted);
+    free(sorted);
+    for (size_t k = a; k < b; k++) cc[k] = ccc_of(c[k]);
+}
+
+// Canonical ordering: a stable sort of each run of non-starters by combining class.
+static void canonical_order(uint32_t *c, uint8_t *cc, size_t n) {
+    for (size_t k = 0; k < n;) {
+        if (cc[k] == 0) {
+            k++;
+            continue;
+        }
+        size_t end = k;
+        while (end < n && cc[end] != 0) end++;
+        sort_run(c, cc, k, end);
+        k = end;
+    }
+}
+
 void weft_tok_nfc_append(const char *s, size_t n, bytes *out) {
     size_t i = 0;
     while (i < n && (unsigned char)s[i] < 0xCC) i++;
@@ -211,15 +250,7 @@ void weft_tok_nfc_append(const char *s, size_t n, bytes *out) {
     uint32_t *c = (uint32_t *)d.p;
     uint8_t *cc = weft_tok_xrealloc(NULL, d.n + 1);
     for (size_t k = 0; k < d.n; k++) cc[k] = ccc_of(c[k]);
-    // Canonical ordering: a stable sort of each run of non-starters by combining class.
-    for (size_t k = 1; k < d.n; k++) {
-        for (size_t j = k; j > 0 && cc[j] != 0 && cc[j - 1] > cc[j]; j--) {
-            uint32_t tc = c[j];
-            c[j] = c[j - 1], c[j - 1] = tc;
-            uint8_t tk = cc[j];
-            cc[j] = cc[j - 1], cc[j - 1] = tk;
-        }
-    }
+    canonical_order(c, cc, d.n);
     // Canonical composition.
     size_t m = 0;
     if (d.n) {

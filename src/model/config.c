@@ -51,19 +51,51 @@ void weft_model_config_load(const char *path, weft_model_config *cfg) {
     json_t *mtp = json_object_get(root, "num_nextn_predict_layers");
     WEFT_CHECK(!mtp || json_is_null(mtp) || json_is_integer(mtp),
                "%s: \"num_nextn_predict_layers\" must be an integer", path);
-    cfg->num_mtp = mtp && json_is_integer(mtp) ? (int)json_integer_value(mtp) : 0;
+    json_int_t n_mtp = json_is_integer(mtp) ? json_integer_value(mtp) : 0;
+    WEFT_CHECK(n_mtp >= 0 && n_mtp <= WEFT_MAX_MTP,
+               "%s: num_nextn_predict_layers = %lld; weft supports 0 to %d MTP modules", path,
+               (long long)n_mtp, WEFT_MAX_MTP);
+    cfg->num_mtp = (int)n_mtp;
     cfg->mtp_loss_scale = get_real(root, path, "mtp_loss_scale", 0.1);
     cfg->max_position_embeddings = get_int(root, path, "max_position_embeddings", false, 0);
     json_t *eos = json_object_get(root, "eos_token_id");
     if (json_is_array(eos)) eos = json_array_get(eos, 0);
     WEFT_CHECK(!eos || json_is_null(eos) || json_is_integer(eos),
                "%s: \"eos_token_id\" must be an integer or a list of them", path);
-    cfg->eos_token_id = json_is_integer(eos) ? (int)json_integer_value(eos) : -1;
+    json_int_t eos_id = json_is_integer(eos) ? json_integer_value(eos) : -1;
+    WEFT_CHECK(eos_id >= -1 && eos_id < cfg->vocab_size,
+               "%s: \"eos_token_id\" = %lld is outside the vocabulary [0, %d)", path,
+               (long long)eos_id, cfg->vocab_size);
+    cfg->eos_token_id = (int)eos_id;
     json_decref(root);
     weft_model_config_validate(cfg, path);
 }
 
+// Every size must be at least 1: a zero divides (the matmul's row split, hidden / heads) or leaves
+// a model with nothing in it, and must stop here with a message rather than crash a pass later.
+static void check_sizes(const weft_model_config *c, const char *source) {
+    const struct {
+        const char *key, *setting; // config.json's name, the from-scratch setting's
+        int value;
+    } sizes[] = {{"vocab_size", "the tokenizer's vocabulary", c->vocab_size},
+                 {"hidden_size", "model.hidden_size", c->hidden_size},
+                 {"intermediate_size", "model.intermediate_size", c->intermediate_size},
+                 {"num_hidden_layers", "model.num_layers", c->num_layers},
+                 {"num_attention_heads", "model.num_heads", c->num_heads},
+                 {"num_key_value_heads", "model.num_kv_heads", c->num_kv_heads},
+                 {"head_dim", "model.head_dim", c->head_dim}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        WEFT_CHECK(sizes[i].value >= 1 && sizes[i].value < (1 << 30),
+                   "%s: %s (%s) = %d; it must be a positive integer below 2^30%s", source,
+                   sizes[i].key, sizes[i].setting, sizes[i].value,
+                   strcmp(sizes[i].key, "head_dim") == 0
+                       ? " (when not given it is hidden_size / num_attention_heads, 0 when there "
+                         "are more heads than hidden units)"
+                       : "");
+}
+
 void weft_model_config_validate(const weft_model_config *c, const char *source) {
+    check_sizes(c, source);
     WEFT_CHECK(c->num_heads % c->num_kv_heads == 0,
                "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)",
                source, c->num_heads, c->num_kv_heads);

@@ -9,6 +9,18 @@
 
 // ------------------------------------------------------------------------ parameter layout ----
 
+// The most elements the flat parameter buffer may hold: 2^40 (4 TiB of fp32), far beyond any
+// model weft can train, and low enough that every byte count derived from it fits a size_t.
+#define MAX_ELEMENTS ((size_t)1 << 40)
+
+static noreturn void too_large(const weft_model_config *c, const char *name) {
+    weft_fatal("the model's sizes (vocab %d, hidden_size %d, intermediate_size %d, %d layers, "
+               "%d heads of %d) need more than 2^40 parameters at tensor \"%s\"; check "
+               "config.json or the model.* settings",
+               c->vocab_size, c->hidden_size, c->intermediate_size, c->num_layers, c->num_heads,
+               c->head_dim, name);
+}
+
 static int add_param(weft_model *m, int cap, const char *name, int64_t rows, int64_t cols,
                      int layer) {
     WEFT_CHECK(m->n_params < cap, "internal: parameter table overflow");
@@ -18,11 +30,18 @@ static int add_param(weft_model *m, int cap, const char *name, int64_t rows, int
     p->ndim = cols > 0 ? 2 : 1;
     p->shape[0] = rows;
     p->shape[1] = cols > 0 ? cols : 0;
-    p->numel = (size_t)rows * (size_t)(cols > 0 ? cols : 1);
+    // Sizes come from files: every product and sum is checked, so a huge config is an error
+    // rather than a wrapped, wrong allocation size.
+    size_t numel, padded;
+    if (rows < 0 || __builtin_mul_overflow((size_t)rows, (size_t)(cols > 0 ? cols : 1), &numel) ||
+        numel > MAX_ELEMENTS || __builtin_add_overflow(m->n_elements, (numel + 15) / 16 * 16, &padded) ||
+        padded > MAX_ELEMENTS)
+        too_large(&m->cfg, name);
+    p->numel = numel;
     p->weight_decay = p->ndim == 2;
     p->layer = layer;
     // Keep every tensor 64-byte aligned in the flat buffer for vector loads.
-    m->n_elements += (p->numel + 15) / 16 * 16;
+    m->n_elements = padded;
     return m->n_params++;
 }
 
@@ -30,8 +49,8 @@ static int add_param(weft_model *m, int cap, const char *name, int64_t rows, int
 static void add_decoder_layer(weft_model *m, int cap, weft_layer_params *lp, const char *prefix,
                               int layer) {
     const weft_model_config *c = &m->cfg;
-    int C = c->hidden_size, I = c->intermediate_size;
-    int qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
+    int64_t C = c->hidden_size, I = c->intermediate_size;
+    int64_t qd = (int64_t)c->num_heads * c->head_dim, kvd = (int64_t)c->num_kv_heads * c->head_dim;
     char n[96];
 #define P(field, suffix, rows, cols)                                                               \
     (snprintf(n, sizeof n, "%s%s", prefix, suffix), lp->field = add_param(m, cap, n, rows, cols, layer))
@@ -58,10 +77,14 @@ static void add_decoder_layer(weft_model *m, int cap, weft_layer_params *lp, con
 // MTP modules, lm_head. Gradient buckets later take this order reversed.
 static void build_layout(weft_model *m) {
     const weft_model_config *c = &m->cfg;
-    int C = c->hidden_size, L = c->num_layers, D = c->num_mtp;
+    int64_t C = c->hidden_size;
+    int L = c->num_layers, D = c->num_mtp;
+    // Validated sizes are below 2^30, but 12 tensors a layer would overflow an int: the table's
+    // size is checked, and a layer count whose table would not fit is the too-large error.
+    if (L < 0 || D < 0 || (int64_t)L + D > (INT32_MAX - 3) / 16) too_large(c, "model.layers");
     int cap = 3 + 12 * L + 16 * D;
-    m->params = weft_alloc(sizeof(weft_param_info) * cap);
-    m->layers = weft_alloc(sizeof(weft_layer_params) * (L + D));
+    m->params = weft_alloc(sizeof(weft_param_info) * (size_t)cap);
+    m->layers = weft_alloc(sizeof(weft_layer_params) * (size_t)(L + D > 0 ? L + D : 1));
     m->mtp = weft_alloc(sizeof(weft_mtp_params) * (D > 0 ? D : 1));
     m->embed = add_param(m, cap, "model.embed_tokens.weight", c->vocab_size, C, -1);
     char prefix[64], n[96];
@@ -127,6 +150,14 @@ int weft_model_heads(const weft_model *m) { return 1 + m->cfg.num_mtp; }
 
 void weft_model_zero_grad(weft_model *m) { m->be->zero(m->be, m->grad_buf, weft_model_grad_bytes(m)); }
 
+// "[8]", "[16, 32]", "[]": every dimension, none printed for a scalar.
+static void format_shape(char *out, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(out + n, cap - n, "]");
+}
+
 void weft_model_load_safetensors(weft_model *m, const char *path) {
     weft_safetensors *st = weft_safetensors_load(path);
     for (int i = 0; i < m->n_params; i++) {
@@ -136,11 +167,13 @@ void weft_model_load_safetensors(weft_model *m, const char *path) {
                    p->name);
         bool same = t->ndim == p->ndim && t->shape[0] == p->shape[0] &&
                     (p->ndim == 1 || t->shape[1] == p->shape[1]);
-        WEFT_CHECK(same,
-                   "%s: tensor \"%s\" has shape [%lld%s%lld] but config.json implies [%lld%s%lld]",
-                   path, p->name, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
-                   t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)p->shape[0],
-                   p->ndim > 1 ? ", " : "", p->ndim > 1 ? (long long)p->shape[1] : 0LL);
+        if (!same) {
+            char got[96], want[96];
+            format_shape(got, sizeof got, t->ndim, t->shape);
+            format_shape(want, sizeof want, p->ndim, p->shape);
+            weft_fatal("%s: tensor \"%s\" has shape %s but config.json implies %s; the weights "
+                       "do not match config.json", path, p->name, got, want);
+        }
         float *host = weft_alloc(p->numel * sizeof(float));
         weft_safetensors_read_f32(st, t, host);
         m->be->from_f32(m->be, weft_model_param(m, i), m->be->param_dtype, host, p->numel);

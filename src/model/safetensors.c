@@ -182,6 +182,14 @@ static void check_data_extent(const weft_safetensors *st) {
     size_t need = 0;
     const char *last = NULL;
     for (int i = 0; i < st->n; i++) {
+        // Sorted by offset: each tensor must start at or after the previous one's end, or two
+        // tensors would share bytes (a write to one changing the other).
+        const weft_st_tensor *t = &st->tensors[i], *prev = i ? &st->tensors[i - 1] : NULL;
+        if (prev && t->offset < prev->offset + prev->nbytes)
+            weft_fatal("%s: tensors \"%s\" and \"%s\" overlap (bytes [%zu, %zu) and [%zu, %zu)); "
+                       "the file is corrupt or was written by a broken tool; re-download or re-save it",
+                       st->path, prev->name, t->name, prev->offset, prev->offset + prev->nbytes,
+                       t->offset, t->offset + t->nbytes);
         size_t end = st->tensors[i].offset + st->tensors[i].nbytes;
         if (end > need) need = end, last = st->tensors[i].name;
     }

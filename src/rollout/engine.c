@@ -92,7 +92,14 @@ void weft_engine_check_prompts(const weft_engine *e, const weft_prompt *prompts,
                    "%s has %d tokens: with the first new one more than the model's context of "
                    "%ld (max_position_embeddings); shorten it", name, prompts[i].len, model);
         // Speculating, the prompt's last chunk also holds the blocks its samples copy to draft.
-        need += e->rc.speculative_tokens + weft_rollout_fork_spare(e, -1, prompts[i].len);
+        long spare = e->rc.speculative_tokens + weft_rollout_fork_spare(e, -1, prompts[i].len);
+        WEFT_CHECK(spare == e->rc.speculative_tokens || need + spare <= pool,
+                   "%s has %d tokens: with rollout.speculative_tokens = %d its %d samples "
+                   "(sampling.n) each copy the prompt's last KV-cache blocks as it forks, %ld "
+                   "positions in all, more than the cache's %ld; raise rollout.kv_cache_tokens (or "
+                   "rollout.kv_cache_fraction), or lower sampling.n or rollout.speculative_tokens",
+                   name, prompts[i].len, e->rc.speculative_tokens, e->sc.n, need + spare, pool);
+        need += spare;
         WEFT_CHECK(need <= pool,
                    "%s has %d tokens: more than the KV cache's %ld positions hold; raise "
                    "rollout.kv_cache_tokens (or rollout.kv_cache_fraction) or shorten it", name,

@@ -192,8 +192,11 @@ typedef struct due_seqs {
 // verified), then appends them with their log-probs. Returns the sequences that took a token and
 // still run (the next step's drafters) in *took.
 static int draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took) {
-    int cap = 1;
-    for (int k = 0; k < due->n; k++) cap += e->sc.n + e->seqs[due->seq[k]].n_drafts + 1;
+    int cap = 1; // a prompt forks n samples, a sample takes its drafts and one more
+    for (int k = 0; k < due->n; k++) {
+        const gen_seq *s = &e->seqs[due->seq[k]];
+        cap += s->sample < 0 ? e->sc.n : s->n_drafts + 1;
+    }
     draw *d = weft_alloc(sizeof(draw) * cap);
     int n = 0, V = e->model->cfg.vocab_size;
     for (int k = 0; k < due->n; k++) {
@@ -296,7 +299,9 @@ bool weft_rollout_step(weft_engine *e) {
     if (n > e->stats.peak_batch) e->stats.peak_batch = n;
     bool speculating = e->rc.speculative_tokens > 0;
     if (speculating) weft_rollout_draft(e, before, n_before, false);
-    int *took = weft_alloc(sizeof(int) * (e->n_seqs + (size_t)due.n * e->sc.n + 1));
+    size_t forks = 0; // the samples this step's prompts fork
+    for (int k = 0; k < due.n; k++) forks += e->seqs[due.seq[k]].sample < 0 ? (size_t)e->sc.n : 0;
+    int *took = weft_alloc(sizeof(int) * (e->n_seqs + forks + 1));
     int n_took = due.n > 0 ? draw_tokens(e, &due, e->buf.host_logits, took) : 0;
     if (speculating) weft_rollout_draft(e, took, n_took, true);
     weft_free(part), weft_free(head_rows), weft_free(due.seq), weft_free(due.first_row);

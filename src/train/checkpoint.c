@@ -98,6 +98,46 @@ static void save_state(const char *dir, const weft_train_state *s) {
     json_decref(root);
 }
 
+// Names in checkpoints/ that a save in progress uses: step_N.tmp (being written) and step_N.old
+// (the checkpoint it replaces, kept until the new one is in place).
+static bool is_leftover(const char *name) {
+    size_t n = strlen(name);
+    return strncmp(name, "step_", 5) == 0 && n > 4 &&
+           (strcmp(name + n - 4, ".tmp") == 0 || strcmp(name + n - 4, ".old") == 0);
+}
+
+// After a checkpoint is published, what killed saves left behind (partial .tmp directories,
+// replaced .old copies) is no longer needed for resuming: removed, so it neither piles up nor
+// gets mistaken for a checkpoint.
+static void remove_leftovers(const char *run_dir) {
+    char *root = join(run_dir, "checkpoints");
+    DIR *d = opendir(root);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        if (!is_leftover(e->d_name)) continue;
+        char *dir = join(root, e->d_name);
+        if (!weft_remove_tree(dir))
+            fprintf(stderr, "weft: warning: cannot remove %s (%s)\n", dir, strerror(errno));
+        weft_free(dir);
+    }
+    if (d) closedir(d);
+    weft_free(root);
+}
+
+// Moves tmp into final_dir's place. An existing checkpoint of the same step (a resumed run
+// re-saving it) is renamed aside first, never deleted in place: a kill at any moment leaves a
+// complete copy under step_N or step_N.old, which weft_checkpoint_find accepts.
+static void publish(const char *tmp, const char *final_dir) {
+    size_t n = strlen(final_dir) + 8;
+    char *old = weft_alloc(n);
+    snprintf(old, n, "%s.old", final_dir);
+    WEFT_CHECK(weft_remove_tree(old), "%s: cannot remove (%s)", old, strerror(errno));
+    WEFT_CHECK(rename(final_dir, old) == 0 || errno == ENOENT,
+               "%s: cannot move the old checkpoint aside (%s)", final_dir, strerror(errno));
+    WEFT_CHECK(rename(tmp, final_dir) == 0, "%s: cannot publish checkpoint (%s)", final_dir,
+               strerror(errno));
+    weft_free(old);
+}
+
 char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const weft_train_state *s) {
     bool writer = weft_comm_rank(t->world) == 0;
     char name[64], tmp_name[80];
@@ -105,8 +145,11 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp", name);
     char *final_dir = join(run_dir, name), *tmp = join(run_dir, tmp_name);
     char *path = join(tmp, "optimizer.safetensors");
+    // A killed save's directory may hold a half-written file (model.safetensors.tmp.PID):
+    // start from an empty one, so nothing of it is published with this checkpoint.
     if (writer)
-        WEFT_CHECK(weft_mkdirs(tmp), "%s: cannot create directory (%s)", tmp, strerror(errno));
+        WEFT_CHECK(weft_remove_tree(tmp) && weft_mkdirs(tmp), "%s: cannot create directory (%s)",
+                   tmp, strerror(errno));
     save_optimizer(t, path, writer); // collective: every rank enters, rank 0 writes
     weft_free(path);
     const float *master = t->opt->master;
@@ -119,11 +162,8 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
         save_model_weights(t->model, path, master_all ? master_all : master);
         weft_free(path);
         save_state(tmp, s);
-        // Replace a checkpoint of the same step (a resumed run re-saving), then publish atomically.
-        WEFT_CHECK(weft_remove_tree(final_dir), "%s: cannot replace the old checkpoint (%s)",
-                   final_dir, strerror(errno));
-        WEFT_CHECK(rename(tmp, final_dir) == 0, "%s: cannot publish checkpoint (%s)", final_dir,
-                   strerror(errno));
+        publish(tmp, final_dir);
+        remove_leftovers(run_dir);
     }
     if (master_all) t->model->be->free(t->model->be, master_all);
     weft_free(tmp);
@@ -168,8 +208,12 @@ static bool checkpoint_valid(const char *dir, char *why, size_t why_cap) {
     return ok;
 }
 
+// Newest step first; of the same step, step_N before step_N.old (the copy being replaced).
 static int by_name_desc(const void *a, const void *b) {
-    return strcmp(*(char *const *)b, *(char *const *)a);
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    long sx = strtol(x + 5, NULL, 10), sy = strtol(y + 5, NULL, 10);
+    if (sx != sy) return sx > sy ? -1 : 1;
+    return strcmp(x, y); // "step_N" < "step_N.old"
 }
 
 char *weft_checkpoint_find(const char *path) {
@@ -271,16 +315,33 @@ weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
     weft_free(path);
 
     path = join(dir, "trainer_state.json");
-    json_t *root = json_load_file(path, 0, NULL);
-    WEFT_CHECK(root, "%s: unreadable", path);
+    weft_train_state s = weft_checkpoint_read_state(path);
+    weft_free(path);
+    t->opt->step = s.step;
+    return s;
+}
+
+// A non-negative integer field of trainer_state.json below `limit`.
+static json_int_t state_field(json_t *root, const char *path, const char *key, json_int_t limit) {
+    json_t *v = json_object_get(root, key);
+    WEFT_CHECK(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < limit,
+               "%s: \"%s\" is missing or not an integer in [0, %lld); the checkpoint is damaged, "
+               "resume from an earlier one", path, key, (long long)limit);
+    return json_integer_value(v);
+}
+
+weft_train_state weft_checkpoint_read_state(const char *path) {
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    WEFT_CHECK(root, "%s: unreadable (%s); the checkpoint is damaged, resume from an earlier one",
+               path, err.text);
     weft_train_state s = {
-        .step = (int)json_integer_value(json_object_get(root, "step")),
-        .epoch = (int)json_integer_value(json_object_get(root, "epoch")),
-        .cursor = (long)json_integer_value(json_object_get(root, "cursor")),
+        .step = (int)state_field(root, path, "step", INT32_MAX),
+        .epoch = (int)state_field(root, path, "epoch", INT32_MAX),
+        .cursor = (long)state_field(root, path, "cursor", INT64_MAX),
+        // The seed is a uint64 saved through a signed JSON integer: any value is one.
         .seed = (uint64_t)json_integer_value(json_object_get(root, "seed")),
     };
     json_decref(root);
-    weft_free(path);
-    t->opt->step = s.step;
     return s;
 }

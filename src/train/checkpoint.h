@@ -21,3 +21,5 @@ char *weft_checkpoint_find(const char *path);
 // Loads a checkpoint into the trainer (model weights and optimizer state) after checking that it
 // was saved for this model shape; returns its state.
 weft_train_state weft_checkpoint_load(const char *ckpt_dir, weft_trainer *t);
+// Reads a trainer_state.json (step, epoch, cursor, seed); a missing or out-of-range field is fatal.
+weft_train_state weft_checkpoint_read_state(const char *path);

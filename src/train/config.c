@@ -316,42 +316,66 @@ void weft_job_config_resolve(weft_job_config *cfg, const char *config_path, int 
 
 // ------------------------------------------------------------------------------------ YAML ----
 
+// A settings file nests a few levels (section.key) and has at most a few hundred values. YAML
+// aliases make the document a graph: a cycle (a: &x {b: *x}) would recurse forever and an alias
+// bomb (each level referring to the one below twice) expands exponentially, so the walk stops at
+// these bounds with an error rather than crash or spin.
+enum { YAML_MAX_DEPTH = 16, YAML_MAX_NODES = 10000 };
+
+typedef struct yaml_walk_ctx {
+    weft_job_config *cfg;
+    yaml_document_t *doc;
+    const char *path;
+    int visited; // nodes walked so far, aliases counted every time they are reached
+} yaml_walk_ctx;
+
+// A list setting: a YAML sequence of plain values, set as a JSON array.
+static void yaml_set_list(yaml_walk_ctx *w, yaml_node_t *node, const char *key, const char *where) {
+    json_t *list = json_array();
+    for (yaml_node_item_t *it = node->data.sequence.items.start; it < node->data.sequence.items.top;
+         it++) {
+        yaml_node_t *v = yaml_document_get_node(w->doc, *it);
+        WEFT_CHECK(v && v->type == YAML_SCALAR_NODE, "%s: %s: a list of plain values", where, key);
+        json_array_append_new(list, json_string((const char *)v->data.scalar.value));
+    }
+    char *text = json_dumps(list, JSON_COMPACT);
+    weft_job_config_set(w->cfg, key, text, where);
+    free(text);
+    json_decref(list);
+}
+
 // Walks nested mappings, joining keys with dots, and sets every scalar leaf.
-static void yaml_walk(weft_job_config *cfg, yaml_document_t *doc, yaml_node_t *node,
-                      const char *prefix, const char *path) {
+static void yaml_walk(yaml_walk_ctx *w, yaml_node_t *node, const char *prefix, int depth) {
     char where[WEFT_PATH_MAX + 32];
-    snprintf(where, sizeof where, "%s:%lu", path, (unsigned long)node->start_mark.line + 1);
+    snprintf(where, sizeof where, "%s:%lu", w->path, (unsigned long)node->start_mark.line + 1);
+    WEFT_CHECK(depth <= YAML_MAX_DEPTH,
+               "%s: settings nest deeper than %d levels (at \"%.64s\"); an alias refers to "
+               "itself, or the file is not a weft config", where, YAML_MAX_DEPTH, prefix);
+    WEFT_CHECK(++w->visited <= YAML_MAX_NODES,
+               "%s: the file expands to more than %d values (aliases repeated over and over?); "
+               "a weft config has a few hundred at most", where, YAML_MAX_NODES);
     if (node->type == YAML_SCALAR_NODE) {
         WEFT_CHECK(prefix[0], "%s: expected a mapping of settings, found a bare value", where);
-        weft_job_config_set(cfg, prefix, (const char *)node->data.scalar.value, where);
+        weft_job_config_set(w->cfg, prefix, (const char *)node->data.scalar.value, where);
         return;
     }
-    if (node->type == YAML_SEQUENCE_NODE && prefix[0]) { // a list setting, as a JSON array
-        json_t *list = json_array();
-        for (yaml_node_item_t *it = node->data.sequence.items.start;
-             it < node->data.sequence.items.top; it++) {
-            yaml_node_t *v = yaml_document_get_node(doc, *it);
-            WEFT_CHECK(v && v->type == YAML_SCALAR_NODE, "%s: %s: a list of plain values", where,
-                       prefix);
-            json_array_append_new(list, json_string((const char *)v->data.scalar.value));
-        }
-        char *text = json_dumps(list, JSON_COMPACT);
-        weft_job_config_set(cfg, prefix, text, where);
-        free(text);
-        json_decref(list);
+    if (node->type == YAML_SEQUENCE_NODE && prefix[0]) {
+        yaml_set_list(w, node, prefix, where);
         return;
     }
     WEFT_CHECK(node->type == YAML_MAPPING_NODE, "%s: %s: lists are not settings; use key: value",
                where, prefix[0] ? prefix : "top level");
     for (yaml_node_pair_t *p = node->data.mapping.pairs.start; p < node->data.mapping.pairs.top;
          p++) {
-        yaml_node_t *k = yaml_document_get_node(doc, p->key);
-        yaml_node_t *v = yaml_document_get_node(doc, p->value);
-        WEFT_CHECK(k && k->type == YAML_SCALAR_NODE, "%s: keys must be plain names", where);
+        yaml_node_t *k = yaml_document_get_node(w->doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(w->doc, p->value);
+        WEFT_CHECK(k && v && k->type == YAML_SCALAR_NODE, "%s: keys must be plain names", where);
         char key[256];
-        snprintf(key, sizeof key, "%s%s%s", prefix, prefix[0] ? "." : "",
-                 (const char *)k->data.scalar.value);
-        yaml_walk(cfg, doc, v, key, path);
+        int n = snprintf(key, sizeof key, "%s%s%s", prefix, prefix[0] ? "." : "",
+                         (const char *)k->data.scalar.value);
+        WEFT_CHECK(n >= 0 && (size_t)n < sizeof key, "%s: key \"%.64s...\" is too long", where,
+                   key);
+        yaml_walk(w, v, key, depth + 1);
     }
 }
 
@@ -371,7 +395,8 @@ void weft_job_config_load_yaml(weft_job_config *cfg, const char *path) {
     }
     fclose(f);
     yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root) yaml_walk(cfg, &doc, root, "", path);
+    yaml_walk_ctx w = {.cfg = cfg, .doc = &doc, .path = path};
+    if (root) yaml_walk(&w, root, "", 0);
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
 }

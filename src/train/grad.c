@@ -151,6 +151,32 @@ static void write_stats(const weft_grad_request *rq, weft_trainer *t, const weft
     weft_stats_save(root, writer ? rq->stats : NULL);
 }
 
+// weft grad sets no token budget (a batch is one or train.micro_batches micro-batches), so a
+// long document would allocate its activations (and --logits its T x vocab floats) until the
+// machine runs out, or compute for hours. What it needs at least, the longest document's rows
+// spread over every rank, is checked against the memory there before any of it is allocated.
+static void check_fits(const weft_grad_request *rq, const weft_model *m,
+                       const weft_document_set *docs, long T, int world) {
+    int longest = 0, at = 0;
+    for (int i = 0; i < docs->n; i++)
+        if (docs->docs[i].len > longest) longest = docs->docs[i].len, at = i;
+    int rows = (longest + world - 1) / world;
+    size_t acts = weft_model_activation_bytes(m, rows, rows, 1, world > 1);
+    size_t outputs = (size_t)T * sizeof(float) *
+                     ((rq->logits ? (size_t)m->cfg.vocab_size : 0) + rq->logprobs + rq->entropy);
+    size_t device = m->be->device_memory ? m->be->memory_available(m->be) : 0;
+    size_t host = weft_host_memory_available();
+    size_t need_host = outputs + (m->be->device_memory ? 0 : acts);
+    if ((!m->be->device_memory || acts <= device) && need_host <= host) return;
+    char need[32], have[32];
+    weft_format_bytes(need, sizeof need, m->be->device_memory && acts > device ? acts : need_host);
+    weft_format_bytes(have, sizeof have, m->be->device_memory && acts > device ? device : host);
+    weft_fatal("%s: document %d has %d tokens; on %d rank(s) it needs at least %s (activations%s) "
+               "but %s is available; shorten or split it, or spread it over more ranks with "
+               "parallel.context_parallel_size", rq->batch, at + 1, longest, world, need,
+               rq->logits ? " and --logits" : "", have);
+}
+
 int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     weft_comm *world = weft_session_world(session);
     const weft_job_config *cfg = &rq->cfg;
@@ -169,6 +195,7 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
 
     long T = 0;
     for (int i = 0; i < docs->n; i++) T += docs->docs[i].len;
+    check_fits(rq, m, docs, T, weft_comm_size(world));
     weft_trainer_outputs out = {
         .logits = rq->logits ? weft_alloc(sizeof(float) * T * mc.vocab_size) : NULL,
         .logprobs = rq->logprobs ? weft_alloc(sizeof(float) * (T > 0 ? T : 1)) : NULL,

@@ -82,7 +82,7 @@ void weft_job_model_config(const weft_job_config *cfg, int vocab, weft_model_con
     }
     *mc = cfg->model.arch;
     mc->vocab_size = vocab;
-    if (mc->head_dim == 0) mc->head_dim = mc->hidden_size / mc->num_heads;
+    if (mc->head_dim == 0 && mc->num_heads > 0) mc->head_dim = mc->hidden_size / mc->num_heads;
     weft_model_config_validate(mc, "model settings");
 }
 

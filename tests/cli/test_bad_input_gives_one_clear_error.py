@@ -31,6 +31,114 @@ def expect_error(name, args, must_contain, watch):
         failures.append(problem)
 
 
+def write(path, text, mode="w"):
+    with open(path, mode) as f:
+        f.write(text)
+    return path
+
+
+def bad_settings(tmp, run):
+    """Zero, negative and non-finite settings: a config error before anything runs or is
+    written (zero sizes used to end in SIGFPE or SIGSEGV)."""
+    for setting, words in [("model.hidden_size=0", ["hidden_size", "positive"]),
+                           ("model.intermediate_size=0", ["intermediate_size", "positive"]),
+                           ("model.num_layers=0", ["model.num_layers", "positive"]),
+                           ("model.num_layers=1000000000", ["2^40 parameters"]),
+                           ("train.global_batch_size=0", ["train.global_batch_size"]),
+                           ("train.steps=-1", ["train.steps=-1"]),
+                           ("optim.lr=nan", ["optim.lr=nan"])]:
+        fresh = os.path.join(tmp, "fresh_run")
+        expect_error(setting, ["train", *TINY, setting, f"train.output_dir={fresh}"], words, tmp)
+        if os.path.exists(fresh):
+            failures.append(f"{setting}: the output directory was created")
+
+
+def bad_yaml(tmp, run):
+    """An alias cycle (it recursed until SIGSEGV) and an alias bomb (100 s, then accepted)."""
+    cycle = write(os.path.join(tmp, "cycle.yaml"), "a: &x {b: *x}\n")
+    expect_error("YAML alias cycle", ["train", "--config", cycle, f"train.output_dir={run}"],
+                 [cycle, "deeper than"], tmp)
+    bomb = "a0: &a0 {}\n" + "".join(f"a{i}: &a{i} {{p: *a{i-1}, q: *a{i-1}}}\n" for i in range(1, 40))
+    bomb = write(os.path.join(tmp, "bomb.yaml"), bomb)
+    expect_error("YAML alias bomb", ["train", "--config", bomb, f"train.output_dir={run}"],
+                 [bomb, "more than 10000 values"], tmp)
+
+
+def bad_config_json(tmp, run):
+    """A config.json with more heads than hidden units (head_dim 0: SIGFPE) and one whose
+    sizes overflow the parameter count."""
+    for name, cfg, words in [("heads", dict(num_attention_heads=64), ["head_dim", "positive"]),
+                             ("huge", dict(hidden_size=1 << 29, intermediate_size=1 << 29),
+                              ["2^40 parameters"])]:
+        mdir = os.path.join(tmp, "cfg_" + name)
+        os.makedirs(mdir)
+        base = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1)
+        write(os.path.join(mdir, "config.json"), json.dumps(dict(base, **cfg)))
+        expect_error(f"config.json: {name}", ["train", *TINY, f"model.path={mdir}",
+                                              f"train.output_dir={run}"], words, tmp)
+
+
+def bad_documents(tmp, run):
+    """Bad JSONL lines, each named by file and line."""
+    cases = [("ids outside the vocabulary", '{"input_ids": [1, 2, 999999]}', "outside the vocabulary"),
+             ("negative id", '{"input_ids": [1, -2, 3]}', "outside the vocabulary"),
+             ("loss_mask longer", '{"input_ids": [1, 2], "loss_mask": [0, 1, 1]}', "loss_mask has 3"),
+             ("loss_mask shorter", '{"input_ids": [1, 2, 3], "loss_mask": [0, 1]}', "loss_mask has 2")]
+    for name, line, words in cases:
+        path = write(os.path.join(tmp, "doc.jsonl"), '{"input_ids": [1, 2, 3]}\n' + line + "\n")
+        expect_error(name, ["train", *TINY, f"data.source={path}", f"train.output_dir={run}"],
+                     [f"{path}:2:", words], tmp)
+    bad_utf8 = write(os.path.join(tmp, "utf8.jsonl"), b'{"text": "ok"}\n{"text": "\xff\xfe bad"}\n', "wb")
+    expect_error("invalid UTF-8 in text", ["train", *TINY, f"data.source={bad_utf8}",
+                                           f"train.output_dir={run}"], [f"{bad_utf8}:2:"], tmp)
+    huge = os.path.join(tmp, "huge_line.jsonl")
+    with open(huge, "w") as f:
+        f.write('{"text": "' + "x" * (100 << 20) + '"}\n')
+    expect_error("JSONL line of 100 MB", ["train", *TINY, f"data.source={huge}",
+                                          f"train.output_dir={run}"], [f"{huge}:1:", "64 MiB"], tmp)
+    os.remove(huge)
+
+
+def grad_huge_document(tmp, model):
+    """weft grad on one 2M-token document: refused before it allocates (it used to run out of
+    memory after minutes). A wide model makes the activations far beyond any test machine."""
+    wide = os.path.join(tmp, "wide")
+    make_model(wide, dict(vocab_size=300, hidden_size=2048, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                          rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                          attention_bias=False), 0)
+    batch = write(os.path.join(tmp, "long.jsonl"), '{"input_ids": [' + "1," * 1999999 + "1]}\n")
+    out = os.path.join(tmp, "grads.safetensors")
+    expect_error("weft grad on a 2M-token document",
+                 ["grad", "--model", wide, "--batch", batch, "--out", out],
+                 [batch, "document 1 has 2000000 tokens", "available"], tmp)
+
+
+def config_round_trip(tmp):
+    """A run directory whose name holds a quote and a backslash: the saved config.yaml loads
+    back (resume) with the same output_dir."""
+    odd = os.path.join(tmp, 'odd "dir\\x')
+    r = subprocess.run([WEFT, "train", *TINY, f"train.output_dir={odd}"], capture_output=True,
+                       text=True, timeout=120)
+    saved = os.path.join(odd, "config.yaml")
+    r2 = subprocess.run([WEFT, "train", "--config", saved, "train.steps=3", f"resume={odd}"],
+                        capture_output=True, text=True, timeout=120)
+    if r.returncode or r2.returncode or "resumed from" not in r2.stdout:
+        failures.append(f"config.yaml round trip of {odd!r}: {r.stderr} {r2.stderr}")
+    else:
+        print("config.yaml round trip of a path with a quote and a backslash: ok")
+
+
+def hardened_inputs(tmp, run, model):
+    bad_settings(tmp, run)
+    bad_yaml(tmp, run)
+    bad_config_json(tmp, run)
+    bad_documents(tmp, run)
+    grad_huge_document(tmp, model)
+    config_round_trip(tmp)
+
+
 def main():
     tmp = tempfile.mkdtemp()
     try:
@@ -85,6 +193,7 @@ def main():
             f.truncate(os.path.getsize(st) - 100)
         expect_error("truncated safetensors", ["train", *TINY, f"model.path={model}",
                                                f"train.output_dir={run}"], [st, "truncated"], tmp)
+        hardened_inputs(tmp, run, model)
     finally:
         shutil.rmtree(tmp)
     if failures:

@@ -67,10 +67,59 @@ static void decode_bad_id(const char *path) {
     weft_tokenizer_free(t);
 }
 
+// Encodes `bytes` bytes of `unit` repeated with the tokenizer at path, failing if it takes more
+// than `seconds`: inputs that used to cost quadratic or exponential time.
+static void encode_within(const char *path, const char *unit, size_t bytes, double seconds) {
+    weft_tokenizer *t = weft_tokenizer_load(path);
+    size_t ul = strlen(unit), n = bytes / ul * ul;
+    char *text = weft_alloc(n + 1);
+    for (size_t i = 0; i < n; i += ul) memcpy(text + i, unit, ul);
+    double t0 = weft_now_seconds();
+    int n_ids;
+    weft_free(weft_tokenizer_encode(t, text, n, &n_ids));
+    double took = weft_now_seconds() - t0;
+    if (took > seconds) fprintf(stderr, "encoding %zu bytes of \"%s\" took %.2f s\n", n, unit, took);
+    CHECK(took <= seconds);
+    weft_free(text);
+    weft_tokenizer_free(t);
+}
+
+// A catastrophically backtracking Split pattern, (a+)+$, on text it cannot match.
+static void encode_backtracking(const char *path) {
+    weft_tokenizer *t = weft_tokenizer_load(path);
+    const char *text = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab";
+    int n;
+    weft_free(weft_tokenizer_encode(t, text, strlen(text), &n));
+    weft_tokenizer_free(t);
+}
+
+// Bounds on what a file or a text can cost: ids far past the vocabulary, a backtracking regex,
+// and combining marks that the NFC reordering used to sort in quadratic time.
+static void test_limits(void) {
+    EXPECT_FATAL(load,
+                 write_tokenizer("huge_id.json",
+                                 "{\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 67108863}, \"merges\": []}",
+                                 "null", BYTE_LEVEL),
+                 "token \"b\" has id 67108863", "defines only 3 tokens");
+    const char *split = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+                        "{\"Regex\": \"(a+)+$\"}, \"behavior\": \"Isolated\", \"invert\": false}, " BYTE_LEVEL "]}";
+    double t0 = weft_now_seconds();
+    EXPECT_FATAL(encode_backtracking, write_tokenizer("backtracking.json", GOOD_MODEL, "null", split),
+                 "backtracking");
+    CHECK(weft_now_seconds() - t0 < 10);
+    // Alternating classes 230 and 220 (U+0301, U+0316): one long run of non-starters to sort.
+    const char *nfc = write_tokenizer("nfc.json", GOOD_MODEL, "{\"type\": \"NFC\"}", BYTE_LEVEL);
+    encode_within(nfc, "\xcc\x81\xcc\x96", 400000, 5.0);
+    // Long texts stay under the regex match limit with the GPT-2 pattern.
+    encode_within(nfc, "ab", 4000000, 20.0);
+    encode_within(nfc, " ", 4000000, 20.0);
+}
+
 int main(void) {
     weft_test_make_dir("weft_tokenizer");
 
     test_good_file();
+    test_limits();
 
     // The three the tokenizer must never get wrong: bad JSON, another model, a dangling merge.
     EXPECT_FATAL(load, weft_test_write_text("invalid.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0,}}"),

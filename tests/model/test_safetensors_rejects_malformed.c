@@ -96,6 +96,16 @@ int main(void) {
                                    "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
                                    8),
                  "not valid JSON");
+    EXPECT_FATAL(load,
+                 write_with_header("overlap.safetensors",
+                                   "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                   "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                                   12),
+                 "\"a\" and \"b\" overlap");
+    // A header length of 2^63: refused from the length field alone, nothing allocated for it.
+    const unsigned char len63[16] = {0, 0, 0, 0, 0, 0, 0, 0x80, '{', '}'};
+    EXPECT_FATAL(load, weft_test_write_file("len63.safetensors", len63, sizeof len63),
+                 "header length field says 9223372036854775808");
     EXPECT_FATAL(load, weft_test_path("does_not_exist.safetensors"), "cannot open");
     EXPECT_FATAL(
         read_first_as_f32,

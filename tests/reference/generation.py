@@ -1,6 +1,7 @@
 """Running `weft generate` from the Python tests: prompt files, the command line, and reading the
 output rows and statistics back; the completions as a `weft grad` batch, so the trainer's
-log-probs can be compared with the rollout's."""
+log-probs can be compared with the rollout's; the processed distribution computed independently
+(sampling.h's filters in numpy) and the chi-square test that draws are compared with it by."""
 
 import json
 import os
@@ -26,16 +27,17 @@ def random_prompts(lengths, vocab, seed):
     return [[int(x) for x in rng.integers(0, vocab, size=n)] for n in lengths]
 
 
-def generate(weft, mdir, prompts_path, out, *settings, ranks=1, timeout=300, check=True):
-    """Runs weft generate (under mpirun when ranks > 1); returns (rows, stats, process). With
-    check, a failure raises RuntimeError carrying the output."""
+def generate(weft, mdir, prompts_path, out, *settings, ranks=1, timeout=300, check=True, env=None):
+    """Runs weft generate (under mpirun when ranks > 1), with the environment variables `env`
+    added; returns (rows, stats, process). With check, a failure raises RuntimeError carrying the
+    output."""
     stats = out + ".stats.json"
     args = [weft, "generate", "--model", mdir, "--prompts", prompts_path, "--out", out,
             "--stats", stats, *settings]
     cmd = mpirun(ranks, *args) if ranks > 1 else args
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                        env=dict(os.environ, OMP_NUM_THREADS="1" if ranks > 1 else
-                                os.environ.get("OMP_NUM_THREADS", "2")))
+                                os.environ.get("OMP_NUM_THREADS", "2"), **(env or {})))
     if r.returncode != 0:
         if check:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
@@ -86,3 +88,46 @@ def write_tokenizer(dirname, vocab_size=320):
     tok.train_from_iterator(text, trainer)
     tok.save(os.path.join(dirname, "tokenizer.json"))
     return tok
+
+
+def processed(z, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """The processed distribution of logits z (float64), as sampling.h states it."""
+    p = np.exp((z - z.max()) / temperature)
+    p /= p.sum()
+    order = sorted(range(len(z)), key=lambda i: (-p[i], i))  # ties: lower id first
+    keep = np.ones(len(z), dtype=bool)
+    if 0 < top_k < len(z):
+        keep[order[top_k:]] = False
+    q = np.where(keep, p, 0.0) / p[keep].sum()
+    if top_p < 1.0:
+        total, kept = 0.0, []
+        for i in order:
+            if not keep[i]:
+                continue
+            kept.append(i)
+            total += q[i]
+            if total >= top_p:
+                break
+        keep[:] = False
+        keep[kept] = True
+        q = np.where(keep, q, 0.0) / q[keep].sum()
+    if min_p > 0.0:
+        keep &= q >= min_p * q.max()
+        q = np.where(keep, q, 0.0) / q[keep].sum()
+    return q
+
+
+def chi_square(counts, expected_p):
+    """(statistic, degrees of freedom, p-value, draws outside the support). Cells expecting fewer
+    than 5 draws are pooled into one."""
+    import torch  # only here: the regularized gamma function for the p-value
+    outside = int(counts[expected_p == 0].sum())
+    expected = expected_p * counts.sum()
+    big, small = expected >= 5, (expected < 5) & (expected_p > 0)
+    obs = np.append(counts[big], counts[small].sum()) if small.any() else counts[big]
+    exp = np.append(expected[big], expected[small].sum()) if small.any() else expected[big]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(exp) - 1
+    pval = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return stat, df, pval, outside

@@ -6,7 +6,8 @@ plain: the model is a per-document loop with an explicit causal mask in float64,
 from autograd and AdamW is written out step by step.
 
   (a) model configuration: SMALL_CFG, full_cfg, mtp_depth, mtp_scale, param_shapes.
-  (b) forward, main and MTP losses, their targets, gradients (reference_grad).
+  (b) forward (one document's main and MTP logits: document_logits), main and MTP losses,
+      their targets, gradients (reference_grad).
   (c) AdamW steps with weft's learning-rate schedule and gradient clipping.
 
 The files weft reads and writes (safetensors, a model directory, batch JSONL) are files.py's,
@@ -172,56 +173,66 @@ def count_targets(docs):
     return sum(sum(d["loss_mask"][1:]) for d in docs)
 
 
+def document_logits(P, cfg, ids, dtype=torch.float64):
+    """One document's logits: (main (L, V), [depth-k MTP logits (L, V) for k = 1..D]). Row t of
+    depth k is module k's prediction of token t+k+1 from h_{k-1}(t) and Emb(token t+k) (token id
+    0 past the end, mtp_input_ids); as a draft head it reads whatever tokens ids holds there.
+    P: {name: torch tensor} (any float dtype; computed in `dtype`)."""
+    cfg = full_cfg(cfg)
+    h, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    hd, eps = h // H, cfg["rms_norm_eps"]
+    W = {k: v.to(dtype) for k, v in P.items()}
+    E = W["model.embed_tokens.weight"]
+    lm = E if cfg["tie_word_embeddings"] else W["lm_head.weight"]
+    inv_freq = cfg["rope_theta"] ** (-(torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    t_ids = torch.tensor(ids, dtype=torch.long)
+    L = t_ids.shape[0]
+    x = E[t_ids]
+    ang = torch.arange(L, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    cos = torch.cat((torch.cos(ang), torch.cos(ang)), dim=-1).to(dtype)[:, None, :]
+    sin = torch.cat((torch.sin(ang), torch.sin(ang)), dim=-1).to(dtype)[:, None, :]
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    for l in range(cfg["num_hidden_layers"]):
+        x = _decoder_layer(x, W, f"model.layers.{l}.", cfg, cos, sin, causal)
+    x = _rmsnorm(x, W["model.norm.weight"], eps)
+    depths = []
+    # MTP: module k (1-based) on h_{k-1} (h_0 = x, the final-normed main hidden state).
+    hprev = x
+    for k in range(1, mtp_depth(cfg) + 1):
+        p = f"model.mtp_layers.{k - 1}."
+        e = E[torch.tensor(mtp_input_ids(ids, k), dtype=torch.long)]
+        cat = torch.cat((_rmsnorm(e, W[p + "enorm.weight"], eps),
+                         _rmsnorm(hprev, W[p + "hnorm.weight"], eps)), dim=-1)
+        z = cat @ W[p + "eh_proj.weight"].T
+        z = _decoder_layer(z, W, p, cfg, cos, sin, causal)
+        hprev = _rmsnorm(z, W[p + "final_layernorm.weight"], eps)
+        depths.append(hprev @ lm.T)
+    return x @ lm.T, depths
+
+
 def forward(P, cfg, docs, dtype=torch.float64):
     """Reference forward. P: {name: torch tensor} (any float dtype; computed in `dtype`).
     Returns (logits (T_total, V) of the main head, main loss L scalar, number of main targets,
     mtp_losses): mtp_losses is the list [L_1, ..., L_D] of per-depth token-mean MTP losses
     (scalar tensors; a depth without targets in the batch gives an exact 0), empty without MTP.
     total_loss() combines them into the training objective L_total."""
-    cfg = full_cfg(cfg)
-    h, H = cfg["hidden_size"], cfg["num_attention_heads"]
-    hd, eps = h // H, cfg["rms_norm_eps"]
-    nl, D = cfg["num_hidden_layers"], mtp_depth(cfg)
-    W = {k: v.to(dtype) for k, v in P.items()}
-    E = W["model.embed_tokens.weight"]
-    lm = E if cfg["tie_word_embeddings"] else W["lm_head.weight"]
-    inv_freq = cfg["rope_theta"] ** (-(torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    D = mtp_depth(cfg)
     all_logits, loss_sum, n_targets = [], torch.zeros((), dtype=dtype), 0
     mtp_sums = [torch.zeros((), dtype=dtype) for _ in range(D)]
     mtp_counts = [0] * D
     for doc in docs:
-        ids = torch.tensor(doc["input_ids"], dtype=torch.long)
-        L = ids.shape[0]
-        x = E[ids]
-        ang = torch.arange(L, dtype=torch.float64)[:, None] * inv_freq[None, :]
-        cos = torch.cat((torch.cos(ang), torch.cos(ang)), dim=-1).to(dtype)[:, None, :]
-        sin = torch.cat((torch.sin(ang), torch.sin(ang)), dim=-1).to(dtype)[:, None, :]
-        causal = torch.ones(L, L, dtype=torch.bool).tril()
-        for l in range(nl):
-            x = _decoder_layer(x, W, f"model.layers.{l}.", cfg, cos, sin, causal)
-        x = _rmsnorm(x, W["model.norm.weight"], eps)
-        logits = x @ lm.T
+        ids = doc["input_ids"]
+        logits, depths = document_logits(P, cfg, ids, dtype)
         all_logits.append(logits)
-        for t in range(1, L):
+        for t in range(1, len(ids)):
             if doc["loss_mask"][t]:
                 row = logits[t - 1]
                 loss_sum = loss_sum + (torch.logsumexp(row, dim=0) - row[ids[t]])
                 n_targets += 1
-        # MTP: module k (1-based) on h_{k-1} (h_0 = x, the final-normed main hidden state).
-        hprev = x
-        for k in range(1, D + 1):
-            p = f"model.mtp_layers.{k - 1}."
-            e = E[torch.tensor(mtp_input_ids(doc["input_ids"], k), dtype=torch.long)]
-            cat = torch.cat((_rmsnorm(e, W[p + "enorm.weight"], eps),
-                             _rmsnorm(hprev, W[p + "hnorm.weight"], eps)), dim=-1)
-            z = cat @ W[p + "eh_proj.weight"].T
-            z = _decoder_layer(z, W, p, cfg, cos, sin, causal)
-            hk = _rmsnorm(z, W[p + "final_layernorm.weight"], eps)
-            lg = hk @ lm.T
+        for k, lg in enumerate(depths, start=1):
             for t, tgt in mtp_targets(doc, k):
                 mtp_sums[k - 1] = mtp_sums[k - 1] + (torch.logsumexp(lg[t], dim=0) - lg[t, tgt])
                 mtp_counts[k - 1] += 1
-            hprev = hk
     if n_targets == 0:
         raise ValueError("batch has no targets")
     mtp_losses = [sm / n if n else torch.zeros((), dtype=dtype)

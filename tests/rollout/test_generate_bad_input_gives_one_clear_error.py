@@ -2,7 +2,9 @@
 what to do, a non-zero exit, and no output file: a prompt longer than the model's context
 (max_position_embeddings) or than the KV cache holds, an empty prompt (token ids or text), an
 unknown sampling key, top_p outside (0, 1], n < 1, text prompts for a model directory without
-tokenizer.json, and a model directory without weights."""
+tokenizer.json, a model directory without weights, rollout.speculative_tokens negative, above the
+model's MTP depth or above 0 for a model without MTP modules, and rollout.max_batch_tokens too
+small for a token and its drafts (verified in one forward)."""
 import json
 import os
 import shutil
@@ -23,12 +25,14 @@ def expect_error(weft, name, mdir, prompts, out, settings, must_contain, failure
 def cases(weft, tmp):
     failures = []
     cfg = dict(qwen2.SMALL_CFG, vocab_size=320, max_position_embeddings=64)
-    text_model, bare, no_weights = (os.path.join(tmp, d) for d in ("text", "bare", "empty"))
+    text_model, bare, no_weights, mtp = (os.path.join(tmp, d)
+                                         for d in ("text", "bare", "empty", "mtp"))
     files.make_model(text_model, cfg, 1, std=0.1)
     tok = write_tokenizer(text_model)
     files.make_model(bare, cfg, 1, std=0.1)
     files.make_model(no_weights, cfg, 1, std=0.1)
     os.remove(os.path.join(no_weights, "model.safetensors"))
+    files.make_model(mtp, dict(cfg, num_nextn_predict_layers=2), 1, std=0.1)
     out = os.path.join(tmp, "out.jsonl")
     ok = write_prompts(os.path.join(tmp, "ok.jsonl"), random_prompts([5, 9], 320, 1))
     long_prompt = write_prompts(os.path.join(tmp, "long.jsonl"), random_prompts([5, 70], 320, 2))
@@ -47,6 +51,14 @@ def cases(weft, tmp):
         ("n of 0", bare, ok, ["sampling.n=0"], ["sampling.n"]),
         ("text prompt without tokenizer.json", bare, text, [], [f"{text}:1", "tokenizer.json", "input_ids"]),
         ("model directory without weights", no_weights, ok, [], [no_weights, "model.safetensors"]),
+        ("speculative_tokens above the MTP depth", mtp, ok, ["rollout.speculative_tokens=3"],
+         ["rollout.speculative_tokens", mtp, "at most 2"]),
+        ("speculative_tokens without MTP modules", bare, ok, ["rollout.speculative_tokens=1"],
+         ["rollout.speculative_tokens", bare, "no MTP modules"]),
+        ("negative speculative_tokens", mtp, ok, ["rollout.speculative_tokens=-1"],
+         ["rollout.speculative_tokens", "-1"]),
+        ("max_batch_tokens below a token and its drafts", mtp, ok,
+         ["rollout.speculative_tokens=2", "rollout.max_batch_tokens=2"], ["rollout.max_batch_tokens"]),
     ]
     for name, mdir, prompts, settings, want in cases:
         expect_error(weft, name, mdir, prompts, out, settings, want, failures)

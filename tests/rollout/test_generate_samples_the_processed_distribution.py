@@ -14,10 +14,10 @@ import os
 import sys
 
 import numpy as np
-import torch
 
 from reference import files, fixtures, qwen2
-from reference.generation import generate, random_prompts, write_prompts
+from reference.generation import (chi_square, generate, processed, random_prompts,
+                                  write_prompts)
 
 N, P_MIN = 20000, 1e-3
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7), dict(top_k=10),
@@ -26,48 +26,6 @@ SETTINGS = [dict(temperature=1.0), dict(temperature=0.7), dict(top_k=10),
 CONTROLS = [("top_p 0.8 drawn, 0.7 expected", dict(temperature=1.2, top_p=0.8),
              dict(temperature=1.2, top_p=0.7)),
             ("temperature 1 drawn, 0.9 expected", dict(temperature=1.0), dict(temperature=0.9))]
-
-
-def processed(z, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
-    """The processed distribution of logits z (float64), as sampling.h states it."""
-    p = np.exp((z - z.max()) / temperature)
-    p /= p.sum()
-    order = sorted(range(len(z)), key=lambda i: (-p[i], i))  # ties: lower id first
-    keep = np.ones(len(z), dtype=bool)
-    if 0 < top_k < len(z):
-        keep[order[top_k:]] = False
-    q = np.where(keep, p, 0.0) / p[keep].sum()
-    if top_p < 1.0:
-        total, kept = 0.0, []
-        for i in order:
-            if not keep[i]:
-                continue
-            kept.append(i)
-            total += q[i]
-            if total >= top_p:
-                break
-        keep[:] = False
-        keep[kept] = True
-        q = np.where(keep, q, 0.0) / q[keep].sum()
-    if min_p > 0.0:
-        keep &= q >= min_p * q.max()
-        q = np.where(keep, q, 0.0) / q[keep].sum()
-    return q
-
-
-def chi_square(counts, expected_p):
-    """(statistic, degrees of freedom, p-value, draws outside the support). Cells expecting fewer
-    than 5 draws are pooled into one."""
-    outside = int(counts[expected_p == 0].sum())
-    expected = expected_p * counts.sum()
-    big, small = expected >= 5, (expected < 5) & (expected_p > 0)
-    obs = np.append(counts[big], counts[small].sum()) if small.any() else counts[big]
-    exp = np.append(expected[big], expected[small].sum()) if small.any() else expected[big]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    df = len(exp) - 1
-    pval = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
-    return stat, df, pval, outside
 
 
 def draws(weft, mdir, prompts, tmp, name, setting):

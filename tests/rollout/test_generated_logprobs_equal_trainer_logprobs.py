@@ -7,6 +7,10 @@ at temperature 1 with top-p 0.9, up to 20 new tokens: every recorded log-prob eq
 With device=cuda (the GPU where one is listed, else weft_emulated: the CUDA kernels run on the
 CPU) generation and scoring both run in bf16 and differ only by its round-off: the max and mean
 absolute difference are printed and must stay under MAX_DIFF and MEAN_DIFF.
+The same with MTP speculative decoding (rollout.speculative_tokens=2) on the model with two MTP
+modules and the prompts but the longest: every token, whether an accepted draft, one drawn after a
+rejection or a bonus token, has the trainer's log-prob (the statistics show drafts both accepted
+and rejected).
 """
 import os
 import sys
@@ -22,17 +26,26 @@ CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_valu
 SETTINGS = ["sampling.temperature=1", "sampling.top_p=0.9", "sampling.n=3",
             "sampling.max_tokens=20", "sampling.seed=11"]
 MAX_DIFF, MEAN_DIFF = 0.1, 0.02  # bf16 logits: 2^-9 relative on logits of a few units
+SPECULATIVE = 2  # draft tokens per step on the MTP model
+SPECULATIVE_LENGTHS = LENGTHS[:-1]  # the 300-token prompt's emulated MTP backward takes long
 
 
-def compare(weft, mdir, tmp, device, failures):
-    tag = f"device={device}"
+def compare(weft, mdir, tmp, device, failures, speculative=0):
+    tag = f"device={device}" + (f", speculative_tokens={speculative}" if speculative else "")
+    name = f"{device}_{speculative}"
+    lengths = SPECULATIVE_LENGTHS if speculative else LENGTHS
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
-                            random_prompts(LENGTHS, CFG["vocab_size"], 3))
+                            random_prompts(lengths, CFG["vocab_size"], 3))
     dev = [f"device={device}"]
-    rows, stats, _ = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{device}.jsonl"),
-                              *SETTINGS, *dev)
-    docs = completions_batch(rows, os.path.join(tmp, f"batch_{device}.jsonl"))
-    out, _ = runner.run_weft(weft, fixtures.grad_args(mdir, os.path.join(tmp, f"batch_{device}.jsonl"),
+    rows, stats, _ = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{name}.jsonl"),
+                              *SETTINGS, *dev, f"rollout.speculative_tokens={speculative}")
+    if speculative:
+        spec = stats["speculative"]
+        print(f"{tag}: drafts offered {spec['drafted']}, accepted {spec['accepted']}")
+        if not 0 < spec["accepted"][0] < spec["drafted"][0]:
+            failures.append(f"{tag}: drafts were not both accepted and rejected: {spec}")
+    docs = completions_batch(rows, os.path.join(tmp, f"batch_{name}.jsonl"))
+    out, _ = runner.run_weft(weft, fixtures.grad_args(mdir, os.path.join(tmp, f"batch_{name}.jsonl"),
                                                      "--logprobs", *dev))
     want = trainer_logprobs(docs, out["logprobs"])
     got = [np.asarray(resp["logprobs"], dtype=np.float32) for _, resp in docs]
@@ -52,13 +65,21 @@ def compare(weft, mdir, tmp, device, failures):
 
 def cases(weft, tmp):
     failures = []
+    # OpenMP threads that sleep while they wait: speculation runs many small forwards, and two
+    # threads spinning at each barrier of a tiny model on a busy 2-core machine (ctest -j 2) made
+    # this test up to 10 times slower. Results do not depend on it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     mdir = os.path.join(tmp, "model")
     files.make_model(mdir, CFG, 5, std=0.1)
+    mtp = os.path.join(tmp, "mtp_model")
+    files.make_model(mtp, dict(CFG, num_nextn_predict_layers=SPECULATIVE), 6, std=0.1)
     compare(weft, mdir, tmp, "cpu", failures)
+    compare(weft, mtp, tmp, "cpu", failures, SPECULATIVE)
     program, emulated = fixtures.cuda_weft(weft, 1)
     if program:
         print(f"device=cuda on {'weft_emulated' if emulated else 'the GPU'}")
         compare(program, mdir, tmp, "cuda", failures)
+        compare(program, mtp, tmp, "cuda", failures, SPECULATIVE)
     return failures
 
 
