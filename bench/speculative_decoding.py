@@ -184,10 +184,11 @@ def flat(outputs):
 # ---------------------------------------------------- the teacher-forced acceptance check ----
 
 def teacher_forced_drafts(mdir, sequences):
-    """For each token sequence: (the sequence, main argmax at each position, [module j's argmax at each position
-    for j = 1..D]), from a float64 forward of the reference model (tests/reference/qwen2.py) with
-    the MTP modules fed the sequence's own tokens (as greedy speculation feeds them whenever the
-    earlier drafts were accepted). Position t of module j predicts token t+j+1."""
+    """For each token sequence: (the sequence, main argmax at each position, [module j's argmax at
+    each position for j = 1..D]), from a float64 forward of the reference model
+    (tests/reference/qwen2.py) with the MTP modules fed the sequence's own tokens (as greedy
+    speculation feeds them whenever the earlier drafts were accepted). Position t of module j
+    predicts token t+j+1."""
     import torch
 
     from reference import qwen2
@@ -471,8 +472,8 @@ def main():
     head_acc = " ".join(f"{'acc d' + str(j + 1):>6}" for j in range(depth))
     print(f"{'temp':>4} {'batch':>5} {'k':>2} {'tok/s':>8} {'vs off':>7} {'cpu':>8} {'vs off':>7}  "
           f"{head_acc} "
-          f"{'MAL':>5} {'t/ver':>5} {'draft':>6} {'fwd ms':>6} {'dft ms':>6} {'cost':>5} {'same':>6} "
-          f"{'others':>6}")
+          f"{'MAL':>5} {'t/ver':>5} {'draft':>6} {'fwd ms':>6} {'dft ms':>6} {'cost':>5} "
+          f"{'same':>6} {'others':>6}")
     rows, failed = [], False
     greedy_off = None
     for temp in temps:
@@ -485,8 +486,9 @@ def main():
                 row = summarize(runs, off, k, B, a.prompts, load_cpu)
                 row.update(temperature=temp, batch=B)
                 same = None
-                if temp == 0:  # greedy: every run must equal speculation off, token for token
-                    ref = flat(off[0]["outputs"])
+                if temp == 0:  # greedy: every run must equal speculation off's output at the
+                    # first batch size, token for token (whatever the batch, too)
+                    ref = flat(greedy_off["outputs"])
                     same = min(agreement(flat(r["outputs"]), ref) for r in runs)
                     row["same"] = same
                     failed |= same < 1.0
@@ -496,12 +498,12 @@ def main():
                 print_row(f"{temp:g}", B, row, same, depth)
     print("\nvs off: median of the runs' tokens/s over speculation off's, run by run; cpu: "
           "tokens per CPU second of the process (less a start-up run's), and its ratio; acc dj: "
-          "accepted / drafted at depth j; MAL: the engine's mean accepted length (1 + accepted per verification); "
-          "t/ver: tokens a verification emitted (MAL counts a bonus token after a sample's "
-          "end-of-text); draft: share of "
-          "engine time in the MTP draft passes; fwd ms, dft ms (batch 1): milliseconds per main "
-          "forward and per step's draft passes; cost: one speculative step's time over a plain "
-          "step's (t/ver / speedup); same: greedy tokens equal to speculation off's")
+          "accepted / drafted at depth j; MAL: the engine's mean accepted length (1 + accepted "
+          "per verification); t/ver: tokens a verification emitted (MAL counts a bonus token "
+          "after a sample's end-of-text); draft: share of engine time in the MTP draft passes; "
+          "fwd ms, dft ms (batch 1): milliseconds per main forward and per step's draft passes; "
+          "cost: one speculative step's time over a plain step's (t/ver / speedup); same: "
+          f"greedy tokens equal to speculation off's at batch {batches[0]}")
     if greedy_off:
         print(f"greedy outputs that are the task's right answer: {correct_share(greedy_off):.1%}")
 
