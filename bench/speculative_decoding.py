@@ -239,8 +239,7 @@ def predicted_acceptance(forced, prompt_lens, k):
     emits those plus one. Returns drafted and accepted per depth (a depth-j draft is accepted only
     with all before it), verify steps, and the main head's disagreements with the emitted tokens
     (the reference's argmax against weft's choice: near-ties; the prediction is exact while 0).
-    The walk stops at the sample's end; weft also verifies drafts past an accepted end-of-text
-    (never emitted), so its accepted counts can exceed the prediction by a few."""
+    The walk stops at the sample's end, as weft's counts do (only emitted tokens count)."""
     drafted, accepted = [0] * k, [0] * k
     steps = mismatches = 0
     for (seq, main, drafts), P in zip(forced, prompt_lens):

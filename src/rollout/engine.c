@@ -45,6 +45,8 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
                    "token id of the model (vocabulary of %d)", e->sc.stop_token_ids[i],
                    c->vocab_size);
     e->sampling_scratch = weft_alloc(weft_sampling_scratch_bytes(c->vocab_size));
+    if (rc->speculative_tokens > 0)
+        e->verify_scratch = weft_alloc(sizeof(double) * 2 * c->vocab_size);
     return e;
 }
 
@@ -53,7 +55,7 @@ void weft_engine_free(weft_engine *e) {
     weft_kv_cache_free(e->cache);
     weft_rollout_step_buffers_free(e);
     weft_free(e->seqs);
-    weft_free(e->sampling_scratch);
+    weft_free(e->sampling_scratch), weft_free(e->verify_scratch);
     weft_free(e);
 }
 

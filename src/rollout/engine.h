@@ -38,9 +38,10 @@ typedef struct weft_rollout_stats {
     int peak_batch; // the most sequences one forward ran (continuous batching at work)
     double seconds;
     // Speculative decoding: steps that verified drafts, drafts offered and accepted per depth
-    // (index j: depth j+1; a draft after a rejected one counts as offered, not accepted), and
+    // (index j: depth j+1; a draft after a rejected one, or past a stop, is offered only), and
     // the time the MTP modules' passes took.
-    long verify_steps, drafted[WEFT_MAX_MTP], accepted[WEFT_MAX_MTP];
+    // verified_tokens: tokens those steps emitted (a sample's stop cuts its accepted drafts).
+    long verify_steps, drafted[WEFT_MAX_MTP], accepted[WEFT_MAX_MTP], verified_tokens;
     double draft_seconds;
     weft_kv_cache_stats kv;
 } weft_rollout_stats;

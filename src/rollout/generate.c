@@ -249,23 +249,21 @@ static json_t *summary(const weft_rollout_stats *s, double seconds, weft_comm *w
 }
 
 // Speculative decoding's counts summed over the ranks: per depth the drafts offered and accepted,
-// and how many tokens each verification gave. Printed by rank 0 when asked.
+// and how many tokens each verification emitted. Printed by rank 0 when asked.
 static json_t *speculation_summary(const weft_rollout_stats *s, int k, weft_comm *world,
                                    bool print) {
-    double totals[2 + 2 * WEFT_MAX_MTP] = {(double)s->verify_steps};
+    double totals[2 + 2 * WEFT_MAX_MTP] = {(double)s->verify_steps, (double)s->verified_tokens};
     for (int j = 0; j < k; j++) totals[2 + j] = (double)s->drafted[j];
     for (int j = 0; j < k; j++) totals[2 + k + j] = (double)s->accepted[j];
     weft_comm_allreduce_sum(world, totals, 2 + 2 * k, WEFT_COMM_F64);
     json_t *drafted = json_array(), *accepted = json_array(), *rate = json_array();
-    double all_accepted = 0;
     for (int j = 0; j < k; j++) {
         double d = totals[2 + j], a = totals[2 + k + j];
         json_array_append_new(drafted, json_integer((json_int_t)d));
         json_array_append_new(accepted, json_integer((json_int_t)a));
         json_array_append_new(rate, json_real(d > 0 ? a / d : 0.0));
-        all_accepted += a;
     }
-    double steps = totals[0], length = steps > 0 ? 1 + all_accepted / steps : 0;
+    double steps = totals[0], length = steps > 0 ? totals[1] / steps : 0;
     if (print) {
         printf("generate: speculation: %d draft tokens per step, acceptance", k);
         for (int j = 0; j < k; j++)

@@ -61,6 +61,7 @@ struct weft_engine {
     long next_order, done_samples;
     weft_rollout_stats stats;
     void *sampling_scratch;
+    double *verify_scratch; // (2, V) speculating: p and q of the draft being verified
     weft_batch batch;
     weft_batch draft_batch; // one MTP module's rows
     step_buffers buf;
@@ -121,5 +122,7 @@ typedef struct draw {
     int seq, row;
     int32_t token;
     float processed;
+    int depth;     // an accepted draft's depth - 1; -1 for a drawn token
+    bool verified; // came out of a step that verified drafts
 } draw;
 int weft_rollout_verify(weft_engine *e, int i, const float *logits, int first_row, draw *out);

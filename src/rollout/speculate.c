@@ -48,7 +48,7 @@ int weft_rollout_verify(weft_engine *e, int i, const float *logits, int first_ro
     int V = e->model->cfg.vocab_size, nd = s->n_drafts;
     uint64_t seed = (uint64_t)e->sc.seed, prompt = (uint64_t)s->prompt;
     uint64_t sample = (uint64_t)s->sample;
-    double *p = weft_alloc(sizeof(double) * V * 2), *q = p + V;
+    double *p = e->verify_scratch, *q = p + V; // (2, V): p and q of one depth
     if (nd > 0) e->stats.verify_steps++;
     for (int d = 0; d < nd; d++) e->stats.drafted[d]++; // offered, whether reached or not
     for (int d = 0; d < nd; d++) {
@@ -62,18 +62,15 @@ int weft_rollout_verify(weft_engine *e, int i, const float *logits, int first_ro
         bool accept = u * q[x] < p[x] ||
                       weft_fault_skip("SPECULATIVE_ACCEPT_TEST", 0, e->stats.verify_steps);
         if (accept) {
-            e->stats.accepted[d]++;
-            out[d] = (draw){i, first_row + d, x, (float)log(p[x])};
+            out[d] = (draw){i, first_row + d, x, (float)log(p[x]), .depth = d, .verified = true};
             continue;
         }
         double v = weft_sampling_uniform(seed, prompt, sample, (uint64_t)position, WEFT_DRAW_TOKEN);
         int y = draw_residual(p, q, V, v);
-        out[d] = (draw){i, first_row + d, y, (float)log(p[y])};
-        weft_free(p);
+        out[d] = (draw){i, first_row + d, y, (float)log(p[y]), .depth = -1, .verified = true};
         return d + 1;
     }
-    weft_free(p);
-    draw bonus = {.seq = i, .row = first_row + nd};
+    draw bonus = {.seq = i, .row = first_row + nd, .depth = -1, .verified = nd > 0};
     bonus.token = weft_rollout_draw(e, s, logits + (size_t)nd * V, s->len + nd, WEFT_DRAW_TOKEN,
                                     &bonus.processed);
     out[nd] = bonus;
@@ -91,7 +88,7 @@ typedef struct rows_span {
 // Module j's rows for sequence s this phase: from its first non-final position to the last whose
 // inputs are known (h_{j-1} computed, token t + j accepted), or drafting, to t = cached - 1 (the
 // row that drafts).
-static rows_span module_rows(const weft_engine *e, const gen_seq *s, int j, bool drafts) {
+static rows_span module_rows(const gen_seq *s, int j, bool drafts) {
     int known = s->cached - 1 < s->len - 1 - j ? s->cached - 1 : s->len - 1 - j;
     return (rows_span){.lo = s->mtp_cached[j - 1], .hi = drafts ? s->cached - 1 : known};
 }
@@ -161,7 +158,7 @@ static void keep_stash(weft_engine *e, phase *ph, int j, const rows_span *r) {
     int *who = weft_alloc(sizeof(int) * (ph->n + 1)), n = 0;
     for (int i = 0; i < ph->n; i++) {
         gen_seq *s = &e->seqs[ph->seqs[i]];
-        int known = module_rows(e, s, j, false).hi;
+        int known = module_rows(s, j, false).hi;
         int last = r[i].hi < known ? r[i].hi : known;
         if (r[i].hi >= r[i].lo && last + 1 > s->mtp_cached[j - 1]) s->mtp_cached[j - 1] = last + 1;
         int next = s->mtp_cached[j - 1];
@@ -218,7 +215,7 @@ static void module_pass(weft_engine *e, phase *ph, int j) {
     for (int i = 0; i < ph->n; i++) {
         gen_seq *s = &e->seqs[ph->seqs[i]];
         bool drafts = ph->drafting && j <= drafts_wanted(e, s);
-        r[i] = module_rows(e, s, j, drafts);
+        r[i] = module_rows(s, j, drafts);
         r[i].row0 = batch->T - r[i].lo;
         has_head[i] = drafts && r[i].hi >= r[i].lo;
         if (r[i].hi < r[i].lo) continue;

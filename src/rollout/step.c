@@ -4,7 +4,6 @@
 // modules' passes that draft the next step's tokens.
 #include <string.h>
 
-#include "core/fault.h"
 #include "rollout/internal.h"
 
 // A step's sequences in the batch: index into e->seqs and the rows it adds.
@@ -104,8 +103,7 @@ static int rows_within(const gen_seq *s, int budget) {
 // blocks are reserved here (newer sequences preempted when the pool runs out).
 static int choose_participants(weft_engine *e, participant *part) {
     int n = 0, budget = e->rc.max_batch_tokens;
-    bool *seen = weft_alloc(sizeof(bool) * (e->n_seqs > 0 ? e->n_seqs : 1));
-    memset(seen, 0, sizeof(bool) * (e->n_seqs > 0 ? e->n_seqs : 1));
+    bool *seen = weft_alloc(sizeof(bool) * (e->n_seqs > 0 ? e->n_seqs : 1)); // zeroed
     while (budget > 0) { // the oldest running sequence not yet seen, until none
         int best = -1;
         for (int i = 0; i < e->n_seqs; i++)
@@ -152,7 +150,7 @@ int weft_rollout_draw(weft_engine *e, const gen_seq *s, const float *logits, int
 
 static draw draw_token(weft_engine *e, int seq, int row, const float *logits) {
     const gen_seq *s = &e->seqs[seq];
-    draw d = {.seq = seq, .row = row};
+    draw d = {.seq = seq, .row = row, .depth = -1};
     d.token = weft_rollout_draw(e, s, logits + (size_t)row * e->model->cfg.vocab_size, s->len,
                                 WEFT_DRAW_TOKEN, &d.processed);
     return d;
@@ -217,6 +215,9 @@ static int draw_tokens(weft_engine *e, const due_seqs *due, const float *logits,
         if (n_took == 0 || took[n_took - 1] != d[i].seq) took[n_took++] = d[i].seq;
         s->logprobs[s->len] = logp[i], s->processed[s->len] = d[i].processed;
         s->tokens[s->len++] = d[i].token; // room was made at creation
+        // Speculation's counts are of tokens emitted: none past a stop.
+        if (d[i].depth >= 0) e->stats.accepted[d[i].depth]++;
+        e->stats.verified_tokens += d[i].verified;
         weft_rollout_after_token(e, d[i].seq);
     }
     int still = 0;
