@@ -12,6 +12,7 @@
 
 #include "core/core.h"
 
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,12 +46,31 @@ static inline const char *weft_fuzz_file(const char *name, const void *data, siz
     return p;
 }
 
+// After an error: closes the descriptors a reader left open on the input files (a real run exits
+// there). Leaked memory is bounded per input; descriptors are not, and past the process's limit
+// (1024) every later open fails and libFuzzer aborts.
+static inline void weft_fuzz_close_inputs(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return;
+    size_t n = strlen(weft_fuzz_dir);
+    for (struct dirent *e; (e = readdir(d));) {
+        char link[64], target[256];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        ssize_t len = readlink(link, target, sizeof target - 1);
+        if (len > 0 && (size_t)len > n && strncmp(target, weft_fuzz_dir, n) == 0)
+            close(atoi(e->d_name));
+    }
+    closedir(d);
+}
+
 // Runs the body with weft_fatal turned into a return: WEFT_FUZZ_RUN({ ... }); volatile is not
 // needed because nothing declared outside the body is read after an error.
 #define WEFT_FUZZ_RUN(...)                                                                         \
     do {                                                                                           \
         if (setjmp(weft_fuzz_jmp) == 0) {                                                          \
             __VA_ARGS__                                                                            \
+        } else {                                                                                   \
+            weft_fuzz_close_inputs();                                                              \
         }                                                                                          \
     } while (0)
 
