@@ -2,7 +2,13 @@
 // [--entropy] [--score] [--busy] [--config FILE.yaml] [--stats FILE.json] [key=value ...]`
 #include "cli/cli.h"
 #include "core/core.h"
+#include "rl/objective.h"
 #include "train/grad.h"
+
+static json_t *rl_report(const weft_token_objective *objective) {
+    weft_rl_metrics m = weft_rl_objective_metrics(objective->ctx);
+    return weft_rl_metrics_json(&m);
+}
 
 int weft_cmd_grad(int argc, char **argv, weft_session *session) {
     weft_grad_request r = {0};
@@ -17,5 +23,10 @@ int weft_cmd_grad(int argc, char **argv, weft_session *session) {
     r.stats = a.stats;
     r.cfg = weft_grad_defaults();
     weft_job_config_resolve(&r.cfg, a.config, a.n_settings, a.settings);
-    return weft_grad_run(&r, session);
+    weft_rl_objective *rl = weft_rl_objective_create(&r.cfg.rl, r.cfg.sampling.max_tokens, r.batch);
+    r.rl_objective = weft_rl_objective_hooks(rl);
+    r.rl_report = rl_report;
+    int status = weft_grad_run(&r, session);
+    weft_rl_objective_free(rl);
+    return status;
 }

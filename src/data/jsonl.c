@@ -74,21 +74,23 @@ static void read_loss_mask(source_line at, json_t *mask, weft_document *doc) {
     }
 }
 
-// Fills doc->logprob_weights from the optional field: one finite number per token.
-static void read_logprob_weights(source_line at, json_t *w, weft_document *doc) {
-    if (!w) return;
-    size_t n = (size_t)doc->len;
+// Reads an optional per-token field (NULL when absent): one finite number per token.
+static float *read_token_floats(source_line at, json_t *root, const char *field, int len) {
+    json_t *w = json_object_get(root, field);
+    if (!w) return NULL;
+    size_t n = (size_t)len;
     if (!json_is_array(w) || json_array_size(w) != n)
-        weft_fatal("%s:%ld: \"logprob_weights\" must be an array of one number per token (%zu)",
-                   at.path, at.line, n);
-    doc->logprob_weights = weft_alloc(n * sizeof(float));
+        weft_fatal("%s:%ld: \"%s\" must be an array of one number per token (%zu)", at.path,
+                   at.line, field, n);
+    float *values = weft_alloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(w, i);
         double x = json_number_value(v);
         if (!json_is_number(v) || x != x || x > 3e38 || x < -3e38)
-            weft_fatal("%s:%ld: logprob_weights[%zu] is not a finite number", at.path, at.line, i);
-        doc->logprob_weights[i] = (float)x;
+            weft_fatal("%s:%ld: %s[%zu] is not a finite number", at.path, at.line, field, i);
+        values[i] = (float)x;
     }
+    return values;
 }
 
 // Concatenates the encodings of the given strings, marking the tokens of string i as targets when
@@ -168,7 +170,10 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
     } else {
         read_tokens(at, json_object_get(root, "input_ids"), vocab_size, &doc);
         read_loss_mask(at, json_object_get(root, "loss_mask"), &doc);
-        read_logprob_weights(at, json_object_get(root, "logprob_weights"), &doc);
+        doc.logprob_weights = read_token_floats(at, root, "logprob_weights", doc.len);
+        doc.advantages = read_token_floats(at, root, "advantages", doc.len);
+        doc.old_logprobs = read_token_floats(at, root, "old_logprobs", doc.len);
+        doc.ref_logprobs = read_token_floats(at, root, "ref_logprobs", doc.len);
     }
     json_decref(root);
     return doc;
@@ -246,6 +251,9 @@ void weft_document_set_free(weft_document_set *set) {
         weft_free(set->docs[i].tokens);
         weft_free(set->docs[i].loss_mask);
         weft_free(set->docs[i].logprob_weights);
+        weft_free(set->docs[i].advantages);
+        weft_free(set->docs[i].old_logprobs);
+        weft_free(set->docs[i].ref_logprobs);
     }
     weft_free(set->docs);
     weft_free(set);

@@ -32,6 +32,10 @@ typedef struct key_def {
 
 static const char *const DCP_MODES[] = {"uniform", "heterogeneous", NULL}; // weft_dcp_mode
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};                   // weft_device
+static const char *const POLICY_LOSSES[] = {"ppo", "gspo", NULL};             // weft_policy_loss
+static const char *const KL_TYPES[] = {"k1", "k2", "k3", NULL};               // weft_kl_type
+static const char *const AGG_MODES[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                        "seq-mean-token-sum-norm", NULL}; // weft_loss_agg_mode
 
 #define F(f) offsetof(weft_job_config, f)
 static const key_def KEYS[] = {
@@ -116,6 +120,21 @@ static const key_def KEYS[] = {
      "sequences generated at once at most; 0: as many as the KV cache holds", NULL},
     {"rollout.speculative_tokens", KEY_INT, F(rollout.speculative_tokens),
      "tokens the model's MTP modules draft per step (speculative decoding); 0: off", NULL},
+    {"rl.policy_loss", KEY_CHOICE, F(rl.policy_loss),
+     "ppo (token-level ratio) or gspo (sequence-level ratio)", POLICY_LOSSES},
+    {"rl.clip_ratio_low", KEY_REAL, F(rl.clip_ratio_low), "ratio clipped below at 1 - this", NULL},
+    {"rl.clip_ratio_high", KEY_REAL, F(rl.clip_ratio_high), "ratio clipped above at 1 + this", NULL},
+    {"rl.clip_ratio_c", KEY_REAL, F(rl.clip_ratio_c),
+     "dual clip: a negative advantage's loss is at most -A times this (ppo); 0: off", NULL},
+    {"rl.kl_loss_coef", KEY_REAL, F(rl.kl_loss_coef),
+     "weight of the KL-to-reference loss; 0: no reference model", NULL},
+    {"rl.kl_loss_type", KEY_CHOICE, F(rl.kl_loss_type),
+     "k1 (logp - ref), k2 (squared / 2) or k3 (low-variance, clamped to [-10, 10])", KL_TYPES},
+    {"rl.entropy_coeff", KEY_REAL, F(rl.entropy_coeff), "weight of the entropy bonus", NULL},
+    {"rl.loss_agg_mode", KEY_CHOICE, F(rl.loss_agg_mode),
+     "how token losses become one number (global denominators)", AGG_MODES},
+    {"rl.loss_scale_factor", KEY_REAL, F(rl.loss_scale_factor),
+     "seq-mean-token-sum-norm's divisor; 0: sampling.max_tokens", NULL},
     {"device", KEY_CHOICE, F(device), "where the model runs: cpu (fp32) or cuda (bf16, one GPU per rank)",
      DEVICES},
     {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from", NULL},
@@ -156,6 +175,7 @@ weft_job_config weft_job_config_default(void) {
     c.optim.warmup_steps = 20;
     c.sampling = weft_sampling_config_default();
     c.rollout = weft_rollout_config_default();
+    c.rl = weft_rl_config_default();
     return c;
 }
 
@@ -301,6 +321,7 @@ void weft_job_config_validate(const weft_job_config *c) {
                "model.head_dim), and model.num_heads a multiple of model.num_kv_heads (%d)",
                a->hidden_size, a->num_heads, a->num_kv_heads);
     weft_sampling_config_validate(&c->sampling);
+    weft_rl_config_validate(&c->rl);
     WEFT_CHECK(c->rollout.block_size >= 1 && c->rollout.max_batch_tokens >= 1 &&
                    c->rollout.kv_cache_fraction > 0 && c->rollout.kv_cache_fraction <= 1,
                "rollout.block_size and rollout.max_batch_tokens must be at least 1, and "

@@ -4,6 +4,7 @@
 #include "model/config.h"
 #include "optim/adamw.h"
 #include "parallel/config.h"
+#include "rl/config.h"
 #include "rollout/config.h"
 
 enum { WEFT_PATH_MAX = 1024 };
@@ -32,6 +33,7 @@ typedef struct weft_job_config {
     weft_parallel_config parallel;
     weft_sampling_config sampling; // sampling.*: how generation draws tokens
     weft_rollout_config rollout;   // rollout.*: the generation engine
+    weft_rl_config rl;             // rl.*: the RL objective
     int device;                 // device: a weft_device (cpu, cuda)
     char resume[WEFT_PATH_MAX]; // resume: a run directory (or one of its checkpoints) to continue
     weft_optim_config optim;

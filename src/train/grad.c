@@ -127,14 +127,16 @@ static weft_safetensors_writer *output_file(const weft_grad_request *rq, weft_tr
     return w;
 }
 
-// Statistics (all ranks enter: memory peaks and busy times are gathered).
+// Statistics (all ranks enter: memory peaks and busy times are gathered). `rl`: the RL
+// objective's statistics of the first pass, or NULL.
 static void write_stats(const weft_grad_request *rq, weft_trainer *t, const weft_step_result *r,
-                        const weft_document_set *docs, json_t *steps, bool writer) {
+                        const weft_document_set *docs, json_t *steps, json_t *rl, bool writer) {
     weft_comm *world = t->world;
     weft_memory_report mem = weft_trainer_memory(t);
     weft_comm_stats cs = weft_comm_get_stats(world); // the job's collectives, before the reports'
     json_t *root = weft_stats_of_result(r);
     json_object_set_new(root, "documents", json_integer(docs->n));
+    if (rl) json_object_set_new(root, "rl", rl);
     json_object_set_new(root, "steps", steps);
     if (rq->busy) json_object_set_new(root, "busy", report_busy(t, world, writer));
     json_t *memory = weft_stats_of_memory(&mem, world);
@@ -177,6 +179,17 @@ static void check_fits(const weft_grad_request *rq, const weft_model *m,
                rq->logits ? " and --logits" : "", have);
 }
 
+// Whether the batch is RL rows: then every document must be one, and the RL objective is used.
+static bool rl_rows(const weft_grad_request *rq, const weft_document_set *docs) {
+    int with = 0;
+    for (int i = 0; i < docs->n; i++) with += docs->docs[i].advantages != NULL;
+    WEFT_CHECK(with == 0 || with == docs->n, "%s: %d of the batch's %d documents carry "
+               "\"advantages\" (RL rows); give them for every document or for none", rq->batch,
+               with, docs->n);
+    WEFT_CHECK(with == 0 || rq->rl_objective, "internal: RL rows but no RL objective");
+    return with > 0;
+}
+
 int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     weft_comm *world = weft_session_world(session);
     const weft_job_config *cfg = &rq->cfg;
@@ -192,6 +205,8 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     WEFT_CHECK(!rq->score || cfg->train.steps == 0, "--score runs no optimizer step; drop "
                "train.steps=%d or --score", cfg->train.steps);
     weft_trainer *t = weft_trainer_create(m, world, cfg, cfg->train.steps > 0);
+    bool rl = rl_rows(rq, docs);
+    if (rl) weft_trainer_set_objective(t, rq->rl_objective);
 
     long T = 0;
     for (int i = 0; i < docs->n; i++) T += docs->docs[i].len;
@@ -208,6 +223,7 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     for (int k = 0; k < r.mtp_depth && writer; k++)
         printf("grad: MTP depth %d loss %.6f, accuracy %.4f\n", k + 1, r.mtp_loss[k],
                r.mtp_accuracy[k]);
+    json_t *rl_stats = rl && !rq->score ? rq->rl_report(rq->rl_objective) : NULL;
     weft_safetensors_writer *w = output_file(rq, t, &r, &out, T);
     float *losses = NULL;
     json_t *steps = json_array();
@@ -216,7 +232,7 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
         add_vector(w, "step_losses", losses, cfg->train.steps);
         weft_model_add_tensors(m, w, "param.", NULL, 0);
     }
-    write_stats(rq, t, &r, docs, steps, writer);
+    write_stats(rq, t, &r, docs, steps, rl_stats, writer);
     if (writer) {
         snprintf(path, sizeof path, "%s", rq->out);
         WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write the output file", path);

@@ -2,6 +2,8 @@
 // tool users run to check a model or a data pipeline against another implementation, and our
 // tests run against the PyTorch reference.
 #pragma once
+#include <jansson.h>
+
 #include "train/config.h"
 #include "train/session.h"
 
@@ -16,6 +18,10 @@ typedef struct weft_grad_request {
     bool score;            // forward only: losses and the outputs asked for, no gradients
     bool busy;             // every rank's micro-batches and busy seconds (printed and in stats)
     weft_job_config cfg;   // train.steps = K > 0 also takes K AdamW steps and writes param.*
+    // Batches of RL rows (documents carrying "advantages") minimize this objective, which the
+    // cli takes from the rl layer; rl_report gives its statistics after the pass ("rl" in stats).
+    const struct weft_token_objective *rl_objective;
+    json_t *(*rl_report)(const struct weft_token_objective *objective);
 } weft_grad_request;
 
 // The settings `weft grad` starts from: the job defaults with no optimizer step and the batch cut

@@ -120,11 +120,13 @@ static void outputs_begin(output_rows *o, const weft_trainer_outputs *want,
 }
 
 // Device buffers for a micro-batch of T rows (freed by outputs_place).
+// An objective reads the log-probs (and maybe the entropy) whether or not they are wanted out.
 static weft_forward_outputs outputs_device(output_rows *o, weft_backend *be, int T, int V,
-                                           double *head_sums) {
+                                           double *head_sums, const weft_token_objective *obj) {
     const weft_trainer_outputs *w = o->want;
-    o->logprobs = w && w->logprobs ? be->alloc(be, sizeof(float) * (T > 0 ? T : 1)) : NULL;
-    o->entropy = w && w->entropy ? be->alloc(be, sizeof(float) * (T > 0 ? T : 1)) : NULL;
+    bool logprobs = (w && w->logprobs) || obj, entropy = (w && w->entropy) || (obj && obj->entropy);
+    o->logprobs = logprobs ? be->alloc(be, sizeof(float) * (T > 0 ? T : 1)) : NULL;
+    o->entropy = entropy ? be->alloc(be, sizeof(float) * (T > 0 ? T : 1)) : NULL;
     o->logits = w && w->logits ? be->alloc(be, weft_dtype_size(be->act_dtype) * T * V + 1) : NULL;
     return (weft_forward_outputs){.logprobs = {o->logprobs}, .entropy = {o->entropy},
                                   .logits = o->logits, .stats = head_sums};
@@ -135,7 +137,7 @@ static weft_forward_outputs outputs_device(output_rows *o, weft_backend *be, int
 // one owner.
 static void place_rows(weft_backend *be, const weft_batch *b, const int *doc_index,
                        const long *doc_offset, const float *rows_dev, float *global) {
-    if (!rows_dev) return;
+    if (!rows_dev || !global) return;
     float *rows = weft_alloc(sizeof(float) * (b->T > 0 ? b->T : 1));
     be->to_host(be, rows, rows_dev, sizeof(float) * b->T);
     for (int j = 0; j < b->n_docs; j++)
@@ -172,24 +174,56 @@ static void outputs_end(output_rows *o, weft_comm *world, int n_docs) {
 
 typedef enum { PASS_CROSS_ENTROPY, PASS_WEIGHTED, PASS_SCORE } pass_kind;
 
-// Per head, the weight of a row's log-prob: head 0 from the documents' logprob_weights at the
-// row's target, head k -scale[k] on its targets (the MTP losses). Host (heads, T), uploaded.
+// Head 0's weights from the objective, given the micro-batch's log-probs (and entropy) on the
+// device: host d_logprob (T) and d_entropy (T).
+static void objective_weights(const weft_trainer *t, const int *doc_index, const float *logprob_dev,
+                              const float *entropy_dev, float *d_logprob, float *d_entropy) {
+    const weft_batch *b = &t->batch;
+    weft_backend *be = t->model->be;
+    int T = b->T, n = T > 0 ? T : 1;
+    int *doc = weft_alloc(sizeof(int) * n), *token = weft_alloc(sizeof(int) * n);
+    float *logprob = weft_alloc(sizeof(float) * n), *entropy = NULL;
+    be->to_host(be, logprob, logprob_dev, sizeof(float) * T);
+    if (t->objective->entropy) {
+        entropy = weft_alloc(sizeof(float) * n);
+        be->to_host(be, entropy, entropy_dev, sizeof(float) * T);
+    }
+    for (int j = 0; j < b->n_docs; j++)
+        for (int r = b->cu_seqlens[j]; r < b->cu_seqlens[j + 1]; r++) {
+            bool target = b->targets[r] >= 0;
+            doc[r] = target ? doc_index[j] : -1;
+            token[r] = target ? b->positions[r] + 1 : 0;
+        }
+    weft_token_rows rows = {T, doc, token, logprob, entropy};
+    t->objective->weights(t->objective->ctx, &rows, d_logprob, d_entropy);
+    weft_free(doc), weft_free(token), weft_free(logprob), weft_free(entropy);
+}
+
+// The backward's weights, uploaded: per head the weight of a row's log-prob (head 0 from the
+// objective or the documents' logprob_weights at the row's target, head k -scale[k] on its
+// targets: the MTP losses), then head 0's entropy weights. Device (heads + 1, T).
 static float *row_weights(const weft_trainer *t, const weft_document *docs, const int *doc_index,
-                          const float *scale) {
+                          const float *scale, const weft_forward_outputs *fo) {
     const weft_batch *b = &t->batch;
     weft_backend *be = t->model->be;
     int heads = weft_model_heads(t->model), T = b->T;
-    float *host = weft_alloc(sizeof(float) * heads * (T > 0 ? T : 1));
-    for (int j = 0; j < b->n_docs; j++) {
-        const weft_document *d = &docs[doc_index[j]];
-        for (int r = b->cu_seqlens[j]; r < b->cu_seqlens[j + 1]; r++)
-            if (b->targets[r] >= 0) host[r] = d->logprob_weights[b->positions[r] + 1];
+    size_t size = sizeof(float) * (heads + 1) * (T > 0 ? T : 1);
+    float *host = weft_alloc(size);
+    if (t->objective) {
+        objective_weights(t, doc_index, fo->logprobs[0], fo->entropy[0], host,
+                          host + (size_t)heads * T);
+    } else {
+        for (int j = 0; j < b->n_docs; j++) {
+            const weft_document *d = &docs[doc_index[j]];
+            for (int r = b->cu_seqlens[j]; r < b->cu_seqlens[j + 1]; r++)
+                if (b->targets[r] >= 0) host[r] = d->logprob_weights[b->positions[r] + 1];
+        }
     }
     for (int k = 1; k < heads; k++)
         for (int r = 0; r < T; r++)
             host[(size_t)k * T + r] = weft_batch_mtp_targets(b, k)[r] >= 0 ? -scale[k] : 0.0f;
-    float *dev = be->alloc(be, sizeof(float) * heads * (T > 0 ? T : 1));
-    be->to_device(be, dev, host, sizeof(float) * heads * T);
+    float *dev = be->alloc(be, size);
+    be->to_device(be, dev, host, sizeof(float) * (heads + 1) * T);
     weft_free(host);
     return dev;
 }
@@ -209,16 +243,20 @@ static void run_micro(weft_trainer *t, pass_kind kind, const weft_document *docs
     }
     weft_pass_options pass = {.kv = weft_cp_kv_provider(t->cp, be, &t->batch),
                               .grads_ready = weft_dp_grad_hook(t->dp)};
-    weft_forward_outputs fo = outputs_device(o, be, t->batch.T, m->cfg.vocab_size, t->head_sums);
+    const weft_token_objective *obj = kind == PASS_WEIGHTED ? t->objective : NULL;
+    weft_forward_outputs fo =
+        outputs_device(o, be, t->batch.T, m->cfg.vocab_size, t->head_sums, obj);
     if (kind == PASS_CROSS_ENTROPY) {
         weft_model_forward_backward(m, &t->batch, scale, &pass, &fo);
     } else {
         weft_model_forward(m, &t->batch, kind == PASS_WEIGHTED, &pass, &fo);
         if (kind == PASS_WEIGHTED) {
-            float *w = row_weights(t, docs, doc_index, scale);
+            int heads = weft_model_heads(m), T = t->batch.T;
+            float *w = row_weights(t, docs, doc_index, scale, &fo);
             weft_head_weights hw;
             memset(&hw, 0, sizeof hw);
-            for (int k = 0; k < weft_model_heads(m); k++) hw.d_logprob[k] = w + (size_t)k * t->batch.T;
+            for (int k = 0; k < heads; k++) hw.d_logprob[k] = w + (size_t)k * T;
+            if (obj && obj->entropy) hw.d_entropy[0] = w + (size_t)heads * T;
             weft_model_backward(m, &hw, &pass);
             be->free(be, w);
         }
@@ -345,10 +383,36 @@ static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_doc
     return r;
 }
 
+// The objective's pass: its begin (after a scoring pass when it reads whole sequences), the
+// weighted pass, its value as the loss.
+static weft_step_result objective_pass(weft_trainer *t, const weft_document *docs, int n_docs,
+                                       const weft_trainer_outputs *out) {
+    const weft_token_objective *obj = t->objective;
+    WEFT_CHECK(!has_weights(docs, n_docs), "the batch's documents carry logprob_weights, which "
+               "the RL objective does not read; drop the field");
+    float *logprobs = NULL;
+    if (obj->whole_logprobs) {
+        long T = 0;
+        for (int i = 0; i < n_docs; i++) T += docs[i].len;
+        logprobs = weft_alloc(sizeof(float) * (T > 0 ? T : 1));
+        run_pass(t, PASS_SCORE, docs, n_docs, &(weft_trainer_outputs){.logprobs = logprobs});
+    }
+    obj->begin(obj->ctx, docs, n_docs, logprobs);
+    weft_free(logprobs);
+    weft_step_result r = run_pass(t, PASS_WEIGHTED, docs, n_docs, out);
+    r.loss = obj->end(obj->ctx, t->world);
+    return r;
+}
+
 weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *docs, int n_docs,
                                         const weft_trainer_outputs *out) {
+    if (t->objective) return objective_pass(t, docs, n_docs, out);
     pass_kind kind = has_weights(docs, n_docs) ? PASS_WEIGHTED : PASS_CROSS_ENTROPY;
     return run_pass(t, kind, docs, n_docs, out);
+}
+
+void weft_trainer_set_objective(weft_trainer *t, const weft_token_objective *objective) {
+    t->objective = objective;
 }
 
 weft_step_result weft_trainer_score(weft_trainer *t, const weft_document *docs, int n_docs,

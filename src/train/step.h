@@ -11,6 +11,31 @@
 #include "parallel/planner.h"
 #include "train/config.h"
 
+// A per-token objective over the main head's targets in place of its cross-entropy (the MTP heads
+// keep theirs): the rl layer's policy losses. Each micro-batch's weights dL/dlogp_t and dL/dH_t are
+// asked for between its forward and its backward, so they come from the log-probs of the same
+// pass; denominators are the objective's own business (global counts, DESIGN.md section 3).
+typedef struct weft_token_rows {
+    int n;
+    const int *doc;       // (n) the pass's document whose token the row predicts; -1: no target
+    const int *token;     // (n) that token's index in its document
+    const float *logprob; // (n) log p(token | tokens before it) under the current parameters
+    const float *entropy; // (n) the entropy of the row's whole distribution; NULL unless asked
+} weft_token_rows;
+
+typedef struct weft_token_objective {
+    void *ctx;
+    bool entropy;        // weights() reads entropy and writes d_entropy
+    bool whole_logprobs; // begin() needs every target's current log-prob: a scoring pass first
+    // Every rank, before a pass's first micro-batch: its documents and, with whole_logprobs,
+    // their current log-probs (document i's token t at the sum of the earlier lengths + t).
+    void (*begin)(void *ctx, const weft_document *docs, int n_docs, const float *logprobs);
+    // Host arrays (rows->n): the rows' weights, 0 on rows without a target.
+    void (*weights)(void *ctx, const weft_token_rows *rows, float *d_logprob, float *d_entropy);
+    // Every rank, after the pass: the objective over the whole batch (it may all-reduce).
+    double (*end)(void *ctx, weft_comm *world);
+} weft_token_objective;
+
 typedef struct weft_trainer {
     weft_model *model;
     weft_comm *world;
@@ -28,6 +53,7 @@ typedef struct weft_trainer {
     // each (wall time minus time inside CP collectives), for load-balance reports.
     weft_local_plan last;
     double *micro_busy;
+    const weft_token_objective *objective; // NULL: cross-entropy (or the rows' logprob_weights)
 } weft_trainer;
 
 typedef struct weft_step_result {
@@ -75,6 +101,9 @@ weft_step_result weft_trainer_gradients(weft_trainer *t, const weft_document *do
 // The forward alone, in the same layout: losses, and the outputs asked for; no gradient.
 weft_step_result weft_trainer_score(weft_trainer *t, const weft_document *docs, int n_docs,
                                     const weft_trainer_outputs *out);
+// Gradient passes from now on minimize `objective` (NULL: the cross-entropy again); their
+// weft_step_result.loss is its value.
+void weft_trainer_set_objective(weft_trainer *t, const weft_token_objective *objective);
 // Makes the planner's row limit `rows` per rank (weft calibrate sizes one micro-batch per group).
 void weft_trainer_set_row_limit(weft_trainer *t, int rows);
 // Gradients, clipping and one AdamW step.

@@ -1,0 +1,27 @@
+#include "rl/config.h"
+
+#include <math.h>
+
+weft_rl_config weft_rl_config_default(void) {
+    return (weft_rl_config){.policy_loss = WEFT_POLICY_LOSS_PPO, .clip_ratio_low = 0.2,
+                            .clip_ratio_high = 0.2, .clip_ratio_c = 3.0,
+                            .kl_loss_type = WEFT_KL_K3, .loss_agg_mode = WEFT_AGG_TOKEN_MEAN};
+}
+
+void weft_rl_config_validate(const weft_rl_config *c) {
+    WEFT_CHECK(c->clip_ratio_low >= 0 && c->clip_ratio_low < 1 && c->clip_ratio_high >= 0 &&
+                   isfinite(c->clip_ratio_high),
+               "rl.clip_ratio_low = %g must lie in [0, 1) and rl.clip_ratio_high = %g be finite "
+               "and not negative", c->clip_ratio_low, c->clip_ratio_high);
+    WEFT_CHECK(c->clip_ratio_c == 0 || (c->clip_ratio_c > 1 && isfinite(c->clip_ratio_c)),
+               "rl.clip_ratio_c = %g: the dual clip's bound must be above 1 (0: off)",
+               c->clip_ratio_c);
+    WEFT_CHECK(isfinite(c->kl_loss_coef) && c->kl_loss_coef >= 0,
+               "rl.kl_loss_coef = %g must be finite and not negative (0: no KL term)",
+               c->kl_loss_coef);
+    WEFT_CHECK(isfinite(c->entropy_coeff), "rl.entropy_coeff = %g must be finite",
+               c->entropy_coeff);
+    WEFT_CHECK(isfinite(c->loss_scale_factor) && c->loss_scale_factor >= 0,
+               "rl.loss_scale_factor = %g must be positive (0: sampling.max_tokens)",
+               c->loss_scale_factor);
+}

@@ -1,0 +1,31 @@
+// rl: the settings of the RL objective, `rl.*` (names follow verl's), a plain struct the job's
+// settings registry fills.
+#pragma once
+#include "core/core.h"
+
+typedef enum { WEFT_POLICY_LOSS_PPO, WEFT_POLICY_LOSS_GSPO } weft_policy_loss;
+typedef enum { WEFT_KL_K1, WEFT_KL_K2, WEFT_KL_K3 } weft_kl_type;
+// How per-token losses become one number (DESIGN.md section 12): token-mean over the mini-batch's
+// targets; the others a mean over its sequences of each one's token mean, token sum, or token sum
+// over rl.loss_scale_factor.
+typedef enum {
+    WEFT_AGG_TOKEN_MEAN,
+    WEFT_AGG_SEQ_MEAN_TOKEN_MEAN,
+    WEFT_AGG_SEQ_MEAN_TOKEN_SUM,
+    WEFT_AGG_SEQ_MEAN_TOKEN_SUM_NORM,
+} weft_loss_agg_mode;
+
+typedef struct weft_rl_config {
+    int policy_loss;         // weft_policy_loss
+    double clip_ratio_low;   // the ratio is clipped to [1 - low, 1 + high]
+    double clip_ratio_high;  // (DAPO's clip-higher raises this one)
+    double clip_ratio_c;     // dual clip for negative advantages (> 1; 0: off); PPO only
+    double kl_loss_coef;     // 0: no KL term and no reference log-probs needed
+    int kl_loss_type;        // weft_kl_type
+    double entropy_coeff;    // weight of the entropy bonus
+    int loss_agg_mode;       // weft_loss_agg_mode
+    double loss_scale_factor; // seq-mean-token-sum-norm's divisor; 0: sampling.max_tokens
+} weft_rl_config;
+
+weft_rl_config weft_rl_config_default(void);
+void weft_rl_config_validate(const weft_rl_config *c);

@@ -1,0 +1,220 @@
+#include "rl/objective.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { SUM_PG, SUM_KL, SUM_ENTROPY, SUM_CLIPPED, SUM_DUAL_CLIPPED, SUM_PPO_KL, N_SUMS };
+
+struct weft_rl_objective {
+    weft_rl_config cfg;
+    char source[256];
+    weft_token_objective hooks;
+    const weft_document *docs; // the pass's rows
+    double *weight;     // (n_docs) a target's weight in the aggregate: 1/N, 1/(G n_i), 1/G, ...
+    double *seq_log_ratio; // (n_docs) GSPO: mean over the sequence's targets of logp - old_logp
+    int n_docs;
+    long n_targets, n_sequences;
+    double sums[N_SUMS]; // this rank's rows, weighted (aggregates) or counted (token means)
+    weft_rl_metrics last;
+};
+
+// ------------------------------------------------------------------------ per-token math ----
+
+typedef struct token_loss {
+    double value, d_logprob; // the per-token objective before aggregation, and its derivative
+    double pg, kl;
+    bool clipped, dual_clipped;
+} token_loss;
+
+// The clipped surrogate, given the ratio and its derivative with respect to logp: the larger of
+// -A r and -A clip(r) (the second's derivative is 0 exactly when it is the larger), then for
+// negative advantages with a dual clip at most -A c.
+static void policy_term(const weft_rl_config *c, double A, double ratio, double d_ratio,
+                        token_loss *out) {
+    double clipped = fmin(fmax(ratio, 1 - c->clip_ratio_low), 1 + c->clip_ratio_high);
+    double pg1 = -A * ratio, pg2 = -A * clipped;
+    out->clipped = pg2 > pg1;
+    out->pg = out->clipped ? pg2 : pg1;
+    out->d_logprob = out->clipped ? 0.0 : -A * d_ratio;
+    bool dual = c->policy_loss == WEFT_POLICY_LOSS_PPO && c->clip_ratio_c > 1 && A < 0;
+    out->dual_clipped = dual && out->pg > -A * c->clip_ratio_c;
+    if (out->dual_clipped) out->pg = -A * c->clip_ratio_c, out->d_logprob = 0.0;
+}
+
+// KL to the reference and its derivative with respect to logp.
+static double kl_term(int type, double logp, double ref, double *d_logp) {
+    double diff = logp - ref;
+    switch (type) {
+    case WEFT_KL_K1: *d_logp = 1.0; return diff;
+    case WEFT_KL_K2: *d_logp = diff; return 0.5 * diff * diff;
+    default: { // k3: exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10] (it is >= 0)
+        double k3 = exp(-diff) + diff - 1;
+        *d_logp = k3 > 10 ? 0.0 : 1.0 - exp(-diff);
+        return k3 > 10 ? 10.0 : k3;
+    }
+    }
+}
+
+static token_loss token_objective(const weft_rl_objective *o, int doc, int t, double logp) {
+    const weft_rl_config *c = &o->cfg;
+    const weft_document *d = &o->docs[doc];
+    double A = d->advantages[t], ratio, d_ratio;
+    if (c->policy_loss == WEFT_POLICY_LOSS_GSPO) {
+        // The sequence's ratio s_i as the value, the token's own ratio in the gradient (GSPO's
+        // straight-through form): log r = logp - sg(logp) + sg(mean log ratio), at most 10.
+        double log_ratio = o->seq_log_ratio[doc];
+        ratio = exp(fmin(log_ratio, 10.0));
+        d_ratio = log_ratio < 10 ? ratio : 0.0;
+    } else {
+        double log_ratio = logp - d->old_logprobs[t];
+        ratio = exp(fmin(fmax(log_ratio, -20.0), 20.0));
+        d_ratio = fabs(log_ratio) <= 20 ? ratio : 0.0;
+    }
+    token_loss l = {0};
+    policy_term(c, A, ratio, d_ratio, &l);
+    l.value = l.pg;
+    if (c->kl_loss_coef != 0) {
+        double d_kl;
+        l.kl = kl_term(c->kl_loss_type, logp, d->ref_logprobs[t], &d_kl);
+        l.value += c->kl_loss_coef * l.kl;
+        l.d_logprob += c->kl_loss_coef * d_kl;
+    }
+    return l;
+}
+
+// -------------------------------------------------------------------------------- hooks ----
+
+static void rl_weights(void *ctx, const weft_token_rows *rows, float *d_logprob,
+                       float *d_entropy) {
+    weft_rl_objective *o = ctx;
+    for (int r = 0; r < rows->n; r++) {
+        d_logprob[r] = d_entropy[r] = 0.0f;
+        int doc = rows->doc[r], t = rows->token[r];
+        if (doc < 0) continue;
+        double w = o->weight[doc], logp = rows->logprob[r];
+        token_loss l = token_objective(o, doc, t, logp);
+        d_logprob[r] = (float)(w * l.d_logprob);
+        d_entropy[r] = (float)(-w * o->cfg.entropy_coeff);
+        o->sums[SUM_PG] += w * l.pg;
+        o->sums[SUM_KL] += w * l.kl;
+        o->sums[SUM_ENTROPY] += w * rows->entropy[r];
+        o->sums[SUM_CLIPPED] += l.clipped;
+        o->sums[SUM_DUAL_CLIPPED] += l.dual_clipped;
+        o->sums[SUM_PPO_KL] += o->docs[doc].old_logprobs[t] - logp;
+    }
+}
+
+static void check_rows(const weft_rl_objective *o, const weft_document *docs, int n_docs) {
+    for (int i = 0; i < n_docs; i++) {
+        const char *missing = !docs[i].advantages     ? "advantages"
+                              : !docs[i].old_logprobs ? "old_logprobs"
+                              : !docs[i].ref_logprobs && o->cfg.kl_loss_coef != 0
+                                  ? "ref_logprobs"
+                                  : NULL;
+        if (missing)
+            weft_fatal("%s: document %d has no \"%s\"; RL rows need \"advantages\" and "
+                       "\"old_logprobs\" (and \"ref_logprobs\" when rl.kl_loss_coef is not 0), "
+                       "one number per token", o->source, i + 1, missing);
+    }
+}
+
+static long targets_of(const weft_document *d) {
+    long n = 0;
+    for (int t = 1; t < d->len; t++) n += d->loss_mask ? d->loss_mask[t] != 0 : 1;
+    return n;
+}
+
+static double sequence_weight(const weft_rl_objective *o, long n_i) {
+    double G = (double)o->n_sequences;
+    switch (o->cfg.loss_agg_mode) {
+    case WEFT_AGG_TOKEN_MEAN: return 1.0 / (double)o->n_targets;
+    case WEFT_AGG_SEQ_MEAN_TOKEN_MEAN: return n_i > 0 ? 1.0 / (G * (double)n_i) : 0.0;
+    case WEFT_AGG_SEQ_MEAN_TOKEN_SUM: return 1.0 / G;
+    default: return 1.0 / (G * o->cfg.loss_scale_factor);
+    }
+}
+
+// GSPO's per-sequence mean log ratio from the pass's current log-probs.
+static void sequence_log_ratios(weft_rl_objective *o, const float *logprobs) {
+    long offset = 0;
+    for (int i = 0; i < o->n_docs; i++) {
+        const weft_document *d = &o->docs[i];
+        double sum = 0;
+        long n = 0;
+        for (int t = 1; t < d->len; t++)
+            if (!d->loss_mask || d->loss_mask[t])
+                sum += (double)logprobs[offset + t] - d->old_logprobs[t], n++;
+        o->seq_log_ratio[i] = n > 0 ? sum / (double)n : 0.0;
+        offset += d->len;
+    }
+}
+
+static void rl_begin(void *ctx, const weft_document *docs, int n_docs, const float *logprobs) {
+    weft_rl_objective *o = ctx;
+    check_rows(o, docs, n_docs);
+    o->docs = docs, o->n_docs = n_docs;
+    weft_free(o->weight), weft_free(o->seq_log_ratio);
+    o->weight = weft_alloc(sizeof(double) * (n_docs > 0 ? n_docs : 1));
+    o->seq_log_ratio = weft_alloc(sizeof(double) * (n_docs > 0 ? n_docs : 1));
+    long *n = weft_alloc(sizeof(long) * (n_docs > 0 ? n_docs : 1));
+    o->n_targets = o->n_sequences = 0;
+    for (int i = 0; i < n_docs; i++) {
+        n[i] = targets_of(&docs[i]);
+        o->n_targets += n[i], o->n_sequences += n[i] > 0;
+    }
+    for (int i = 0; i < n_docs; i++) o->weight[i] = sequence_weight(o, n[i]);
+    weft_free(n);
+    if (o->cfg.policy_loss == WEFT_POLICY_LOSS_GSPO) sequence_log_ratios(o, logprobs);
+    memset(o->sums, 0, sizeof o->sums);
+}
+
+static double rl_end(void *ctx, weft_comm *world) {
+    weft_rl_objective *o = ctx;
+    weft_comm_allreduce_sum(world, o->sums, N_SUMS, WEFT_COMM_F64);
+    double N = o->n_targets > 0 ? (double)o->n_targets : 1.0;
+    weft_rl_metrics *m = &o->last;
+    m->pg_loss = o->sums[SUM_PG];
+    m->kl_loss = o->sums[SUM_KL];
+    m->entropy = o->sums[SUM_ENTROPY];
+    m->pg_clipfrac = o->sums[SUM_CLIPPED] / N;
+    m->pg_clipfrac_lower = o->sums[SUM_DUAL_CLIPPED] / N;
+    m->ppo_kl = o->sums[SUM_PPO_KL] / N;
+    m->loss = m->pg_loss + o->cfg.kl_loss_coef * m->kl_loss - o->cfg.entropy_coeff * m->entropy;
+    m->n_targets = o->n_targets, m->n_sequences = o->n_sequences;
+    return m->loss;
+}
+
+// ---------------------------------------------------------------------------- lifecycle ----
+
+weft_rl_objective *weft_rl_objective_create(const weft_rl_config *cfg, double loss_scale_factor,
+                                            const char *source) {
+    weft_rl_config_validate(cfg);
+    weft_rl_objective *o = weft_alloc(sizeof *o);
+    o->cfg = *cfg;
+    if (o->cfg.loss_scale_factor == 0) o->cfg.loss_scale_factor = loss_scale_factor;
+    WEFT_CHECK(o->cfg.loss_scale_factor > 0, "rl.loss_scale_factor must be positive");
+    snprintf(o->source, sizeof o->source, "%s", source);
+    o->hooks = (weft_token_objective){.ctx = o, .entropy = true,
+                                      .whole_logprobs = cfg->policy_loss == WEFT_POLICY_LOSS_GSPO,
+                                      .begin = rl_begin, .weights = rl_weights, .end = rl_end};
+    return o;
+}
+
+void weft_rl_objective_free(weft_rl_objective *o) {
+    if (!o) return;
+    weft_free(o->weight), weft_free(o->seq_log_ratio);
+    weft_free(o);
+}
+
+const weft_token_objective *weft_rl_objective_hooks(weft_rl_objective *o) { return &o->hooks; }
+
+weft_rl_metrics weft_rl_objective_metrics(const weft_rl_objective *o) { return o->last; }
+
+json_t *weft_rl_metrics_json(const weft_rl_metrics *m) {
+    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I}", "loss", m->loss, "pg_loss",
+                     m->pg_loss, "kl_loss", m->kl_loss, "entropy", m->entropy, "pg_clipfrac",
+                     m->pg_clipfrac, "pg_clipfrac_lower", m->pg_clipfrac_lower, "ppo_kl",
+                     m->ppo_kl, "n_targets", (json_int_t)m->n_targets, "n_sequences",
+                     (json_int_t)m->n_sequences);
+}
