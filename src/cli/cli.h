@@ -28,6 +28,7 @@ int weft_cmd_grad(int argc, char **argv, weft_session *session);
 int weft_cmd_train(int argc, char **argv, weft_session *session);
 int weft_cmd_calibrate(int argc, char **argv, weft_session *session);
 int weft_cmd_generate(int argc, char **argv, weft_session *session);
+int weft_cmd_rl(int argc, char **argv, weft_session *session);
 int weft_cmd_tokenize(int argc, char **argv);
 int weft_cmd_plot(int argc, char **argv);
 int weft_cmd_plan(int argc, char **argv);

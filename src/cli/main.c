@@ -18,6 +18,9 @@ static const char *USAGE =
     "  plan   [--ranks N] [--batch FILE.jsonl | --lengths FILE] [key=value ...]\n"
     "         the micro-batch plan of a global batch on N ranks, or a simulation of\n"
     "         heterogeneous DCP, uniform DCP and static CP on a trace of lengths\n"
+    "  rl     [--config FILE.yaml] [key=value ...]\n"
+    "         RL post-training (GRPO, RLOO, PPO-clip, GSPO) with rollouts from the trainer's\n"
+    "         own weights; with no arguments, GRPO on the built-in task after the default job\n"
     "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [key=value ...]\n"
     "         completions of every prompt with the model (sampling.*, rollout.* settings)\n"
     "  calibrate [--out FILE.yaml] [--repeats N] [key=value ...]\n"
@@ -39,6 +42,7 @@ int main(int argc, char **argv) {
                    : !strcmp(argv[1], "grad")      ? weft_cmd_grad
                    : !strcmp(argv[1], "calibrate") ? weft_cmd_calibrate
                    : !strcmp(argv[1], "generate")  ? weft_cmd_generate
+                   : !strcmp(argv[1], "rl")        ? weft_cmd_rl
                                                    : NULL;
     if (job) {
         // Under mpirun every rank runs the same command; launched alone, a one-rank world.

@@ -20,8 +20,13 @@ static long draw_number(weft_rng *rng) {
 
 void weft_synthetic_addition(weft_rng *rng, char *prompt, size_t pcap, char *response,
                              size_t rcap) {
+    weft_synthetic_addition_of(rng, draw_terms(rng), prompt, pcap, response, rcap);
+}
+
+long weft_synthetic_addition_of(weft_rng *rng, int n, char *prompt, size_t pcap, char *response,
+                                size_t rcap) {
     long terms[MAX_TERMS];
-    int n = draw_terms(rng);
+    n = n < 2 ? 2 : n > MAX_TERMS ? MAX_TERMS : n;
     size_t p = 0, r = 0;
     for (int i = 0; i < n; i++) {
         terms[i] = draw_number(rng);
@@ -34,4 +39,5 @@ void weft_synthetic_addition(weft_rng *rng, char *prompt, size_t pcap, char *res
         sum += terms[i];
     }
     snprintf(response + r, rcap - r, "so %ld\n", sum);
+    return sum;
 }

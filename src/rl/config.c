@@ -1,11 +1,21 @@
 #include "rl/config.h"
 
 #include <math.h>
+#include <stdio.h>
 
 weft_rl_config weft_rl_config_default(void) {
     return (weft_rl_config){.policy_loss = WEFT_POLICY_LOSS_PPO, .clip_ratio_low = 0.2,
                             .clip_ratio_high = 0.2, .clip_ratio_c = 3.0,
-                            .kl_loss_type = WEFT_KL_K3, .loss_agg_mode = WEFT_AGG_TOKEN_MEAN};
+                            .kl_loss_type = WEFT_KL_K3, .loss_agg_mode = WEFT_AGG_TOKEN_MEAN,
+                            .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
+                            .ppo_epochs = 1, .min_terms = 4, .max_terms = 8,
+                            .eval_prompts = 128, .eval_every = 5};
+}
+
+weft_reward_config weft_reward_config_default(void) {
+    weft_reward_config c = {.type = WEFT_REWARD_EXACT_MATCH, .timeout = 30.0};
+    snprintf(c.pattern, sizeof c.pattern, "so (-?[0-9]+)\\s*$");
+    return c;
 }
 
 void weft_rl_config_validate(const weft_rl_config *c) {
@@ -24,4 +34,12 @@ void weft_rl_config_validate(const weft_rl_config *c) {
     WEFT_CHECK(isfinite(c->loss_scale_factor) && c->loss_scale_factor >= 0,
                "rl.loss_scale_factor = %g must be positive (0: sampling.max_tokens)",
                c->loss_scale_factor);
+    WEFT_CHECK(c->ppo_epochs >= 1, "rl.ppo_epochs = %d: give at least 1", c->ppo_epochs);
+    WEFT_CHECK(c->ppo_mini_batch_size >= 0, "rl.ppo_mini_batch_size = %d must not be negative "
+               "(0: the whole step's prompts)", c->ppo_mini_batch_size);
+    WEFT_CHECK(c->min_terms >= 2 && c->max_terms >= c->min_terms && c->max_terms <= 48,
+               "rl.min_terms = %d and rl.max_terms = %d must satisfy 2 <= min <= max <= 48",
+               c->min_terms, c->max_terms);
+    WEFT_CHECK(c->eval_prompts >= 0 && c->eval_every >= 0, "rl.eval_prompts and rl.eval_every "
+               "must not be negative (0: no evaluation)");
 }

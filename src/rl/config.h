@@ -15,6 +15,17 @@ typedef enum {
     WEFT_AGG_SEQ_MEAN_TOKEN_SUM_NORM,
 } weft_loss_agg_mode;
 
+typedef enum { WEFT_ADV_GRPO, WEFT_ADV_RLOO } weft_adv_estimator;
+typedef enum { WEFT_REWARD_EXACT_MATCH, WEFT_REWARD_COMMAND } weft_reward_type;
+enum { WEFT_REWARD_TEXT_MAX = 1024 };
+
+typedef struct weft_reward_config {
+    int type;                             // weft_reward_type
+    char pattern[WEFT_REWARD_TEXT_MAX];   // exact_match: PCRE2; group 1 (else the match) is the answer
+    char command[WEFT_REWARD_TEXT_MAX];   // command: a shell command line, one process per rank
+    double timeout;                       // command: seconds per answer
+} weft_reward_config;
+
 typedef struct weft_rl_config {
     int policy_loss;         // weft_policy_loss
     double clip_ratio_low;   // the ratio is clipped to [1 - low, 1 + high]
@@ -25,7 +36,16 @@ typedef struct weft_rl_config {
     double entropy_coeff;    // weight of the entropy bonus
     int loss_agg_mode;       // weft_loss_agg_mode
     double loss_scale_factor; // seq-mean-token-sum-norm's divisor; 0: sampling.max_tokens
+    // The loop: train.steps RL steps of train.global_batch_size prompts x sampling.n samples.
+    int adv_estimator;       // weft_adv_estimator
+    bool norm_adv_by_std;    // GRPO divides by the group's std (false: Dr. GRPO)
+    int ppo_epochs;          // passes over the step's samples
+    int ppo_mini_batch_size; // prompts per policy update (0: the whole step's)
+    // The built-in task's RL problems (harder than SFT's: more terms) and held-out evaluation.
+    int min_terms, max_terms;
+    int eval_prompts, eval_every; // held-out problems scored greedily every eval_every steps
 } weft_rl_config;
 
 weft_rl_config weft_rl_config_default(void);
+weft_reward_config weft_reward_config_default(void);
 void weft_rl_config_validate(const weft_rl_config *c);

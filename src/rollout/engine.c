@@ -362,3 +362,26 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     e->stats.seconds += weft_now_seconds() - t0;
 }
 
+int *weft_rollout_spread(const int *lens, int n, const weft_sampling_config *sc, int rank,
+                         int ranks, int *n_mine) {
+    double *load = weft_alloc(sizeof(double) * ranks);
+    int *order = weft_alloc(sizeof(int) * n), *mine = weft_alloc(sizeof(int) * n);
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++) // insertion sort by length, descending, stable
+        for (int j = i; j > 0 && lens[order[j]] > lens[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    int *owner = weft_alloc(sizeof(int) * n);
+    for (int k = 0; k < n; k++) {
+        int best = 0;
+        for (int r = 1; r < ranks; r++) best = load[r] < load[best] ? r : best;
+        owner[order[k]] = best;
+        load[best] += (double)sc->n * (lens[order[k]] + sc->max_tokens);
+    }
+    *n_mine = 0;
+    for (int i = 0; i < n; i++)
+        if (owner[i] == rank) mine[(*n_mine)++] = i;
+    weft_free(load), weft_free(order), weft_free(owner);
+    return mine;
+}

@@ -75,4 +75,9 @@ typedef void (*weft_progress_fn)(void *ctx, int prompts_done, int prompts, long 
 void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
                           weft_completion *out, weft_progress_fn progress, void *progress_ctx);
 weft_rollout_stats weft_engine_stats(const weft_engine *e);
+// Which of n prompts (lens: their token counts) rank `rank` of `ranks` generates: each goes to the
+// rank with the least estimated work so far (prompt and samples' tokens; longest first, ties by
+// index), the same on every rank. Returns the indices in increasing order (*n_mine of them).
+int *weft_rollout_spread(const int *lens, int n, const weft_sampling_config *sc, int rank,
+                         int ranks, int *n_mine);
 void weft_completions_free(weft_completion *c, int n);

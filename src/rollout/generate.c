@@ -94,32 +94,6 @@ static void prompt_set_free(prompt_set *p) {
 
 // ---------------------------------------------------------------------------- the ranks ----
 
-// This rank's prompts: each goes to the rank with the least estimated work so far (prompt and
-// samples' tokens; longest first, ties by index), the same on every rank.
-static int *my_prompts(const prompt_set *p, const weft_sampling_config *sc, int rank, int ranks,
-                       int *n_mine) {
-    double *load = weft_alloc(sizeof(double) * ranks);
-    int *order = weft_alloc(sizeof(int) * p->n), *mine = weft_alloc(sizeof(int) * p->n);
-    for (int i = 0; i < p->n; i++) order[i] = i;
-    for (int i = 1; i < p->n; i++) // insertion sort by length, descending, stable
-        for (int j = i; j > 0 && p->lens[order[j]] > p->lens[order[j - 1]]; j--) {
-            int t = order[j];
-            order[j] = order[j - 1], order[j - 1] = t;
-        }
-    int *owner = weft_alloc(sizeof(int) * p->n);
-    for (int k = 0; k < p->n; k++) {
-        int best = 0;
-        for (int r = 1; r < ranks; r++) best = load[r] < load[best] ? r : best;
-        owner[order[k]] = best;
-        load[best] += (double)sc->n * (p->lens[order[k]] + sc->max_tokens);
-    }
-    *n_mine = 0;
-    for (int i = 0; i < p->n; i++)
-        if (owner[i] == rank) mine[(*n_mine)++] = i;
-    weft_free(load), weft_free(order), weft_free(owner);
-    return mine;
-}
-
 // ---------------------------------------------------------------------------- the output ----
 
 static json_t *floats(const float *v, int n) {
@@ -291,8 +265,8 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     long blocks = weft_engine_pool_blocks(m, &r->rollout, &r->sampling, all, p.n);
     weft_engine *e = weft_engine_create(m, &r->rollout, &r->sampling, tok, blocks);
     weft_engine_check_prompts(e, all, p.n, (const char *const *)p.names); // every rank, all
-    int n_mine, *mine = my_prompts(&p, &r->sampling, weft_comm_rank(world), weft_comm_size(world),
-                                   &n_mine);
+    int n_mine, *mine = weft_rollout_spread(p.lens, p.n, &r->sampling, weft_comm_rank(world),
+                                            weft_comm_size(world), &n_mine);
     weft_prompt *local = weft_alloc(sizeof(weft_prompt) * (n_mine > 0 ? n_mine : 1));
     for (int k = 0; k < n_mine; k++) local[k] = all[mine[k]];
     int n = r->sampling.n;

@@ -74,7 +74,8 @@ static void save_optimizer(const weft_trainer *t, const char *path, bool writer)
     if (v_all) t->model->be->free(t->model->be, v_all);
 }
 
-static void save_state(const char *dir, const weft_train_state *s) {
+// optimizer_steps: AdamW's step count (its bias correction), which an RL step advances several times.
+static void save_state(const char *dir, const weft_train_state *s, int optimizer_steps) {
     json_t *files = json_object();
     for (int i = 0; i < N_FILES; i++) {
         char *path = join(dir, CHECKPOINT_FILES[i]);
@@ -87,9 +88,9 @@ static void save_state(const char *dir, const weft_train_state *s) {
                             json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "fnv1a64", hex));
         weft_free(path);
     }
-    json_t *root = json_pack("{s:i, s:i, s:I, s:I, s:o}", "step", s->step, "epoch", s->epoch,
-                             "cursor", (json_int_t)s->cursor, "seed", (json_int_t)s->seed, "files",
-                             files);
+    json_t *root = json_pack("{s:i, s:i, s:i, s:I, s:I, s:o}", "step", s->step, "optimizer_steps",
+                             optimizer_steps, "epoch", s->epoch, "cursor", (json_int_t)s->cursor,
+                             "seed", (json_int_t)s->seed, "files", files);
     char *text = json_dumps(root, JSON_INDENT(2));
     char *path = join(dir, "trainer_state.json");
     WEFT_CHECK(weft_write_file_atomic(path, text, strlen(text)), "%s: cannot write", path);
@@ -161,7 +162,7 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
         path = join(tmp, "model.safetensors");
         save_model_weights(t->model, path, master_all ? master_all : master);
         weft_free(path);
-        save_state(tmp, s);
+        save_state(tmp, s, t->opt ? t->opt->step : s->step);
         publish(tmp, final_dir);
         remove_leftovers(run_dir);
     }
@@ -297,6 +298,8 @@ static void load_moments(const weft_safetensors *st, const char *path, const wef
     m->be->free(m->be, dst);
 }
 
+static json_int_t state_field(json_t *root, const char *path, const char *key, json_int_t limit);
+
 weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
     check_same_shape(dir, &t->model->cfg);
     char *path = join(dir, "model.safetensors");
@@ -316,8 +319,13 @@ weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
 
     path = join(dir, "trainer_state.json");
     weft_train_state s = weft_checkpoint_read_state(path);
+    json_t *root = json_load_file(path, 0, NULL);
+    json_t *opt_steps = root ? json_object_get(root, "optimizer_steps") : NULL;
+    t->opt->step = json_is_integer(opt_steps) ? (int)state_field(root, path, "optimizer_steps",
+                                                                 INT32_MAX)
+                                              : s.step; // saved before RL: one update per step
+    json_decref(root);
     weft_free(path);
-    t->opt->step = s.step;
     return s;
 }
 

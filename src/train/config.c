@@ -34,9 +34,12 @@ static const char *const DCP_MODES[] = {"uniform", "heterogeneous", NULL}; // we
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};                   // weft_device
 static const char *const POLICY_LOSSES[] = {"ppo", "gspo", NULL};             // weft_policy_loss
 static const char *const KL_TYPES[] = {"k1", "k2", "k3", NULL};               // weft_kl_type
+static const char *const ADV_ESTIMATORS[] = {"grpo", "rloo", NULL};       // weft_adv_estimator
+static const char *const REWARD_TYPES[] = {"exact_match", "command", NULL}; // weft_reward_type
 static const char *const AGG_MODES[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                         "seq-mean-token-sum-norm", NULL}; // weft_loss_agg_mode
 
+_Static_assert((int)WEFT_REWARD_TEXT_MAX == (int)WEFT_PATH_MAX, "string keys hold WEFT_PATH_MAX bytes");
 #define F(f) offsetof(weft_job_config, f)
 static const key_def KEYS[] = {
     {"model.path", KEY_STRING, F(model.path), "Hugging Face model directory; empty: from scratch", NULL},
@@ -135,6 +138,23 @@ static const key_def KEYS[] = {
      "how token losses become one number (global denominators)", AGG_MODES},
     {"rl.loss_scale_factor", KEY_REAL, F(rl.loss_scale_factor),
      "seq-mean-token-sum-norm's divisor; 0: sampling.max_tokens", NULL},
+    {"rl.adv_estimator", KEY_CHOICE, F(rl.adv_estimator),
+     "advantages within a prompt's group: grpo or rloo", ADV_ESTIMATORS},
+    {"rl.norm_adv_by_std", KEY_BOOL, F(rl.norm_adv_by_std),
+     "grpo divides by the group's std (false: Dr. GRPO)", NULL},
+    {"rl.ppo_epochs", KEY_INT, F(rl.ppo_epochs), "passes over each step's samples", NULL},
+    {"rl.ppo_mini_batch_size", KEY_INT, F(rl.ppo_mini_batch_size),
+     "prompts per policy update; 0: the step's train.global_batch_size", NULL},
+    {"rl.min_terms", KEY_INT, F(rl.min_terms), "built-in task: fewest terms of an RL problem", NULL},
+    {"rl.max_terms", KEY_INT, F(rl.max_terms), "built-in task: most terms of an RL problem", NULL},
+    {"rl.eval_prompts", KEY_INT, F(rl.eval_prompts), "held-out problems scored greedily", NULL},
+    {"rl.eval_every", KEY_INT, F(rl.eval_every), "steps between held-out evaluations; 0: none", NULL},
+    {"reward.type", KEY_CHOICE, F(reward.type), "exact_match or command", REWARD_TYPES},
+    {"reward.pattern", KEY_STRING, F(reward.pattern),
+     "exact_match: PCRE2 pattern whose group 1 (else whole match) is the response's answer", NULL},
+    {"reward.command", KEY_STRING, F(reward.command),
+     "command: a process reading JSON requests on stdin, answering {\"reward\": x} per line", NULL},
+    {"reward.timeout", KEY_REAL, F(reward.timeout), "command: seconds to wait for an answer", NULL},
     {"device", KEY_CHOICE, F(device), "where the model runs: cpu (fp32) or cuda (bf16, one GPU per rank)",
      DEVICES},
     {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from", NULL},
@@ -176,6 +196,7 @@ weft_job_config weft_job_config_default(void) {
     c.sampling = weft_sampling_config_default();
     c.rollout = weft_rollout_config_default();
     c.rl = weft_rl_config_default();
+    c.reward = weft_reward_config_default();
     return c;
 }
 

@@ -33,7 +33,8 @@ typedef struct weft_job_config {
     weft_parallel_config parallel;
     weft_sampling_config sampling; // sampling.*: how generation draws tokens
     weft_rollout_config rollout;   // rollout.*: the generation engine
-    weft_rl_config rl;             // rl.*: the RL objective
+    weft_rl_config rl;             // rl.*: the RL objective and loop
+    weft_reward_config reward;     // reward.*: how responses are scored
     int device;                 // device: a weft_device (cpu, cuda)
     char resume[WEFT_PATH_MAX]; // resume: a run directory (or one of its checkpoints) to continue
     weft_optim_config optim;

@@ -43,16 +43,18 @@ void weft_data_order_start(weft_data_order *o, int n, uint64_t seed, int epoch, 
     shuffle_epoch(o);
 }
 
+int weft_data_order_take(weft_data_order *o) {
+    if (o->cursor >= o->n) {
+        o->epoch++;
+        o->cursor = 0;
+        shuffle_epoch(o);
+    }
+    return o->perm[o->cursor++];
+}
+
 void weft_data_order_next(weft_data_order *o, const weft_document_set *set, weft_document *out,
                           int batch_size) {
-    for (int k = 0; k < batch_size; k++) {
-        if (o->cursor >= o->n) {
-            o->epoch++;
-            o->cursor = 0;
-            shuffle_epoch(o);
-        }
-        out[k] = set->docs[o->perm[o->cursor++]];
-    }
+    for (int k = 0; k < batch_size; k++) out[k] = set->docs[weft_data_order_take(o)];
 }
 
 void weft_data_order_free(weft_data_order *o) {

@@ -24,6 +24,8 @@ typedef struct weft_data_order {
     long cursor;   // next document of the epoch's permutation
 } weft_data_order;
 void weft_data_order_start(weft_data_order *o, int n, uint64_t seed, int epoch, long cursor);
+// The next item's index, continuing into the next epoch when one ends.
+int weft_data_order_take(weft_data_order *o);
 // The next global batch: batch_size documents, continuing into the next epoch when one ends.
 void weft_data_order_next(weft_data_order *o, const weft_document_set *set, weft_document *out,
                           int batch_size);

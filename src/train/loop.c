@@ -61,8 +61,7 @@ static void report_step(progress *p, int step, const weft_step_result *r, double
     }
 }
 
-// Keeps metrics of steps up to `step` (a resumed run rewrites what came after its checkpoint).
-static FILE *open_metrics(const char *path, int step) {
+FILE *weft_metrics_open(const char *path, int step) {
     if (step > 0) {
         size_t n;
         char *old = weft_read_file(path, &n);
@@ -115,7 +114,7 @@ static void train_steps(const weft_job_config *cfg, weft_trainer *t, const weft_
     progress prog = {.tty = isatty(STDOUT_FILENO), .total = cfg->train.steps,
                      .log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 10,
                      .started = weft_now_seconds(),
-                     .metrics = writer ? open_metrics(path, state->step) : NULL};
+                     .metrics = writer ? weft_metrics_open(path, state->step) : NULL};
     double first_loss = -1, last_loss = -1;
     while (state->step < cfg->train.steps) {
         weft_data_order_next(&order, data, batch, cfg->train.global_batch_size);

@@ -1,0 +1,27 @@
+#include "rl/advantage.h"
+
+#include <math.h>
+
+// verl's epsilon: a group whose rewards are all equal gets advantages 0, not 0/0.
+static const double STD_EPS = 1e-6;
+
+static void group_advantages(const weft_rl_config *cfg, const double *r, int n, double *a) {
+    double sum = 0;
+    for (int s = 0; s < n; s++) sum += r[s];
+    double mean = sum / n;
+    if (cfg->adv_estimator == WEFT_ADV_RLOO) {
+        for (int s = 0; s < n; s++) a[s] = n > 1 ? n / (n - 1.0) * (r[s] - mean) : 0.0;
+        return;
+    }
+    double var = 0;
+    for (int s = 0; s < n; s++) var += (r[s] - mean) * (r[s] - mean);
+    double std = n > 1 ? sqrt(var / (n - 1)) : 0.0; // torch.std: unbiased, as verl uses
+    for (int s = 0; s < n; s++)
+        a[s] = cfg->norm_adv_by_std ? (r[s] - mean) / (std + STD_EPS) : r[s] - mean;
+}
+
+void weft_advantages(const weft_rl_config *cfg, const double *rewards, int n_groups, int n,
+                     double *advantages) {
+    for (int g = 0; g < n_groups; g++)
+        group_advantages(cfg, rewards + (size_t)g * n, n, advantages + (size_t)g * n);
+}

@@ -1,0 +1,380 @@
+#include "rl/loop.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rl/advantage.h"
+#include "rl/objective.h"
+#include "rl/rollout.h"
+#include "train/checkpoint.h"
+#include "train/job.h"
+#include "train/loop.h"
+#include "train/stats.h"
+
+weft_job_config weft_rl_defaults(void) {
+    weft_job_config c = weft_job_config_default();
+    snprintf(c.train.output_dir, sizeof c.train.output_dir, "runs/rl");
+    c.train.steps = 40;
+    c.train.global_batch_size = 16; // prompts per step
+    c.train.save_every = 20;
+    c.train.log_every = 1;
+    c.sampling.n = 8;
+    c.sampling.max_tokens = 160;
+    c.optim.lr = c.optim.min_lr = 1e-4; // constant, as RL runs usually are
+    c.optim.warmup_steps = 0;
+    c.optim.clip_grad = 1.0;
+    return c;
+}
+
+typedef struct rl_job {
+    weft_job_config cfg;
+    weft_comm *world;
+    bool writer;
+    weft_tokenizer *tok;
+    weft_backend *be;
+    weft_model *m;
+    weft_trainer *t;
+    weft_reward *reward;
+    weft_rl_objective *objective;
+    weft_rl_prompts *train, *eval;
+    FILE *metrics;
+} rl_job;
+
+// What one step measured, written as one line of metrics.jsonl.
+typedef struct step_metrics {
+    double reward_mean, reward_std, accuracy;
+    double length_mean, length_max, clip_frac; // responses; clip: stopped by max_tokens
+    weft_rl_metrics loss;                      // averaged over the step's updates
+    double grad_norm, lr;
+    double mismatch_max, mismatch_mean, mismatch_k3; // rollout vs trainer log-probs
+    double kv_bytes_freed;
+    double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
+    double eval_accuracy; // < 0: not evaluated this step
+} step_metrics;
+
+// ------------------------------------------------------------------------------- start-up ----
+
+// The default SFT job's final checkpoint, training it first when it is not there: `weft rl` with
+// no model starts where `weft train` with no arguments ends.
+static void sft_start(weft_job_config *cfg, weft_session *session) {
+    weft_job_config sft = weft_job_config_default();
+    char path[WEFT_PATH_MAX];
+    WEFT_CHECK(snprintf(path, sizeof path, "%s/checkpoints/step_%08d", sft.train.output_dir,
+                        sft.train.steps) < (int)sizeof path, "internal: SFT path too long");
+    char state[WEFT_PATH_MAX + 96];
+    snprintf(state, sizeof state, "%s/trainer_state.json", path);
+    if (access(state, R_OK) != 0) {
+        if (weft_session_writer(session))
+            printf("weft rl: no model.path given and no SFT checkpoint at %s: training the default "
+                   "SFT job first\n", path);
+        weft_train_run(&sft, session, NULL);
+    }
+    snprintf(cfg->model.path, sizeof cfg->model.path, "%s", path);
+}
+
+// Every problem a step could draw must fit: the prompt plus sampling.max_tokens in one document
+// the trainer's layout takes whole. Checked before any work, naming the first that does not.
+static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
+    char why[192];
+    int most = weft_trainer_max_document_len(&j->cfg, weft_comm_size(j->world), why, sizeof why);
+    int ctx = j->m->cfg.max_position_embeddings;
+    for (int i = 0; i < set->n; i++) {
+        long need = (long)set->p[i].len + j->cfg.sampling.max_tokens;
+        WEFT_CHECK(need <= most && (ctx <= 0 || need <= ctx),
+                   "%s: the prompt has %d tokens; with sampling.max_tokens=%d that is %ld, more "
+                   "than %s (%d) or the model's context (%d); shorten the prompt or lower "
+                   "sampling.max_tokens", set->p[i].name, set->p[i].len,
+                   j->cfg.sampling.max_tokens, need, why, most, ctx);
+    }
+}
+
+static void check_settings(const weft_job_config *c) {
+    int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
+    WEFT_CHECK(c->train.global_batch_size % mbs == 0, "rl.ppo_mini_batch_size=%d does not divide "
+               "train.global_batch_size=%d (prompts per step); pick a divisor", mbs,
+               c->train.global_batch_size);
+    WEFT_CHECK(!(c->sampling.n == 1 && c->rl.adv_estimator == WEFT_ADV_GRPO &&
+                 c->rl.norm_adv_by_std),
+               "sampling.n=1 with rl.adv_estimator=grpo and rl.norm_adv_by_std=true: a group of "
+               "one sample has no spread, so every advantage would be 0; raise sampling.n");
+    WEFT_CHECK(!(c->sampling.n == 1 && c->rl.adv_estimator == WEFT_ADV_RLOO),
+               "sampling.n=1 with rl.adv_estimator=rloo: the leave-one-out baseline needs at "
+               "least 2 samples per prompt; raise sampling.n");
+    WEFT_CHECK(c->rl.kl_loss_coef == 0, "rl.kl_loss_coef=%g: weft rl does not hold a reference "
+               "model yet; set it to 0 (weft grad scores KL terms on rows with ref_logprobs)",
+               c->rl.kl_loss_coef);
+}
+
+static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *session) {
+    memset(j, 0, sizeof *j);
+    j->cfg = *cfg;
+    j->world = weft_session_world(session);
+    j->writer = weft_session_writer(session);
+    check_settings(cfg);
+    j->tok = weft_job_tokenizer(cfg);
+    j->be = weft_job_backend(cfg, j->world);
+    j->m = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok));
+    weft_rollout_config_validate(&cfg->rollout, j->m->cfg.num_mtp, cfg->model.path);
+    // The optimizer's schedule spans every update: steps x epochs x mini-batches.
+    weft_job_config tc = *cfg;
+    int mbs = cfg->rl.ppo_mini_batch_size ? cfg->rl.ppo_mini_batch_size : cfg->train.global_batch_size;
+    tc.train.steps = cfg->train.steps * cfg->rl.ppo_epochs * (cfg->train.global_batch_size / mbs);
+    j->t = weft_trainer_create(j->m, j->world, &tc, true);
+    j->reward = weft_reward_create(&cfg->reward);
+    j->objective = weft_rl_objective_create(&cfg->rl, cfg->sampling.max_tokens, cfg->data.source);
+    j->train = weft_rl_prompts_load(cfg, j->tok, false);
+    j->eval = weft_rl_prompts_load(cfg, j->tok, true);
+    check_prompts(j, j->train);
+    check_prompts(j, j->eval);
+}
+
+static void job_close(rl_job *j) {
+    if (j->metrics) fclose(j->metrics);
+    weft_rl_prompts_free(j->train), weft_rl_prompts_free(j->eval);
+    weft_rl_objective_free(j->objective);
+    weft_reward_free(j->reward);
+    weft_trainer_free(j->t);
+    weft_model_free(j->m);
+    weft_backend_destroy(j->be);
+    weft_tokenizer_free(j->tok);
+}
+
+// --------------------------------------------------------------------------- a step's data ----
+
+// Sample i of the step as a training document: its prompt and response, the response's tokens
+// the targets, each carrying its group's advantage; old_logprobs are filled by the trainer.
+static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_sample *s, double adv) {
+    int len = p->len + s->len;
+    weft_document d = {.len = len, .tokens = weft_alloc(sizeof(int32_t) * len),
+                       .loss_mask = weft_alloc((size_t)len),
+                       .advantages = weft_alloc(sizeof(float) * len),
+                       .old_logprobs = weft_alloc(sizeof(float) * len)};
+    memcpy(d.tokens, p->tokens, sizeof(int32_t) * p->len);
+    memcpy(d.tokens + p->len, s->tokens, sizeof(int32_t) * s->len);
+    for (int t = 0; t < len; t++) {
+        d.loss_mask[t] = t >= p->len;
+        d.advantages[t] = (float)adv;
+        d.old_logprobs[t] = 0.0f;
+    }
+    return d;
+}
+
+static void free_documents(weft_document *docs, int n) {
+    for (int i = 0; i < n; i++)
+        weft_free(docs[i].tokens), weft_free(docs[i].loss_mask), weft_free(docs[i].advantages),
+            weft_free(docs[i].old_logprobs);
+    weft_free(docs);
+}
+
+static void sample_statistics(const weft_rl_sample *s, int N, step_metrics *sm) {
+    double sum = 0, sq = 0, len = 0, most = 0, clipped = 0, correct = 0;
+    for (int i = 0; i < N; i++) {
+        sum += s[i].reward, sq += s[i].reward * s[i].reward, correct += s[i].reward > 0;
+        len += s[i].len, most = s[i].len > most ? s[i].len : most, clipped += s[i].truncated;
+    }
+    sm->reward_mean = sum / N;
+    sm->reward_std = N > 1 ? sqrt(fmax(0.0, (sq - sum * sum / N) / (N - 1))) : 0.0;
+    sm->accuracy = correct / N;
+    sm->length_mean = len / N, sm->length_max = most, sm->clip_frac = clipped / N;
+}
+
+// The old log-probs, recomputed by the trainer in its own layout, into the documents; and how far
+// the rollout's were from them (0 on the CPU: the same ops in the same order).
+static void old_logprobs(rl_job *j, weft_document *docs, int N, const weft_rl_sample *samples,
+                         const weft_rl_prompt *const *prompts, int n, step_metrics *sm) {
+    double t0 = weft_now_seconds();
+    long T = 0;
+    for (int i = 0; i < N; i++) T += docs[i].len;
+    float *lp = weft_alloc(sizeof(float) * T);
+    weft_trainer_set_objective(j->t, NULL);
+    weft_trainer_score(j->t, docs, N, &(weft_trainer_outputs){.logprobs = lp});
+    double most = 0, sum = 0, k3 = 0;
+    long count = 0, at = 0;
+    for (int i = 0; i < N; i++) {
+        int P = prompts[i / n]->len;
+        memcpy(docs[i].old_logprobs, lp + at, sizeof(float) * docs[i].len);
+        for (int t = 0; t < samples[i].len; t++) {
+            double delta = (double)lp[at + P + t] - samples[i].logprobs[t];
+            most = fmax(most, fabs(delta)), sum += fabs(delta), count++;
+            k3 += exp(-delta) + delta - 1; // KL(rollout || trainer), k3 estimate per token
+        }
+        at += docs[i].len;
+    }
+    weft_free(lp);
+    sm->mismatch_max = most, sm->mismatch_mean = sum / count, sm->mismatch_k3 = k3 / count;
+    sm->old_logprob_seconds = weft_now_seconds() - t0;
+}
+
+static void add_metrics(weft_rl_metrics *acc, const weft_rl_metrics *m, double w) {
+    acc->loss += w * m->loss, acc->pg_loss += w * m->pg_loss, acc->kl_loss += w * m->kl_loss;
+    acc->entropy += w * m->entropy, acc->pg_clipfrac += w * m->pg_clipfrac;
+    acc->pg_clipfrac_lower += w * m->pg_clipfrac_lower, acc->ppo_kl += w * m->ppo_kl;
+}
+
+// rl.ppo_epochs passes over the step's samples in mini-batches of whole groups, one optimizer
+// step each.
+static void policy_updates(rl_job *j, const weft_document *docs, int N, step_metrics *sm) {
+    double t0 = weft_now_seconds();
+    const weft_job_config *c = &j->cfg;
+    int n = c->sampling.n;
+    int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
+    int per_update = mbs * n, updates = c->rl.ppo_epochs * (N / per_update);
+    weft_trainer_set_objective(j->t, weft_rl_objective_hooks(j->objective));
+    memset(&sm->loss, 0, sizeof sm->loss);
+    sm->grad_norm = 0;
+    for (int e = 0; e < c->rl.ppo_epochs; e++)
+        for (int b = 0; b + per_update <= N; b += per_update) {
+            weft_step_result r = weft_trainer_step(j->t, docs + b, per_update);
+            weft_rl_metrics m = weft_rl_objective_metrics(j->objective);
+            add_metrics(&sm->loss, &m, 1.0 / updates);
+            sm->grad_norm += r.grad_norm / updates;
+            sm->lr = r.lr;
+        }
+    weft_trainer_set_objective(j->t, NULL);
+    sm->update_seconds = weft_now_seconds() - t0;
+}
+
+// ------------------------------------------------------------------------------- the step ----
+
+// Greedy answers to the held-out problems: the fraction rewarded.
+static double evaluate(rl_job *j) {
+    weft_sampling_config greedy = j->cfg.sampling;
+    greedy.temperature = 0, greedy.n = 1, greedy.top_k = 0, greedy.top_p = 1, greedy.min_p = 0;
+    int P = j->eval->n;
+    const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * (P > 0 ? P : 1));
+    for (int k = 0; k < P; k++) prompts[k] = &j->eval->p[k];
+    weft_rl_sample *s = weft_alloc(sizeof *s * (P > 0 ? P : 1));
+    weft_rl_rollout_request rq = {&j->cfg.rollout, &greedy, j->tok, j->reward, prompts, P, 0};
+    weft_rl_rollout(j->m, j->world, &rq, s);
+    double correct = 0;
+    for (int k = 0; k < P; k++) correct += s[k].reward > 0;
+    weft_rl_samples_free(s, P);
+    weft_free(s), weft_free(prompts);
+    return P > 0 ? correct / P : 0.0;
+}
+
+// One RL step: rollout, rewards, advantages, old log-probs, policy updates.
+static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
+    double t0 = weft_now_seconds();
+    const weft_job_config *c = &j->cfg;
+    int P = c->train.global_batch_size, n = c->sampling.n, N = P * n;
+    const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * P);
+    for (int k = 0; k < P; k++) prompts[k] = &j->train->p[weft_data_order_take(order)];
+    weft_rl_sample *s = weft_alloc(sizeof *s * N);
+    weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P,
+                                  (long)(step - 1) * P};
+    weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);
+    step_metrics sm = {.rollout_seconds = rs.seconds, .rollout_tokens = (double)rs.tokens,
+                       .kv_bytes_freed = rs.pool_bytes, .eval_accuracy = -1};
+    sample_statistics(s, N, &sm);
+    double *rewards = weft_alloc(sizeof(double) * N), *adv = weft_alloc(sizeof(double) * N);
+    for (int i = 0; i < N; i++) rewards[i] = s[i].reward;
+    weft_advantages(&c->rl, rewards, P, n, adv);
+    weft_document *docs = weft_alloc(sizeof *docs * N);
+    for (int i = 0; i < N; i++) docs[i] = sample_document(prompts[i / n], &s[i], adv[i]);
+    old_logprobs(j, docs, N, s, prompts, n, &sm);
+    policy_updates(j, docs, N, &sm);
+    free_documents(docs, N);
+    weft_rl_samples_free(s, N);
+    weft_free(s), weft_free(rewards), weft_free(adv), weft_free(prompts);
+    sm.step_seconds = weft_now_seconds() - t0;
+    return sm;
+}
+
+// ----------------------------------------------------------------------------- reporting ----
+
+static void write_metrics(FILE *f, int step, const step_metrics *m) {
+    const weft_rl_metrics *l = &m->loss;
+    fprintf(f, "{\"step\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"accuracy\": %.9g, "
+            "\"response_length_mean\": %.6g, \"response_length_max\": %.0f, "
+            "\"response_clip_frac\": %.6g, \"loss\": %.9g, \"pg_loss\": %.9g, "
+            "\"pg_clipfrac\": %.6g, \"pg_clipfrac_lower\": %.6g, \"ppo_kl\": %.9g, "
+            "\"kl_loss\": %.9g, \"entropy\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6g, "
+            "\"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g, "
+            "\"kv_bytes_freed\": %.0f, \"rollout_seconds\": %.4f, \"rollout_tokens\": %.0f, "
+            "\"rollout_tokens_per_s\": %.1f, \"old_logprob_seconds\": %.4f, "
+            "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d",
+            step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
+            m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
+            l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
+            m->mismatch_k3, m->kv_bytes_freed, m->rollout_seconds, m->rollout_tokens,
+            m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
+            m->old_logprob_seconds, m->update_seconds, m->step_seconds, step);
+    if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
+    fprintf(f, "}\n");
+    fflush(f);
+}
+
+static void print_step(int step, int steps, const step_metrics *m) {
+    char eval[48] = "";
+    if (m->eval_accuracy >= 0) snprintf(eval, sizeof eval, "  held-out %.3f", m->eval_accuracy);
+    printf("step %d/%d  reward %.3f  acc %.3f%s  len %.1f  pg %.4f  clip %.3f  entropy %.3f  "
+           "gnorm %.3f  mismatch %.2g  %.1fs (rollout %.1f, logp %.1f, update %.1f)\n",
+           step, steps, m->reward_mean, m->accuracy, eval, m->length_mean, m->loss.pg_loss,
+           m->loss.pg_clipfrac, m->loss.entropy, m->grad_norm, m->mismatch_max, m->step_seconds,
+           m->rollout_seconds, m->old_logprob_seconds, m->update_seconds);
+    fflush(stdout);
+}
+
+static FILE *open_metrics_file(const rl_job *j, int step) {
+    const char *dir = j->cfg.train.output_dir;
+    WEFT_CHECK(weft_mkdirs(dir) && access(dir, W_OK) == 0, "train.output_dir=%s: cannot create "
+               "or write there (%s)", dir, strerror(errno));
+    if (!j->writer) return NULL;
+    char path[WEFT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.yaml", dir);
+    weft_job_config_save_yaml(&j->cfg, path);
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    return weft_metrics_open(path, step);
+}
+
+// -------------------------------------------------------------------------------- the job ----
+
+static bool due(int step, int every, int last) { return every > 0 && (step % every == 0 || step == last); }
+
+int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char *stats_path) {
+    weft_job_config cfg = *cfg_in;
+    if (!cfg.model.path[0]) sft_start(&cfg, session);
+    weft_job_config_validate(&cfg);
+    rl_job j;
+    job_open(&j, &cfg, session);
+    weft_train_state state = {.seed = (uint64_t)cfg.train.seed};
+    char *ckpt = NULL;
+    if (cfg.resume[0]) {
+        ckpt = weft_checkpoint_find(cfg.resume);
+        state = weft_checkpoint_load(ckpt, j.t);
+        if (j.writer) printf("resumed from %s at step %d\n", ckpt, state.step);
+    }
+    j.metrics = open_metrics_file(&j, state.step);
+    if (j.writer)
+        printf("weft rl: %s, %d steps of %d prompts x %d samples, %d training problems, %d "
+               "held-out, %d rank(s)\n", cfg.model.path, cfg.train.steps,
+               cfg.train.global_batch_size, cfg.sampling.n, j.train->n, j.eval->n,
+               weft_comm_size(j.world));
+    double start_accuracy = cfg.rl.eval_every > 0 ? evaluate(&j) : -1, last_accuracy = start_accuracy;
+    if (j.writer && start_accuracy >= 0) printf("held-out accuracy at the start: %.3f\n", start_accuracy);
+    weft_data_order order;
+    weft_data_order_start(&order, j.train->n, state.seed, state.epoch, state.cursor);
+    for (int step = state.step + 1; step <= cfg.train.steps; step++) {
+        step_metrics sm = rl_step(&j, &order, step);
+        if (due(step, cfg.rl.eval_every, cfg.train.steps)) last_accuracy = sm.eval_accuracy = evaluate(&j);
+        if (j.writer) write_metrics(j.metrics, step, &sm), print_step(step, cfg.train.steps, &sm);
+        state.step = step, state.epoch = order.epoch, state.cursor = order.cursor;
+        if (due(step, cfg.train.save_every, cfg.train.steps))
+            weft_free(weft_checkpoint_save(cfg.train.output_dir, j.t, &state));
+    }
+    if (j.writer && start_accuracy >= 0)
+        printf("done: held-out accuracy %.3f -> %.3f; metrics.jsonl and checkpoints in %s\n",
+               start_accuracy, last_accuracy, cfg.train.output_dir);
+    json_t *stats = json_pack("{s:f, s:f, s:i}", "eval_accuracy_start", start_accuracy,
+                              "eval_accuracy_end", last_accuracy, "steps", cfg.train.steps);
+    weft_stats_save(stats, j.writer ? stats_path : NULL);
+    weft_data_order_free(&order);
+    weft_free(ckpt);
+    job_close(&j);
+    return 0;
+}

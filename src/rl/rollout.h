@@ -1,0 +1,42 @@
+// rl: one step's generation in the hybrid engine. The KV pool exists only inside this call (wake
+// at its start, sleep at its end); the engine reads the trainer's own parameter buffer. Prompts
+// are spread over the ranks by estimated cost, each rank scores its own samples, and every rank
+// leaves with all of them (the trainer's layout needs the whole batch on every rank).
+#pragma once
+#include "comm/comm.h"
+#include "data/tokenizer.h"
+#include "model/model.h"
+#include "rl/reward.h"
+#include "rl/task.h"
+#include "rollout/config.h"
+
+typedef struct weft_rl_sample {
+    int32_t *tokens; // (len) the response's tokens, the stop token included
+    float *logprobs; // (len) as the rollout recorded them
+    int len;
+    bool truncated;  // stopped by sampling.max_tokens
+    double reward;
+} weft_rl_sample;
+
+typedef struct weft_rl_rollout_stats {
+    double seconds;        // generation and rewards, this rank
+    double reward_seconds; // rewards alone, this rank
+    long tokens;           // generated, all ranks
+    long preemptions;      // all ranks
+    double pool_bytes;     // the KV pool this rank allocated at wake and freed at sleep
+} weft_rl_rollout_stats;
+
+typedef struct weft_rl_rollout_request {
+    const weft_rollout_config *rollout;
+    const weft_sampling_config *sampling;
+    const weft_tokenizer *tok;
+    weft_reward *reward;
+    const weft_rl_prompt *const *prompts; // (n_prompts)
+    int n_prompts;
+    long stream; // the random streams of prompt k are those of index stream + k
+} weft_rl_rollout_request;
+
+// out: n_prompts * sampling.n samples, prompt k's sample s at k * n + s (weft_rl_samples_free).
+weft_rl_rollout_stats weft_rl_rollout(weft_model *m, weft_comm *world,
+                                      const weft_rl_rollout_request *rq, weft_rl_sample *out);
+void weft_rl_samples_free(weft_rl_sample *s, int n);
