@@ -229,7 +229,8 @@ def token_mean(values):
 
 def policy_terms(logp, row, tt, s):
     """pg per token of one document (targets tt), with the clip indicators. Returns (pg,
-    clipped [pg2 > pg1], lower [dual clip bound]) tensors."""
+    clipped [pg2 > pg1], lower [dual clip bound applied], beyond_c [A < 0 and max(pg1, pg2) >
+    -A c, whatever the policy loss]) tensors."""
     dtype = logp.dtype
     A = torch.tensor([row["advantages"][t] for t in tt], dtype=dtype)
     old = torch.tensor([row["old_logprobs"][t] for t in tt], dtype=dtype)
@@ -245,12 +246,14 @@ def policy_terms(logp, row, tt, s):
     pg2 = -A * torch.clamp(r, 1.0 - low, 1.0 + high)
     pg = torch.maximum(pg1, pg2)
     clipped = (pg2 > pg1).to(dtype)
+    # Where the dual clip bound -A c lies below the clipped loss (A < 0, ratio above c); it
+    # applies to PPO only (beyond_c tells a test whether GSPO's data would show it applied).
+    beyond_c = ((A < 0) & (pg > -A * c)).to(dtype) if c > 1 else torch.zeros_like(pg)
     lower = torch.zeros_like(pg)
     if s["policy_loss"] == "ppo" and c > 1:
-        pg3 = -A * c
-        lower = ((A < 0) & (pg > pg3)).to(dtype)
-        pg = torch.where(A < 0, torch.minimum(pg, pg3), pg)
-    return pg, clipped.detach(), lower.detach()
+        lower = beyond_c
+        pg = torch.where(A < 0, torch.minimum(pg, -A * c), pg)
+    return pg, clipped.detach(), lower.detach(), beyond_c.detach()
 
 
 def kl_term(logp, row, tt, kind):
@@ -268,13 +271,15 @@ def kl_term(logp, row, tt, kind):
 def objective(logp, H, docs, rows, s):
     """The aggregated RL objective and its statistics from per-document logp and entropy
     tensors. Returns (loss tensor, {stat: float}, {"clipped": [...], "lower": [...], "A": [...],
-    "k3_clamped": int}) the last for the tests' checks that clipping really happens."""
-    pg, kl, cl, lo, ratio_terms, As = [], [], [], [], [], []
+    "beyond_c": int, "k3_clamped": int}) the last for the tests' checks that clipping really
+    happens."""
+    pg, kl, cl, lo, bc, ratio_terms, As = [], [], [], [], [], [], []
     k3_clamped = 0
     for lp, d, row in zip(logp, docs, rows):
         tt = targets(d)
-        p, c_, l_ = policy_terms(lp, row, tt, s)
+        p, c_, l_, b_ = policy_terms(lp, row, tt, s)
         pg.append(p)
+        bc.append(b_)
         cl.append(c_)
         lo.append(l_)
         As.append(np.array([row["advantages"][t] for t in tt]))
@@ -299,8 +304,8 @@ def objective(logp, H, docs, rows, s):
                  kl_loss=float(kl_loss) if kl_loss is not None else None,
                  entropy=float(ent), pg_clipfrac=float(token_mean(cl)),
                  pg_clipfrac_lower=float(token_mean(lo)), ppo_kl=float(token_mean(ratio_terms)))
-    info = dict(clipped=[c.numpy() for c in cl], lower=[l.numpy() for l in lo], A=As,
-                k3_clamped=k3_clamped)
+    info = dict(clipped=[c.numpy() for c in cl], lower=[l.numpy() for l in lo],
+                beyond_c=int(sum(float(b.sum()) for b in bc)), A=As, k3_clamped=k3_clamped)
     return loss, stats, info
 
 
@@ -410,6 +415,8 @@ def _self_check():
             ("ppo", "varying"): make_rows(docs, lp64, rng, "ppo", "varying"),
             ("gspo", "grpo"): make_rows(docs, lp64, rng, "gspo", "grpo",
                                         gspo_means=[0.4, -0.5, 0.05, 0.3, -0.6]),
+            ("gspo", "varying"): make_rows(docs, lp64, rng, "gspo", "varying",
+                                           gspo_means=[0.4, -0.5, 1.3, 0.3, -0.6]),
         }
         # (1) d objective / d logp and d H by autograd (logp, H as leaves) vs by hand.
         for (policy, adv), rows in batches.items():

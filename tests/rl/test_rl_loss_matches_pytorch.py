@@ -11,14 +11,16 @@ shifted too (some past k3's clamp), every one kept at least 0.02 in log-ratio (0
 the edges where a clip decision changes, so float32 round-off cannot flip one. Advantages are
 GRPO's (one per document: positive, negative, zero) or per-token (normal, some zeros). PPO's
 log-ratios fall inside the clip range, below it, above it and above log(c) (dual clip); GSPO's
-per-sequence log-ratio means sit inside and on both sides of the range.
+per-sequence log-ratio means sit inside and on both sides of the range, one above log(c) with
+A < 0 (GSPO has no dual clip: it must not bind there).
 
 Cases: ppo and gspo x the 4 aggregation modes with KL (k3) and entropy on and dual clip at 3;
 then variations: k1 and k2, KL off (rows without ref_logprobs), dual clip off and at 2.5, entropy
 off, clip-higher (clip_ratio_high 0.28), no rl.* key at all (the defaults), and MTP. Every case
 asserts from the reference that its clipping is not vacuous: the clipped fraction strictly
 between 0 and 1, PPO clipped on both sides of the range (A > 0 above, A < 0 below), the dual clip
-bound active on some tokens, k3's clamp on some tokens.
+bound active on some tokens (for GSPO: tokens where it would bind if it were applied), k3's
+clamp on some tokens.
 
 Checked per case, to max|diff|/max|ref| <= 1e-5: "loss", every grad.<name> (and mtp_losses with
 MTP), and stats "rl": loss, pg_loss, kl_loss, entropy, pg_clipfrac, pg_clipfrac_lower, ppo_kl.
@@ -37,15 +39,16 @@ import sys
 import numpy as np
 import torch
 
-from reference import files, fixtures, qwen2, rl
+from reference import fixtures, qwen2, rl
 from reference.compare import compare, compare_all, rel_err
 
 TOL = 1e-5
 LENGTHS = [13, 1, 2, 9, 24, 5, 17, 11]
 PROMPTS = [4, 1, 1, 3, 6, 5, 2, 7]
 # GSPO: per-document mean log-ratio s_i: above the range (A > 0: clipped), inside, below (A < 0:
-# clipped), inside (A = 0), above with A < 0 (not clipped), below with A > 0 (not clipped).
-GSPO_MEANS = [0.45, 0.0, 0.05, -0.5, 0.1, 0.0, 0.3, -0.4]
+# clipped), inside (A = 0), above log(c) with A < 0 (not clipped: GSPO has no dual clip), below
+# with A > 0 (not clipped).
+GSPO_MEANS = [0.45, 0.0, 0.05, -0.5, 0.1, 0.0, 1.3, -0.4]
 SEED = 16
 BASE = dict(kl_loss_coef=0.1, kl_loss_type="k3", entropy_coeff=0.01, clip_ratio_c=3.0,
             loss_scale_factor=16.0)
@@ -58,7 +61,6 @@ def case_list():
         for mode in rl.AGG_MODES:
             cases.append((f"{policy}_grpo", rl.settings(policy_loss=policy, loss_agg_mode=mode,
                                                         **BASE), True))
-    var = dict(BASE)
     for batch, over in [
             ("ppo_varying", dict(kl_loss_type="k1", loss_agg_mode="seq-mean-token-mean")),
             ("ppo_varying", dict(kl_loss_type="k2", loss_agg_mode="token-mean")),
@@ -78,7 +80,7 @@ def case_list():
             ("ppo_varying", dict(clip_ratio_high=0.28, loss_agg_mode="seq-mean-token-mean")),
             ("gspo_grpo", dict(policy_loss="gspo", clip_ratio_high=0.28,
                                loss_agg_mode="token-mean"))]:
-        cases.append((batch, rl.settings(**dict(var, **over)), True))
+        cases.append((batch, rl.settings(**dict(BASE, **over)), True))
     cases.append(("ppo_varying", rl.settings(), False))  # no rl.* key: the defaults
     return cases
 
@@ -118,6 +120,9 @@ def not_vacuous(s, info, stats, N):
     if s["policy_loss"] == "ppo" and s["clip_ratio_c"] > 1 and \
             not 0 < stats["pg_clipfrac_lower"] < 1:
         problems.append(f"dual clip fraction {stats['pg_clipfrac_lower']:.3f} not in (0, 1)")
+    if s["policy_loss"] == "gspo" and s["clip_ratio_c"] > 1 and not info["beyond_c"]:
+        problems.append("no GSPO token with A < 0 beyond the dual clip bound (where PPO's dual "
+                        "clip, which GSPO does not have, would bind)")
     if s["kl_loss_coef"] != 0 and s["kl_loss_type"] == "k3" and not 0 < info["k3_clamped"] < N:
         problems.append(f"k3 clamped on {info['k3_clamped']} of {N} tokens")
     return problems
@@ -127,7 +132,7 @@ def check_stats(got, want, scales, s, tag):
     """weft's stats["rl"] against the reference; returns the failing names."""
     bad = []
     if not isinstance(got, dict):
-        print(f"  FAIL stats: no \"rl\" object in weft's statistics")
+        print("  FAIL stats: no \"rl\" object in weft's statistics")
         return ["stats.rl"]
     for k in rl.STATS:
         ref = want[k]
@@ -136,7 +141,7 @@ def check_stats(got, want, scales, s, tag):
         if optional and (got.get(k) is None or got.get(k) == 0):
             print(f"  ok   stats.rl.{k:41s} {got.get(k)!r} (the term is off)")
             continue
-        if ref is None:  # kl_loss without ref_logprobs: nothing to be
+        if ref is None:  # kl_loss with the KL term off (the rows carry no ref_logprobs)
             print(f"  FAIL stats.rl.{k}: weft reports {got.get(k)!r} without ref_logprobs")
             bad.append(f"stats.rl.{k}")
             continue
@@ -159,8 +164,6 @@ def run_cases(weft, tmp, tag, cfg_over, cases, failures):
         name = f"{tag} {batch} {rl.label(s) if explicit else '(no rl.* keys)'}"
         print(f"--- {name}")
         loss, grads, want, scales, info, mtp = rl.reference(params, cfg, docs, rows[batch], s)
-        if s["kl_loss_coef"] == 0:
-            want["kl_loss"] = None
         print(f"  reference: loss {loss:.8f} pg_clipfrac {want['pg_clipfrac']:.3f} "
               f"pg_clipfrac_lower {want['pg_clipfrac_lower']:.3f} k3 clamped "
               f"{info['k3_clamped']} ppo_kl {want['ppo_kl']:.4f}")
