@@ -55,6 +55,7 @@ typedef struct step_metrics {
     double kv_bytes_freed;
     double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
     double eval_accuracy; // < 0: not evaluated this step
+    weft_rl_rollout_stats rollout;
 } step_metrics;
 
 // ------------------------------------------------------------------------------- start-up ----
@@ -305,7 +306,7 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
                                   (long)(step - 1) * P};
     weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);
     step_metrics sm = {.rollout_seconds = rs.seconds, .rollout_tokens = (double)rs.tokens,
-                       .kv_bytes_freed = rs.pool_bytes, .eval_accuracy = -1};
+                       .kv_bytes_freed = rs.pool_bytes, .eval_accuracy = -1, .rollout = rs};
     sample_statistics(s, N, &sm);
     double *rewards = weft_alloc(sizeof(double) * N), *adv = weft_alloc(sizeof(double) * N);
     for (int i = 0; i < N; i++) rewards[i] = s[i].reward;
@@ -342,6 +343,12 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step);
     if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
+    if (m->rollout.spec_depth > 0) {
+        fprintf(f, ", \"spec_acceptance\": [");
+        for (int j = 0; j < m->rollout.spec_depth; j++)
+            fprintf(f, "%s%.6g", j ? ", " : "", m->rollout.spec_acceptance[j]);
+        fprintf(f, "], \"spec_tokens_per_verify\": %.6g", m->rollout.spec_tokens_per_verify);
+    }
     fprintf(f, "}\n");
     fflush(f);
 }

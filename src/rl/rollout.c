@@ -67,6 +67,17 @@ static double *score_and_pack(const weft_rl_rollout_request *rq, const int *mine
     return packed;
 }
 
+// The step's speculation counts summed over the ranks (all enter).
+static void speculation(const weft_rollout_stats *es, int k, weft_comm *world,
+                        weft_rl_rollout_stats *st) {
+    double t[2 + 2 * WEFT_MAX_MTP] = {(double)es->verify_steps, (double)es->verified_tokens};
+    for (int j = 0; j < k; j++) t[2 + j] = (double)es->drafted[j], t[2 + k + j] = (double)es->accepted[j];
+    weft_comm_allreduce_sum(world, t, 2 + 2 * k, WEFT_COMM_F64);
+    st->spec_depth = k;
+    for (int j = 0; j < k; j++) st->spec_acceptance[j] = t[2 + j] > 0 ? t[2 + k + j] / t[2 + j] : 0.0;
+    st->spec_tokens_per_verify = t[0] > 0 ? t[1] / t[0] : 0.0;
+}
+
 weft_rl_rollout_stats weft_rl_rollout(weft_model *m, weft_comm *world,
                                       const weft_rl_rollout_request *rq, weft_rl_sample *out) {
     double t0 = weft_now_seconds();
@@ -96,6 +107,8 @@ weft_rl_rollout_stats weft_rl_rollout(weft_model *m, weft_comm *world,
     double totals[2] = {(double)es.tokens, (double)es.preemptions};
     weft_comm_allreduce_sum(world, totals, 2, WEFT_COMM_F64);
     st.tokens = (long)totals[0], st.preemptions = (long)totals[1];
+    if (rq->rollout->speculative_tokens > 0)
+        speculation(&es, rq->rollout->speculative_tokens, world, &st);
     weft_free(packed), weft_free(c), weft_free(local), weft_free(mine), weft_free(lens), weft_free(all);
     st.seconds = weft_now_seconds() - t0;
     return st;

@@ -24,6 +24,10 @@ typedef struct weft_rl_rollout_stats {
     long tokens;           // generated, all ranks
     long preemptions;      // all ranks
     double pool_bytes;     // the KV pool this rank allocated at wake and freed at sleep
+    // Speculative decoding (rollout.speculative_tokens = k > 0), all ranks: per depth the share
+    // of drafts accepted, and tokens emitted per verification.
+    int spec_depth;
+    double spec_acceptance[WEFT_MAX_MTP], spec_tokens_per_verify;
 } weft_rl_rollout_stats;
 
 typedef struct weft_rl_rollout_request {
