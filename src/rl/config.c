@@ -9,7 +9,8 @@ weft_rl_config weft_rl_config_default(void) {
                             .kl_loss_type = WEFT_KL_K3, .loss_agg_mode = WEFT_AGG_TOKEN_MEAN,
                             .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
                             .ppo_epochs = 1, .min_terms = 2, .max_terms = 4, .term_below = 10,
-                            .eval_prompts = 128, .eval_every = 5};
+                            .eval_prompts = 128, .eval_every = 5, .max_gen_batches = 10,
+                            .overlong_penalty = 1.0};
 }
 
 weft_reward_config weft_reward_config_default(void) {
@@ -40,6 +41,12 @@ void weft_rl_config_validate(const weft_rl_config *c) {
     WEFT_CHECK(c->min_terms >= 2 && c->max_terms >= c->min_terms && c->max_terms <= 48,
                "rl.min_terms = %d and rl.max_terms = %d must satisfy 2 <= min <= max <= 48",
                c->min_terms, c->max_terms);
+    WEFT_CHECK(c->max_gen_batches >= 1, "rl.max_gen_batches = %d: give at least 1 round",
+               c->max_gen_batches);
+    WEFT_CHECK(c->overlong_buffer >= 0 && isfinite(c->overlong_penalty) &&
+                   c->overlong_penalty >= 0,
+               "rl.overlong_buffer = %d and rl.overlong_penalty = %g must not be negative (a "
+               "buffer of 0: no penalty)", c->overlong_buffer, c->overlong_penalty);
     WEFT_CHECK(c->term_below >= 0 && c->term_below <= 1000000000, "rl.term_below = %d must lie "
                "in [0, 1e9] (0: the SFT task's numbers)", c->term_below);
     WEFT_CHECK(c->eval_prompts >= 0 && c->eval_every >= 0, "rl.eval_prompts and rl.eval_every "

@@ -17,7 +17,7 @@ typedef enum {
 
 typedef enum { WEFT_ADV_GRPO, WEFT_ADV_RLOO } weft_adv_estimator;
 typedef enum { WEFT_REWARD_EXACT_MATCH, WEFT_REWARD_COMMAND } weft_reward_type;
-enum { WEFT_REWARD_TEXT_MAX = 1024 };
+enum { WEFT_REWARD_TEXT_MAX = 1024, WEFT_MAX_SAMPLES = 1024 };
 
 typedef struct weft_reward_config {
     int type;                             // weft_reward_type
@@ -45,6 +45,13 @@ typedef struct weft_rl_config {
     int min_terms, max_terms;
     int term_below; // every term is below this (0: the SFT task's mix of 1 to 4 digits)
     int eval_prompts, eval_every; // held-out problems scored greedily every eval_every steps
+    // DAPO: drop groups whose rewards are all equal and generate more, at most max_gen_batches
+    // rounds per step; a soft penalty on responses within overlong_buffer tokens of
+    // sampling.max_tokens, reaching -overlong_penalty at it (0: off).
+    bool dynamic_sampling;
+    int max_gen_batches;
+    int overlong_buffer;
+    double overlong_penalty;
     bool save_rollouts; // each step's samples to <train.output_dir>/rollouts/step_NNNNNN.jsonl
 } weft_rl_config;
 

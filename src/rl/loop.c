@@ -39,6 +39,10 @@ typedef struct rl_job {
     weft_backend *be;
     weft_model *m;
     weft_trainer *t;
+    // The reference policy for the KL term (rl.kl_loss_coef > 0): model.path's weights, frozen,
+    // scored by a trainer of its own in the same layout. NULL without a KL term.
+    weft_model *ref_model;
+    weft_trainer *ref;
     weft_reward *reward;
     weft_rl_objective *objective;
     weft_rl_prompts *train, *eval;
@@ -55,7 +59,8 @@ typedef struct step_metrics {
     double kv_bytes_freed;
     double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
     double eval_accuracy; // < 0: not evaluated this step
-    weft_rl_rollout_stats rollout;
+    weft_rl_rollout_stats rollout; // the last generation round's
+    int gen_rounds, groups, groups_dropped; // dynamic sampling: rounds run, groups trained on
 } step_metrics;
 
 // ------------------------------------------------------------------------------- start-up ----
@@ -103,12 +108,11 @@ static void check_settings(const weft_job_config *c) {
                  c->rl.norm_adv_by_std),
                "sampling.n=1 with rl.adv_estimator=grpo and rl.norm_adv_by_std=true: a group of "
                "one sample has no spread, so every advantage would be 0; raise sampling.n");
+    WEFT_CHECK(c->sampling.n <= WEFT_MAX_SAMPLES, "sampling.n=%d: weft rl takes at most %d "
+               "samples per prompt", c->sampling.n, WEFT_MAX_SAMPLES);
     WEFT_CHECK(!(c->sampling.n == 1 && c->rl.adv_estimator == WEFT_ADV_RLOO),
                "sampling.n=1 with rl.adv_estimator=rloo: the leave-one-out baseline needs at "
                "least 2 samples per prompt; raise sampling.n");
-    WEFT_CHECK(c->rl.kl_loss_coef == 0, "rl.kl_loss_coef=%g: weft rl does not hold a reference "
-               "model yet; set it to 0 (weft grad scores KL terms on rows with ref_logprobs)",
-               c->rl.kl_loss_coef);
 }
 
 static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *session) {
@@ -126,6 +130,10 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     int mbs = cfg->rl.ppo_mini_batch_size ? cfg->rl.ppo_mini_batch_size : cfg->train.global_batch_size;
     tc.train.steps = cfg->train.steps * cfg->rl.ppo_epochs * (cfg->train.global_batch_size / mbs);
     j->t = weft_trainer_create(j->m, j->world, &tc, true);
+    if (cfg->rl.kl_loss_coef != 0) {
+        j->ref_model = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok));
+        j->ref = weft_trainer_create(j->ref_model, j->world, cfg, false);
+    }
     j->reward = weft_reward_create(&cfg->reward);
     j->objective = weft_rl_objective_create(&cfg->rl, cfg->sampling.max_tokens, cfg->data.source);
     j->train = weft_rl_prompts_load(cfg, j->tok, false);
@@ -141,6 +149,8 @@ static void job_close(rl_job *j) {
     weft_reward_free(j->reward);
     weft_trainer_free(j->t);
     weft_model_free(j->m);
+    weft_trainer_free(j->ref);
+    weft_model_free(j->ref_model);
     weft_backend_destroy(j->be);
     weft_tokenizer_free(j->tok);
 }
@@ -168,14 +178,17 @@ static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_samp
 static void free_documents(weft_document *docs, int n) {
     for (int i = 0; i < n; i++)
         weft_free(docs[i].tokens), weft_free(docs[i].loss_mask), weft_free(docs[i].advantages),
-            weft_free(docs[i].old_logprobs);
+            weft_free(docs[i].old_logprobs), weft_free(docs[i].ref_logprobs);
     weft_free(docs);
 }
 
-static void sample_statistics(const weft_rl_sample *s, int N, step_metrics *sm) {
+// Over the step's samples: rewards (the overlong penalty included), accuracy (the reward
+// function's score above 0), lengths.
+static void sample_statistics(const weft_rl_sample *s, const double *rewards, int N,
+                              step_metrics *sm) {
     double sum = 0, sq = 0, len = 0, most = 0, clipped = 0, correct = 0;
     for (int i = 0; i < N; i++) {
-        sum += s[i].reward, sq += s[i].reward * s[i].reward, correct += s[i].reward > 0;
+        sum += rewards[i], sq += rewards[i] * rewards[i], correct += s[i].reward > 0;
         len += s[i].len, most = s[i].len > most ? s[i].len : most, clipped += s[i].truncated;
     }
     sm->reward_mean = sum / N;
@@ -209,6 +222,21 @@ static void old_logprobs(rl_job *j, weft_document *docs, int N, const weft_rl_sa
     weft_free(lp);
     sm->mismatch_max = most, sm->mismatch_mean = sum / count, sm->mismatch_k3 = k3 / count;
     sm->old_logprob_seconds = weft_now_seconds() - t0;
+}
+
+// The reference policy's log-probs of the samples, for the KL term.
+static void reference_logprobs(rl_job *j, weft_document *docs, int N) {
+    long T = 0;
+    for (int i = 0; i < N; i++) T += docs[i].len;
+    float *lp = weft_alloc(sizeof(float) * (T > 0 ? T : 1));
+    weft_trainer_score(j->ref, docs, N, &(weft_trainer_outputs){.logprobs = lp});
+    long at = 0;
+    for (int i = 0; i < N; i++) {
+        docs[i].ref_logprobs = weft_alloc(sizeof(float) * docs[i].len);
+        memcpy(docs[i].ref_logprobs, lp + at, sizeof(float) * docs[i].len);
+        at += docs[i].len;
+    }
+    weft_free(lp);
 }
 
 static void add_metrics(weft_rl_metrics *acc, const weft_rl_metrics *m, double w) {
@@ -262,9 +290,10 @@ static double evaluate(rl_job *j) {
 // The step's samples as JSON lines (rank 0, atomically): prompt, response tokens and text-free
 // numbers, so runs on different layouts can be compared sample by sample.
 static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const *prompts,
-                          const weft_rl_sample *s, const double *adv, const weft_document *docs) {
+                          const weft_rl_sample *s, const double *adv, const weft_document *docs,
+                          int N) {
     if (!j->writer) return;
-    int n = j->cfg.sampling.n, N = j->cfg.train.global_batch_size * n;
+    int n = j->cfg.sampling.n;
     char path[WEFT_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/rollouts", j->cfg.train.output_dir);
     WEFT_CHECK(weft_mkdirs(path), "%s: cannot create (%s)", path, strerror(errno));
@@ -294,31 +323,108 @@ static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const
     weft_free(text);
 }
 
+// A step's kept groups: prompts[g] and its samples at g * n ... g * n + n - 1, with their
+// rewards (the overlong penalty included).
+typedef struct step_batch {
+    const weft_rl_prompt **prompts;
+    weft_rl_sample *samples;
+    double *rewards;
+    int groups, rounds, dropped;
+} step_batch;
+
+// DAPO's soft overlong punishment: 0 up to max_tokens - buffer tokens, then falling linearly to
+// -penalty at max_tokens.
+static double overlong_penalty(const weft_job_config *c, int len) {
+    if (c->rl.overlong_buffer <= 0) return 0.0;
+    double exceed = len - (c->sampling.max_tokens - c->rl.overlong_buffer);
+    return fmin(-exceed / c->rl.overlong_buffer * c->rl.overlong_penalty, 0.0);
+}
+
+static bool rewards_differ(const double *r, int n) {
+    for (int s = 1; s < n; s++)
+        if (r[s] != r[0]) return true;
+    return false;
+}
+
+// One round of generation: P prompts drawn, their samples generated and rewarded, the groups
+// kept appended (all, or with dynamic sampling those whose rewards differ, up to P in all).
+static void generate_round(rl_job *j, weft_data_order *order, step_batch *b, step_metrics *sm) {
+    const weft_job_config *c = &j->cfg;
+    int P = c->train.global_batch_size, n = c->sampling.n;
+    long stream = (long)order->epoch * order->n + order->cursor; // the prompts drawn so far
+    const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * P);
+    for (int k = 0; k < P; k++) prompts[k] = &j->train->p[weft_data_order_take(order)];
+    weft_rl_sample *s = weft_alloc(sizeof *s * P * n);
+    weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P, stream};
+    weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);
+    sm->rollout_seconds += rs.seconds, sm->rollout_tokens += (double)rs.tokens;
+    sm->kv_bytes_freed = rs.pool_bytes, sm->rollout = rs;
+    for (int g = 0; g < P; g++) {
+        double r[WEFT_MAX_SAMPLES];
+        for (int k = 0; k < n; k++) r[k] = s[g * n + k].reward + overlong_penalty(c, s[g * n + k].len);
+        bool keep = b->groups < P && (!c->rl.dynamic_sampling || rewards_differ(r, n));
+        if (keep) {
+            b->prompts[b->groups] = prompts[g];
+            memcpy(b->samples + (size_t)b->groups * n, s + (size_t)g * n, sizeof *s * n);
+            memcpy(b->rewards + (size_t)b->groups * n, r, sizeof(double) * n);
+            b->groups++;
+        } else {
+            b->dropped += b->groups < P;
+            weft_rl_samples_free(s + (size_t)g * n, n);
+        }
+    }
+    b->rounds++;
+    weft_free(s), weft_free(prompts);
+}
+
+// The step's groups: one round, or with dynamic sampling rounds until P groups with differing
+// rewards are kept or rl.max_gen_batches rounds ran (then a warning, and the step trains on
+// the whole mini-batches it has).
+static void generate_groups(rl_job *j, weft_data_order *order, int step, step_batch *b,
+                            step_metrics *sm) {
+    const weft_job_config *c = &j->cfg;
+    int P = c->train.global_batch_size, n = c->sampling.n;
+    *b = (step_batch){.prompts = weft_alloc(sizeof *b->prompts * P),
+                      .samples = weft_alloc(sizeof *b->samples * P * n),
+                      .rewards = weft_alloc(sizeof(double) * P * n)};
+    do generate_round(j, order, b, sm);
+    while (c->rl.dynamic_sampling && b->groups < P && b->rounds < c->rl.max_gen_batches);
+    int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : P;
+    if (b->groups < P && j->writer)
+        fprintf(stderr, "weft: warning: step %d: %d of %d groups have rewards that differ after "
+                "rl.max_gen_batches=%d rounds; training on %d of them (whole mini-batches of "
+                "%d prompts)\n", step, b->groups, P, c->rl.max_gen_batches,
+                b->groups / mbs * mbs, mbs);
+    int usable = b->groups / mbs * mbs; // a mini-batch is whole or not taken
+    weft_rl_samples_free(b->samples + (size_t)usable * n, (b->groups - usable) * n);
+    b->groups = usable;
+}
+
 // One RL step: rollout, rewards, advantages, old log-probs, policy updates.
 static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     double t0 = weft_now_seconds();
     const weft_job_config *c = &j->cfg;
-    int P = c->train.global_batch_size, n = c->sampling.n, N = P * n;
-    const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * P);
-    for (int k = 0; k < P; k++) prompts[k] = &j->train->p[weft_data_order_take(order)];
-    weft_rl_sample *s = weft_alloc(sizeof *s * N);
-    weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P,
-                                  (long)(step - 1) * P};
-    weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);
-    step_metrics sm = {.rollout_seconds = rs.seconds, .rollout_tokens = (double)rs.tokens,
-                       .kv_bytes_freed = rs.pool_bytes, .eval_accuracy = -1, .rollout = rs};
-    sample_statistics(s, N, &sm);
-    double *rewards = weft_alloc(sizeof(double) * N), *adv = weft_alloc(sizeof(double) * N);
-    for (int i = 0; i < N; i++) rewards[i] = s[i].reward;
-    weft_advantages(&c->rl, rewards, P, n, adv);
-    weft_document *docs = weft_alloc(sizeof *docs * N);
-    for (int i = 0; i < N; i++) docs[i] = sample_document(prompts[i / n], &s[i], adv[i]);
-    old_logprobs(j, docs, N, s, prompts, n, &sm);
-    if (c->rl.save_rollouts) save_rollouts(j, step, prompts, s, adv, docs);
-    policy_updates(j, docs, N, &sm);
-    free_documents(docs, N);
-    weft_rl_samples_free(s, N);
-    weft_free(s), weft_free(rewards), weft_free(adv), weft_free(prompts);
+    int n = c->sampling.n;
+    step_metrics sm = {.eval_accuracy = -1};
+    step_batch b;
+    generate_groups(j, order, step, &b, &sm);
+    int G = b.groups, N = G * n;
+    sm.gen_rounds = b.rounds, sm.groups_dropped = b.dropped, sm.groups = G;
+    if (N > 0) {
+        sample_statistics(b.samples, b.rewards, N, &sm);
+        double *adv = weft_alloc(sizeof(double) * N);
+        weft_advantages(&c->rl, b.rewards, G, n, adv);
+        weft_document *docs = weft_alloc(sizeof *docs * N);
+        for (int i = 0; i < N; i++) docs[i] = sample_document(b.prompts[i / n], &b.samples[i], adv[i]);
+        old_logprobs(j, docs, N, b.samples, b.prompts, n, &sm);
+        if (j->ref) reference_logprobs(j, docs, N);
+        if (c->rl.save_rollouts) save_rollouts(j, step, b.prompts, b.samples, adv, docs, N);
+        policy_updates(j, docs, N, &sm);
+        free_documents(docs, N);
+        weft_free(adv);
+    }
+    weft_rl_samples_free(b.samples, N);
+    weft_free(b.samples), weft_free(b.rewards), weft_free(b.prompts);
     sm.step_seconds = weft_now_seconds() - t0;
     return sm;
 }
@@ -335,13 +441,15 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g, "
             "\"kv_bytes_freed\": %.0f, \"rollout_seconds\": %.4f, \"rollout_tokens\": %.0f, "
             "\"rollout_tokens_per_s\": %.1f, \"old_logprob_seconds\": %.4f, "
-            "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d",
+            "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d, "
+            "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
             m->mismatch_k3, m->kv_bytes_freed, m->rollout_seconds, m->rollout_tokens,
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
-            m->old_logprob_seconds, m->update_seconds, m->step_seconds, step);
+            m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
+            m->groups, m->groups_dropped);
     if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
     if (m->rollout.spec_depth > 0) {
         fprintf(f, ", \"spec_acceptance\": [");
