@@ -30,6 +30,7 @@ bench: all
 	/usr/bin/python3 bench/context_parallel.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/dynamic_context_parallel.py --weft $(BUILD)/weft
 	/usr/bin/python3 bench/dcp_simulation.py --weft $(BUILD)/weft
+	/usr/bin/python3 bench/rl_step.py --weft $(BUILD)/weft
 
 # Needs an NVIDIA GPU and a CUDA build (nvcc found when CMake configured), and a Python whose torch
 # sees the GPU: the first python3 on PATH unless GPU_PYTHON says otherwise.

@@ -12,24 +12,25 @@ static int draw_terms(weft_rng *rng) {
     return n > MAX_TERMS ? MAX_TERMS : n;
 }
 
-static long draw_number(weft_rng *rng) {
+// below: the terms' bound; 0: 10, 100, 1000 or 10000, drawn per term.
+static long draw_number(weft_rng *rng, long below) {
     static const long limits[] = {10, 100, 1000, 10000};
-    long limit = limits[weft_rng_next(rng) % 4];
+    long limit = below > 0 ? below : limits[weft_rng_next(rng) % 4];
     return (long)(weft_rng_next(rng) % (uint64_t)limit);
 }
 
 void weft_synthetic_addition(weft_rng *rng, char *prompt, size_t pcap, char *response,
                              size_t rcap) {
-    weft_synthetic_addition_of(rng, draw_terms(rng), prompt, pcap, response, rcap);
+    weft_synthetic_addition_of(rng, draw_terms(rng), 0, prompt, pcap, response, rcap);
 }
 
-long weft_synthetic_addition_of(weft_rng *rng, int n, char *prompt, size_t pcap, char *response,
-                                size_t rcap) {
+long weft_synthetic_addition_of(weft_rng *rng, int n, long below, char *prompt, size_t pcap,
+                                char *response, size_t rcap) {
     long terms[MAX_TERMS];
     n = n < 2 ? 2 : n > MAX_TERMS ? MAX_TERMS : n;
     size_t p = 0, r = 0;
     for (int i = 0; i < n; i++) {
-        terms[i] = draw_number(rng);
+        terms[i] = draw_number(rng, below);
         p += (size_t)snprintf(prompt + p, pcap - p, i ? "+%ld" : "%ld", terms[i]);
     }
     snprintf(prompt + p, pcap - p, "=");

@@ -8,7 +8,7 @@ weft_rl_config weft_rl_config_default(void) {
                             .clip_ratio_high = 0.2, .clip_ratio_c = 3.0,
                             .kl_loss_type = WEFT_KL_K3, .loss_agg_mode = WEFT_AGG_TOKEN_MEAN,
                             .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
-                            .ppo_epochs = 1, .min_terms = 4, .max_terms = 8,
+                            .ppo_epochs = 1, .min_terms = 2, .max_terms = 4, .term_below = 10,
                             .eval_prompts = 128, .eval_every = 5};
 }
 
@@ -40,6 +40,8 @@ void weft_rl_config_validate(const weft_rl_config *c) {
     WEFT_CHECK(c->min_terms >= 2 && c->max_terms >= c->min_terms && c->max_terms <= 48,
                "rl.min_terms = %d and rl.max_terms = %d must satisfy 2 <= min <= max <= 48",
                c->min_terms, c->max_terms);
+    WEFT_CHECK(c->term_below >= 0 && c->term_below <= 1000000000, "rl.term_below = %d must lie "
+               "in [0, 1e9] (0: the SFT task's numbers)", c->term_below);
     WEFT_CHECK(c->eval_prompts >= 0 && c->eval_every >= 0, "rl.eval_prompts and rl.eval_every "
                "must not be negative (0: no evaluation)");
 }

@@ -43,7 +43,9 @@ typedef struct weft_rl_config {
     int ppo_mini_batch_size; // prompts per policy update (0: the whole step's)
     // The built-in task's RL problems (harder than SFT's: more terms) and held-out evaluation.
     int min_terms, max_terms;
+    int term_below; // every term is below this (0: the SFT task's mix of 1 to 4 digits)
     int eval_prompts, eval_every; // held-out problems scored greedily every eval_every steps
+    bool save_rollouts; // each step's samples to <train.output_dir>/rollouts/step_NNNNNN.jsonl
 } weft_rl_config;
 
 weft_rl_config weft_rl_config_default(void);

@@ -1,6 +1,7 @@
 #include "rl/loop.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -257,6 +258,41 @@ static double evaluate(rl_job *j) {
     return P > 0 ? correct / P : 0.0;
 }
 
+// The step's samples as JSON lines (rank 0, atomically): prompt, response tokens and text-free
+// numbers, so runs on different layouts can be compared sample by sample.
+static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const *prompts,
+                          const weft_rl_sample *s, const double *adv, const weft_document *docs) {
+    if (!j->writer) return;
+    int n = j->cfg.sampling.n, N = j->cfg.train.global_batch_size * n;
+    char path[WEFT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/rollouts", j->cfg.train.output_dir);
+    WEFT_CHECK(weft_mkdirs(path), "%s: cannot create (%s)", path, strerror(errno));
+    snprintf(path, sizeof path, "%s/rollouts/step_%06d.jsonl", j->cfg.train.output_dir, step);
+    char **lines = weft_alloc(sizeof(char *) * N);
+    size_t len = 0;
+    for (int i = 0; i < N; i++) {
+        json_t *tokens = json_array(), *lp = json_array(), *old = json_array();
+        int P = prompts[i / n]->len;
+        for (int t = 0; t < s[i].len; t++) {
+            json_array_append_new(tokens, json_integer(s[i].tokens[t]));
+            json_array_append_new(lp, json_real(s[i].logprobs[t]));
+            json_array_append_new(old, json_real(docs[i].old_logprobs[P + t]));
+        }
+        json_t *row = json_pack("{s:s, s:i, s:o, s:o, s:o, s:f, s:f, s:b}", "prompt",
+                                prompts[i / n]->name, "sample", i % n, "tokens", tokens,
+                                "logprobs", lp, "old_logprobs", old, "reward", s[i].reward,
+                                "advantage", adv[i], "truncated", s[i].truncated);
+        lines[i] = json_dumps(row, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        len += strlen(lines[i]) + 1;
+        json_decref(row);
+    }
+    char *text = weft_alloc(len + 1), *at = text;
+    for (int i = 0; i < N; i++) at += sprintf(at, "%s\n", lines[i]), free(lines[i]);
+    weft_free(lines);
+    WEFT_CHECK(weft_write_file_atomic(path, text, len), "%s: cannot write (%s)", path, strerror(errno));
+    weft_free(text);
+}
+
 // One RL step: rollout, rewards, advantages, old log-probs, policy updates.
 static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     double t0 = weft_now_seconds();
@@ -277,6 +313,7 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     weft_document *docs = weft_alloc(sizeof *docs * N);
     for (int i = 0; i < N; i++) docs[i] = sample_document(prompts[i / n], &s[i], adv[i]);
     old_logprobs(j, docs, N, s, prompts, n, &sm);
+    if (c->rl.save_rollouts) save_rollouts(j, step, prompts, s, adv, docs);
     policy_updates(j, docs, N, &sm);
     free_documents(docs, N);
     weft_rl_samples_free(s, N);

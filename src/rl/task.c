@@ -18,7 +18,8 @@ static void add_prompt(weft_rl_prompts *set, int *cap, const weft_tokenizer *tok
     WEFT_CHECK(p->len > 0, "%s: the prompt is empty; give at least one token", name);
 }
 
-// Problems of rl.min_terms .. rl.max_terms terms; the held-out ones come from another stream.
+// Problems of rl.min_terms .. rl.max_terms terms below rl.term_below; the held-out ones come from
+// another stream.
 static weft_rl_prompts *synthetic_prompts(const weft_job_config *cfg, const weft_tokenizer *tok,
                                           bool held_out) {
     weft_rl_prompts *set = weft_alloc(sizeof *set);
@@ -29,8 +30,8 @@ static weft_rl_prompts *synthetic_prompts(const weft_job_config *cfg, const weft
     for (int i = 0; i < n; i++) {
         int span = cfg->rl.max_terms - cfg->rl.min_terms + 1;
         int terms = cfg->rl.min_terms + (int)(weft_rng_next(&rng) % (uint64_t)span);
-        long sum = weft_synthetic_addition_of(&rng, terms, prompt, sizeof prompt, response,
-                                              sizeof response);
+        long sum = weft_synthetic_addition_of(&rng, terms, cfg->rl.term_below, prompt,
+                                              sizeof prompt, response, sizeof response);
         snprintf(answer, sizeof answer, "%ld", sum);
         snprintf(name, sizeof name, "synthetic %s problem %d", held_out ? "held-out" : "RL", i + 1);
         add_prompt(set, &cap, tok, prompt, answer, NULL, name);

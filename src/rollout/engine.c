@@ -153,13 +153,20 @@ int weft_rollout_token_limit(const weft_engine *e, const gen_seq *s) {
     return (int)(most < limit ? most : limit);
 }
 
-// Whether the sample's text (decoded from its generated tokens) now holds a stop string; *cut
-// receives where the first one starts.
-static bool hit_stop_string(const weft_engine *e, const gen_seq *s, size_t *cut, char **text) {
+static bool is_stop_token(const weft_engine *e, int32_t token) {
+    for (int i = 0; i < e->sc.n_stop_token_ids; i++)
+        if (token == e->sc.stop_token_ids[i]) return true;
+    return false;
+}
+
+// Whether the sample's text (decoded from its first n_tokens generated tokens) now holds a stop
+// string; *cut receives where the first one starts.
+static bool hit_stop_string(const weft_engine *e, const gen_seq *s, int n_tokens, size_t *cut,
+                            char **text) {
     *text = NULL;
     if (!e->tok) return false;
     size_t n;
-    *text = weft_tokenizer_decode_text(e->tok, s->tokens + s->prompt_len, s->len - s->prompt_len, &n);
+    *text = weft_tokenizer_decode_text(e->tok, s->tokens + s->prompt_len, n_tokens, &n);
     for (int i = 0; i < e->sc.n_stop; i++) {
         const char *at = strstr(*text, e->sc.stop[i]);
         if (at && (size_t)(at - *text) < *cut) *cut = (size_t)(at - *text);
@@ -169,19 +176,19 @@ static bool hit_stop_string(const weft_engine *e, const gen_seq *s, size_t *cut,
 
 // After a new token: whether the sample is done, and why.
 static bool finished(weft_engine *e, gen_seq *s) {
-    int32_t last = s->tokens[s->len - 1];
-    for (int i = 0; i < e->sc.n_stop_token_ids; i++)
-        if (last == e->sc.stop_token_ids[i]) return s->finish = WEFT_FINISH_STOP, true;
+    if (is_stop_token(e, s->tokens[s->len - 1])) return s->finish = WEFT_FINISH_STOP, true;
     size_t cut = (size_t)-1;
     char *text = NULL;
-    bool stop = e->sc.n_stop > 0 && hit_stop_string(e, s, &cut, &text);
+    bool stop = e->sc.n_stop > 0 && hit_stop_string(e, s, s->len - s->prompt_len, &cut, &text);
     weft_free(text);
     if (stop) return s->finish = WEFT_FINISH_STOP, true;
     if (s->len >= weft_rollout_token_limit(e, s)) return s->finish = WEFT_FINISH_LENGTH, true;
     return false;
 }
 
-// The sample's completion: its generated tokens, log-probs and text.
+// The sample's completion: its generated tokens, log-probs and text. The text leaves out the stop
+// token that ended the sample (as vLLM's does; token_ids keep it): "<|endoftext|>" is not part
+// of the answer a reward reads.
 static void complete(const weft_engine *e, const gen_seq *s, weft_completion *out) {
     int n = s->len - s->prompt_len;
     *out = (weft_completion){.len = n, .finish = s->finish,
@@ -196,7 +203,8 @@ static void complete(const weft_engine *e, const gen_seq *s, weft_completion *ou
     if (e->tok) {
         size_t cut = (size_t)-1;
         char *text = NULL;
-        if (hit_stop_string(e, s, &cut, &text)) text[cut] = '\0'; // decodes even with no stops
+        int shown = n > 0 && is_stop_token(e, s->tokens[s->len - 1]) ? n - 1 : n;
+        if (hit_stop_string(e, s, shown, &cut, &text)) text[cut] = '\0'; // decodes even with no stops
         out->text = text;
     }
 }
