@@ -18,6 +18,7 @@ struct weft_reward {
     pcre2_match_data *match;
     pcre2_match_context *limits;
     pid_t pid; // the reward command, fed on to_child, answering on from_child
+    pid_t group; // its process group: the command and whatever it started
     int to_child, from_child;
     char *line; // the answer being read (a 1 MiB line at most)
     size_t line_len, line_cap;
@@ -36,13 +37,24 @@ static void start_command(weft_reward *r) {
     r->pid = fork();
     WEFT_CHECK(r->pid >= 0, "reward.command: cannot start a process (%s)", strerror(errno));
     if (r->pid == 0) {
+        setpgid(0, 0);
         dup2(in[0], STDIN_FILENO), dup2(out[1], STDOUT_FILENO);
         close(in[0]), close(in[1]), close(out[0]), close(out[1]);
         execl("/bin/sh", "sh", "-c", r->cfg.command, (char *)NULL);
         _exit(127);
     }
+    setpgid(r->pid, r->pid); // (here too: whichever of the two runs first)
+    r->group = r->pid;
     close(in[0]), close(out[1]);
     r->to_child = in[1], r->from_child = out[0];
+}
+
+// Ends the command and everything it started (sh -c forks the program; a hung program would
+// otherwise outlive weft, sleeping with its pipes).
+static void kill_command(weft_reward *r) {
+    if (r->group > 0) kill(-r->group, SIGKILL);
+    if (r->pid > 0) waitpid(r->pid, NULL, 0);
+    r->pid = r->group = 0;
 }
 
 // How the command ended, for an error message: its exit status or signal, or "still running".
@@ -59,6 +71,7 @@ noreturn static void command_failed(weft_reward *r, const char *prompt, const ch
     char state[64];
     usleep(100000); // a crashing command's exit status is there a moment after its pipe closes
     command_state(r, state, sizeof state);
+    kill_command(r);
     weft_fatal("%s: reward.command (%s) %s; it %s. The command must answer each JSON request "
                "line on stdin with one line {\"reward\": x} within reward.timeout=%g s",
                prompt, r->cfg.command, what, state, r->cfg.timeout);
@@ -136,7 +149,7 @@ static void stop_command(weft_reward *r) {
     close(r->to_child), close(r->from_child);
     if (r->pid <= 0) return;
     for (int i = 0; i < 50 && waitpid(r->pid, NULL, WNOHANG) == 0; i++) usleep(20000);
-    if (waitpid(r->pid, NULL, WNOHANG) == 0) kill(r->pid, SIGKILL), waitpid(r->pid, NULL, 0);
+    kill_command(r);
 }
 
 // ---------------------------------------------------------------------------- the reward ----
