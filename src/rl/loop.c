@@ -84,8 +84,13 @@ static void sft_start(weft_job_config *cfg, weft_session *session) {
 }
 
 // Every problem a step could draw must fit: the prompt plus sampling.max_tokens in one document
-// the trainer's layout takes whole. Checked before any work, naming the first that does not.
+// the trainer's layout takes whole; with exact_match it must carry an answer. Checked before any
+// work, naming the first that does not.
 static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
+    for (int i = 0; i < set->n && j->cfg.reward.type == WEFT_REWARD_EXACT_MATCH; i++)
+        WEFT_CHECK(set->p[i].answer, "%s: the prompt has no \"answer\" field, which "
+                   "reward.type=exact_match compares the extracted answer with; add one, or use "
+                   "reward.type=command", set->p[i].name);
     char why[192];
     int most = weft_trainer_max_document_len(&j->cfg, weft_comm_size(j->world), why, sizeof why);
     int ctx = j->m->cfg.max_position_embeddings;
@@ -100,6 +105,9 @@ static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
 }
 
 static void check_settings(const weft_job_config *c) {
+    WEFT_CHECK(c->reward.type == WEFT_REWARD_COMMAND || !c->reward.command[0],
+               "reward.command is set but reward.type=exact_match ignores it; add "
+               "reward.type=command, or drop reward.command");
     int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
     WEFT_CHECK(c->train.global_batch_size % mbs == 0, "rl.ppo_mini_batch_size=%d does not divide "
                "train.global_batch_size=%d (prompts per step); pick a divisor", mbs,
