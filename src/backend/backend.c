@@ -15,4 +15,11 @@ weft_backend *weft_backend_create(weft_device device, int local_rank) {
                                       : weft_backend_cpu_create();
 }
 
+void weft_backend_count_bytes(weft_backend *b, long long bytes) {
+    b->bytes_in_use = (size_t)((long long)b->bytes_in_use + bytes);
+    if (b->bytes_in_use > b->peak_bytes) b->peak_bytes = b->bytes_in_use;
+}
+
+void weft_backend_reset_peak(weft_backend *b) { b->peak_bytes = b->bytes_in_use; }
+
 void weft_backend_prepare_process(void) { weft_blas_fix_coretype(); }

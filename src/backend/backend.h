@@ -182,7 +182,15 @@ struct weft_backend {
     // How often the host has waited for the device (downloads, synchronize, sums read back): a
     // training step should wait a fixed number of times, never once per micro-batch.
     long host_waits;
+    // Bytes of `alloc` buffers live now, and the most live since the last
+    // weft_backend_reset_peak: the measured memory of a phase (rollout's KV pool comes and goes).
+    size_t bytes_in_use, peak_bytes;
 };
+
+// For the backends' alloc and free: bytes (> 0: allocated, < 0: freed).
+void weft_backend_count_bytes(weft_backend *b, long long bytes);
+// Starts a new peak from the bytes live now.
+void weft_backend_reset_peak(weft_backend *b);
 
 weft_backend *weft_backend_cpu_create(void);
 // The GPU with index local_rank % (visible GPUs): one rank per GPU on each node. In a build

@@ -61,6 +61,9 @@ typedef struct step_metrics {
     double eval_accuracy; // < 0: not evaluated this step
     weft_rl_rollout_stats rollout; // the last generation round's
     int gen_rounds, groups, groups_dropped; // dynamic sampling: rounds run, groups trained on
+    // Measured device bytes (the backend's live allocations): before the wake, the rollout
+    // phase's peak, after the sleep, and the training phase's peak.
+    double bytes_before_rollout, rollout_peak_bytes, bytes_after_sleep, training_peak_bytes;
 } step_metrics;
 
 // ------------------------------------------------------------------------------- start-up ----
@@ -413,9 +416,13 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     double t0 = weft_now_seconds();
     const weft_job_config *c = &j->cfg;
     int n = c->sampling.n;
-    step_metrics sm = {.eval_accuracy = -1};
+    step_metrics sm = {.eval_accuracy = -1, .bytes_before_rollout = (double)j->be->bytes_in_use};
     step_batch b;
+    weft_backend_reset_peak(j->be);
     generate_groups(j, order, step, &b, &sm);
+    sm.rollout_peak_bytes = (double)j->be->peak_bytes;
+    sm.bytes_after_sleep = (double)j->be->bytes_in_use;
+    weft_backend_reset_peak(j->be);
     int G = b.groups, N = G * n;
     sm.gen_rounds = b.rounds, sm.groups_dropped = b.dropped, sm.groups = G;
     if (N > 0) {
@@ -431,6 +438,7 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
         free_documents(docs, N);
         weft_free(adv);
     }
+    sm.training_peak_bytes = (double)j->be->peak_bytes;
     weft_rl_samples_free(b.samples, N);
     weft_free(b.samples), weft_free(b.rewards), weft_free(b.prompts);
     sm.step_seconds = weft_now_seconds() - t0;
@@ -450,14 +458,17 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"kv_bytes_freed\": %.0f, \"rollout_seconds\": %.4f, \"rollout_tokens\": %.0f, "
             "\"rollout_tokens_per_s\": %.1f, \"old_logprob_seconds\": %.4f, "
             "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d, "
-            "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d",
+            "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
+            "\"bytes_before_rollout\": %.0f, \"rollout_peak_bytes\": %.0f, "
+            "\"bytes_after_sleep\": %.0f, \"training_peak_bytes\": %.0f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
             m->mismatch_k3, m->kv_bytes_freed, m->rollout_seconds, m->rollout_tokens,
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
-            m->groups, m->groups_dropped);
+            m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
+            m->bytes_after_sleep, m->training_peak_bytes);
     if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
     if (m->rollout.spec_depth > 0) {
         fprintf(f, ", \"spec_acceptance\": [");
@@ -478,6 +489,19 @@ static void print_step(int step, int steps, const step_metrics *m) {
            m->loss.pg_clipfrac, m->loss.entropy, m->grad_norm, m->mismatch_max, m->step_seconds,
            m->rollout_seconds, m->old_logprob_seconds, m->update_seconds);
     fflush(stdout);
+}
+
+// The two phases' memory in the last step: the KV pool exists only in the first.
+static void print_memory(const step_metrics *m) {
+    char base[32], roll[32], pool[32], train[32], after[32];
+    weft_format_bytes(base, sizeof base, (size_t)m->bytes_before_rollout);
+    weft_format_bytes(roll, sizeof roll, (size_t)m->rollout_peak_bytes);
+    weft_format_bytes(pool, sizeof pool, (size_t)m->kv_bytes_freed);
+    weft_format_bytes(after, sizeof after, (size_t)m->bytes_after_sleep);
+    weft_format_bytes(train, sizeof train, (size_t)m->training_peak_bytes);
+    printf("memory (last step, measured): %s held between steps; rollout peak %s with a KV pool "
+           "of %s, freed at sleep (%s held after it); training peak %s\n", base, roll, pool,
+           after, train);
 }
 
 static FILE *open_metrics_file(const rl_job *j, int step) {
@@ -519,14 +543,17 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
     if (j.writer && start_accuracy >= 0) printf("held-out accuracy at the start: %.3f\n", start_accuracy);
     weft_data_order order;
     weft_data_order_start(&order, j.train->n, state.seed, state.epoch, state.cursor);
+    step_metrics last = {0};
     for (int step = state.step + 1; step <= cfg.train.steps; step++) {
         step_metrics sm = rl_step(&j, &order, step);
+        last = sm;
         if (due(step, cfg.rl.eval_every, cfg.train.steps)) last_accuracy = sm.eval_accuracy = evaluate(&j);
         if (j.writer) write_metrics(j.metrics, step, &sm), print_step(step, cfg.train.steps, &sm);
         state.step = step, state.epoch = order.epoch, state.cursor = order.cursor;
         if (due(step, cfg.train.save_every, cfg.train.steps))
             weft_free(weft_checkpoint_save(cfg.train.output_dir, j.t, &state));
     }
+    if (j.writer && last.step_seconds > 0) print_memory(&last);
     if (j.writer && start_accuracy >= 0)
         printf("done: held-out accuracy %.3f -> %.3f; metrics.jsonl and checkpoints in %s\n",
                start_accuracy, last_accuracy, cfg.train.output_dir);

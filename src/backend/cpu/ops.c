@@ -2,6 +2,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <malloc.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -32,8 +33,15 @@ float *weft_cpu_scratch(weft_backend *self, int slot, size_t floats) {
     return st->scratch[t];
 }
 
-static void *cpu_alloc(weft_backend *self, size_t bytes) { return weft_alloc(bytes); }
-static void cpu_free(weft_backend *self, void *p) { weft_free(p); }
+static void *cpu_alloc(weft_backend *self, size_t bytes) {
+    void *p = weft_alloc(bytes);
+    weft_backend_count_bytes(self, (long long)malloc_usable_size(p));
+    return p;
+}
+static void cpu_free(weft_backend *self, void *p) {
+    if (p) weft_backend_count_bytes(self, -(long long)malloc_usable_size(p));
+    weft_free(p);
+}
 static void cpu_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }

@@ -36,6 +36,10 @@ typedef struct cuda_state {
     bool attention_mma;          // tensor-core attention where the head_dim allows it
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
+    // Live allocations and their sizes, for the byte count (cudaFree is not told the size).
+    void **live;
+    size_t *live_bytes;
+    int n_live, live_cap;
     matmul_plan plans[MATMUL_CACHE];
     int next_plan;               // round-robin replacement once the cache is full
 } cuda_state;
@@ -66,6 +70,27 @@ static void launched(weft_backend *self, const char *op) {
 
 // ------------------------------------------------------------------------------ memory ----
 
+static void remember(weft_backend *self, void *p, size_t bytes) {
+    cuda_state *st = state(self);
+    if (st->n_live == st->live_cap) {
+        int cap = st->live_cap;
+        st->live = weft_grow(st->live, st->n_live, &cap, sizeof(void *), 256);
+        st->live_bytes = weft_grow(st->live_bytes, st->n_live, &st->live_cap, sizeof(size_t), 256);
+    }
+    st->live[st->n_live] = p, st->live_bytes[st->n_live++] = bytes;
+    weft_backend_count_bytes(self, (long long)bytes);
+}
+
+static void forget(weft_backend *self, void *p) {
+    cuda_state *st = state(self);
+    for (int i = st->n_live - 1; i >= 0; i--)
+        if (st->live[i] == p) {
+            weft_backend_count_bytes(self, -(long long)st->live_bytes[i]);
+            st->live[i] = st->live[--st->n_live], st->live_bytes[i] = st->live_bytes[st->n_live];
+            return;
+        }
+}
+
 static void *cuda_alloc(weft_backend *self, size_t bytes) {
     void *p = NULL;
     if (bytes == 0) bytes = 1;
@@ -81,12 +106,14 @@ static void *cuda_alloc(weft_backend *self, size_t bytes) {
                    want, have, state(self)->device);
     }
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, state(self)->stream));
+    remember(self, p, bytes);
     return p;
 }
 
 // cudaFree waits for the whole device: it counts as a host wait.
 static void cuda_free(weft_backend *self, void *p) {
     if (!p) return;
+    forget(self, p);
     CUDA_CHECK(cudaFree(p));
     self->host_waits++;
 }
@@ -502,6 +529,7 @@ static void cuda_destroy(weft_backend *self) {
     cudaFree(st->workspace);
     cublasLtDestroy(st->lt);
     cudaStreamDestroy(st->stream);
+    weft_free(st->live), weft_free(st->live_bytes);
 }
 
 // WEFT_CUDA_ATTENTION=mma|simt picks the attention kernels (mma, the tensor-core ones, where the
