@@ -12,7 +12,9 @@ removed, is counted outside: the count of kills inside is a lower bound). After 
     end with every loss and every final checkpoint file bit-identical to the uninterrupted run's.
 
 The delays are drawn from a seeded generator (--seed N replays them; where a kill lands still
-depends on the machine's timing). The last lines are a JSON summary (kills, kills_inside_save,
+depends on the machine's timing), uniformly over the window from the first checkpoint to the end
+of the quickest run seen so far (the uninterrupted one, or a later one that finished before its
+kill: a loaded machine that gets faster would otherwise let most runs end first). The last lines are a JSON summary (kills, kills_inside_save,
 clean_resumes, seed, ...) and ok or FAIL."""
 import json, os, random, re, shutil, signal, subprocess, sys, tempfile, time
 
@@ -161,11 +163,15 @@ def main():
                 if not wait_first_checkpoint(p, run):
                     failures.append(f"attempt {attempt}: the run ended before its first checkpoint")
                     continue
+                t_first = time.monotonic()
                 time.sleep(delay)
                 p.send_signal(signal.SIGKILL)  # a no-op if it has already exited
                 rc = p.wait(timeout=120)
             if rc == 0:
+                # The machine got faster than when the window was measured: the window follows
+                # the quickest run seen, so later delays land inside the run again.
                 summary["finished_before_kill"] += 1
+                window = min(window, max(0.01, time.monotonic() - t_first))
                 shutil.rmtree(run)
                 continue
             where = f"kill {summary['kills'] + 1} (attempt {attempt}, {delay * 1e3:.1f} ms)"
