@@ -25,7 +25,7 @@ weft_job_config weft_rl_defaults(void) {
     c.train.log_every = 1;
     c.sampling.n = 8;
     c.sampling.max_tokens = 160;
-    c.optim.lr = c.optim.min_lr = 1e-4; // constant, as RL runs usually are
+    c.optim.lr = c.optim.min_lr = 1e-5; // constant and small: 1e-4 undid the SFT model in 10 steps
     c.optim.warmup_steps = 0;
     c.optim.clip_grad = 1.0;
     return c;
@@ -459,8 +459,8 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"rollout_tokens_per_s\": %.1f, \"old_logprob_seconds\": %.4f, "
             "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d, "
             "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
-            "\"bytes_before_rollout\": %.0f, \"rollout_peak_bytes\": %.0f, "
-            "\"bytes_after_sleep\": %.0f, \"training_peak_bytes\": %.0f",
+            "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
+            "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
