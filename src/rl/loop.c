@@ -19,7 +19,7 @@
 weft_job_config weft_rl_defaults(void) {
     weft_job_config c = weft_job_config_default();
     snprintf(c.train.output_dir, sizeof c.train.output_dir, "runs/rl");
-    c.train.steps = 40;
+    c.train.steps = 60;
     c.train.global_batch_size = 16; // prompts per step
     c.train.save_every = 20;
     c.train.log_every = 1;
