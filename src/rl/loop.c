@@ -19,13 +19,17 @@
 weft_job_config weft_rl_defaults(void) {
     weft_job_config c = weft_job_config_default();
     snprintf(c.train.output_dir, sizeof c.train.output_dir, "runs/rl");
-    c.train.steps = 60;
-    c.train.global_batch_size = 16; // prompts per step
-    c.train.save_every = 20;
+    c.train.steps = 200;
+    c.train.global_batch_size = 32; // prompts per step: 16 gave noisier updates, +12 points at most
+    c.rl.ppo_mini_batch_size = 16;
+    c.train.save_every = 50;
     c.train.log_every = 1;
     c.sampling.n = 8;
     c.sampling.max_tokens = 160;
-    c.optim.lr = c.optim.min_lr = 1e-5; // constant and small: 1e-4 undid the SFT model in 10 steps
+    c.rl.eval_prompts = 512; // +-2 points of noise on the held-out accuracy
+    c.rl.eval_every = 50;
+    // Constant and small: 1e-4 undid the SFT model within 10 steps, 1e-5 learned slowly.
+    c.optim.lr = c.optim.min_lr = 3e-5;
     c.optim.warmup_steps = 0;
     c.optim.clip_grad = 1.0;
     return c;
