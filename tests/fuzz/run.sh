@@ -2,7 +2,8 @@
 # Builds weft's libFuzzer targets with clang (CMake option WEFT_FUZZ) and runs each for SECONDS
 # seconds, at the lowest CPU priority, over its seed corpus (tests/fuzz/corpus/<target>, read only)
 # and a working corpus in the build directory, which keeps what the fuzzer finds.
-#   tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]
+#   [FUZZ_RUNS=N] tests/fuzz/run.sh BUILD_DIR SECONDS [TARGET...]
+# With FUZZ_RUNS, each target stops after N executions, or SECONDS seconds if that comes first.
 # Exit status: 0, 1 when a target crashed, leaked or reported undefined behaviour (its input lands
 # in BUILD_DIR/crashes/), 77 without clang. A summary line per target gives executions, seconds,
 # crashes, leaks and UB reports (its log: BUILD_DIR/<target>.log).
@@ -10,6 +11,7 @@
 # leak; a leak on an accepted input's path is one (tests/fuzz/fuzz.h).
 set -u
 ASAN_OPTIONS=${ASAN_OPTIONS:-}
+FUZZ_RUNS=${FUZZ_RUNS:-}
 build=$1 seconds=$2
 shift 2
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,6 +22,8 @@ cmake --build "$build" --target fuzz_targets -j "$(nproc)" >"$build/fuzz_build.l
   { tail -20 "$build/fuzz_build.log"; exit 1; }
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=($(cd "$build/fuzz" && ls fuzz_*))
+runs_flag=()
+[ -z "$FUZZ_RUNS" ] || runs_flag=(-runs="$FUZZ_RUNS")
 mkdir -p "$build/crashes"
 status=0
 for t in "${targets[@]}"; do
@@ -32,7 +36,7 @@ for t in "${targets[@]}"; do
   # whole process at exit. detect_leaks=1 goes last so a caller's detect_leaks=0 (make sanitize
   # sets one) does not turn both off.
   ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 nice -n 19 \
-    "$build/fuzz/$t" -max_total_time="$seconds" -detect_leaks=0 \
+    "$build/fuzz/$t" -max_total_time="$seconds" "${runs_flag[@]}" -detect_leaks=0 \
     -close_fd_mask=2 -timeout=20 -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="$build/crashes/$t-" "$build/corpus/$t" "$src/tests/fuzz/corpus/$t" \
     >"$log" 2>&1
