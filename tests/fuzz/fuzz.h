@@ -39,6 +39,7 @@ static char weft_fuzz_dir[64];
 static volatile bool weft_fuzz_accepted; // volatile: set between setjmp and a longjmp
 static bool weft_fuzz_counting;
 static size_t weft_fuzz_mallocs, weft_fuzz_frees;
+static size_t weft_fuzz_n_rejected, weft_fuzz_n_accepted, weft_fuzz_n_checks;
 
 static void weft_fuzz_on_fatal(void) { longjmp(weft_fuzz_jmp, 1); }
 
@@ -52,7 +53,15 @@ static void weft_fuzz_free_hook(const volatile void *p) {
         __atomic_fetch_add(&weft_fuzz_frees, 1, __ATOMIC_RELAXED);
 }
 
-static void weft_fuzz_remove_dir(void) { weft_remove_tree(weft_fuzz_dir); }
+// At exit: the directory goes, and one line on stdout (stderr is closed by -close_fd_mask=2) says
+// how many bodies were rejected and accepted, and how many leak checks the accepted ones ran, so
+// a run's "0 leaks" can be seen to have covered accepted inputs.
+static void weft_fuzz_exit(void) {
+    weft_remove_tree(weft_fuzz_dir);
+    printf("weft fuzz: %zu rejected, %zu accepted, %zu leak checks\n", weft_fuzz_n_rejected,
+           weft_fuzz_n_accepted, weft_fuzz_n_checks);
+    fflush(stdout);
+}
 
 // Creates the temporary directory (removed at exit) and installs the fatal and allocation hooks;
 // call from LLVMFuzzerInitialize. The directory is in $TMPDIR, else in /dev/shm where there is
@@ -63,7 +72,7 @@ static inline void weft_fuzz_init(void) {
     if (!tmp || strlen(tmp) >= 40) tmp = access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : "/tmp";
     snprintf(weft_fuzz_dir, sizeof weft_fuzz_dir, "%s/weft_fuzz_XXXXXX", tmp);
     if (!mkdtemp(weft_fuzz_dir)) abort();
-    atexit(weft_fuzz_remove_dir);
+    atexit(weft_fuzz_exit);
     weft_set_fatal_hook(weft_fuzz_on_fatal);
     if (!__sanitizer_install_malloc_and_free_hooks(weft_fuzz_malloc_hook, weft_fuzz_free_hook))
         abort();
@@ -108,7 +117,10 @@ static inline void weft_fuzz_count_start(void) {
 // (a scan of the whole heap, so only then) confirms or clears.
 static inline void weft_fuzz_check_leaks(void) {
     __atomic_store_n(&weft_fuzz_counting, false, __ATOMIC_RELAXED);
-    if (weft_fuzz_mallocs > weft_fuzz_frees && __lsan_do_recoverable_leak_check()) {
+    weft_fuzz_n_accepted++;
+    if (weft_fuzz_mallocs <= weft_fuzz_frees) return;
+    weft_fuzz_n_checks++;
+    if (__lsan_do_recoverable_leak_check()) {
         __sanitizer_report_error_summary("SUMMARY: weft fuzz: an accepted input leaked (above)");
         abort();
     }
@@ -133,6 +145,7 @@ static inline void weft_fuzz_nondeterministic(void) {
         }                                                                                          \
         __lsan_enable();                                                                           \
         if (!weft_fuzz_accepted) {                                                                 \
+            weft_fuzz_n_rejected++;                                                                \
             weft_fuzz_close_inputs();                                                              \
         } else {                                                                                   \
             weft_fuzz_count_start();                                                               \

@@ -7,7 +7,8 @@
 # A process runs at most FUZZ_CHUNK (50000) inputs; the next one goes on from the working corpus.
 # Exit status: 0, 1 when a target crashed, leaked or reported undefined behaviour (its input lands
 # in BUILD_DIR/crashes/), 77 without clang. A summary line per target gives executions, seconds,
-# crashes, leaks and UB reports (its log: BUILD_DIR/<target>.log).
+# crashes, leaks and UB reports, and the harness bodies accepted and rejected (its log:
+# BUILD_DIR/<target>.log).
 # Clean errors (weft_fatal) are not crashes, and what an input that ends in one allocated is not a
 # leak; a leak on an accepted input's path is one (tests/fuzz/fuzz.h).
 set -u
@@ -59,8 +60,12 @@ for t in "${targets[@]}"; do
   crashes=$(( $(ls "$build/crashes" | grep -c "^$t-") - before ))
   leaks=$(grep -c 'ERROR: LeakSanitizer' "$log")
   ub=$(grep -c 'runtime error:' "$log")
+  # The harness's exit line per process: bodies rejected and accepted, leak checks run.
+  read -r rejected accepted checks < <(grep '^weft fuzz: ' "$log" |
+    awk '{r += $3; a += $5; c += $7} END {print r + 0, a + 0, c + 0}')
   echo "$t: $runs executions in $elapsed s, exit $rc, $crashes crash input(s)," \
-    "$leaks leak(s), $ub UB report(s)"
+    "$leaks leak(s), $ub UB report(s); $accepted accepted (leak-tracked), $rejected rejected," \
+    "$checks leak checks"
   if [ $rc -ne 0 ] || [ "$leaks" -ne 0 ] || [ "$ub" -ne 0 ]; then
     status=1
     grep -A15 -m1 "ERROR\|runtime error" "$log"
