@@ -15,12 +15,15 @@ sanitize:
 	@cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -E 'default_job|resume|bpe'
 
-# libFuzzer targets (tests/fuzz), built with clang into build-fuzz/ and run FUZZ_SECONDS each;
-# FUZZ_TARGETS picks some (default: all). Crash inputs go to build-fuzz/crashes/.
+# libFuzzer targets (tests/fuzz), built with clang into build-fuzz/ and run FUZZ_SECONDS each, or
+# FUZZ_RUNS executions each if that comes first (the hardening run: FUZZ_RUNS=1000000
+# FUZZ_SECONDS=1800); FUZZ_TARGETS picks some (default: all). Crash and leak inputs go to
+# build-fuzz/crashes/.
 FUZZ_SECONDS ?= 180
+FUZZ_RUNS ?=
 FUZZ_TARGETS ?=
 fuzz:
-	bash tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+	FUZZ_RUNS=$(FUZZ_RUNS) bash tests/fuzz/run.sh build-fuzz $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 bench: all
 	/usr/bin/python3 bench/train_throughput.py --weft $(BUILD)/weft

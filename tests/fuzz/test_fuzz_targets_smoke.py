@@ -1,6 +1,7 @@
 """Every libFuzzer target (tests/fuzz/fuzz_*.c) builds and runs a few seconds over its seed
-corpus without a crash, so the harnesses keep building and the corpora keep passing. Needs clang
-(skipped, exit 77, without it); `make fuzz` runs the same targets for minutes each."""
+corpus without a crash, a leak on an accepted input or a UB report, so the harnesses keep building
+and the corpora keep passing. Needs clang (skipped, exit 77, without it); `make fuzz` runs the
+same targets for minutes each."""
 import os, subprocess, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
