@@ -112,13 +112,21 @@ static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
 }
 
 static void check_settings(const weft_job_config *c) {
+    const weft_sampling_config *sc = &c->sampling;
+    WEFT_CHECK(sc->temperature == 1 && sc->top_k == 0 && sc->top_p == 1 && sc->min_p == 0,
+               "sampling.temperature=%g top_k=%d top_p=%g min_p=%g: weft rl samples the policy "
+               "itself (temperature 1, no filter), whose log-probs the trainer computes; a "
+               "tempered or filtered rollout would be off-policy without saying so. Leave these "
+               "at their defaults", sc->temperature, sc->top_k, sc->top_p, sc->min_p);
+    if (c->reward.type == WEFT_REWARD_EXACT_MATCH) // the pattern compiles
+        weft_reward_free(weft_reward_create(&c->reward));
     WEFT_CHECK(c->reward.type == WEFT_REWARD_COMMAND || !c->reward.command[0],
                "reward.command is set but reward.type=exact_match ignores it; add "
                "reward.type=command, or drop reward.command");
     int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
     WEFT_CHECK(c->train.global_batch_size % mbs == 0, "rl.ppo_mini_batch_size=%d does not divide "
-               "train.global_batch_size=%d (prompts per step); pick a divisor", mbs,
-               c->train.global_batch_size);
+               "train.global_batch_size=%d (prompts per step); pick a divisor, or 0 for the whole "
+               "step", mbs, c->train.global_batch_size);
     WEFT_CHECK(!(c->sampling.n == 1 && c->rl.adv_estimator == WEFT_ADV_GRPO &&
                  c->rl.norm_adv_by_std),
                "sampling.n=1 with rl.adv_estimator=grpo and rl.norm_adv_by_std=true: a group of "
@@ -135,7 +143,6 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     j->cfg = *cfg;
     j->world = weft_session_world(session);
     j->writer = weft_session_writer(session);
-    check_settings(cfg);
     j->tok = weft_job_tokenizer(cfg);
     j->be = weft_job_backend(cfg, j->world);
     j->m = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok));
@@ -526,8 +533,9 @@ static bool due(int step, int every, int last) { return every > 0 && (step % eve
 
 int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char *stats_path) {
     weft_job_config cfg = *cfg_in;
-    if (!cfg.model.path[0]) sft_start(&cfg, session);
     weft_job_config_validate(&cfg);
+    check_settings(&cfg); // before any work, the SFT job included
+    if (!cfg.model.path[0]) sft_start(&cfg, session);
     rl_job j;
     job_open(&j, &cfg, session);
     weft_train_state state = {.seed = (uint64_t)cfg.train.seed};

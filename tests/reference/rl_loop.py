@@ -120,9 +120,10 @@ def write_prompts(path, lengths, seed, answers=True, drop_answer=()):
 
 
 # Settings every test's run shares unless it overrides them: 2 steps of 4 prompts x 4 samples of
-# at most 8 tokens, no held-out evaluation, a checkpoint only at the end.
-BASE = ["train.steps=2", "train.global_batch_size=4", "sampling.n=4", "sampling.max_tokens=8",
-        "sampling.seed=7", "rl.eval_every=0", "rl.eval_prompts=0", "train.save_every=0"]
+# at most 8 tokens, one update per step, no held-out evaluation, a checkpoint only at the end.
+BASE = ["train.steps=2", "train.global_batch_size=4", "rl.ppo_mini_batch_size=0", "sampling.n=4",
+        "sampling.max_tokens=8", "sampling.seed=7", "rl.eval_every=0", "rl.eval_prompts=0",
+        "train.save_every=0"]
 
 
 def rl_args(mdir, prompts, out, *extra):
