@@ -156,12 +156,12 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
         j->ref_model = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok));
         j->ref = weft_trainer_create(j->ref_model, j->world, cfg, false);
     }
-    j->reward = weft_reward_create(&cfg->reward);
     j->objective = weft_rl_objective_create(&cfg->rl, cfg->sampling.max_tokens, cfg->data.source);
     j->train = weft_rl_prompts_load(cfg, j->tok, false);
     j->eval = weft_rl_prompts_load(cfg, j->tok, true);
     check_prompts(j, j->train);
     check_prompts(j, j->eval);
+    j->reward = weft_reward_create(&cfg->reward); // a reward command starts once all is checked
 }
 
 static void job_close(rl_job *j) {
