@@ -27,8 +27,8 @@ static const char *USAGE =
     "         time the model on these ranks (run it under mpirun) and fit the planner's cost\n"
     "  tokenize [--tokenizer FILE.json] [--decode]\n"
     "         encode stdin to token ids (or decode ids back to text)\n"
-    "  plot   METRICS.jsonl -o FILE.png\n"
-    "         draw the loss and accuracy curves of a run\n";
+    "  plot   METRICS.jsonl -o FILE.png|FILE.svg [--log]\n"
+    "         draw a run's curves (loss and accuracy; an RL run's reward, length, entropy, phases)\n";
 
 typedef int (*job_verb)(int argc, char **argv, weft_session *session);
 

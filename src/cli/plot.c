@@ -1,6 +1,7 @@
-// `weft plot METRICS.jsonl -o FILE.png`: the run's curves through gnuplot.
+// `weft plot METRICS.jsonl -o FILE.png|FILE.svg [--log]`: the run's curves through gnuplot.
 #include <errno.h>
 #include <jansson.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -10,6 +11,8 @@
 
 #include "cli/cli.h"
 #include "core/core.h"
+
+static const char USAGE[] = "usage: weft plot METRICS.jsonl -o FILE.png|FILE.svg [--log]";
 
 static double field(json_t *r, const char *key) {
     json_t *v = json_object_get(r, key);
@@ -23,67 +26,74 @@ static const char *const RL_COLUMNS[] = {"reward_mean", "accuracy", "eval_accura
                                          "response_length_mean", "entropy", "rollout_seconds",
                                          "old_logprob_seconds", "update_seconds", NULL};
 
-// Writes the rows for gnuplot; returns the number of rows. *rl: the metrics are an RL run's.
-static int write_table(const char *metrics, FILE *out, bool *rl) {
+typedef struct table_info {
+    int rows;
+    bool rl;                    // the metrics are an RL run's
+    double loss_min, loss_max;  // over the rows, for the loss axis' scale
+} table_info;
+
+// Writes the rows for gnuplot.
+static table_info write_table(const char *metrics, FILE *out) {
     FILE *f = fopen(metrics, "r");
     WEFT_CHECK(f, "%s: cannot open (%s)", metrics, strerror(errno));
+    table_info info = {.loss_min = INFINITY, .loss_max = -INFINITY};
     char *line = NULL;
     size_t cap = 0;
-    int rows = 0;
-    long lineno = 0;
-    while (getline(&line, &cap, f) != -1) {
-        lineno++;
+    for (long lineno = 1; getline(&line, &cap, f) != -1; lineno++) {
         json_error_t err;
         json_t *r = json_loads(line, 0, &err);
         WEFT_CHECK(r && json_is_integer(json_object_get(r, "step")) &&
                        json_is_number(json_object_get(r, "loss")),
                    "%s:%ld: not a metrics record (%s); give the metrics.jsonl of a weft run",
                    metrics, lineno, r ? "no step/loss" : err.text);
-        if (rows == 0) *rl = json_object_get(r, "reward_mean") != NULL;
+        if (info.rows == 0) info.rl = json_object_get(r, "reward_mean") != NULL;
+        double loss = field(r, "loss");
+        info.loss_min = fmin(info.loss_min, loss), info.loss_max = fmax(info.loss_max, loss);
         fprintf(out, "%lld", (long long)json_integer_value(json_object_get(r, "step")));
-        for (const char *const *c = *rl ? RL_COLUMNS : SFT_COLUMNS; *c; c++)
+        for (const char *const *c = info.rl ? RL_COLUMNS : SFT_COLUMNS; *c; c++)
             fprintf(out, " %.9g", field(r, *c));
         fprintf(out, "\n");
         json_decref(r);
-        rows++;
+        info.rows++;
     }
     free(line);
     fclose(f);
-    WEFT_CHECK(rows > 0, "%s: no metrics records to plot", metrics);
-    return rows;
+    WEFT_CHECK(info.rows > 0, "%s: no metrics records to plot", metrics);
+    return info;
 }
 
-static void plot_sft(FILE *gp, const char *png, const char *metrics, const char *table) {
+// The loss (log scale when asked, or when it spans more than two decades) over accuracy and
+// learning rate; fixed margins keep the two panels' step axes aligned, legends sit below.
+static void plot_sft(FILE *gp, const char *title, const char *table, bool log_scale) {
     fprintf(gp,
-            "set terminal pngcairo size 1000,640 font 'sans,11'\n"
-            "set output '%s'\n"
             "set multiplot layout 2,1 title '%s'\n"
+            "set lmargin at screen 0.09\n"
+            "set rmargin at screen 0.88\n"
             "set grid\n"
+            "set key below\n"
             "set ylabel 'loss (token mean)'\n"
-            "set key top right\n"
+            "%s"
             "plot '%s' using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'loss'\n"
+            "unset logscale y\n"
             "set xlabel 'step'\n"
             "set ylabel 'top-1 accuracy'\n"
             "set y2label 'learning rate'\n"
             "set ytics nomirror\n"
             "set y2tics\n"
-            "set key bottom right\n"
             "plot '%s' using 1:3 with lines lw 2 lc rgb '#2ca02c' title 'accuracy', "
             "'' using 1:4 axes x1y2 with lines dt 2 lc rgb '#888888' title 'lr'\n"
             "unset multiplot\n",
-            png, metrics, table, table);
+            title, log_scale ? "set logscale y\n" : "", table, table);
 }
 
 // Reward and accuracy (held-out points too), response length, entropy, and each phase's seconds.
-static void plot_rl(FILE *gp, const char *png, const char *metrics, const char *table) {
+static void plot_rl(FILE *gp, const char *title, const char *table) {
     fprintf(gp,
-            "set terminal pngcairo size 1200,800 font 'sans,11'\n"
-            "set output '%s'\n"
             "set datafile missing NaN\n"
             "set multiplot layout 2,2 title '%s'\n"
             "set grid\n"
             "set xlabel 'step'\n"
-            "set key bottom right\n"
+            "set key below\n"
             "set ylabel 'reward / accuracy'\n"
             "plot '%s' using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'reward (mean)', "
             "'' using 1:3 with lines lc rgb '#2ca02c' title 'accuracy (samples)', "
@@ -93,45 +103,85 @@ static void plot_rl(FILE *gp, const char *png, const char *metrics, const char *
             "set ylabel 'nats'\n"
             "plot '%s' using 1:6 with lines lw 2 lc rgb '#8c564b' title 'entropy'\n"
             "set ylabel 'seconds'\n"
-            "set key top right\n"
             "plot '%s' using 1:7 with lines lw 2 title 'rollout', '' using 1:8 with lines lw 2 "
             "title 'old log-probs', '' using 1:9 with lines lw 2 title 'policy updates'\n"
             "unset multiplot\n",
-            png, metrics, table, table, table, table);
+            title, table, table, table, table);
+}
+
+// The gnuplot terminal of the output's extension, after checking that the file can be written
+// there: a bad -o is one error before gnuplot runs.
+static const char *terminal_for(const char *out) {
+    const char *dot = strrchr(out, '.');
+    const char *term = dot && !strcmp(dot, ".png") ? "pngcairo" : dot && !strcmp(dot, ".svg") ? "svg" : NULL;
+    WEFT_CHECK(term, "-o %s: give a file ending in .png or .svg", out);
+    WEFT_CHECK(!strchr(out, '\'') && !strchr(out, '\n'), "-o %s: the name may not hold a quote "
+               "or a newline", out);
+    char *copy = weft_strdup(out), *dir = dirname(copy);
+    bool ok = access(dir, W_OK) == 0;
+    WEFT_CHECK(ok, "-o %s: cannot write in %s (%s); give a path in an existing, writable "
+               "directory", out, dir, strerror(errno));
+    weft_free(copy);
+    return term;
+}
+
+// gnuplot's own words when it fails: the last lines it wrote.
+noreturn static void gnuplot_failed(const char *log, int status, const char *out) {
+    size_t n = 0;
+    char *text = weft_read_file(log, &n);
+    const char *tail = text ? text + (n > 600 ? n - 600 : 0) : "";
+    unlink(log);
+    weft_fatal("gnuplot failed (status %d) drawing %s: %s", status, out, tail);
+}
+
+static void make_temp(char *name, const char *what) {
+    int fd = mkstemp(name);
+    WEFT_CHECK(fd >= 0, "cannot create a temporary file for the plot's %s", what);
+    close(fd);
 }
 
 int weft_cmd_plot(int argc, char **argv) {
     const char *metrics = NULL, *out = NULL;
+    bool log_scale = false;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--log")) log_scale = true;
         else if (argv[i][0] != '-' && !metrics) metrics = argv[i];
-        else weft_fatal("plot: unexpected argument \"%s\"; usage: weft plot METRICS.jsonl -o FILE.png", argv[i]);
+        else weft_fatal("plot: unexpected argument \"%s\"; %s", argv[i], USAGE);
     }
-    WEFT_CHECK(metrics && out, "usage: weft plot METRICS.jsonl -o FILE.png");
-    char table[] = "/tmp/weft-plot-XXXXXX";
-    int fd = mkstemp(table);
-    WEFT_CHECK(fd >= 0, "cannot create a temporary file for the plot data");
-    FILE *t = fdopen(fd, "w");
-    bool rl = false;
-    write_table(metrics, t, &rl);
+    WEFT_CHECK(metrics && out, "%s", USAGE);
+    WEFT_CHECK(!strchr(metrics, '\''), "%s: the name may not hold a quote", metrics);
+    const char *term = terminal_for(out);
+    char table[] = "/tmp/weft-plot-XXXXXX", log[] = "/tmp/weft-plot-log-XXXXXX";
+    make_temp(table, "data");
+    FILE *t = fopen(table, "w");
+    WEFT_CHECK(t, "cannot write the plot's data to %s", table);
+    table_info info = write_table(metrics, t);
     fclose(t);
+    log_scale = log_scale || (info.loss_min > 0 && info.loss_max > 100 * info.loss_min);
 
-    // Render to a temporary name first: a failed plot never leaves a half-written PNG behind.
+    // Render to a temporary name first: a failed plot never leaves a half-written file behind;
+    // gnuplot's output goes to a log, never to the terminal.
     size_t n = strlen(out) + 16;
-    char *tmp_png = weft_alloc(n);
-    snprintf(tmp_png, n, "%s.tmp.png", out);
-    FILE *gp = popen("gnuplot 2>&1", "w");
+    char *tmp_out = weft_alloc(n), command[64];
+    snprintf(tmp_out, n, "%s.tmp%s", out, strrchr(out, '.'));
+    make_temp(log, "log");
+    snprintf(command, sizeof command, "gnuplot > %s 2>&1", log);
+    FILE *gp = popen(command, "w");
     WEFT_CHECK(gp, "cannot run gnuplot; install Debian's gnuplot-nox");
-    if (rl) plot_rl(gp, tmp_png, metrics, table);
-    else plot_sft(gp, tmp_png, metrics, table);
+    fprintf(gp, "set terminal %s size %d,%d font 'sans,11'\nset termoption noenhanced\n"
+            "set output '%s'\n", term, info.rl ? 1200 : 1000, info.rl ? 800 : 640, tmp_out);
+    if (info.rl) plot_rl(gp, metrics, table);
+    else plot_sft(gp, metrics, table, log_scale);
     int status = pclose(gp);
     unlink(table);
     if (status != 0) {
-        unlink(tmp_png);
-        weft_fatal("gnuplot failed (status %d) drawing %s", status, out);
+        unlink(tmp_out);
+        gnuplot_failed(log, status, out);
     }
-    WEFT_CHECK(rename(tmp_png, out) == 0, "%s: cannot write (%s)", out, strerror(errno));
-    weft_free(tmp_png);
+    unlink(log);
+    WEFT_CHECK(rename(tmp_out, out) == 0, "%s: cannot write (%s)", out, strerror(errno));
+    weft_free(tmp_out);
     printf("wrote %s\n", out);
     return 0;
 }

@@ -1,0 +1,84 @@
+"""`weft plot` checks where it writes before drawing, writes PNG or SVG by the file's extension,
+keeps underscores in titles literal, draws the loss on a log scale when asked (--log) or when it
+spans more than two decades, and never dumps gnuplot's output or image bytes to the terminal.
+
+Checked on hand-written metrics in a directory named with underscores: a missing directory and an
+unknown extension are each one clear error with nothing written and nothing on stdout; an SVG is
+an SVG whose title holds the path literally (gnuplot's enhanced text would turn "_r" into a
+subscript); loss from 5.5 down to 0.004 gets log-scale ticks (0.01, 0.1) and loss from 5 to 0.1
+linear ones, unless --log (then 0.1 and 10).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+from reference.runner import weft_path
+
+
+def write_metrics(path, losses):
+    with open(path, "w") as f:
+        for i, loss in enumerate(losses):
+            f.write(json.dumps({"step": i + 1, "loss": loss, "accuracy": 0.5, "lr": 1e-3}) + "\n")
+
+
+def plot(weft, *args):
+    return subprocess.run([weft, "plot", *args], capture_output=True, text=True, timeout=60)
+
+
+def main():
+    weft = weft_path()
+    failures = []
+    with tempfile.TemporaryDirectory(prefix="weft_test_plot_") as tmp:
+        run = os.path.join(tmp, "my_run")
+        os.makedirs(run)
+        wide, narrow = os.path.join(run, "metrics.jsonl"), os.path.join(run, "narrow.jsonl")
+        write_metrics(wide, [5.5 * 0.9 ** k for k in range(70)])  # 5.5 -> 0.004
+        write_metrics(narrow, [5.0 * 0.02 ** (k / 69) for k in range(70)])  # 5 -> 0.1
+
+        for out, what in [(os.path.join(tmp, "missing", "x.png"), "cannot write in"),
+                          (os.path.join(tmp, "x.jpg"), "ending in .png or .svg")]:
+            r = plot(weft, wide, "-o", out)
+            errors = [l for l in r.stderr.splitlines() if l.startswith("weft: error:")]
+            if r.returncode == 0 or len(errors) != 1 or what not in errors[0] or r.stdout:
+                failures.append(f"-o {out}: exit {r.returncode}, stdout {len(r.stdout)} bytes, "
+                                f"stderr {r.stderr!r}")
+            if os.path.exists(out) or any(".tmp" in f for f in os.listdir(tmp)):
+                failures.append(f"-o {out}: something was written")
+
+        def svg(metrics, name, *extra):
+            out = os.path.join(tmp, name)
+            r = plot(weft, metrics, "-o", out, *extra)
+            if r.returncode != 0 or not os.path.exists(out):
+                failures.append(f"{name}: exit {r.returncode}: {r.stderr}")
+                return ""
+            with open(out) as f:
+                return f.read()
+
+        text = svg(wide, "wide.svg")
+        if not text.startswith("<?xml") or "<svg" not in text[:500]:
+            failures.append("wide.svg is not an SVG")
+        if "my_run/metrics.jsonl" not in text:
+            failures.append("the title lost its underscore (enhanced text)")
+        def log_ticks(t, ticks=("0.01", "0.1")):  # a log axis' labels: <text> 0.01</text>, ...
+            return all(re.search(r">\s*%s</" % re.escape(v), t) for v in ticks)
+        if not log_ticks(text):
+            failures.append("a loss spanning three decades was not drawn on a log scale")
+        if log_ticks(svg(narrow, "narrow.svg"), ("0.1", "10")):
+            failures.append("a loss from 5 to 0.1 was drawn on a log scale unasked")
+        if not log_ticks(svg(narrow, "narrow_log.svg", "--log"), ("0.1", "10")):
+            failures.append("--log did not draw the loss on a log scale")
+        r = plot(weft, wide, "-o", os.path.join(tmp, "wide.png"))
+        with open(os.path.join(tmp, "wide.png"), "rb") as f:
+            if r.returncode != 0 or f.read(8) != b"\x89PNG\r\n\x1a\n":
+                failures.append(f"wide.png is not a PNG: {r.stderr}")
+    for f in failures:
+        print("FAIL:", f)
+    print(json.dumps({"failures": len(failures)}))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
