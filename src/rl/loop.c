@@ -159,6 +159,9 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     j->objective = weft_rl_objective_create(&cfg->rl, cfg->sampling.max_tokens, cfg->data.source);
     j->train = weft_rl_prompts_load(cfg, j->tok, false);
     j->eval = weft_rl_prompts_load(cfg, j->tok, true);
+    WEFT_CHECK(cfg->train.global_batch_size <= j->train->n, "train.global_batch_size=%d prompts "
+               "per step is more than the %d training prompts of data.source=%s; lower it or give "
+               "more prompts", cfg->train.global_batch_size, j->train->n, cfg->data.source);
     check_prompts(j, j->train);
     check_prompts(j, j->eval);
     j->reward = weft_reward_create(&cfg->reward); // a reward command starts once all is checked
@@ -375,7 +378,10 @@ static void generate_round(rl_job *j, weft_data_order *order, step_batch *b, ste
     int P = c->train.global_batch_size, n = c->sampling.n;
     long stream = (long)order->epoch * order->n + order->cursor; // the prompts drawn so far
     const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * P);
-    for (int k = 0; k < P; k++) prompts[k] = &j->train->p[weft_data_order_take(order)];
+    int *index = weft_alloc(sizeof(int) * P);
+    weft_data_order_take(order, P, index);
+    for (int k = 0; k < P; k++) prompts[k] = &j->train->p[index[k]];
+    weft_free(index);
     weft_rl_sample *s = weft_alloc(sizeof *s * P * n);
     weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P, stream};
     weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);

@@ -43,18 +43,23 @@ void weft_data_order_start(weft_data_order *o, int n, uint64_t seed, int epoch, 
     shuffle_epoch(o);
 }
 
-int weft_data_order_take(weft_data_order *o) {
-    if (o->cursor >= o->n) {
+void weft_data_order_take(weft_data_order *o, int batch_size, int *out) {
+    WEFT_CHECK(batch_size <= o->n, "a batch of %d is more than the %d items of the data; lower "
+               "the batch size (train.global_batch_size) or give more data", batch_size, o->n);
+    if (o->cursor + batch_size > o->n) { // the epoch's last, partial batch is left out
         o->epoch++;
         o->cursor = 0;
         shuffle_epoch(o);
     }
-    return o->perm[o->cursor++];
+    for (int k = 0; k < batch_size; k++) out[k] = o->perm[o->cursor++];
 }
 
 void weft_data_order_next(weft_data_order *o, const weft_document_set *set, weft_document *out,
                           int batch_size) {
-    for (int k = 0; k < batch_size; k++) out[k] = set->docs[weft_data_order_take(o)];
+    int *index = weft_alloc(sizeof(int) * (batch_size > 0 ? batch_size : 1));
+    weft_data_order_take(o, batch_size, index);
+    for (int k = 0; k < batch_size; k++) out[k] = set->docs[index[k]];
+    weft_free(index);
 }
 
 void weft_data_order_free(weft_data_order *o) {

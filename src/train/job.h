@@ -24,9 +24,11 @@ typedef struct weft_data_order {
     long cursor;   // next document of the epoch's permutation
 } weft_data_order;
 void weft_data_order_start(weft_data_order *o, int n, uint64_t seed, int epoch, long cursor);
-// The next item's index, continuing into the next epoch when one ends.
-int weft_data_order_take(weft_data_order *o);
-// The next global batch: batch_size documents, continuing into the next epoch when one ends.
+// The next batch's item indices (out: batch_size of them), all from one epoch's permutation, so a
+// batch never holds an item twice: an epoch's last batch_size-1 items at most are left out (the
+// next epoch's shuffle gives them their turn). A batch larger than the data is an error.
+void weft_data_order_take(weft_data_order *o, int batch_size, int *out);
+// The next global batch: batch_size documents, as weft_data_order_take orders them.
 void weft_data_order_next(weft_data_order *o, const weft_document_set *set, weft_document *out,
                           int batch_size);
 void weft_data_order_free(weft_data_order *o);

@@ -150,6 +150,9 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
     weft_document_set *data = weft_job_load_data(cfg, weft_comm_size(world), &tok);
     weft_backend *be = weft_job_backend(cfg, world);
     weft_model *m = weft_job_build_model(be, world, cfg, weft_tokenizer_vocab_size(tok));
+    WEFT_CHECK(cfg->train.global_batch_size <= data->n, "train.global_batch_size=%d is more than "
+               "the %d documents of data.source=%s: a batch would hold documents twice; lower it "
+               "or give more documents", cfg->train.global_batch_size, data->n, cfg->data.source);
     weft_trainer *t = weft_trainer_create(m, world, cfg, true);
     // Created only once every input has been read and checked: a bad one leaves nothing behind.
     WEFT_CHECK(weft_mkdirs(run_dir) && access(run_dir, W_OK) == 0,
@@ -171,10 +174,12 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
     if (writer)
         printf("weft train: %d documents (%ld tokens), model %zu parameters (%d layers, hidden %d, "
                "vocab %d), %d steps of %d documents, %d data-parallel x %d context-parallel "
-               "ranks x %d threads\n",
+               "ranks x %d threads; an epoch is %d batches (%d documents wait for the next "
+               "epoch's shuffle)\n",
                data->n, total_tokens, m->n_elements, m->cfg.num_layers, m->cfg.hidden_size,
                m->cfg.vocab_size, cfg->train.steps, cfg->train.global_batch_size,
-               weft_cp_dp_size(t->cp), weft_cp_size(t->cp), weft_num_threads());
+               weft_cp_dp_size(t->cp), weft_cp_size(t->cp), weft_num_threads(),
+               data->n / cfg->train.global_batch_size, data->n % cfg->train.global_batch_size);
     train_steps(cfg, t, data, &state, ckpt, stats_path);
     weft_free(ckpt);
 

@@ -46,7 +46,10 @@ def bad_settings(tmp, run):
                            ("model.num_layers=1000000000", ["2^40 parameters"]),
                            ("train.global_batch_size=0", ["train.global_batch_size"]),
                            ("train.steps=-1", ["train.steps=-1"]),
-                           ("optim.lr=nan", ["optim.lr=nan"])]:
+                           ("optim.lr=nan", ["optim.lr=nan"]),
+                           # more documents than the data holds: a batch repeated documents
+                           ("train.global_batch_size=100000",
+                            ["train.global_batch_size=100000", "documents of data.source"])]:
         fresh = os.path.join(tmp, "fresh_run")
         expect_error(setting, ["train", *TINY, setting, f"train.output_dir={fresh}"], words, tmp)
         if os.path.exists(fresh):
