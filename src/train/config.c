@@ -232,12 +232,41 @@ static int edit_distance(const char *a, const char *b) {
     return d;
 }
 
+// Names other frameworks use for a key's last component (Hugging Face, PyTorch, verl).
+static const char *const SYNONYMS[][2] = {
+    {"learning_rate", "lr"}, {"min_learning_rate", "min_lr"}, {"lr_min", "min_lr"},
+    {"max_grad_norm", "clip_grad"}, {"grad_clip", "clip_grad"}, {"gradient_clipping", "clip_grad"},
+    {"warmup", "warmup_steps"}, {"num_warmup_steps", "warmup_steps"}, {"max_steps", "steps"},
+    {"num_steps", "steps"}, {"train_steps", "steps"}, {"batch_size", "global_batch_size"},
+    {"train_batch_size", "global_batch_size"}, {"num_hidden_layers", "num_layers"},
+    {"num_attention_heads", "num_heads"}, {"num_key_value_heads", "num_kv_heads"},
+    {"num_nextn_predict_layers", "mtp_layers"}, {"output_path", "output_dir"},
+};
+
+static const char *last_component(const char *key) {
+    const char *dot = strrchr(key, '.');
+    return dot ? dot + 1 : key;
+}
+
+// How far `key` is from a known key: the last components first (after synonyms: learning_rate is
+// lr), then the section, then the whole key, so optim.learning_rate finds optim.lr.
+static int key_distance(const char *known, const char *key) {
+    const char *last = last_component(key);
+    for (size_t i = 0; i < sizeof SYNONYMS / sizeof SYNONYMS[0]; i++)
+        if (strcmp(last, SYNONYMS[i][0]) == 0) last = SYNONYMS[i][1];
+    size_t section = (size_t)(last_component(key) - key), known_section =
+        (size_t)(last_component(known) - known);
+    bool same_section = section == known_section && strncmp(key, known, section) == 0;
+    return 1000 * edit_distance(last_component(known), last) + 100 * !same_section +
+           edit_distance(known, key);
+}
+
 static const key_def *find_key(const char *key, const char *source) {
     const key_def *best = NULL;
     int best_d = 1 << 30;
     for (int i = 0; i < N_KEYS; i++) {
         if (strcmp(KEYS[i].key, key) == 0) return &KEYS[i];
-        int d = edit_distance(KEYS[i].key, key);
+        int d = key_distance(KEYS[i].key, key);
         if (d < best_d) best_d = d, best = &KEYS[i];
     }
     weft_fatal("%s: unknown config key \"%s\"; did you mean \"%s\" (%s)?", source, key, best->key,

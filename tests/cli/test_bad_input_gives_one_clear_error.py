@@ -164,6 +164,14 @@ def main():
 
         expect_error("unknown config key", ["train", "train.stpes=3", f"train.output_dir={run}"],
                      ['"train.stpes"', '"train.steps"'], tmp)
+        # Suggestions by the last component and other frameworks' names (learning_rate used to
+        # suggest optim.min_lr).
+        for key, known in [("optim.learning_rate", "optim.lr"), ("train.max_steps", "train.steps"),
+                           ("optim.max_grad_norm", "optim.clip_grad"),
+                           ("model.num_hidden_layers", "model.num_layers")]:
+            expect_error(f"unknown config key {key}", ["train", f"{key}=1",
+                                                       f"train.output_dir={run}"],
+                         [f'"{key}"', f'did you mean "{known}"'], tmp)
 
         long_jsonl = os.path.join(tmp, "long.jsonl")
         with open(long_jsonl, "w") as f:
