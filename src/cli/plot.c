@@ -34,8 +34,7 @@ typedef struct table_info {
 
 // Writes the rows for gnuplot.
 static table_info write_table(const char *metrics, FILE *out) {
-    FILE *f = fopen(metrics, "r");
-    WEFT_CHECK(f, "%s: cannot open (%s)", metrics, strerror(errno));
+    FILE *f = weft_open_input(metrics, "the metrics");
     table_info info = {.loss_min = INFINITY, .loss_max = -INFINITY};
     char *line = NULL;
     size_t cap = 0;

@@ -46,6 +46,9 @@ static bool launched_by_mpi(void) {
            getenv("SLURM_STEP_NUM_TASKS");
 }
 
+// weft_fatal's end under MPI: every rank stops now, not when mpirun notices one exit.
+static void end_mpi_job(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
+
 weft_comm *weft_comm_init(int *argc, char ***argv) {
     weft_comm *c = weft_alloc(sizeof *c);
     snprintf(c->name, sizeof c->name, "world");
@@ -64,6 +67,7 @@ weft_comm *weft_comm_init(int *argc, char ***argv) {
         MPI_Comm_split_type(c->handle, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
         MPI_Comm_rank(node, &c->local_rank);
         MPI_Comm_free(&node);
+        weft_set_error_rank(c->rank, end_mpi_job);
     }
     c->world_rank = c->rank;
     c->is_world = true;

@@ -18,7 +18,12 @@ static void (*fatal_hook)(void);
 
 void weft_set_fatal_hook(void (*hook)(void)) { fatal_hook = hook; }
 
+static int error_rank;
+static void (*end_job)(void);
+void weft_set_error_rank(int rank, void (*end)(void)) { error_rank = rank, end_job = end; }
+
 noreturn void weft_fatal(const char *fmt, ...) {
+    if (error_rank > 0) sleep(1);
     va_list ap;
     va_start(ap, fmt);
     fputs("weft: error: ", stderr);
@@ -27,6 +32,7 @@ noreturn void weft_fatal(const char *fmt, ...) {
     va_end(ap);
     fflush(stderr);
     if (fatal_hook) fatal_hook();
+    if (end_job) end_job();
     exit(1);
 }
 
@@ -70,6 +76,12 @@ char *weft_strdup(const char *s) {
 char *weft_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || S_ISDIR(st.st_mode)) { // a directory "opens" on Linux
+        fclose(f);
+        errno = EISDIR;
+        return NULL;
+    }
     if (fseek(f, 0, SEEK_END) != 0) goto fail;
     long size = ftell(f);
     if (size < 0 || fseek(f, 0, SEEK_SET) != 0) goto fail;
@@ -85,6 +97,15 @@ char *weft_read_file(const char *path, size_t *len) {
 fail:
     fclose(f);
     return NULL;
+}
+
+FILE *weft_open_input(const char *path, const char *what) {
+    struct stat st;
+    bool dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    FILE *f = dir ? NULL : fopen(path, "r");
+    WEFT_CHECK(f, "%s: cannot open %s (%s); check the path", path, what,
+               dir ? "a directory, not a file" : strerror(errno));
+    return f;
 }
 
 bool weft_mkdirs(const char *path) {

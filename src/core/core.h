@@ -1,6 +1,7 @@
 // core: errors, logging, allocation, RNG, timers. Every other layer includes this header.
 #pragma once
 #include <stdbool.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdnoreturn.h>
@@ -13,6 +14,11 @@ void weft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // harnesses (tests/fuzz), which longjmp out of it so that a clean error is not counted as a crash
 // and the next input runs in the same process. Must not return into weft_fatal's caller.
 void weft_set_fatal_hook(void (*hook)(void));
+// In an MPI job (comm sets it): this process's rank and how to end the whole job. weft_fatal then
+// ends the job after its message, and on a rank other than 0 waits a second before printing: an
+// error every rank hits (a bad file, a bad setting) is printed once, by rank 0, whose end of the
+// job comes first; an error of one rank alone still prints.
+void weft_set_error_rank(int rank, void (*end_job)(void));
 
 #define WEFT_CHECK(cond, ...)                                                                      \
     do {                                                                                           \
@@ -28,8 +34,12 @@ char *weft_strdup(const char *s);
 // Returns the array (new when grown, the old one freed).
 void *weft_grow(void *array, int n, int *cap, size_t size, int first_cap);
 
-// Reads a whole file into a NUL-terminated buffer; NULL with errno set on failure.
+// Reads a whole file into a NUL-terminated buffer; NULL with errno set on failure (EISDIR for a
+// directory).
 char *weft_read_file(const char *path, size_t *len);
+// Opens a file to read, or fails the weft way naming it and `what` it should hold ("the prompts"):
+// a directory is refused too (fopen takes one on Linux, and reading it fails later, obscurely).
+FILE *weft_open_input(const char *path, const char *what);
 // Creates a directory and its missing parents; false (errno set) if it cannot.
 bool weft_mkdirs(const char *path);
 // Removes a file or a directory tree; true if nothing is left at path.

@@ -214,8 +214,7 @@ static ssize_t read_line(FILE *f, char **buf, size_t *cap, source_line at) {
 
 static weft_document_set *read_jsonl(const char *path, int vocab_size, const weft_tokenizer *tok) {
     WEFT_CHECK(vocab_size > 0, "%s: vocab_size must be positive, got %d", path, vocab_size);
-    FILE *f = fopen(path, "r");
-    if (!f) weft_fatal("%s: cannot open (%s); check the path", path, strerror(errno));
+    FILE *f = weft_open_input(path, "the JSONL documents");
 
     weft_document_set *set = weft_alloc(sizeof *set);
     int cap = 0;

@@ -7,8 +7,7 @@
 #include <string.h>
 
 int *weft_read_length_trace(const char *path, int *n) {
-    FILE *f = fopen(path, "r");
-    WEFT_CHECK(f, "%s: cannot open the length trace (%s)", path, strerror(errno));
+    FILE *f = weft_open_input(path, "the length trace");
     int cap = 1024, *v = weft_alloc(sizeof(int) * cap);
     char *line = NULL;
     size_t line_cap = 0;

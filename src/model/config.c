@@ -32,8 +32,8 @@ static bool get_bool(json_t *root, const char *path, const char *key, bool fallb
 void weft_model_config_load(const char *path, weft_model_config *cfg) {
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
-    WEFT_CHECK(root, "%s:%d: %s; the model directory needs a valid Hugging Face config.json", path,
-               err.line, err.text);
+    WEFT_CHECK(root, "%s%s%.0d: %s; the model directory needs a valid Hugging Face config.json",
+               path, err.line > 0 ? ":" : "", err.line > 0 ? err.line : 0, err.text);
     WEFT_CHECK(json_is_object(root), "%s: expected a JSON object", path);
     *cfg = (weft_model_config){
         .vocab_size = get_int(root, path, "vocab_size", true, 0),

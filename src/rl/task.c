@@ -52,8 +52,7 @@ static char *answer_of(json_t *row, const char *where) {
 
 static weft_rl_prompts *file_prompts(const weft_job_config *cfg, const weft_tokenizer *tok) {
     const char *path = cfg->data.source;
-    FILE *f = fopen(path, "r");
-    WEFT_CHECK(f, "data.source=%s: cannot open the prompts (%s)", path, strerror(errno));
+    FILE *f = weft_open_input(path, "the prompts (data.source)");
     weft_rl_prompts *set = weft_alloc(sizeof *set);
     int cap = 0;
     char *line = NULL, where[WEFT_PATH_MAX + 32];

@@ -51,8 +51,7 @@ static int32_t *prompt_tokens(json_t *row, const char *where, const weft_tokeniz
 }
 
 static prompt_set read_prompts(const char *path, const weft_tokenizer *tok, int vocab) {
-    FILE *f = fopen(path, "r");
-    WEFT_CHECK(f, "%s: cannot open the prompts (%s)", path, strerror(errno));
+    FILE *f = weft_open_input(path, "the prompts");
     prompt_set p = {0};
     int cap = 0;
     char *line = NULL;
