@@ -133,7 +133,40 @@ def config_round_trip(tmp):
         print("config.yaml round trip of a path with a quote and a backslash: ok")
 
 
+def directories_for_files(tmp, run):
+    """A directory where a file is expected is refused by name (a tokenizer read as "out of host
+    memory allocating 9223372036854775808 bytes", --config as "malformed YAML: input error"), and
+    no error prints a ":-1:" line number."""
+    folder = os.path.join(tmp, "a_folder")
+    os.makedirs(folder, exist_ok=True)
+    for name, args in [("tokenizer", [f"data.tokenizer={folder}"]),
+                       ("config", ["--config", folder]),
+                       ("data", [f"data.source={folder}"])]:
+        expect_error(f"a directory as the {name} file", ["train", *TINY, *args,
+                                                         f"train.output_dir={run}"],
+                     [folder, "directory"], tmp)
+    expect_error("a model directory without config.json", ["grad", "--model", folder, "--batch",
+                                                            folder, "--out", f"{tmp}/g.st"],
+                 ["config.json", "No such file"], tmp)
+    r = subprocess.run([WEFT, "grad", "--model", folder, "--batch", folder, "--out",
+                        f"{tmp}/g.st"], capture_output=True, text=True, timeout=60)
+    if ":-1:" in r.stderr:
+        failures.append(f"an error printed a line number of -1: {r.stderr!r}")
+
+
+def progress_without_a_terminal(tmp):
+    """Output that is not a terminal (mpirun logs, pipes) gets plain lines: no carriage returns
+    or escape sequences from the progress bar."""
+    r = subprocess.run([WEFT, "train", *TINY, "train.steps=12", "train.log_every=4",
+                        f"train.output_dir={tmp}/plain"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0 or "\r" in r.stdout or "\033" in r.stdout:
+        failures.append(f"progress written to a pipe holds control characters: {r.stdout!r}")
+
+
 def hardened_inputs(tmp, run, model):
+    directories_for_files(tmp, run)
+    progress_without_a_terminal(tmp)
     bad_settings(tmp, run)
     bad_yaml(tmp, run)
     bad_config_json(tmp, run)
