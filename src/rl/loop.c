@@ -60,7 +60,6 @@ typedef struct step_metrics {
     weft_rl_metrics loss;                      // averaged over the step's updates
     double grad_norm, lr;
     double mismatch_max, mismatch_mean, mismatch_k3; // rollout vs trainer log-probs
-    double kv_bytes_freed;
     double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
     double eval_accuracy; // < 0: not evaluated this step
     weft_rl_rollout_stats rollout; // the last generation round's
@@ -111,6 +110,11 @@ static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
     }
 }
 
+// Prompts per policy update: rl.ppo_mini_batch_size, 0 meaning the whole step's.
+static int mini_batch_prompts(const weft_job_config *c) {
+    return c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
+}
+
 static void check_settings(const weft_job_config *c) {
     const weft_sampling_config *sc = &c->sampling;
     WEFT_CHECK(sc->temperature == 1 && sc->top_k == 0 && sc->top_p == 1 && sc->min_p == 0,
@@ -123,7 +127,7 @@ static void check_settings(const weft_job_config *c) {
     WEFT_CHECK(c->reward.type == WEFT_REWARD_COMMAND || !c->reward.command[0],
                "reward.command is set but reward.type=exact_match ignores it; add "
                "reward.type=command, or drop reward.command");
-    int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
+    int mbs = mini_batch_prompts(c);
     WEFT_CHECK(c->train.global_batch_size % mbs == 0, "rl.ppo_mini_batch_size=%d does not divide "
                "train.global_batch_size=%d (prompts per step); pick a divisor, or 0 for the whole "
                "step", mbs, c->train.global_batch_size);
@@ -149,7 +153,7 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     weft_rollout_config_validate(&cfg->rollout, j->m->cfg.num_mtp, cfg->model.path);
     // The optimizer's schedule spans every update: steps x epochs x mini-batches.
     weft_job_config tc = *cfg;
-    int mbs = cfg->rl.ppo_mini_batch_size ? cfg->rl.ppo_mini_batch_size : cfg->train.global_batch_size;
+    int mbs = mini_batch_prompts(cfg);
     tc.train.steps = cfg->train.steps * cfg->rl.ppo_epochs * (cfg->train.global_batch_size / mbs);
     j->t = weft_trainer_create(j->m, j->world, &tc, true);
     if (cfg->rl.kl_loss_coef != 0) {
@@ -222,16 +226,22 @@ static void sample_statistics(const weft_rl_sample *s, const double *rewards, in
     sm->length_mean = len / N, sm->length_max = most, sm->clip_frac = clipped / N;
 }
 
+// The log-probs trainer t computes for the documents in its layout: document-major, document i's
+// token t at the sum of the earlier lengths + t (weft_alloc'd).
+static float *scored_logprobs(weft_trainer *t, const weft_document *docs, int N) {
+    long T = 0;
+    for (int i = 0; i < N; i++) T += docs[i].len;
+    float *lp = weft_alloc(sizeof(float) * (T > 0 ? T : 1));
+    weft_trainer_score(t, docs, N, &(weft_trainer_outputs){.logprobs = lp});
+    return lp;
+}
+
 // The old log-probs, recomputed by the trainer in its own layout, into the documents; and how far
 // the rollout's were from them (0 on the CPU: the same ops in the same order).
 static void old_logprobs(rl_job *j, weft_document *docs, int N, const weft_rl_sample *samples,
                          const weft_rl_prompt *const *prompts, int n, step_metrics *sm) {
     double t0 = weft_now_seconds();
-    long T = 0;
-    for (int i = 0; i < N; i++) T += docs[i].len;
-    float *lp = weft_alloc(sizeof(float) * T);
-    weft_trainer_set_objective(j->t, NULL);
-    weft_trainer_score(j->t, docs, N, &(weft_trainer_outputs){.logprobs = lp});
+    float *lp = scored_logprobs(j->t, docs, N);
     double most = 0, sum = 0, k3 = 0;
     long count = 0, at = 0;
     for (int i = 0; i < N; i++) {
@@ -251,10 +261,7 @@ static void old_logprobs(rl_job *j, weft_document *docs, int N, const weft_rl_sa
 
 // The reference policy's log-probs of the samples, for the KL term.
 static void reference_logprobs(rl_job *j, weft_document *docs, int N) {
-    long T = 0;
-    for (int i = 0; i < N; i++) T += docs[i].len;
-    float *lp = weft_alloc(sizeof(float) * (T > 0 ? T : 1));
-    weft_trainer_score(j->ref, docs, N, &(weft_trainer_outputs){.logprobs = lp});
+    float *lp = scored_logprobs(j->ref, docs, N);
     long at = 0;
     for (int i = 0; i < N; i++) {
         docs[i].ref_logprobs = weft_alloc(sizeof(float) * docs[i].len);
@@ -276,7 +283,7 @@ static void policy_updates(rl_job *j, const weft_document *docs, int N, step_met
     double t0 = weft_now_seconds();
     const weft_job_config *c = &j->cfg;
     int n = c->sampling.n;
-    int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
+    int mbs = mini_batch_prompts(c);
     int per_update = mbs * n, updates = c->rl.ppo_epochs * (N / per_update);
     weft_trainer_set_objective(j->t, weft_rl_objective_hooks(j->objective));
     memset(&sm->loss, 0, sizeof sm->loss);
@@ -386,7 +393,7 @@ static void generate_round(rl_job *j, weft_data_order *order, step_batch *b, ste
     weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P, stream};
     weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);
     sm->rollout_seconds += rs.seconds, sm->rollout_tokens += (double)rs.tokens;
-    sm->kv_bytes_freed = rs.pool_bytes, sm->rollout = rs;
+    sm->rollout = rs;
     for (int g = 0; g < P; g++) {
         double r[WEFT_MAX_SAMPLES];
         for (int k = 0; k < n; k++) r[k] = s[g * n + k].reward + overlong_penalty(c, s[g * n + k].len);
@@ -417,7 +424,7 @@ static void generate_groups(rl_job *j, weft_data_order *order, int step, step_ba
                       .rewards = weft_alloc(sizeof(double) * P * n)};
     do generate_round(j, order, b, sm);
     while (c->rl.dynamic_sampling && b->groups < P && b->rounds < c->rl.max_gen_batches);
-    int mbs = c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : P;
+    int mbs = mini_batch_prompts(c);
     if (b->groups < P && j->writer)
         fprintf(stderr, "weft: warning: step %d: %d of %d groups have rewards that differ after "
                 "rl.max_gen_batches=%d rounds; training on %d of them (whole mini-batches of "
@@ -481,7 +488,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
-            m->mismatch_k3, m->kv_bytes_freed, m->rollout_seconds, m->rollout_tokens,
+            m->mismatch_k3, m->rollout.pool_bytes, m->rollout_seconds, m->rollout_tokens,
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
@@ -513,7 +520,7 @@ static void print_memory(const step_metrics *m) {
     char base[32], roll[32], pool[32], train[32], after[32];
     weft_format_bytes(base, sizeof base, (size_t)m->bytes_before_rollout);
     weft_format_bytes(roll, sizeof roll, (size_t)m->rollout_peak_bytes);
-    weft_format_bytes(pool, sizeof pool, (size_t)m->kv_bytes_freed);
+    weft_format_bytes(pool, sizeof pool, (size_t)m->rollout.pool_bytes);
     weft_format_bytes(after, sizeof after, (size_t)m->bytes_after_sleep);
     weft_format_bytes(train, sizeof train, (size_t)m->training_peak_bytes);
     printf("memory (last step, measured): %s held between steps; rollout peak %s with a KV pool "

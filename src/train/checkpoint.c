@@ -298,8 +298,6 @@ static void load_moments(const weft_safetensors *st, const char *path, const wef
     m->be->free(m->be, dst);
 }
 
-static json_int_t state_field(json_t *root, const char *path, const char *key, json_int_t limit);
-
 weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
     check_same_shape(dir, &t->model->cfg);
     char *path = join(dir, "model.safetensors");
@@ -319,13 +317,8 @@ weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
 
     path = join(dir, "trainer_state.json");
     weft_train_state s = weft_checkpoint_read_state(path);
-    json_t *root = json_load_file(path, 0, NULL);
-    json_t *opt_steps = root ? json_object_get(root, "optimizer_steps") : NULL;
-    t->opt->step = json_is_integer(opt_steps) ? (int)state_field(root, path, "optimizer_steps",
-                                                                 INT32_MAX)
-                                              : s.step; // saved before RL: one update per step
-    json_decref(root);
     weft_free(path);
+    t->opt->step = s.optimizer_steps;
     return s;
 }
 
@@ -350,6 +343,9 @@ weft_train_state weft_checkpoint_read_state(const char *path) {
         // The seed is a uint64 saved through a signed JSON integer: any value is one.
         .seed = (uint64_t)json_integer_value(json_object_get(root, "seed")),
     };
+    s.optimizer_steps = json_object_get(root, "optimizer_steps")
+                            ? (int)state_field(root, path, "optimizer_steps", INT32_MAX)
+                            : s.step; // saved before RL: one update per step
     json_decref(root);
     return s;
 }

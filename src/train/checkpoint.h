@@ -7,7 +7,9 @@
 #include "train/step.h"
 
 typedef struct weft_train_state {
-    int step;              // optimizer steps taken
+    int step;              // steps of the job's loop taken
+    int optimizer_steps;   // AdamW updates taken (an RL step takes several; read back as step
+                           // from checkpoints that predate the field)
     int epoch;             // data epoch
     long cursor;           // next document of the epoch's permutation
     uint64_t seed;
@@ -21,5 +23,6 @@ char *weft_checkpoint_find(const char *path);
 // Loads a checkpoint into the trainer (model weights and optimizer state) after checking that it
 // was saved for this model shape; returns its state.
 weft_train_state weft_checkpoint_load(const char *ckpt_dir, weft_trainer *t);
-// Reads a trainer_state.json (step, epoch, cursor, seed); a missing or out-of-range field is fatal.
+// Reads a trainer_state.json (step, optimizer_steps, epoch, cursor, seed); a missing or
+// out-of-range field is fatal, but for optimizer_steps, which older checkpoints lack.
 weft_train_state weft_checkpoint_read_state(const char *path);

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 
 // KEY_STRINGS and KEY_INTS are lists (a JSON array on the command line, a YAML sequence, or one
 // bare value): an array field at the key's offset with its count elsewhere (list_def).
@@ -464,13 +463,7 @@ static void yaml_walk(yaml_walk_ctx *w, yaml_node_t *node, const char *prefix, i
 }
 
 void weft_job_config_load_yaml(weft_job_config *cfg, const char *path) {
-    struct stat st;
-    const char *problem = stat(path, &st) != 0 ? strerror(errno)
-                          : S_ISDIR(st.st_mode) ? "a directory, not a file"
-                                                : NULL;
-    WEFT_CHECK(!problem, "--config %s: %s; give a YAML file", path, problem);
-    FILE *f = fopen(path, "rb");
-    WEFT_CHECK(f, "%s: cannot open the config file (%s)", path, strerror(errno));
+    FILE *f = weft_open_input(path, "the config file (--config)");
     yaml_parser_t parser;
     yaml_document_t doc;
     yaml_parser_initialize(&parser);
