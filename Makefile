@@ -1,6 +1,8 @@
 # Thin wrapper over CMake.
 BUILD ?= build
 JOBS ?= $(shell nproc)
+# CMake's generated makefiles recurse: without this every level says Entering/Leaving directory.
+MAKEFLAGS += --no-print-directory
 
 .PHONY: all test sanitize fuzz bench bench-gpu clean
 all:

@@ -558,6 +558,11 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
         state = weft_checkpoint_load(ckpt, j.t);
         if (j.writer) printf("resumed from %s at step %d\n", ckpt, state.step);
     }
+    if (weft_run_is_finished(&cfg, state.step, j.writer)) {
+        weft_free(ckpt);
+        job_close(&j);
+        return 0;
+    }
     j.metrics = open_metrics_file(&j, state.step);
     if (j.writer)
         printf("weft rl: %s, %d steps of %d prompts x %d samples, %d training problems, %d "

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <limits.h>
+#include <unistd.h>
 
 // KEY_STRINGS and KEY_INTS are lists (a JSON array on the command line, a YAML sequence, or one
 // bare value): an array field at the key's offset with its count elsewhere (list_def).
@@ -390,10 +392,63 @@ void weft_job_config_validate(const weft_job_config *c) {
                "rollout.kv_cache_fraction in (0, 1]");
 }
 
-void weft_job_config_resolve(weft_job_config *cfg, const char *config_path, int n_overrides,
-                             char **overrides) {
+// The run directory a resume= path names: the path itself, or for one of its checkpoints
+// (RUN/checkpoints/step_N, which holds trainer_state.json) the directory two levels up.
+static void run_dir_of(const char *resume, char *run, size_t size) {
+    char state[WEFT_PATH_MAX + 32];
+    snprintf(state, sizeof state, "%s/trainer_state.json", resume);
+    snprintf(run, size, "%s", resume);
+    if (access(state, F_OK) != 0) return;
+    size_t n = strlen(run);
+    while (n > 1 && run[n - 1] == '/') run[--n] = '\0';
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(run, '/');
+        if (!slash) { snprintf(run, size, "%s", up == 0 ? "." : ".."); return; }
+        *slash = '\0';
+    }
+    if (!run[0]) snprintf(run, size, "/");
+}
+
+static bool same_directory(const char *a, const char *b) {
+    char ra[PATH_MAX], rb[PATH_MAX];
+    if (!realpath(a, ra) || !realpath(b, rb)) return strcmp(a, b) == 0;
+    return strcmp(ra, rb) == 0;
+}
+
+// resume=RUN continues RUN in place with the settings it ran with: the defaults, RUN's saved
+// config.yaml, then this command's file and overrides on top (a larger train.steps, say). A job
+// rebuilt from the defaults alone would be another model, and another output directory would
+// truncate or mix runs. `wanted`: the settings as the command gave them.
+static void resume_settings(weft_job_config *cfg, const weft_job_config *defaults,
+                            const weft_job_config *wanted, const char *config_path,
+                            int n_overrides, char **overrides) {
+    char run[WEFT_PATH_MAX], saved[WEFT_PATH_MAX + 16];
+    run_dir_of(wanted->resume, run, sizeof run);
+    snprintf(saved, sizeof saved, "%s/config.yaml", run);
+    WEFT_CHECK(access(saved, R_OK) == 0, "resume=%s: %s has no config.yaml, so it is not a weft "
+               "run directory; give the train.output_dir of the run to continue", wanted->resume,
+               run);
+    WEFT_CHECK(strcmp(wanted->train.output_dir, defaults->train.output_dir) == 0 ||
+                   same_directory(wanted->train.output_dir, run),
+               "resume=%s continues that run in %s, but train.output_dir=%s; drop "
+               "train.output_dir (to start a new run from its weights, use model.path=%s/"
+               "checkpoints/step_N)", wanted->resume, run, wanted->train.output_dir, run);
+    *cfg = *defaults;
+    weft_job_config_load_yaml(cfg, saved);
     if (config_path) weft_job_config_load_yaml(cfg, config_path);
     weft_job_config_apply_overrides(cfg, n_overrides, overrides);
+    snprintf(cfg->train.output_dir, sizeof cfg->train.output_dir, "%s", run);
+}
+
+void weft_job_config_resolve(weft_job_config *cfg, const char *config_path, int n_overrides,
+                             char **overrides) {
+    const weft_job_config defaults = *cfg;
+    if (config_path) weft_job_config_load_yaml(cfg, config_path);
+    weft_job_config_apply_overrides(cfg, n_overrides, overrides);
+    if (cfg->resume[0]) {
+        const weft_job_config wanted = *cfg;
+        resume_settings(cfg, &defaults, &wanted, config_path, n_overrides, overrides);
+    }
     weft_job_config_validate(cfg);
 }
 
@@ -503,6 +558,14 @@ static json_t *list_json(const weft_job_config *cfg, const key_def *k) {
     return list;
 }
 
+// The shortest text that reads back as exactly x: 0.003, not 0.0030000000000000001.
+static void shortest_real(char *out, size_t size, double x) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(out, size, "%.*g", digits, x);
+        if (strtod(out, NULL) == x) return;
+    }
+}
+
 bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path) {
     size_t cap = 16384, len = 0;
     char *buf = weft_alloc(cap);
@@ -513,7 +576,7 @@ bool weft_job_config_save_yaml(const weft_job_config *cfg, const char *path) {
         if (l && *(const int *)((const char *)cfg + l->count_offset) < 0) continue; // unset
         switch (KEYS[i].type) {
         case KEY_INT: snprintf(value, sizeof value, "%d", *(const int *)src); break;
-        case KEY_REAL: snprintf(value, sizeof value, "%.17g", *(const double *)src); break;
+        case KEY_REAL: shortest_real(value, sizeof value, *(const double *)src); break;
         case KEY_BOOL: snprintf(value, sizeof value, "%s", *(const bool *)src ? "true" : "false"); break;
         case KEY_STRING: quoted(value, sizeof value, json_string((const char *)src)); break;
         case KEY_CHOICE: snprintf(value, sizeof value, "%s", ((const char *const *)KEYS[i].extra)[*(const int *)src]); break;

@@ -61,6 +61,14 @@ static void report_step(progress *p, int step, const weft_step_result *r, double
     }
 }
 
+bool weft_run_is_finished(const weft_job_config *cfg, int step, bool print) {
+    if (step < cfg->train.steps) return false;
+    if (print)
+        printf("the run in %s is already at step %d of %d: nothing to do; raise train.steps to "
+               "continue it\n", cfg->train.output_dir, step, cfg->train.steps);
+    return true;
+}
+
 FILE *weft_metrics_open(const char *path, int step) {
     if (step > 0) {
         size_t n;
@@ -114,7 +122,8 @@ static void train_steps(const weft_job_config *cfg, weft_trainer *t, const weft_
     progress prog = {.tty = isatty(STDOUT_FILENO), .total = cfg->train.steps,
                      .log_every = cfg->train.log_every > 0 ? cfg->train.log_every : 10,
                      .started = weft_now_seconds(),
-                     .metrics = writer ? weft_metrics_open(path, state->step) : NULL};
+                     .metrics = writer && state->step < cfg->train.steps
+                                    ? weft_metrics_open(path, state->step) : NULL};
     double first_loss = -1, last_loss = -1;
     while (state->step < cfg->train.steps) {
         weft_data_order_next(&order, data, batch, cfg->train.global_batch_size);
@@ -131,7 +140,7 @@ static void train_steps(const weft_job_config *cfg, weft_trainer *t, const weft_
     if (prog.metrics) fclose(prog.metrics);
     double seconds = weft_now_seconds() - prog.started;
     weft_memory_report mem = weft_trainer_memory(t);
-    if (writer) weft_print_memory_report(&mem);
+    if (writer && first_loss >= 0) weft_print_memory_report(&mem);
     if (first_loss >= 0 && writer)
         printf("done: steps %d-%d in %.1f s, loss %.4f -> %.4f; checkpoints and metrics.jsonl in %s\n",
                start.step + 1, cfg->train.steps, seconds, first_loss, last_loss, run_dir);
@@ -166,12 +175,13 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
         state = weft_checkpoint_load(ckpt, t);
         if (writer) printf("resumed from %s at step %d\n", ckpt, state.step);
     }
+    bool finished = weft_run_is_finished(cfg, state.step, writer);
     snprintf(path, sizeof path, "%s/config.yaml", run_dir);
-    if (writer) weft_job_config_save_yaml(cfg, path);
+    if (writer && !finished) weft_job_config_save_yaml(cfg, path);
 
     long total_tokens = 0;
     for (int i = 0; i < data->n; i++) total_tokens += data->docs[i].len;
-    if (writer)
+    if (writer && !finished)
         printf("weft train: %d documents (%ld tokens), model %zu parameters (%d layers, hidden %d, "
                "vocab %d), %d steps of %d documents, %d data-parallel x %d context-parallel "
                "ranks x %d threads; an epoch is %d batches (%d documents wait for the next "

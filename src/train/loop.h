@@ -12,3 +12,6 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
 // Opens a run's metrics.jsonl for appending, keeping the lines of steps up to `step` (a resumed
 // run rewrites what came after its checkpoint); step 0 starts it afresh.
 FILE *weft_metrics_open(const char *path, int step);
+// Whether a run resumed at `step` has nothing left to do (step >= train.steps); then, when
+// print, it says so and how to continue.
+bool weft_run_is_finished(const weft_job_config *cfg, int step, bool print);
