@@ -18,12 +18,13 @@ int weft_cmd_grad(int argc, char **argv, weft_session *session) {
         {"--entropy", NULL, &r.entropy}, {"--score", NULL, &r.score},
         {"--busy", NULL, &r.busy},       {NULL, NULL, NULL}};
     weft_cli_args a = weft_cli_parse("grad", argc, argv, opts);
-    WEFT_CHECK(r.model_dir && r.batch && r.out,
-               "grad needs --model DIR --batch FILE.jsonl --out FILE.safetensors");
+    WEFT_CHECK(r.model_dir && r.out, "grad needs --model DIR and --out FILE.safetensors (and "
+               "--batch FILE.jsonl, or data.source's first global batch is used)");
     r.stats = a.stats;
     r.cfg = weft_grad_defaults();
     weft_job_config_resolve(&r.cfg, a.config, a.n_settings, a.settings);
-    weft_rl_objective *rl = weft_rl_objective_create(&r.cfg.rl, r.cfg.sampling.max_tokens, r.batch);
+    weft_rl_objective *rl = weft_rl_objective_create(&r.cfg.rl, r.cfg.sampling.max_tokens,
+                                                     r.batch ? r.batch : r.cfg.data.source);
     r.rl_objective = weft_rl_objective_hooks(rl);
     r.rl_report = rl_report;
     int status = weft_grad_run(&r, session);

@@ -15,6 +15,7 @@ static weft_document_set *synthetic_set(const weft_dataset_options *o, const wef
     for (int i = 0; i < set->n; i++) {
         weft_synthetic_addition(&rng, prompt, sizeof prompt, response, sizeof response);
         set->docs[i] = weft_encode_document(tok, prompt, response);
+        set->docs[i].line = i + 1;
     }
     return set;
 }
@@ -33,9 +34,11 @@ static void enforce_max_len(weft_document_set *set, const weft_dataset_options *
 }
 
 weft_document_set *weft_dataset_load(const weft_dataset_options *o, const weft_tokenizer *tok) {
-    weft_document_set *set = strcmp(o->source, "synthetic") == 0
-                                 ? synthetic_set(o, tok)
-                                 : weft_read_jsonl_dataset(o->source, tok);
+    bool synthetic = strcmp(o->source, "synthetic") == 0;
+    WEFT_CHECK(tok || !synthetic, "data.source=synthetic is text and no tokenizer is set: %s",
+               WEFT_NO_TOKENIZER_HINT);
+    weft_document_set *set = synthetic ? synthetic_set(o, tok)
+                                     : weft_read_jsonl_dataset(o->source, tok, o->vocab_size);
     if (o->max_len > 0) enforce_max_len(set, o);
     return set;
 }

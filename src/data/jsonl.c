@@ -165,7 +165,11 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
         weft_fatal("%s:%ld: the line is not a JSON object; each line must be an object like {\"input_ids\": [1, 2, 3]}",
                    at.path, at.line);
     weft_document doc = {0};
-    if (tok && !json_object_get(root, "input_ids")) {
+    bool ids = json_object_get(root, "input_ids") != NULL;
+    if (!tok && !ids && (json_object_get(root, "text") || json_object_get(root, "prompt")))
+        weft_fatal("%s:%ld: a text record, but no tokenizer is set: %s", at.path, at.line,
+                   WEFT_NO_TOKENIZER_HINT);
+    if (tok && !ids) {
         doc = encode_record(at, root, tok);
     } else {
         read_tokens(at, json_object_get(root, "input_ids"), vocab_size, &doc);
@@ -224,7 +228,9 @@ static weft_document_set *read_jsonl(const char *path, int vocab_size, const wef
     source_line at = {path, 1};
     for (; (len = read_line(f, &line, &line_cap, at)) != -1; at.line++) {
         if (is_blank(line, (size_t)len)) continue;
-        append(set, &cap, parse_line(at, line, (size_t)len, vocab_size, tok));
+        weft_document doc = parse_line(at, line, (size_t)len, vocab_size, tok);
+        doc.line = (int)(at.line < INT_MAX ? at.line : INT_MAX);
+        append(set, &cap, doc);
     }
     if (ferror(f)) weft_fatal("%s:%ld: read error (%s); check the file", path, at.line, strerror(errno));
     free(line);
@@ -240,8 +246,9 @@ weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size) {
     return read_jsonl(path, vocab_size, NULL);
 }
 
-weft_document_set *weft_read_jsonl_dataset(const char *path, const weft_tokenizer *tok) {
-    return read_jsonl(path, weft_tokenizer_vocab_size(tok), tok);
+weft_document_set *weft_read_jsonl_dataset(const char *path, const weft_tokenizer *tok,
+                                           int vocab_size) {
+    return read_jsonl(path, vocab_size > 0 ? vocab_size : weft_tokenizer_vocab_size(tok), tok);
 }
 
 void weft_document_set_free(weft_document_set *set) {

@@ -15,6 +15,7 @@ typedef struct weft_document {
     // reference policy (DESIGN.md section 12).
     float *advantages, *old_logprobs, *ref_logprobs;
     int len;
+    int line; // the JSONL line it came from (1-based), a synthetic document's number; 0: neither
 } weft_document;
 
 typedef struct weft_document_set {
@@ -33,9 +34,16 @@ typedef struct weft_document_set {
 // (no documents) is fatal too. Reads line by line, so the file may be larger than memory allows
 // to hold as text.
 weft_document_set *weft_read_token_jsonl(const char *path, int vocab_size);
+// What to do when text meets a job without a tokenizer.
+#define WEFT_NO_TOKENIZER_HINT                                                                     \
+    "the model directory has no tokenizer.json; give data.tokenizer=FILE (a tokenizer.json), or "  \
+    "data.tokenizer=bytes to use UTF-8 bytes"
 // The same files, plus tokenized on the fly: {"text": ...} (every token but the first a target)
 // and {"prompt": ..., "response": ...} (response tokens and the closing end-of-text are targets).
-weft_document_set *weft_read_jsonl_dataset(const char *path, const weft_tokenizer *tok);
+// Pre-tokenized ids must lie below vocab_size (the model's; 0: the tokenizer's). tok may be NULL:
+// then a text line is an error that says how to give a tokenizer.
+weft_document_set *weft_read_jsonl_dataset(const char *path, const weft_tokenizer *tok,
+                                           int vocab_size);
 // One prompt/response document, tokenized, the prompt masked from the loss.
 weft_document weft_encode_document(const weft_tokenizer *tok, const char *prompt,
                                    const char *response);

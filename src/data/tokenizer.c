@@ -24,8 +24,6 @@ static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|
 // numbers, connector punctuation and the joiners.
 static const char WORD_CHAR_PATTERN[] = "[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]";
 
-static const char *const EOS_CANDIDATES[] = {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>",
-                                             "<\uFF5Cend\u2581of\u2581sentence\uFF5C>"};
 
 // ---------------------------------------------------------------------------------------------
 // Encode / decode
@@ -146,6 +144,7 @@ weft_tokenizer *weft_tokenizer_byte_level(void) {
     t->path = weft_strdup("byte-level tokenizer");
     t->vocab_size = 257;
     t->eos_id = 256;
+    snprintf(t->eos_source, sizeof t->eos_source, "its fixed <|endoftext|>");
     return t;
 }
 
@@ -509,12 +508,9 @@ weft_tokenizer *weft_tokenizer_load(const char *path) {
     weft_tok_match_set_build(t, &t->normalized_set, true);
     build_decoder(t);
 
-    for (size_t c = 0; c < sizeof EOS_CANDIDATES / sizeof *EOS_CANDIDATES && t->eos_id < 0; c++) {
-        const char *s = EOS_CANDIDATES[c];
-        for (int i = 0; i < t->n_added && t->eos_id < 0; i++)
-            if (t->added[i].len == strlen(s) && !memcmp(t->added[i].content, s, t->added[i].len))
-                t->eos_id = t->added[i].id;
-        if (t->eos_id < 0) t->eos_id = weft_tok_smap_get(&t->vocab, s, strlen(s));
-    }
+    char *dir = weft_strdup(path), *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    weft_tok_resolve_eos(t, slash ? (dir[0] ? dir : "/") : ".");
+    weft_free(dir);
     return t;
 }

@@ -23,6 +23,7 @@
 // Every error (unreadable or malformed file, unsupported feature, out-of-range id) ends in
 // weft_fatal with one line naming the file and the problem.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,9 +45,18 @@ weft_tokenizer *weft_tokenizer_load(const char *tokenizer_json_path);
 
 // Number of ids: one more than the largest id of any token (vocab or added token).
 int weft_tokenizer_vocab_size(const weft_tokenizer *t);
-// The end-of-text id: "<|endoftext|>", else "</s>", "<|end_of_text|>", "<eos>" or
-// "<｜end▁of▁sentence｜>" if the tokenizer has it; -1 if none.
+// The end-of-text id, as the files beside tokenizer.json name it: tokenizer_config.json's
+// "eos_token", else generation_config.json's or config.json's "eos_token_id" (the first of a
+// list); for a bare tokenizer.json, "<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>" or
+// "<｜end▁of▁sentence｜>" if it has one; -1 if none. A named token the tokenizer lacks is an error.
 int weft_tokenizer_eos_id(const weft_tokenizer *t);
+// "PATH, vocab V, end of text id E (from tokenizer_config.json)": what a job's start-up line says
+// of its tokenizer (t NULL: none).
+void weft_tokenizer_describe(const weft_tokenizer *t, char *out, size_t size);
+// Writes the byte-level tokenizer into dir as Hugging Face files (tokenizer.json: BPE over the
+// 256 byte symbols with no merges, and tokenizer_config.json), atomically each: a model trained on
+// bytes then carries its tokenizer like any other. False if a write failed (errno says why).
+bool weft_tokenizer_save_byte_level(const char *dir);
 
 // Encodes len bytes of text (NUL bytes allowed). Returns a weft_alloc'd array of *n_out ids (never
 // NULL, even when *n_out is 0).

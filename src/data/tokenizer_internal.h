@@ -140,6 +140,7 @@ struct weft_tokenizer {
     bool bytes_only;
     char *path;
     int vocab_size, eos_id;
+    char eos_source[160]; // which file named the eos, for the start-up line
 
     smap vocab;
     merge_map merges;
@@ -226,6 +227,10 @@ typedef struct plist {
 // An Oniguruma pattern (or, literal, a plain string) compiled for PCRE2; weft_fatal when it does
 // not compile.
 pcre2_code *weft_tok_regex_compile(const char *path, const char *pat, size_t n, bool literal);
+// Sets t->eos_id from the files in dir beside the tokenizer.json (tokenizer_config.json's
+// eos_token, else generation_config.json's or config.json's eos_token_id), else from the token's
+// usual spellings; -1 if none (tokenizer_files.c).
+void weft_tok_resolve_eos(weft_tokenizer *t, const char *dir);
 // GPT-2's bytes_to_unicode, which ByteLevel maps bytes through. Call once before the other two.
 void weft_tok_byte_level_init(void);
 // The byte that code point cp stands for under bytes_to_unicode, or -1.

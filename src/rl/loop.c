@@ -148,6 +148,8 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     j->world = weft_session_world(session);
     j->writer = weft_session_writer(session);
     j->tok = weft_job_tokenizer(cfg);
+    WEFT_CHECK(j->tok, "weft rl tokenizes its prompts and decodes responses for rewards, and %s",
+               WEFT_NO_TOKENIZER_HINT);
     j->be = weft_job_backend(cfg, j->world);
     j->m = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok));
     weft_rollout_config_validate(&cfg->rollout, j->m->cfg.num_mtp, cfg->model.path);

@@ -58,7 +58,7 @@ static const key_def KEYS[] = {
     {"model.mtp_layers", KEY_INT, F(model.arch.num_mtp), "multi-token prediction modules (from scratch)", NULL},
     {"model.mtp_loss_scale", KEY_REAL, F(model.arch.mtp_loss_scale), "MTP loss weight lambda (from scratch)", NULL},
     {"data.source", KEY_STRING, F(data.source), "\"synthetic\" or a JSONL file", NULL},
-    {"data.tokenizer", KEY_STRING, F(data.tokenizer), "tokenizer.json; empty: byte-level", NULL},
+    {"data.tokenizer", KEY_STRING, F(data.tokenizer), "a tokenizer.json, or bytes (UTF-8 bytes); empty: the model directory's tokenizer.json, bytes for a model from scratch", NULL},
     {"data.synthetic_documents", KEY_INT, F(data.synthetic_documents), "synthetic task size", NULL},
     {"data.truncate", KEY_BOOL, F(data.truncate), "truncate documents over the token budget", NULL},
     {"train.steps", KEY_INT, F(train.steps), "optimizer steps", NULL},

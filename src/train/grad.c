@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "data/dataset.h"
 #include "model/safetensors.h"
 #include "train/job.h"
 #include "train/stats.h"
@@ -136,6 +137,9 @@ static void write_stats(const weft_grad_request *rq, weft_trainer *t, const weft
     weft_comm_stats cs = weft_comm_get_stats(world); // the job's collectives, before the reports'
     json_t *root = weft_stats_of_result(r);
     json_object_set_new(root, "documents", json_integer(docs->n));
+    json_t *lines = json_array();
+    for (int i = 0; i < docs->n; i++) json_array_append_new(lines, json_integer(docs->docs[i].line));
+    json_object_set_new(root, "lines", lines);
     if (rl) json_object_set_new(root, "rl", rl);
     json_object_set_new(root, "steps", steps);
     if (rq->busy) json_object_set_new(root, "busy", report_busy(t, world, writer));
@@ -179,6 +183,37 @@ static void check_fits(const weft_grad_request *rq, const weft_model *m,
                rq->logits ? " and --logits" : "", have);
 }
 
+// The batch, read as `weft train` reads data (text through the job's tokenizer, the model
+// directory's by default): every row of --batch, or without it the first global batch that
+// training draws from data.source. *data receives the set that owns the documents.
+static weft_document_set *grad_batch(const weft_grad_request *rq, const weft_job_config *job,
+                                     const weft_tokenizer *tok, int vocab,
+                                     weft_document_set **data) {
+    weft_dataset_options o = {.source = rq->batch ? rq->batch : job->data.source,
+                              .synthetic_documents = job->data.synthetic_documents,
+                              .seed = (uint64_t)job->train.seed, .vocab_size = vocab};
+    *data = weft_dataset_load(&o, tok);
+    if (rq->batch) return *data;
+    weft_document_set *batch = weft_alloc(sizeof *batch);
+    batch->n = job->train.global_batch_size;
+    batch->docs = weft_alloc(sizeof(weft_document) * (size_t)batch->n);
+    WEFT_CHECK(batch->n <= (*data)->n, "train.global_batch_size=%d is more than the %d documents "
+               "of data.source=%s; lower it", batch->n, (*data)->n, o.source);
+    weft_job_first_batch(job, *data, batch->docs);
+    return batch;
+}
+
+// Which lines of the file (or documents of the synthetic set) formed the batch, in batch order:
+// what a user needs to run the same batch through their own reference.
+static void print_batch_lines(const weft_grad_request *rq, const weft_job_config *job,
+                              const weft_document_set *docs) {
+    const char *source = rq->batch ? rq->batch : job->data.source;
+    printf("grad: the batch is %d document%s: %s", docs->n, docs->n == 1 ? "" : "s",
+           strcmp(source, "synthetic") == 0 ? "synthetic documents" : "lines");
+    for (int i = 0; i < docs->n; i++) printf("%s%d", i ? ", " : " ", docs->docs[i].line);
+    printf(" of %s\n", source);
+}
+
 // Whether the batch is RL rows: then every document must be one, and the RL objective is used.
 static bool rl_rows(const weft_grad_request *rq, const weft_document_set *docs) {
     int with = 0;
@@ -199,9 +234,11 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     snprintf(job.model.path, sizeof job.model.path, "%s", rq->model_dir);
     weft_model_config mc;
     weft_job_model_config(&job, 0, &mc);
+    weft_tokenizer *tok = weft_job_tokenizer(&job);
+    weft_document_set *data, *docs = grad_batch(rq, &job, tok, mc.vocab_size, &data);
+    if (writer) print_batch_lines(rq, &job, docs);
     weft_backend *be = weft_job_backend(cfg, world);
     weft_model *m = weft_job_build_model(be, world, &job, mc.vocab_size);
-    weft_document_set *docs = weft_read_token_jsonl(rq->batch, mc.vocab_size);
     WEFT_CHECK(!rq->score || cfg->train.steps == 0, "--score runs no optimizer step; drop "
                "train.steps=%d or --score", cfg->train.steps);
     weft_trainer *t = weft_trainer_create(m, world, cfg, cfg->train.steps > 0);
@@ -240,7 +277,9 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     weft_safetensors_writer_free(w);
     weft_free(losses), weft_free(out.logits), weft_free(out.logprobs), weft_free(out.entropy);
     weft_trainer_free(t);
-    weft_document_set_free(docs);
+    if (docs != data) weft_free(docs->docs), weft_free(docs);
+    weft_document_set_free(data);
+    weft_tokenizer_free(tok);
     weft_model_free(m);
     weft_backend_destroy(be);
     return 0;

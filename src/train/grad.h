@@ -9,7 +9,8 @@
 
 typedef struct weft_grad_request {
     const char *model_dir; // Hugging Face directory: config.json and model.safetensors
-    const char *batch;     // JSONL of pre-tokenized documents, all of them one global batch
+    const char *batch;     // JSONL read as data.source is, all of it one global batch; NULL:
+                           // data.source's first global batch, as training draws it
     const char *out;       // safetensors written by rank 0
     const char *stats;     // JSON statistics (NULL: none)
     bool logits;           // also "logits" (T, V): one process only

@@ -1,13 +1,31 @@
 #include "train/job.h"
 
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "data/dataset.h"
 #include "train/step.h"
 
+bool weft_job_tokenizer_is_bytes(const weft_job_config *cfg) {
+    return strcmp(cfg->data.tokenizer, "bytes") == 0 || (!cfg->data.tokenizer[0] && !cfg->model.path[0]);
+}
+
+// A model directory's own tokenizer is the default: training a Hugging Face model on bytes
+// because nobody said otherwise gives a model that reads nothing its users write.
 weft_tokenizer *weft_job_tokenizer(const weft_job_config *cfg) {
-    return cfg->data.tokenizer[0] ? weft_tokenizer_load(cfg->data.tokenizer)
-                                  : weft_tokenizer_byte_level();
+    if (weft_job_tokenizer_is_bytes(cfg)) return weft_tokenizer_byte_level();
+    if (cfg->data.tokenizer[0]) return weft_tokenizer_load(cfg->data.tokenizer);
+    char path[WEFT_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/tokenizer.json", cfg->model.path);
+    return access(path, F_OK) == 0 ? weft_tokenizer_load(path) : NULL;
+}
+
+int weft_job_vocab_size(const weft_job_config *cfg, const weft_tokenizer *tok) {
+    if (!cfg->model.path[0]) return weft_tokenizer_vocab_size(tok);
+    weft_model_config mc;
+    weft_job_model_config(cfg, tok ? weft_tokenizer_vocab_size(tok) : 0, &mc);
+    return mc.vocab_size;
 }
 
 weft_document_set *weft_job_load_data(const weft_job_config *cfg, int world,
@@ -21,6 +39,7 @@ weft_document_set *weft_job_load_data(const weft_job_config *cfg, int world,
         .max_len = weft_trainer_max_document_len(cfg, world, why, sizeof why),
         .max_len_why = why,
         .truncate = cfg->data.truncate,
+        .vocab_size = weft_job_vocab_size(cfg, *tok),
     };
     return weft_dataset_load(&dopt, *tok);
 }

@@ -8,8 +8,16 @@
 #include "model/model.h"
 #include "train/config.h"
 
-// The job's tokenizer: data.tokenizer, or byte-level.
+// The job's tokenizer: data.tokenizer (a tokenizer.json, or "bytes"), else the model
+// directory's tokenizer.json, else byte-level for a model built from scratch. NULL for a model
+// directory without tokenizer.json: then only pre-tokenized data can be read.
 weft_tokenizer *weft_job_tokenizer(const weft_job_config *cfg);
+// Whether the job tokenizes UTF-8 bytes (data.tokenizer=bytes, or a model from scratch without
+// data.tokenizer): its checkpoints then write the byte-level tokenizer's files.
+bool weft_job_tokenizer_is_bytes(const weft_job_config *cfg);
+// The vocabulary the job's token ids must lie in: the model directory's vocab_size, else the
+// tokenizer's (which a model from scratch is built with).
+int weft_job_vocab_size(const weft_job_config *cfg, const weft_tokenizer *tok);
 // The job's documents (data.source tokenized by data.tokenizer, checked or cut against the
 // longest document `world` ranks can train); *tok receives the tokenizer.
 weft_document_set *weft_job_load_data(const weft_job_config *cfg, int world,

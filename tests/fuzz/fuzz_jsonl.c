@@ -16,6 +16,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = weft_fuzz_file("input.jsonl", data, size);
     WEFT_FUZZ_RUN({ weft_document_set_free(weft_read_token_jsonl(path, 1000)); });
-    WEFT_FUZZ_RUN({ weft_document_set_free(weft_read_jsonl_dataset(path, bytes)); });
+    WEFT_FUZZ_RUN({ weft_document_set_free(weft_read_jsonl_dataset(path, bytes, 0)); });
     return 0;
 }

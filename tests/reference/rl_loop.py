@@ -129,8 +129,8 @@ BASE = ["train.steps=2", "train.global_batch_size=4", "rl.ppo_mini_batch_size=0"
 def rl_args(mdir, prompts, out, *extra):
     """The arguments of `weft rl` (after the binary) on the model mdir and the prompt file,
     writing under out; BASE first, so `extra` overrides it."""
-    return ["rl", f"model.path={mdir}", f"data.source={prompts}", f"train.output_dir={out}",
-            *BASE, *extra]
+    return ["rl", f"model.path={mdir}", "data.tokenizer=bytes", f"data.source={prompts}",
+            f"train.output_dir={out}", *BASE, *extra]
 
 
 def environment(ranks, extra=None):
