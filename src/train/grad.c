@@ -236,7 +236,6 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     weft_job_model_config(&job, 0, &mc);
     weft_tokenizer *tok = weft_job_tokenizer(&job);
     weft_document_set *data, *docs = grad_batch(rq, &job, tok, mc.vocab_size, &data);
-    if (writer) print_batch_lines(rq, &job, docs);
     weft_backend *be = weft_job_backend(cfg, world);
     weft_model *m = weft_job_build_model(be, world, &job, mc.vocab_size);
     WEFT_CHECK(!rq->score || cfg->train.steps == 0, "--score runs no optimizer step; drop "
@@ -255,6 +254,7 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     weft_step_result r = rq->score ? weft_trainer_score(t, docs->docs, docs->n, &out)
                                    : weft_trainer_gradients(t, docs->docs, docs->n, &out);
     if (!rq->score) weft_trainer_gather_gradients(t);
+    if (writer) print_batch_lines(rq, &job, docs);
     if (writer) printf("grad: %d documents, %ld tokens, %ld targets, loss %.6f, grad norm %.6f\n",
                        docs->n, r.n_tokens, r.n_targets, r.loss, r.grad_norm);
     for (int k = 0; k < r.mtp_depth && writer; k++)

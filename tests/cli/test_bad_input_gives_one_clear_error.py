@@ -78,7 +78,7 @@ def bad_config_json(tmp, run):
         base = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                     num_attention_heads=2, num_key_value_heads=1)
         write(os.path.join(mdir, "config.json"), json.dumps(dict(base, **cfg)))
-        expect_error(f"config.json: {name}", ["train", *TINY, f"model.path={mdir}",
+        expect_error(f"config.json: {name}", ["train", *TINY, f"model.path={mdir}", "data.tokenizer=bytes",
                                               f"train.output_dir={run}"], words, tmp)
 
 
@@ -235,7 +235,7 @@ def main():
         st = os.path.join(model, "model.safetensors")
         with open(st, "r+b") as f:
             f.truncate(os.path.getsize(st) - 100)
-        expect_error("truncated safetensors", ["train", *TINY, f"model.path={model}",
+        expect_error("truncated safetensors", ["train", *TINY, f"model.path={model}", "data.tokenizer=bytes",
                                                f"train.output_dir={run}"], [st, "truncated"], tmp)
         hardened_inputs(tmp, run, model)
     finally:
