@@ -64,20 +64,26 @@ static json_t *read_index(const char *path) {
     return map;
 }
 
-// The shard names in the order the index first mentions them; every one must exist before any
-// is read, so a missing shard is reported as such rather than as missing tensors.
-static int list_shards(const char *dir, json_t *map, const char ***out) {
+// The shard names in the order the index first mentions them, with how many tensors the index
+// maps to each; every shard must exist before any is read, so that a missing one is reported as
+// such rather than as missing tensors.
+static int list_shards(const char *dir, json_t *map, const char ***out, int **counts) {
     const char **shards = NULL;
-    int n = 0, cap = 0;
+    int *count = NULL;
+    int n = 0, cap = 0, count_cap = 0;
     const char *name;
     json_t *file;
     json_object_foreach(map, name, file) {
         const char *f = json_string_value(file);
         int i = 0;
         while (i < n && strcmp(shards[i], f) != 0) i++;
-        if (i < n) continue;
+        if (i < n) {
+            count[i]++;
+            continue;
+        }
         shards = weft_grow(shards, n, &cap, sizeof *shards, 8);
-        shards[n++] = f;
+        count = weft_grow(count, n, &count_cap, sizeof *count, 8);
+        shards[n] = f, count[n++] = 1;
         char *path = join(dir, f);
         WEFT_CHECK(access(path, R_OK) == 0,
                    "%s: %s maps tensor \"%s\" to shard %s, but %s is %s; copy every shard the "
@@ -85,29 +91,36 @@ static int list_shards(const char *dir, json_t *map, const char ***out) {
                    dir, INDEX_FILE, name, f, path, errno == ENOENT ? "missing" : "not readable");
         weft_free(path);
     }
-    *out = shards;
+    *out = shards, *counts = count;
     return n;
 }
 
-// Every tensor of the shard must be one the index maps to it, and the shard must hold every tensor
-// the index maps to it: otherwise the files come from different saves.
-static void check_shard(const char *dir, json_t *map, const weft_safetensors *shard, const char *file) {
-    static const char *fix = "the index and its shards come from different saves; re-save the model "
-                             "with save_pretrained or re-download every file";
+static const char *DISAGREE = "the index and its shards come from different saves; re-save the model with "
+                              "save_pretrained or re-download every file";
+
+// Every tensor of the shard must be one the index maps to it.
+static void check_shard_tensors(const char *dir, json_t *map, const weft_safetensors *shard, const char *file) {
     for (int i = 0; i < shard->n; i++) {
         const char *name = shard->tensors[i].name;
         const char *want = json_string_value(json_object_get(map, name));
         WEFT_CHECK(want, "%s: shard %s holds tensor \"%s\", which %s does not list; %s", dir, file, name,
-                   INDEX_FILE, fix);
+                   INDEX_FILE, DISAGREE);
         WEFT_CHECK(strcmp(want, file) == 0, "%s: shard %s holds tensor \"%s\", which %s maps to %s; %s",
-                   dir, file, name, INDEX_FILE, want, fix);
+                   dir, file, name, INDEX_FILE, want, DISAGREE);
     }
+}
+
+// Once every shard's tensors are known to be mapped to it, a shard holding fewer tensors than the
+// index maps to it lacks one: named here.
+static void check_shard_complete(const char *dir, json_t *map, const weft_safetensors *shard, const char *file,
+                                 int want) {
+    if (shard->n == want) return;
     const char *name;
     json_t *f;
     json_object_foreach(map, name, f) {
         WEFT_CHECK(strcmp(json_string_value(f), file) != 0 || weft_safetensors_find(shard, name),
                    "%s: %s maps tensor \"%s\" to shard %s, which does not hold it; %s", dir, INDEX_FILE,
-                   name, file, fix);
+                   name, file, DISAGREE);
     }
 }
 
@@ -135,17 +148,26 @@ static void absorb(weft_safetensors *set, weft_safetensors *shard) {
 static weft_safetensors *load_sharded(const char *dir, const char *index) {
     json_t *map = read_index(index);
     const char **shards;
-    int n = list_shards(dir, map, &shards);
+    int *counts;
+    int n = list_shards(dir, map, &shards, &counts);
+    // Every shard is checked for tensors the index maps elsewhere before any for missing ones: a
+    // tensor in the wrong shard is reported as that, not as absent from the right one.
+    weft_safetensors **parts = weft_alloc(sizeof *parts * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        char *path = join(dir, shards[i]);
+        parts[i] = weft_safetensors_load(path);
+        check_shard_tensors(dir, map, parts[i], shards[i]);
+        weft_free(path);
+    }
     weft_safetensors *set = weft_alloc(sizeof *set);
     set->path = weft_strdup(dir);
     for (int i = 0; i < n; i++) {
-        char *path = join(dir, shards[i]);
-        weft_safetensors *shard = weft_safetensors_load(path);
-        check_shard(dir, map, shard, shards[i]);
-        absorb(set, shard);
-        weft_free(path);
+        check_shard_complete(dir, map, parts[i], shards[i], counts[i]);
+        absorb(set, parts[i]);
     }
+    weft_free(parts);
     weft_free(shards);
+    weft_free(counts);
     json_decref(map);
     return set;
 }
