@@ -219,29 +219,36 @@ static void check_data_extent(const weft_safetensors *st, size_t data_len) {
                    st->path, need, last, data_len);
 }
 
-// Maps the file whose header was read and checked, after making sure it is still that file (the
+static void file_identity(const struct stat *sb, uint64_t id[4]) {
+    id[0] = (uint64_t)sb->st_dev, id[1] = (uint64_t)sb->st_ino, id[2] = (uint64_t)sb->st_size;
+    id[3] = (uint64_t)sb->st_mtim.tv_sec * 1000000000u + (uint64_t)sb->st_mtim.tv_nsec;
+}
+
+// Maps a file whose header was read and checked, after making sure it is still that file (the
 // header was read through a descriptor closed before the checks, which may end the process).
-static void map_file(weft_safetensors *st, const struct stat *seen, size_t data_start) {
+static void map_file(weft_st_file *f) {
     struct stat now;
-    int fd = open_regular(st->path, &now);
-    CHECK_CLOSING(fd, now.st_dev == seen->st_dev && now.st_ino == seen->st_ino &&
-                          now.st_size == seen->st_size && now.st_mtim.tv_sec == seen->st_mtim.tv_sec &&
-                          now.st_mtim.tv_nsec == seen->st_mtim.tv_nsec,
-                  "%s: the file changed while weft read it; wait until it is written, then run again",
-                  st->path);
+    uint64_t id[4];
+    int fd = open_regular(f->path, &now);
+    file_identity(&now, id);
+    CHECK_CLOSING(fd, memcmp(id, f->identity, sizeof id) == 0,
+                  "%s: the file changed while weft read it; wait until it is written, then run again", f->path);
     size_t len = (size_t)now.st_size;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED)
-        weft_fatal("%s: cannot map the file (%s, %zu bytes); check the memory limits (ulimit -v)", st->path,
+        weft_fatal("%s: cannot map the file (%s, %zu bytes); check the memory limits (ulimit -v)", f->path,
                    strerror(errno), len);
-    st->files = weft_alloc(sizeof *st->files);
-    st->n_files = 1;
-    st->files[0] = (weft_st_file){.path = weft_strdup(st->path), .data = (unsigned char *)map + data_start,
-                                  .data_len = len - data_start, .map = map, .map_len = len};
+    f->map = map, f->map_len = len;
+    f->data = (const unsigned char *)map + f->data_start;
 }
 
-weft_safetensors *weft_safetensors_load(const char *path) {
+void weft_safetensors_map(weft_safetensors *st) {
+    for (int i = 0; i < st->n_files; i++)
+        if (!st->files[i].map) map_file(&st->files[i]);
+}
+
+weft_safetensors *weft_safetensors_read_header(const char *path) {
     struct stat sb;
     int fd = open_regular(path, &sb);
     uint64_t file_len = (uint64_t)sb.st_size;
@@ -268,10 +275,21 @@ weft_safetensors *weft_safetensors_load(const char *path) {
     st->path = weft_strdup(path);
     parse_header(st, header, (size_t)header_len);
     weft_free(header);
-    check_data_extent(st, (size_t)(file_len - 8 - header_len));
-    // Mapped, not read: a multi-gigabyte checkpoint is never copied into weft's memory, and each
-    // tensor is converted straight from the page cache into the parameter buffer.
-    map_file(st, &sb, (size_t)(8 + header_len));
+    size_t data_start = (size_t)(8 + header_len);
+    check_data_extent(st, (size_t)file_len - data_start);
+    st->files = weft_alloc(sizeof *st->files);
+    st->n_files = 1;
+    st->files[0] = (weft_st_file){.path = weft_strdup(path), .data_len = (size_t)file_len - data_start,
+                                  .data_start = data_start};
+    file_identity(&sb, st->files[0].identity);
+    return st;
+}
+
+// Mapped, not read: a multi-gigabyte checkpoint is never copied into weft's memory, and each
+// tensor is converted straight from the page cache into the parameter buffer.
+weft_safetensors *weft_safetensors_load(const char *path) {
+    weft_safetensors *st = weft_safetensors_read_header(path);
+    weft_safetensors_map(st);
     return st;
 }
 
@@ -285,7 +303,7 @@ void weft_safetensors_free(weft_safetensors *st) {
     if (!st) return;
     for (int i = 0; i < st->n; i++) weft_free(st->tensors[i].name);
     for (int i = 0; i < st->n_files; i++) {
-        munmap(st->files[i].map, st->files[i].map_len);
+        if (st->files[i].map) munmap(st->files[i].map, st->files[i].map_len);
         weft_free(st->files[i].path);
     }
     weft_free(st->files);
@@ -319,7 +337,8 @@ void weft_safetensors_read_f32(const weft_safetensors *st, const weft_st_tensor 
         weft_fatal("%s: tensor \"%s\" is %s, which cannot be read as floating point; weft reads F32, BF16, F16 "
                    "and F64 weights",
                    st->path, t->name, t->dtype);
-    WEFT_CHECK(t->file >= 0 && t->file < st->n_files && t->offset + t->nbytes <= st->files[t->file].data_len,
+    WEFT_CHECK(t->file >= 0 && t->file < st->n_files && st->files[t->file].map &&
+                   t->offset + t->nbytes <= st->files[t->file].data_len,
                "%s: tensor \"%s\" lies outside the data section", st->path, t->name);
     const unsigned char *src = st->files[t->file].data + t->offset;
     int64_t n = weft_st_numel(t);

@@ -23,8 +23,11 @@ typedef struct weft_st_file {
     char *path;
     const unsigned char *data; // the data section, inside the mapping (no alignment promised)
     size_t data_len;
-    void *map; // the whole file, mapped read-only: the page cache holds the bytes, not weft
-    size_t map_len;
+    void *map; // the whole file, mapped read-only (the page cache holds the bytes, not weft); NULL
+    size_t map_len; // until weft_safetensors_map
+    size_t data_start;    // the data section's offset in the file
+    uint64_t identity[4]; // device, inode, size, mtime when the header was read: the file mapped
+                          // must be the file checked
 } weft_st_file;
 
 // One file, or every shard of a sharded model directory as one set of tensors.
@@ -41,6 +44,11 @@ typedef struct weft_safetensors {
 // dtypes F64 F32 F16 BF16 I64 I32 I16 I8 U64 U32 U16 U8 BOOL F8_E4M3 F8_E5M2 (only the float ones
 // can be converted by weft_safetensors_read_f32).
 weft_safetensors *weft_safetensors_load(const char *path);
+// weft_safetensors_load in two halves: the header read and checked (nothing mapped, so an error
+// leaves no mapping behind), then every file mapped. A sharded set checks all its shards' headers
+// before mapping any.
+weft_safetensors *weft_safetensors_read_header(const char *path);
+void weft_safetensors_map(weft_safetensors *st);
 // The weights of a Hugging Face model: `path` is a .safetensors file, or a directory holding
 // model.safetensors or model.safetensors.index.json and the shards it lists. A missing shard, a
 // shard whose tensors disagree with the index, a malformed index, or a directory with neither

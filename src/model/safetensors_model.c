@@ -155,7 +155,7 @@ static weft_safetensors *load_sharded(const char *dir, const char *index) {
     weft_safetensors **parts = weft_alloc(sizeof *parts * (size_t)n);
     for (int i = 0; i < n; i++) {
         char *path = join(dir, shards[i]);
-        parts[i] = weft_safetensors_load(path);
+        parts[i] = weft_safetensors_read_header(path);
         check_shard_tensors(dir, map, parts[i], shards[i]);
         weft_free(path);
     }
@@ -165,6 +165,7 @@ static weft_safetensors *load_sharded(const char *dir, const char *index) {
         check_shard_complete(dir, map, parts[i], shards[i], counts[i]);
         absorb(set, parts[i]);
     }
+    weft_safetensors_map(set); // only once every shard is checked: an error leaves no mapping
     weft_free(parts);
     weft_free(shards);
     weft_free(counts);
