@@ -453,7 +453,10 @@ bool weft_safetensors_writer_save_range(weft_safetensors_writer *w, int first, i
     const void **parts = weft_alloc(sizeof *parts * (size_t)n);
     size_t *lens = weft_alloc(sizeof *lens * (size_t)n);
     parts[0] = head, lens[0] = 8 + header_len;
-    for (int i = first; i < end; i++) parts[1 + i - first] = w->tensors[i].data, lens[1 + i - first] = w->tensors[i].nbytes;
+    for (int i = first; i < end; i++) {
+        parts[1 + i - first] = w->tensors[i].data;
+        lens[1 + i - first] = w->tensors[i].nbytes;
+    }
     bool ok = weft_write_parts_atomic(path, n, parts, lens);
     weft_free(parts);
     weft_free(lens);

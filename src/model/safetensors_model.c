@@ -180,7 +180,8 @@ static void describe_dir(const char *dir, char *out, size_t cap) {
     int shown = 0, more = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
         if (e->d_name[0] == '.') continue;
-        if (shown < 8 && len < cap) len += (size_t)snprintf(out + len, cap - len, "%s %s", shown ? "," : "", e->d_name);
+        if (shown < 8 && len < cap)
+            len += (size_t)snprintf(out + len, cap - len, "%s %s", shown ? "," : "", e->d_name);
         else more++;
         shown++;
     }

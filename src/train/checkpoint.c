@@ -147,7 +147,8 @@ static json_t *digest_files(const char *dir) {
         WEFT_CHECK(file_digest(path, &bytes, &hash), "%s: cannot read back", path);
         char hex[17];
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
-        json_object_set_new(files, names[i], json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "fnv1a64", hex));
+        json_object_set_new(files, names[i],
+                            json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "fnv1a64", hex));
         weft_free(path);
         weft_free(names[i]);
     }
