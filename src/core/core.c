@@ -133,20 +133,23 @@ bool weft_remove_tree(const char *path) {
     return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0;
 }
 
-bool weft_write_file_atomic(const char *path, const void *data, size_t len) {
-    size_t n = strlen(path) + 32;
-    char *tmp = weft_alloc(n);
-    snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    bool ok = fd >= 0;
-    const char *p = data;
-    size_t left = len;
-    while (ok && left > 0) {
+static bool write_all(int fd, const char *p, size_t left) {
+    while (left > 0) {
         ssize_t w = write(fd, p, left);
         if (w < 0 && errno == EINTR) continue;
-        ok = w > 0;
-        if (ok) p += w, left -= (size_t)w;
+        if (w <= 0) return false;
+        p += w, left -= (size_t)w;
     }
+    return true;
+}
+
+bool weft_write_parts_atomic(const char *path, int n, const void *const *parts, const size_t *lens) {
+    size_t cap = strlen(path) + 32;
+    char *tmp = weft_alloc(cap);
+    snprintf(tmp, cap, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    bool ok = fd >= 0;
+    for (int i = 0; ok && i < n; i++) ok = write_all(fd, parts[i], lens[i]);
     if (fd >= 0) {
         ok = ok && fsync(fd) == 0;
         ok = (close(fd) == 0) && ok;
@@ -155,6 +158,10 @@ bool weft_write_file_atomic(const char *path, const void *data, size_t len) {
     if (!ok) unlink(tmp);
     weft_free(tmp);
     return ok;
+}
+
+bool weft_write_file_atomic(const char *path, const void *data, size_t len) {
+    return weft_write_parts_atomic(path, 1, &data, &len);
 }
 
 static uint64_t splitmix64(uint64_t *x) {

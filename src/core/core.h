@@ -46,6 +46,9 @@ bool weft_mkdirs(const char *path);
 bool weft_remove_tree(const char *path);
 // Writes bytes to path atomically: a temporary file beside it, fsync, then rename.
 bool weft_write_file_atomic(const char *path, const void *data, size_t len);
+// The same for a file made of n parts written one after another (a header, then tensors), so that
+// the caller needs no buffer holding the whole file.
+bool weft_write_parts_atomic(const char *path, int n, const void *const *parts, const size_t *lens);
 
 // Deterministic random numbers (xoshiro256**), seeded with splitmix64.
 typedef struct weft_rng {

@@ -21,3 +21,8 @@ void weft_model_config_load(const char *path, weft_model_config *cfg);
 void weft_model_config_validate(const weft_model_config *cfg, const char *source);
 // Writes config.json with Hugging Face keys (Qwen2ForCausalLM), atomically.
 bool weft_model_config_save(const weft_model_config *cfg, const char *path);
+// Writes the config.json at `source` (the one cfg was loaded from) to `path`, atomically, with
+// every field as it was but those where cfg now differs from what source says, and torch_dtype,
+// which becomes `torch_dtype` (what the weights are saved as). config_over.c.
+bool weft_model_config_save_over(const char *source, const weft_model_config *cfg, const char *torch_dtype,
+                                 const char *path);

@@ -159,7 +159,7 @@ static void format_shape(char *out, size_t cap, int ndim, const int64_t *shape) 
 }
 
 void weft_model_load_safetensors(weft_model *m, const char *path) {
-    weft_safetensors *st = weft_safetensors_load(path);
+    weft_safetensors *st = weft_safetensors_open_model(path);
     for (int i = 0; i < m->n_params; i++) {
         const weft_param_info *p = &m->params[i];
         const weft_st_tensor *t = weft_safetensors_find(st, p->name);

@@ -107,7 +107,8 @@ weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
                               const weft_model_options *opt);
 void weft_model_free(weft_model *m);
 const weft_param_info *weft_model_find_param(const weft_model *m, const char *name);
-// Weights by Hugging Face name; every parameter must be present with its shape.
+// Weights by Hugging Face name; every parameter must be present with its shape. path: a model
+// directory (model.safetensors, or model.safetensors.index.json and its shards) or one file.
 void weft_model_load_safetensors(weft_model *m, const char *path);
 // Scaled normal init for training from scratch (std 0.02, output projections 0.02/sqrt(2L)).
 void weft_model_init_random(weft_model *m, uint64_t seed);

@@ -3,11 +3,14 @@
 #include "core/core.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 // Tensor bytes are copied between the file and host floats as they are; the format is
 // little-endian, so a big-endian host would need byte swaps that this file does not do.
@@ -61,18 +64,35 @@ static uint64_t read_le64(const unsigned char *b) {
     return v;
 }
 
-static void read_exact(FILE *f, const char *path, void *dst, size_t n, const char *what) {
-    if (n > 0 && fread(dst, 1, n, f) != n)
-        weft_fatal("%s: could not read the %s (%zu bytes): %s; check that the file is not being rewritten "
-                   "while weft reads it",
-                   path, what, n, ferror(f) ? strerror(errno) : "unexpected end of file");
+// The file descriptor is closed before any error: the fuzz targets run many rejected inputs in
+// one process, and a descriptor left open by each would exhaust the limit.
+#define CHECK_CLOSING(fd, cond, ...)                                                               \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            close(fd);                                                                             \
+            weft_fatal(__VA_ARGS__);                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void read_at(int fd, const char *path, void *dst, size_t n, off_t at, const char *what) {
+    for (size_t done = 0; done < n;) {
+        ssize_t r = pread(fd, (char *)dst + done, n - done, at + (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        CHECK_CLOSING(fd, r > 0,
+                      "%s: could not read the %s (%zu bytes): %s; check that the file is not being "
+                      "rewritten while weft reads it",
+                      path, what, n, r < 0 ? strerror(errno) : "unexpected end of file");
+        done += (size_t)r;
+    }
 }
 
-static uint64_t regular_file_size(FILE *f, const char *path) {
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) weft_fatal("%s: cannot stat (%s); check the path", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) weft_fatal("%s: not a regular file; pass the path of a .safetensors file", path);
-    return (uint64_t)sb.st_size;
+static int open_regular(const char *path, struct stat *sb) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) weft_fatal("%s: cannot open (%s); check the path", path, strerror(errno));
+    CHECK_CLOSING(fd, fstat(fd, sb) == 0, "%s: cannot stat (%s); check the path", path, strerror(errno));
+    CHECK_CLOSING(fd, S_ISREG(sb->st_mode), "%s: not a regular file; pass the path of a .safetensors file",
+                  path);
+    return fd;
 }
 
 // Reads "name": [non-negative integers] into out; returns the element count, or -1 if the field is
@@ -178,7 +198,7 @@ static void parse_header(weft_safetensors *st, const char *header, size_t len) {
 
 // Every tensor must lie inside the data section; the furthest end tells how much data the header
 // promised, which is what a truncated download lacks.
-static void check_data_extent(const weft_safetensors *st) {
+static void check_data_extent(const weft_safetensors *st, size_t data_len) {
     size_t need = 0;
     const char *last = NULL;
     for (int i = 0; i < st->n; i++) {
@@ -193,47 +213,83 @@ static void check_data_extent(const weft_safetensors *st) {
         size_t end = st->tensors[i].offset + st->tensors[i].nbytes;
         if (end > need) need = end, last = st->tensors[i].name;
     }
-    if (need > st->data_len)
+    if (need > data_len)
         weft_fatal("%s: the file is truncated (header says %zu data bytes, up to the end of tensor \"%s\"; file has "
                    "%zu); re-download or re-save it",
-                   st->path, need, last, st->data_len);
+                   st->path, need, last, data_len);
 }
 
-weft_safetensors *weft_safetensors_load(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) weft_fatal("%s: cannot open (%s); check the path", path, strerror(errno));
-    uint64_t file_len = regular_file_size(f, path);
-    if (file_len < 8)
-        weft_fatal("%s: the file is %llu bytes, too short to hold the 8-byte header length; it is truncated or not "
-                   "a safetensors file; re-download or re-save it",
-                   path, (unsigned long long)file_len);
-    unsigned char len_bytes[8];
-    read_exact(f, path, len_bytes, 8, "header length");
-    uint64_t header_len = read_le64(len_bytes);
-    if (header_len > file_len - 8)
-        weft_fatal("%s: the header length field says %llu bytes but only %llu follow it; the file is truncated or "
-                   "not a safetensors file; re-download or re-save it",
-                   path, (unsigned long long)header_len, (unsigned long long)(file_len - 8));
-    if (header_len > MAX_HEADER_BYTES)
-        weft_fatal("%s: the header length field says %llu bytes, above the format's 100 MB limit; the file is "
-                   "corrupt or not a safetensors file; re-download or re-save it",
-                   path, (unsigned long long)header_len);
+static void file_identity(const struct stat *sb, uint64_t id[4]) {
+    id[0] = (uint64_t)sb->st_dev, id[1] = (uint64_t)sb->st_ino, id[2] = (uint64_t)sb->st_size;
+    id[3] = (uint64_t)sb->st_mtim.tv_sec * 1000000000u + (uint64_t)sb->st_mtim.tv_nsec;
+}
 
+// Maps a file whose header was read and checked, after making sure it is still that file (the
+// header was read through a descriptor closed before the checks, which may end the process).
+static void map_file(weft_st_file *f) {
+    struct stat now;
+    uint64_t id[4];
+    int fd = open_regular(f->path, &now);
+    file_identity(&now, id);
+    CHECK_CLOSING(fd, memcmp(id, f->identity, sizeof id) == 0,
+                  "%s: the file changed while weft read it; wait until it is written, then run again", f->path);
+    size_t len = (size_t)now.st_size;
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        weft_fatal("%s: cannot map the file (%s, %zu bytes); check the memory limits (ulimit -v)", f->path,
+                   strerror(errno), len);
+    f->map = map, f->map_len = len;
+    f->data = (const unsigned char *)map + f->data_start;
+}
+
+void weft_safetensors_map(weft_safetensors *st) {
+    for (int i = 0; i < st->n_files; i++)
+        if (!st->files[i].map) map_file(&st->files[i]);
+}
+
+weft_safetensors *weft_safetensors_read_header(const char *path) {
+    struct stat sb;
+    int fd = open_regular(path, &sb);
+    uint64_t file_len = (uint64_t)sb.st_size;
+    CHECK_CLOSING(fd, file_len >= 8,
+                  "%s: the file is %llu bytes, too short to hold the 8-byte header length; it is truncated or not "
+                  "a safetensors file; re-download or re-save it",
+                  path, (unsigned long long)file_len);
+    unsigned char len_bytes[8];
+    read_at(fd, path, len_bytes, 8, 0, "header length");
+    uint64_t header_len = read_le64(len_bytes);
+    CHECK_CLOSING(fd, header_len <= file_len - 8,
+                  "%s: the header length field says %llu bytes but only %llu follow it; the file is truncated or "
+                  "not a safetensors file; re-download or re-save it",
+                  path, (unsigned long long)header_len, (unsigned long long)(file_len - 8));
+    CHECK_CLOSING(fd, header_len <= MAX_HEADER_BYTES,
+                  "%s: the header length field says %llu bytes, above the format's 100 MB limit; the file is "
+                  "corrupt or not a safetensors file; re-download or re-save it",
+                  path, (unsigned long long)header_len);
     char *header = weft_alloc((size_t)header_len + 1);
-    read_exact(f, path, header, (size_t)header_len, "header");
+    read_at(fd, path, header, (size_t)header_len, 8, "header");
+    close(fd);
 
     weft_safetensors *st = weft_alloc(sizeof *st);
     st->path = weft_strdup(path);
-    st->data_len = (size_t)(file_len - 8 - header_len);
-    // Read the data straight into its own aligned buffer rather than slicing a whole-file buffer:
-    // no second copy of a multi-gigabyte checkpoint, and the data starts 64-byte aligned.
-    st->data = weft_alloc(st->data_len);
-    read_exact(f, path, st->data, st->data_len, "data section");
-    fclose(f);
-
     parse_header(st, header, (size_t)header_len);
     weft_free(header);
-    check_data_extent(st);
+    size_t data_start = (size_t)(8 + header_len);
+    check_data_extent(st, (size_t)file_len - data_start);
+    st->files = weft_alloc(sizeof *st->files);
+    st->n_files = 1;
+    st->files[0] = (weft_st_file){.path = weft_strdup(path), .data_len = (size_t)file_len - data_start,
+                                  .data_start = data_start};
+    file_identity(&sb, st->files[0].identity);
+    return st;
+}
+
+// Mapped, not read: a multi-gigabyte checkpoint is never copied into weft's memory, and each
+// tensor is converted straight from the page cache into the parameter buffer.
+weft_safetensors *weft_safetensors_load(const char *path) {
+    weft_safetensors *st = weft_safetensors_read_header(path);
+    weft_safetensors_map(st);
     return st;
 }
 
@@ -246,8 +302,12 @@ const weft_st_tensor *weft_safetensors_find(const weft_safetensors *st, const ch
 void weft_safetensors_free(weft_safetensors *st) {
     if (!st) return;
     for (int i = 0; i < st->n; i++) weft_free(st->tensors[i].name);
+    for (int i = 0; i < st->n_files; i++) {
+        if (st->files[i].map) munmap(st->files[i].map, st->files[i].map_len);
+        weft_free(st->files[i].path);
+    }
+    weft_free(st->files);
     weft_free(st->tensors);
-    weft_free(st->data);
     weft_free(st->path);
     weft_free(st);
 }
@@ -277,9 +337,10 @@ void weft_safetensors_read_f32(const weft_safetensors *st, const weft_st_tensor 
         weft_fatal("%s: tensor \"%s\" is %s, which cannot be read as floating point; weft reads F32, BF16, F16 "
                    "and F64 weights",
                    st->path, t->name, t->dtype);
-    WEFT_CHECK(t->offset + t->nbytes <= st->data_len, "%s: tensor \"%s\" lies outside the data section", st->path,
-               t->name);
-    const unsigned char *src = st->data + t->offset;
+    WEFT_CHECK(t->file >= 0 && t->file < st->n_files && st->files[t->file].map &&
+                   t->offset + t->nbytes <= st->files[t->file].data_len,
+               "%s: tensor \"%s\" lies outside the data section", st->path, t->name);
+    const unsigned char *src = st->files[t->file].data + t->offset;
     int64_t n = weft_st_numel(t);
     if (info->kind == KIND_F32) {
         memcpy(dst, src, (size_t)n * 4);
@@ -353,13 +414,13 @@ void weft_safetensors_writer_add_metadata(weft_safetensors_writer *w, const char
         weft_fatal("safetensors writer: metadata \"%s\" is not valid UTF-8 (key or value)", key);
 }
 
-// The header in the reference's shape: metadata first (if any), then one entry per tensor with
-// offsets assigned back to back in the order added.
-static json_t *build_header(const weft_safetensors_writer *w) {
+// The header in the reference's shape: metadata first (if any), then one entry per tensor of
+// [first, end) with offsets assigned back to back in the order added.
+static json_t *build_header(const weft_safetensors_writer *w, int first, int end) {
     json_t *root = json_object();
     if (json_object_size(w->metadata) > 0) json_object_set(root, METADATA_KEY, w->metadata);
     size_t offset = 0;
-    for (int i = 0; i < w->n; i++) {
+    for (int i = first; i < end; i++) {
         const writer_tensor *t = &w->tensors[i];
         json_t *shape = json_array();
         for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
@@ -372,32 +433,44 @@ static json_t *build_header(const weft_safetensors_writer *w) {
     return root;
 }
 
-bool weft_safetensors_writer_save(weft_safetensors_writer *w, const char *path) {
-    json_t *header = build_header(w);
+bool weft_safetensors_writer_save_range(weft_safetensors_writer *w, int first, int end, const char *path) {
+    WEFT_CHECK(first >= 0 && first <= end && end <= w->n, "safetensors writer: range [%d, %d) of %d tensors",
+               first, end, w->n);
+    json_t *header = build_header(w, first, end);
     // Compact separators like the reference; jansson keeps keys in insertion order.
     const size_t flags = JSON_COMPACT | JSON_PRESERVE_ORDER;
     size_t json_len = json_dumpb(header, NULL, 0, flags);
     if (json_len == 0) weft_fatal("safetensors writer: could not encode the header");
     // Pad with spaces (valid JSON whitespace) so the data section starts 8-byte aligned.
     size_t header_len = (json_len + 7) / 8 * 8;
-    size_t data_len = 0;
-    for (int i = 0; i < w->n; i++) data_len += w->tensors[i].nbytes;
-
-    size_t total = 8 + header_len + data_len;
-    unsigned char *buf = weft_alloc(total);
-    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)header_len >> (8 * i));
-    json_dumpb(header, (char *)buf + 8, json_len, flags);
+    unsigned char *head = weft_alloc(8 + header_len);
+    for (int i = 0; i < 8; i++) head[i] = (unsigned char)((uint64_t)header_len >> (8 * i));
+    json_dumpb(header, (char *)head + 8, json_len, flags);
     json_decref(header);
-    memset(buf + 8 + json_len, ' ', header_len - json_len);
-    unsigned char *p = buf + 8 + header_len;
-    for (int i = 0; i < w->n; i++) {
-        if (w->tensors[i].nbytes) memcpy(p, w->tensors[i].data, w->tensors[i].nbytes);
-        p += w->tensors[i].nbytes;
+    memset(head + 8 + json_len, ' ', header_len - json_len);
+    // The tensors are written from where they are: no buffer of the whole file.
+    int n = 1 + end - first;
+    const void **parts = weft_alloc(sizeof *parts * (size_t)n);
+    size_t *lens = weft_alloc(sizeof *lens * (size_t)n);
+    parts[0] = head, lens[0] = 8 + header_len;
+    for (int i = first; i < end; i++) {
+        parts[1 + i - first] = w->tensors[i].data;
+        lens[1 + i - first] = w->tensors[i].nbytes;
     }
-    bool ok = weft_write_file_atomic(path, buf, total);
-    weft_free(buf);
+    bool ok = weft_write_parts_atomic(path, n, parts, lens);
+    weft_free(parts);
+    weft_free(lens);
+    weft_free(head);
     return ok;
 }
+
+bool weft_safetensors_writer_save(weft_safetensors_writer *w, const char *path) {
+    return weft_safetensors_writer_save_range(w, 0, w->n, path);
+}
+
+int weft_safetensors_writer_count(const weft_safetensors_writer *w) { return w->n; }
+const char *weft_safetensors_writer_name(const weft_safetensors_writer *w, int i) { return w->tensors[i].name; }
+size_t weft_safetensors_writer_nbytes(const weft_safetensors_writer *w, int i) { return w->tensors[i].nbytes; }
 
 void weft_safetensors_writer_free(weft_safetensors_writer *w) {
     if (!w) return;

@@ -10,10 +10,22 @@
 #include <unistd.h>
 
 #include "model/safetensors.h"
+#include "train/job.h"
 
-static const char *const CHECKPOINT_FILES[] = {"config.json", "model.safetensors",
-                                               "optimizer.safetensors"};
-enum { N_FILES = 3 };
+// Files every checkpoint holds; the weights are model.safetensors or, sharded, an index and the
+// shards it lists, and files copied from the model's directory may sit beside them. Every file is
+// recorded in trainer_state.json.
+static const char *const REQUIRED_FILES[] = {"config.json", "optimizer.safetensors"};
+enum { N_REQUIRED = 2 };
+#define WEIGHTS_FILE "model.safetensors"
+#define WEIGHTS_INDEX "model.safetensors.index.json"
+#define STATE_FILE "trainer_state.json"
+
+// What a checkpoint copies from where the job's model and tokenizer came from, so that it is a
+// complete Hugging Face model directory (AutoTokenizer and AutoModelForCausalLM load it).
+static const char *const MODEL_DIR_FILES[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt",     "added_tokens.json",     "chat_template.jinja",     "generation_config.json"};
 
 static char *join(const char *a, const char *b) {
     size_t n = strlen(a) + strlen(b) + 2;
@@ -40,13 +52,53 @@ static bool file_digest(const char *path, size_t *bytes, uint64_t *hash) {
 }
 
 // The weights as fp32: the optimizer's master copy where parameters are low precision (`master`,
-// laid out like the whole buffer), so a resumed run continues from exactly these values.
-static void save_model_weights(const weft_model *m, const char *path, const float *master) {
+// laid out like the whole buffer), so a resumed run continues from exactly these values. Sharded
+// as train.save_shard_mb says.
+static void save_model_weights(const weft_model *m, const char *dir, const float *master, double shard_mb) {
     weft_safetensors_writer *w = weft_safetensors_writer_create();
     weft_safetensors_writer_add_metadata(w, "format", "pt");
     weft_model_add_tensors(m, w, "", master, 0);
-    WEFT_CHECK(weft_safetensors_writer_save(w, path), "%s: cannot write checkpoint weights", path);
+    WEFT_CHECK(weft_safetensors_writer_save_model(w, dir, (size_t)(shard_mb * 1e6)),
+               "%s: cannot write checkpoint weights (%s)", dir, strerror(errno));
     weft_safetensors_writer_free(w);
+}
+
+static void copy_file(const char *from, const char *to) {
+    size_t n;
+    char *data = weft_read_file(from, &n);
+    WEFT_CHECK(data, "%s: cannot read it to copy into the checkpoint (%s)", from, strerror(errno));
+    WEFT_CHECK(weft_write_file_atomic(to, data, n), "%s: cannot write (%s)", to, strerror(errno));
+    weft_free(data);
+}
+
+// config.json as loaded (only what training changed is updated) when the model came from a
+// directory, with its tokenizer and generation files; a model built from scratch gets a complete
+// config. data.tokenizer's file, when set, is the checkpoint's tokenizer.json: it is what the job
+// tokenized with; a job on bytes writes the byte-level tokenizer as files.
+static void save_model_files(const weft_job_config *cfg, const weft_model_config *mc, const char *dir) {
+    char *path = join(dir, "config.json");
+    if (cfg->model.path[0]) {
+        char *source = join(cfg->model.path, "config.json");
+        WEFT_CHECK(weft_model_config_save_over(source, mc, "float32", path), "%s: cannot write", path);
+        weft_free(source);
+        for (size_t i = 0; i < sizeof MODEL_DIR_FILES / sizeof MODEL_DIR_FILES[0]; i++) {
+            char *from = join(cfg->model.path, MODEL_DIR_FILES[i]), *to = join(dir, MODEL_DIR_FILES[i]);
+            if (access(from, F_OK) == 0) copy_file(from, to);
+            weft_free(from);
+            weft_free(to);
+        }
+    } else {
+        WEFT_CHECK(weft_model_config_save(mc, path), "%s: cannot write", path);
+    }
+    weft_free(path);
+    if (weft_job_tokenizer_is_bytes(cfg)) {
+        WEFT_CHECK(weft_tokenizer_save_byte_level(dir), "%s: cannot write the byte-level "
+                   "tokenizer's files (%s)", dir, strerror(errno));
+    } else if (cfg->data.tokenizer[0]) {
+        path = join(dir, "tokenizer.json");
+        copy_file(cfg->data.tokenizer, path);
+        weft_free(path);
+    }
 }
 
 // An optimizer buffer (moment, master weights) laid out like the whole parameter buffer: NULL
@@ -75,24 +127,46 @@ static void save_optimizer(const weft_trainer *t, const char *path, bool writer)
 }
 
 // optimizer_steps: AdamW's step count (its bias correction), which an RL step advances several times.
-static void save_state(const char *dir, const weft_train_state *s, int optimizer_steps) {
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+// Every file of the checkpoint directory but trainer_state.json, in name order (the same bytes
+// whatever order the file system lists them in).
+static json_t *digest_files(const char *dir) {
+    char **names = NULL;
+    int n = 0, cap = 0;
+    DIR *d = opendir(dir);
+    WEFT_CHECK(d, "%s: cannot list (%s)", dir, strerror(errno));
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || strcmp(e->d_name, STATE_FILE) == 0) continue;
+        names = weft_grow(names, n, &cap, sizeof *names, 16);
+        names[n++] = weft_strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, by_name);
     json_t *files = json_object();
-    for (int i = 0; i < N_FILES; i++) {
-        char *path = join(dir, CHECKPOINT_FILES[i]);
+    for (int i = 0; i < n; i++) {
+        char *path = join(dir, names[i]);
         size_t bytes;
         uint64_t hash;
         WEFT_CHECK(file_digest(path, &bytes, &hash), "%s: cannot read back", path);
         char hex[17];
         snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
-        json_object_set_new(files, CHECKPOINT_FILES[i],
+        json_object_set_new(files, names[i],
                             json_pack("{s:I, s:s}", "bytes", (json_int_t)bytes, "fnv1a64", hex));
         weft_free(path);
+        weft_free(names[i]);
     }
+    weft_free(names);
+    return files;
+}
+
+static void save_state(const char *dir, const weft_train_state *s, int optimizer_steps) {
+    json_t *files = digest_files(dir);
     json_t *root = json_pack("{s:i, s:i, s:i, s:I, s:I, s:o}", "step", s->step, "optimizer_steps",
                              optimizer_steps, "epoch", s->epoch, "cursor", (json_int_t)s->cursor,
                              "seed", (json_int_t)s->seed, "files", files);
     char *text = json_dumps(root, JSON_INDENT(2));
-    char *path = join(dir, "trainer_state.json");
+    char *path = join(dir, STATE_FILE);
     WEFT_CHECK(weft_write_file_atomic(path, text, strlen(text)), "%s: cannot write", path);
     free(text);
     weft_free(path);
@@ -156,12 +230,8 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
     const float *master = t->opt->master;
     float *master_all = master ? whole_moment(t, t->opt->master) : NULL; // collective too
     if (writer) {
-        path = join(tmp, "config.json");
-        WEFT_CHECK(weft_model_config_save(&t->model->cfg, path), "%s: cannot write", path);
-        weft_free(path);
-        path = join(tmp, "model.safetensors");
-        save_model_weights(t->model, path, master_all ? master_all : master);
-        weft_free(path);
+        save_model_files(&t->cfg, &t->model->cfg, tmp);
+        save_model_weights(t->model, tmp, master_all ? master_all : master, t->cfg.train.save_shard_mb);
         save_state(tmp, s, t->opt ? t->opt->step : s->step);
         publish(tmp, final_dir);
         remove_leftovers(run_dir);
@@ -171,39 +241,61 @@ char *weft_checkpoint_save(const char *run_dir, const weft_trainer *t, const wef
     return final_dir;
 }
 
-// A checkpoint is valid when trainer_state.json parses and every file matches its recorded size
-// and hash. `why` receives the first problem.
+// A recorded file matches its size and hash; false with `why` set if not.
+static bool file_matches(const char *dir, const char *name, json_t *f, char *why, size_t why_cap) {
+    // The names come from the file: only plain names inside the checkpoint are read.
+    if (!name[0] || strchr(name, '/') || strcmp(name, "..") == 0 || strcmp(name, ".") == 0) {
+        snprintf(why, why_cap, "trainer_state.json records a file named \"%s\"", name);
+        return false;
+    }
+    const char *want_hex = json_string_value(json_object_get(f, "fnv1a64"));
+    json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
+    char *path = join(dir, name);
+    size_t bytes = 0;
+    uint64_t hash = 0;
+    char hex[17];
+    bool ok = file_digest(path, &bytes, &hash);
+    weft_free(path);
+    if (!ok) {
+        snprintf(why, why_cap, "%s is missing", name);
+        return false;
+    }
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
+    if (!want_hex || (json_int_t)bytes != want_bytes || strcmp(hex, want_hex) != 0) {
+        snprintf(why, why_cap, "%s has %zu bytes (hash %s) but was saved with %lld (%s)", name, bytes, hex,
+                 (long long)want_bytes, want_hex ? want_hex : "?");
+        return false;
+    }
+    return true;
+}
+
+// A checkpoint is valid when trainer_state.json parses, records the files every checkpoint holds
+// (config, optimizer state, the weights or their index) and every file it records matches its
+// size and hash. `why` receives the first problem.
 static bool checkpoint_valid(const char *dir, char *why, size_t why_cap) {
-    char *state = join(dir, "trainer_state.json");
+    char *state = join(dir, STATE_FILE);
     json_t *root = json_load_file(state, 0, NULL);
     weft_free(state);
     if (!root) {
         snprintf(why, why_cap, "trainer_state.json is missing or unreadable");
         return false;
     }
-    bool ok = true;
     json_t *files = json_object_get(root, "files");
-    for (int i = 0; i < N_FILES && ok; i++) {
-        json_t *f = json_object_get(files, CHECKPOINT_FILES[i]);
-        const char *want_hex = json_string_value(json_object_get(f, "fnv1a64"));
-        json_int_t want_bytes = json_integer_value(json_object_get(f, "bytes"));
-        char *path = join(dir, CHECKPOINT_FILES[i]);
-        size_t bytes = 0;
-        uint64_t hash = 0;
-        char hex[17];
-        if (!file_digest(path, &bytes, &hash)) {
-            snprintf(why, why_cap, "%s is missing", CHECKPOINT_FILES[i]);
+    bool ok = json_is_object(files);
+    if (!ok) snprintf(why, why_cap, "trainer_state.json records no files");
+    for (int i = 0; i < N_REQUIRED && ok; i++)
+        if (!json_object_get(files, REQUIRED_FILES[i])) {
+            snprintf(why, why_cap, "%s is not recorded in trainer_state.json", REQUIRED_FILES[i]);
             ok = false;
-        } else {
-            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash);
-            if (!want_hex || (json_int_t)bytes != want_bytes || strcmp(hex, want_hex) != 0) {
-                snprintf(why, why_cap, "%s has %zu bytes (hash %s) but was saved with %lld (%s)",
-                         CHECKPOINT_FILES[i], bytes, hex, (long long)want_bytes,
-                         want_hex ? want_hex : "?");
-                ok = false;
-            }
         }
-        weft_free(path);
+    if (ok && !json_object_get(files, WEIGHTS_FILE) && !json_object_get(files, WEIGHTS_INDEX)) {
+        snprintf(why, why_cap, "trainer_state.json records neither " WEIGHTS_FILE " nor " WEIGHTS_INDEX);
+        ok = false;
+    }
+    const char *name;
+    json_t *f;
+    json_object_foreach(files, name, f) {
+        if (ok) ok = file_matches(dir, name, f, why, why_cap);
     }
     json_decref(root);
     return ok;
@@ -300,22 +392,20 @@ static void load_moments(const weft_safetensors *st, const char *path, const wef
 
 weft_train_state weft_checkpoint_load(const char *dir, weft_trainer *t) {
     check_same_shape(dir, &t->model->cfg);
-    char *path = join(dir, "model.safetensors");
-    weft_model_load_safetensors(t->model, path);
+    weft_model_load_safetensors(t->model, dir); // model.safetensors or its shards
     if (t->opt->master) { // the fp32 weights, not their low-precision rounding
-        weft_safetensors *st = weft_safetensors_load(path);
-        load_moments(st, path, t, "", t->opt->master);
+        weft_safetensors *st = weft_safetensors_open_model(dir);
+        load_moments(st, dir, t, "", t->opt->master);
         weft_safetensors_free(st);
     }
-    weft_free(path);
-    path = join(dir, "optimizer.safetensors");
+    char *path = join(dir, "optimizer.safetensors");
     weft_safetensors *st = weft_safetensors_load(path);
     load_moments(st, path, t, "exp_avg.", t->opt->m);
     load_moments(st, path, t, "exp_avg_sq.", t->opt->v);
     weft_safetensors_free(st);
     weft_free(path);
 
-    path = join(dir, "trainer_state.json");
+    path = join(dir, STATE_FILE);
     weft_train_state s = weft_checkpoint_read_state(path);
     weft_free(path);
     t->opt->step = s.optimizer_steps;

@@ -1,8 +1,12 @@
-// Checkpoints: <run>/checkpoints/step_NNNNNNNN/ holding config.json and model.safetensors (Hugging
-// Face names, loadable by other tools), optimizer.safetensors (AdamW moments by parameter name)
-// and trainer_state.json (step, data position, and each file's size and hash). A checkpoint is
-// written in a temporary directory and renamed into place, and trainer_state.json, written last,
-// is its completion record: a crash mid-save leaves the previous checkpoint as the latest valid one.
+// Checkpoints: <run>/checkpoints/step_NNNNNNNN/, a complete Hugging Face model directory:
+// config.json (the loaded model's, with only what training changed updated; complete for a model
+// built from scratch), the weights (model.safetensors, or model-0000k-of-0000N.safetensors shards
+// of at most train.save_shard_mb with model.safetensors.index.json), the model directory's
+// tokenizer and generation files (data.tokenizer's as tokenizer.json), optimizer.safetensors
+// (AdamW moments by parameter name) and trainer_state.json (step, data position, and every other
+// file's size and hash). A checkpoint is written in a temporary directory and renamed into place,
+// and trainer_state.json, written last, is its completion record: a crash mid-save leaves the
+// previous checkpoint as the latest valid one.
 #pragma once
 #include "train/step.h"
 

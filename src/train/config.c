@@ -71,6 +71,9 @@ static const key_def KEYS[] = {
     {"train.seed", KEY_INT, F(train.seed), "seed of initialisation and data order", NULL},
     {"train.output_dir", KEY_STRING, F(train.output_dir), "where checkpoints and metrics go", NULL},
     {"train.save_every", KEY_INT, F(train.save_every), "checkpoint every N steps (0: at the end)", NULL},
+    {"train.save_shard_mb", KEY_REAL, F(train.save_shard_mb),
+     "checkpoint weights in shards of at most this many MB (10^6 bytes) with an index, as "
+     "save_pretrained's max_shard_size; one model.safetensors when they fit", NULL},
     {"train.log_every", KEY_INT, F(train.log_every), "plain log line every N steps", NULL},
     {"parallel.use_distributed_optimizer", KEY_BOOL, F(parallel.use_distributed_optimizer),
      "shard AdamW state over data-parallel ranks (ZeRO-1)", NULL},
@@ -201,6 +204,7 @@ weft_job_config weft_job_config_default(void) {
     c.train.seed = 1234;
     snprintf(c.train.output_dir, sizeof c.train.output_dir, "runs/default");
     c.train.save_every = 250;
+    c.train.save_shard_mb = 5000; // transformers' default max_shard_size, "5GB"
     c.train.log_every = 10;
     c.parallel = weft_parallel_config_default();
     c.optim = weft_optim_config_default();
@@ -377,6 +381,9 @@ void weft_job_config_validate(const weft_job_config *c) {
                    c->optim.beta2 < 1,
                "optim.beta1 and optim.beta2 must lie in [0, 1)");
     WEFT_CHECK(c->optim.eps > 0, "optim.eps must be positive");
+    WEFT_CHECK(c->train.save_shard_mb > 0 && c->train.save_shard_mb <= 1e9,
+               "train.save_shard_mb=%g: the weights' shard size must be positive (MB; 5000 is "
+               "transformers' 5GB)", c->train.save_shard_mb);
     const weft_model_config *a = &c->model.arch;
     WEFT_CHECK(c->model.path[0] || (a->num_heads > 0 && a->num_kv_heads > 0 &&
                                     (a->head_dim > 0 || a->hidden_size % a->num_heads == 0) &&

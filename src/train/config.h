@@ -29,6 +29,7 @@ typedef struct weft_job_config {
         int seed;
         char output_dir[WEFT_PATH_MAX];
         int save_every, log_every;
+        double save_shard_mb; // train.save_shard_mb: weight files of at most this many MB (10^6 B)
     } train;
     weft_parallel_config parallel;
     weft_sampling_config sampling; // sampling.*: how generation draws tokens

@@ -121,14 +121,9 @@ weft_backend *weft_job_backend(const weft_job_config *cfg, weft_comm *world) {
 weft_model *weft_job_build_model(weft_backend *be, const weft_comm *world,
                                  const weft_job_config *cfg, int vocab) {
     weft_model_config mc;
-    char path[WEFT_PATH_MAX + 32];
     weft_job_model_config(cfg, vocab, &mc);
     weft_model *m = weft_trainer_build_model(be, world, &mc, cfg);
-    if (cfg->model.path[0]) {
-        snprintf(path, sizeof path, "%s/model.safetensors", cfg->model.path);
-        weft_model_load_safetensors(m, path);
-    } else {
-        weft_model_init_random(m, (uint64_t)cfg->train.seed);
-    }
+    if (cfg->model.path[0]) weft_model_load_safetensors(m, cfg->model.path);
+    else weft_model_init_random(m, (uint64_t)cfg->train.seed);
     return m;
 }
