@@ -59,7 +59,6 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
     const weft_layer_params *p = &m->layers[l];
     dims d = a->d;
     size_t esz = weft_dtype_size(be->act_dtype);
-    double theta = m->cfg.rope_theta;
     float eps = (float)m->cfg.rms_norm_eps;
 
     be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
@@ -72,8 +71,8 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
         be->bias_forward(be, la->k, weft_model_param(m, p->k_b), d.T, d.kvd);
         be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
     }
-    be->rope_forward(be, la->q, a->positions, theta, d.T, d.H, d.D);
-    be->rope_forward(be, la->k, a->positions, theta, d.T, d.KV, d.D);
+    be->rope_forward(be, la->q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
+    be->rope_forward(be, la->k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
     const void *k = la->k, *v = la->v;
     if (kv && kv->attend) {
         kv->attend(kv->ctx, l, la->q, la->k, la->att, la->lse);
@@ -122,7 +121,6 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
     const weft_kv_provider *kv = pass ? pass->kv : NULL;
     const weft_layer_params *p = &m->layers[l];
     dims d = a->d;
-    double theta = m->cfg.rope_theta;
 
     // MLP: out = res1 + down(swiglu(gate(ln2), up(ln2)))
     linear_backward(m, la->act, p->down_w, a->d_res, a->d_act, d.T, d.I, d.C, 0.0f);
@@ -137,8 +135,8 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
     linear_backward(m, la->att, p->o_w, a->d_res, a->d_att, d.T, d.qd, d.C, 0.0f);
     weft_notify_grads_ready(pass, p->o_w);
     attention_backward(m, l, la, a, kv);
-    be->rope_backward(be, a->d_q, a->positions, theta, d.T, d.H, d.D);
-    be->rope_backward(be, a->d_k, a->positions, theta, d.T, d.KV, d.D);
+    be->rope_backward(be, a->d_q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
+    be->rope_backward(be, a->d_k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
     if (p->q_b != WEFT_ABSENT) {
         be->bias_backward(be, a->d_q, weft_model_grad(m, p->q_b), d.T, d.qd);
         be->bias_backward(be, a->d_k, weft_model_grad(m, p->k_b), d.T, d.kvd);

@@ -127,6 +127,13 @@ weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
     m->n_padded = (m->n_elements + q - 1) / q * q;
     m->param_buf = be->alloc(be, m->n_padded * weft_dtype_size(be->param_dtype));
     m->grad_buf = be->alloc(be, m->n_padded * sizeof(float));
+    // RoPE's frequencies, once: every rope scaling is this one table (and a factor).
+    size_t half = (size_t)cfg->head_dim / 2;
+    float *freq = weft_alloc(half * sizeof(float));
+    weft_rope_table(cfg, freq, &m->rope_scale);
+    m->rope_inv_freq = be->alloc(be, half * sizeof(float));
+    be->to_device(be, m->rope_inv_freq, freq, half * sizeof(float));
+    weft_free(freq);
     return m;
 }
 
@@ -219,6 +226,7 @@ void weft_model_free(weft_model *m) {
     weft_activations_free(m);
     m->be->free(m->be, m->param_buf);
     m->be->free(m->be, m->grad_buf);
+    m->be->free(m->be, m->rope_inv_freq);
     weft_free(m->params);
     weft_free(m->layers);
     weft_free(m->mtp);

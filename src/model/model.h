@@ -100,6 +100,8 @@ typedef struct weft_model {
     weft_layer_params *layers;  // (num_layers + num_mtp): the MTP modules' layers come last
     weft_mtp_params *mtp;       // (num_mtp)
     size_t n_padded;            // buffer length: n_elements rounded up for even sharding
+    float *rope_inv_freq;       // (head_dim / 2) f32 on the device: RoPE's table (rope_theta, rope_scaling)
+    float rope_scale;           // cos and sin scaled by this (YaRN's attention factor, else 1)
     weft_activations *acts;     // the model's own working memory; see weft_model_peak_bytes
 } weft_model;
 
