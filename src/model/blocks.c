@@ -63,13 +63,22 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
 
     be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
                         d.T, d.C);
-    linear_forward(m, la->ln1, p->q_w, la->q, d.T, d.C, d.qd, 0.0f);
-    linear_forward(m, la->ln1, p->k_w, la->k, d.T, d.C, d.kvd, 0.0f);
+    // With Qwen3's per-head norms the projections land in q_pre / k_pre, normed into q / k.
+    bool qk_norm = p->q_norm != WEFT_ABSENT;
+    void *q_proj = qk_norm ? la->q_pre : la->q, *k_proj = qk_norm ? la->k_pre : la->k;
+    linear_forward(m, la->ln1, p->q_w, q_proj, d.T, d.C, d.qd, 0.0f);
+    linear_forward(m, la->ln1, p->k_w, k_proj, d.T, d.C, d.kvd, 0.0f);
     linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
     if (p->q_b != WEFT_ABSENT) {
-        be->bias_forward(be, la->q, weft_model_param(m, p->q_b), d.T, d.qd);
-        be->bias_forward(be, la->k, weft_model_param(m, p->k_b), d.T, d.kvd);
+        be->bias_forward(be, q_proj, weft_model_param(m, p->q_b), d.T, d.qd);
+        be->bias_forward(be, k_proj, weft_model_param(m, p->k_b), d.T, d.kvd);
         be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
+    }
+    if (qk_norm) { // RMSNorm over each head's D values: T*H rows of width D, before RoPE
+        be->rmsnorm_forward(be, la->q_pre, weft_model_param(m, p->q_norm), eps, la->q, la->rstd_q,
+                            d.T * d.H, d.D);
+        be->rmsnorm_forward(be, la->k_pre, weft_model_param(m, p->k_norm), eps, la->k, la->rstd_k,
+                            d.T * d.KV, d.D);
     }
     be->rope_forward(be, la->q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
     be->rope_forward(be, la->k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
@@ -115,6 +124,19 @@ static void attention_backward(weft_model *m, int l, const layer_acts *la, weft_
     a->kv_full_layer = -1;
 }
 
+// Qwen3's per-head norm backward, in place on d (rows, D): dL/d(normed) in, dL/d(projection) out.
+// rmsnorm_backward adds into its dx (built for the residual stream), so it goes through the zeroed
+// scratch and is copied back.
+static void head_norm_backward(weft_model *m, const void *x, int w, const float *rstd, void *d,
+                               void *scratch, int rows, int D) {
+    weft_backend *be = m->be;
+    size_t bytes = weft_dtype_size(be->act_dtype) * (size_t)rows * D;
+    be->zero(be, scratch, bytes);
+    be->rmsnorm_backward(be, x, weft_model_param(m, w), rstd, d, scratch, weft_model_grad(m, w),
+                         rows, D);
+    be->copy(be, d, scratch, bytes);
+}
+
 void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
                          const weft_pass_options *pass) {
     weft_backend *be = m->be;
@@ -137,6 +159,11 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
     attention_backward(m, l, la, a, kv);
     be->rope_backward(be, a->d_q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
     be->rope_backward(be, a->d_k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
+    if (p->q_norm != WEFT_ABSENT) {
+        head_norm_backward(m, la->q_pre, p->q_norm, la->rstd_q, a->d_q, a->d_qk_pre, d.T * d.H, d.D);
+        head_norm_backward(m, la->k_pre, p->k_norm, la->rstd_k, a->d_k, a->d_qk_pre, d.T * d.KV,
+                           d.D);
+    }
     if (p->q_b != WEFT_ABSENT) {
         be->bias_backward(be, a->d_q, weft_model_grad(m, p->q_b), d.T, d.qd);
         be->bias_backward(be, a->d_k, weft_model_grad(m, p->k_b), d.T, d.kvd);

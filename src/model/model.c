@@ -65,6 +65,14 @@ static void add_decoder_layer(weft_model *m, int cap, weft_layer_params *lp, con
     } else {
         lp->q_b = lp->k_b = lp->v_b = WEFT_ABSENT;
     }
+    // Before o_proj: backward tells its hook that o_proj's gradients and everything after them
+    // are final while these are still to come.
+    if (c->qk_norm) {
+        P(q_norm, "self_attn.q_norm.weight", c->head_dim, 0);
+        P(k_norm, "self_attn.k_norm.weight", c->head_dim, 0);
+    } else {
+        lp->q_norm = lp->k_norm = WEFT_ABSENT;
+    }
     P(o_w, "self_attn.o_proj.weight", C, qd);
     P(post_norm, "post_attention_layernorm.weight", C, 0);
     P(gate_w, "mlp.gate_proj.weight", I, C);
@@ -79,10 +87,10 @@ static void build_layout(weft_model *m) {
     const weft_model_config *c = &m->cfg;
     int64_t C = c->hidden_size;
     int L = c->num_layers, D = c->num_mtp;
-    // Validated sizes are below 2^30, but 12 tensors a layer would overflow an int: the table's
+    // Validated sizes are below 2^30, but 14 tensors a layer would overflow an int: the table's
     // size is checked, and a layer count whose table would not fit is the too-large error.
-    if (L < 0 || D < 0 || (int64_t)L + D > (INT32_MAX - 3) / 16) too_large(c, "model.layers");
-    int cap = 3 + 12 * L + 16 * D;
+    if (L < 0 || D < 0 || (int64_t)L + D > (INT32_MAX - 3) / 18) too_large(c, "model.layers");
+    int cap = 3 + 14 * L + 18 * D;
     m->params = weft_alloc(sizeof(weft_param_info) * (size_t)cap);
     m->layers = weft_alloc(sizeof(weft_layer_params) * (size_t)(L + D > 0 ? L + D : 1));
     m->mtp = weft_alloc(sizeof(weft_mtp_params) * (D > 0 ? D : 1));

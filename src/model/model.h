@@ -32,9 +32,11 @@ typedef struct weft_param_info {
 
 enum { WEFT_ABSENT = -1 };
 
-// Indices into the parameter table for one decoder layer (WEFT_ABSENT where biases are off).
+// Indices into the parameter table for one decoder layer (WEFT_ABSENT where biases are off, and
+// for q_norm / k_norm, Qwen3's RMSNorm per head on q and k, in the other families).
 typedef struct weft_layer_params {
-    int input_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate_w, up_w, down_w;
+    int input_norm, q_w, q_b, k_w, k_b, v_w, v_b, q_norm, k_norm, o_w, post_norm, gate_w, up_w,
+        down_w;
 } weft_layer_params;
 
 // One multi-token-prediction module's own tensors; its decoder layer is in `layers`.
