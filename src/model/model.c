@@ -130,6 +130,7 @@ weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
     m->cfg = *cfg;
     m->be = be;
     m->opt = *opt;
+    m->opt.drop_tensors = opt->drop_tensors ? weft_strdup(opt->drop_tensors) : NULL;
     build_layout(m);
     size_t q = opt->pad_multiple > 0 ? opt->pad_multiple : 1;
     m->n_padded = (m->n_elements + q - 1) / q * q;
@@ -173,8 +174,38 @@ static void format_shape(char *out, size_t cap, int ndim, const int64_t *shape) 
     if (n < cap) snprintf(out + n, cap - n, "]");
 }
 
+// Whether `list` (names separated by commas, spaces, brackets or quotes) holds name.
+static bool listed(const char *list, const char *name) {
+    static const char *const SEPARATORS = ", []\"'\t\n";
+    size_t n = strlen(name);
+    for (const char *s = list; s && *s;) {
+        s += strspn(s, SEPARATORS);
+        size_t len = strcspn(s, SEPARATORS);
+        if (len == n && strncmp(s, name, n) == 0) return true;
+        s += len;
+    }
+    return false;
+}
+
+// A tensor of the checkpoint that no parameter reads would be dropped without a word, leaving a
+// different model than the checkpoint's (Qwen3's q_norm read as a Qwen2): each is an error naming
+// it, unless the options list it. transformers' rotary inv_freq buffers are weft's RoPE table.
+static void check_all_used(const weft_model *m, const weft_safetensors *st, const char *path) {
+    for (int i = 0; i < st->n; i++) {
+        const char *name = st->tensors[i].name;
+        size_t len = strlen(name), buf = strlen("rotary_emb.inv_freq");
+        bool rope_buffer = len >= buf && strcmp(name + len - buf, "rotary_emb.inv_freq") == 0;
+        WEFT_CHECK(rope_buffer || weft_model_find_param(m, name) ||
+                       listed(m->opt.drop_tensors, name),
+                   "%s: tensor \"%s\" is not used by the model config.json describes; loading "
+                   "would drop it and give a different model. Check config.json, or drop it on "
+                   "purpose with model.drop_tensors=%s", path, name, name);
+    }
+}
+
 void weft_model_load_safetensors(weft_model *m, const char *path) {
     weft_safetensors *st = weft_safetensors_load(path);
+    check_all_used(m, st, path);
     for (int i = 0; i < m->n_params; i++) {
         const weft_param_info *p = &m->params[i];
         const weft_st_tensor *t = weft_safetensors_find(st, p->name);
@@ -238,6 +269,7 @@ void weft_model_free(weft_model *m) {
     weft_free(m->params);
     weft_free(m->layers);
     weft_free(m->mtp);
+    weft_free((char *)m->opt.drop_tensors);
     weft_free(m);
 }
 

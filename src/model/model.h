@@ -87,6 +87,10 @@ typedef struct weft_model_options {
     size_t pad_multiple; // buffers hold a multiple of this many elements (the distributed
                          // optimizer shards them); 0 or 1: no padding
     bool recompute;      // keep only each layer's input; recompute the rest in backward
+    // Checkpoint tensors the model does not use that weft_model_load_safetensors may drop
+    // (model.drop_tensors: names separated by commas, brackets and quotes ignored; copied). Any
+    // other unused tensor is an error. NULL: none.
+    const char *drop_tensors;
 } weft_model_options;
 
 typedef struct weft_model {
@@ -111,7 +115,8 @@ weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
                               const weft_model_options *opt);
 void weft_model_free(weft_model *m);
 const weft_param_info *weft_model_find_param(const weft_model *m, const char *name);
-// Weights by Hugging Face name; every parameter must be present with its shape.
+// Weights by Hugging Face name; every parameter must be present with its shape, and every tensor
+// of the file used (or listed in the options' drop_tensors).
 void weft_model_load_safetensors(weft_model *m, const char *path);
 // Scaled normal init for training from scratch (std 0.02, output projections 0.02/sqrt(2L)).
 void weft_model_init_random(weft_model *m, uint64_t seed);
