@@ -178,10 +178,11 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
 
 // ---------------------------------------------------------------------------- MTP module ----
 
-// eh_proj's two halves: columns [0, C) read enorm(Emb(x)), columns [C, 2C) read hnorm(h_{k-1}).
+// eh_proj's two halves: half 0 reads enorm(Emb(x)), half 1 hnorm(h_{k-1}); columns [0, C) are
+// half 0's, except in MiMo's input_proj, which reads [hidden; embedding].
 static weight_view eh_half(const weft_model *m, int k, int half) {
-    int C = m->cfg.hidden_size;
-    return (weight_view){m->mtp[k].eh_proj, half * C, 2 * C};
+    int C = m->cfg.hidden_size, col = m->mtp_names == WEFT_MTP_NAMES_MIMO ? 1 - half : half;
+    return (weight_view){m->mtp[k].eh_proj, col * C, 2 * C};
 }
 
 // MTP module k's parameters, activations and decoder layer index.

@@ -44,6 +44,18 @@ typedef struct weft_mtp_params {
     int enorm, hnorm, eh_proj, final_norm;
 } weft_mtp_params;
 
+// How a checkpoint names the MTP modules' tensors; loading adopts the file's scheme and saving
+// writes it back.
+typedef enum weft_mtp_names {
+    WEFT_MTP_NAMES_WEFT = 0, // model.mtp_layers.K.{enorm, hnorm, eh_proj, <layer>, final_layernorm}
+    // MiMo: model.mtp_layers.K.{token_layernorm, hidden_layernorm, input_proj, <layer>,
+    // final_layernorm}; input_proj reads [hidden; embedding], the reverse of eh_proj.
+    WEFT_MTP_NAMES_MIMO,
+    // DeepSeek-V3: model.layers.{L+K}.{enorm, hnorm, eh_proj, <layer>, shared_head.norm}, often
+    // with copies of the shared embedding and head (embed_tokens, shared_head.head).
+    WEFT_MTP_NAMES_DEEPSEEK,
+} weft_mtp_names;
+
 typedef struct weft_activations weft_activations;
 
 // Where attention's keys and values come from when the batch does not hold them all: the other
@@ -108,6 +120,8 @@ typedef struct weft_model {
     size_t n_padded;            // buffer length: n_elements rounded up for even sharding
     float *rope_inv_freq;       // (head_dim / 2) f32 on the device: RoPE's table (rope_theta, rope_scaling)
     float rope_scale;           // cos and sin scaled by this (YaRN's attention factor, else 1)
+    weft_mtp_names mtp_names;   // the MTP tensors' names (params[].name), as the checkpoint had
+    bool mtp_shared_copies;     // DeepSeek names: the checkpoint held the embedding/head copies
     weft_activations *acts;     // the model's own working memory; see weft_model_peak_bytes
 } weft_model;
 

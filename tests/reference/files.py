@@ -89,7 +89,7 @@ def write_safetensors(path, tensors):
 # --------------------------------------------------------------------------------------------
 
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "llama": "LlamaForCausalLM"}
+                 "llama": "LlamaForCausalLM", "mimo": "MiMoForCausalLM"}
 
 
 def make_model(dir, cfg, seed, std=0.2):
