@@ -74,10 +74,11 @@ static void refuse_moe(json_t *root, const char *path, const char *arch, const c
                                             "deepseekv2", "deepseekv3", "dbrx", "jamba"};
     static const char *const expert_keys[] = {"num_experts", "num_local_experts",
                                               "n_routed_experts", "moe_intermediate_size"};
-    const char *moe = contains_any(arch, moe_words, 8)   ? arch
-                      : contains_any(type, moe_words, 8) ? type
-                                                         : NULL;
-    for (int i = 0; !moe && i < 4; i++) {
+    int n_words = (int)(sizeof moe_words / sizeof moe_words[0]);
+    const char *moe = contains_any(arch, moe_words, n_words)   ? arch
+                      : contains_any(type, moe_words, n_words) ? type
+                                                               : NULL;
+    for (size_t i = 0; !moe && i < sizeof expert_keys / sizeof expert_keys[0]; i++) {
         json_t *v = json_object_get(root, expert_keys[i]);
         if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
             moe = expert_keys[i];
