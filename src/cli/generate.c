@@ -17,6 +17,7 @@ int weft_cmd_generate(int argc, char **argv, weft_session *session) {
     weft_job_config cfg = weft_job_config_default();
     weft_job_config_resolve(&cfg, a.config, a.n_settings, a.settings);
     r.stats = a.stats;
+    r.drop_tensors = cfg.model.drop_tensors;
     r.device = cfg.device;
     r.collective_timeout = cfg.parallel.collective_timeout;
     r.debug_collectives = cfg.parallel.debug_collectives;

@@ -16,11 +16,18 @@ static void take_kv(weft_activations *a, size_t half_bytes, void **k, void **v) 
     *v = *k ? (char *)*k + half_bytes : NULL;
 }
 
-static void carve_layer_inner(weft_activations *a, layer_acts *la, dims d, size_t esz) {
+static void carve_layer_inner(weft_activations *a, layer_acts *la, dims d, size_t esz,
+                              bool qk_norm) {
     size_t T = (size_t)d.T;
     la->ln1 = take(a, esz * T * d.C);
     la->q = take(a, esz * T * d.qd);
     take_kv(a, esz * T * d.kvd, &la->k, &la->v);
+    if (qk_norm) {
+        la->q_pre = take(a, esz * T * d.qd);
+        la->k_pre = take(a, esz * T * d.kvd);
+        la->rstd_q = take(a, sizeof(float) * T * d.H);
+        la->rstd_k = take(a, sizeof(float) * T * d.KV);
+    }
     la->att = take(a, esz * T * d.qd);
     la->lse = take(a, sizeof(float) * T * d.H);
     la->rstd1 = take(a, sizeof(float) * T);
@@ -42,7 +49,7 @@ static void carve_mtp(weft_activations *a, mtp_acts *mk, dims d, size_t esz, boo
 }
 
 // The gradients a backward works in, one layer's worth.
-static void carve_gradients(weft_activations *a, dims d, size_t esz) {
+static void carve_gradients(weft_activations *a, dims d, size_t esz, bool qk_norm) {
     size_t row = esz * d.T * d.C, inner = esz * d.T * d.I;
     a->d_head0 = take(a, row);
     a->d_res = take(a, row);
@@ -52,6 +59,7 @@ static void carve_gradients(weft_activations *a, dims d, size_t esz) {
     a->d_att = take(a, esz * d.T * d.qd);
     a->d_q = take(a, esz * d.T * d.qd);
     take_kv(a, esz * d.T * d.kvd, &a->d_k, &a->d_v);
+    a->d_qk_pre = qk_norm ? take(a, esz * d.T * d.qd) : NULL; // qd >= kvd: q's and k's in turn
     a->d_act = take(a, inner);
     a->d_gate = take(a, inner);
     a->d_up = take(a, inner);
@@ -66,9 +74,12 @@ static void carve(weft_activations *a, const weft_model_config *c, keep_mode kee
         layer_acts *la = &a->layers[l];
         *la = (layer_acts){0};
         if (backward) la->x_in = take(a, row);
-        if (keep == KEEP_ALL) carve_layer_inner(a, la, d, esz);
+        if (keep == KEEP_ALL) carve_layer_inner(a, la, d, esz, c->qk_norm);
     }
-    if (keep != KEEP_ALL) carve_layer_inner(a, &a->scratch, d, esz);
+    if (keep != KEEP_ALL) {
+        a->scratch = (layer_acts){0};
+        carve_layer_inner(a, &a->scratch, d, esz, c->qk_norm);
+    }
     a->ping[0] = a->ping[1] = NULL;
     if (!backward) a->ping[0] = take(a, row), a->ping[1] = take(a, row);
     for (int k = 0; k < c->num_mtp; k++) {
@@ -81,7 +92,7 @@ static void carve(weft_activations *a, const weft_model_config *c, keep_mode kee
     a->rstdf = take(a, f32);
     a->row_loss = take(a, f32);
     a->correct = take(a, f32);
-    if (backward) carve_gradients(a, d, esz);
+    if (backward) carve_gradients(a, d, esz, c->qk_norm);
     a->tokens = take(a, ids);
     a->positions = take(a, ids);
     a->targets = take(a, ids);

@@ -59,21 +59,29 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
     const weft_layer_params *p = &m->layers[l];
     dims d = a->d;
     size_t esz = weft_dtype_size(be->act_dtype);
-    double theta = m->cfg.rope_theta;
     float eps = (float)m->cfg.rms_norm_eps;
 
     be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
                         d.T, d.C);
-    linear_forward(m, la->ln1, p->q_w, la->q, d.T, d.C, d.qd, 0.0f);
-    linear_forward(m, la->ln1, p->k_w, la->k, d.T, d.C, d.kvd, 0.0f);
+    // With Qwen3's per-head norms the projections land in q_pre / k_pre, normed into q / k.
+    bool qk_norm = p->q_norm != WEFT_ABSENT;
+    void *q_proj = qk_norm ? la->q_pre : la->q, *k_proj = qk_norm ? la->k_pre : la->k;
+    linear_forward(m, la->ln1, p->q_w, q_proj, d.T, d.C, d.qd, 0.0f);
+    linear_forward(m, la->ln1, p->k_w, k_proj, d.T, d.C, d.kvd, 0.0f);
     linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
     if (p->q_b != WEFT_ABSENT) {
-        be->bias_forward(be, la->q, weft_model_param(m, p->q_b), d.T, d.qd);
-        be->bias_forward(be, la->k, weft_model_param(m, p->k_b), d.T, d.kvd);
+        be->bias_forward(be, q_proj, weft_model_param(m, p->q_b), d.T, d.qd);
+        be->bias_forward(be, k_proj, weft_model_param(m, p->k_b), d.T, d.kvd);
         be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
     }
-    be->rope_forward(be, la->q, a->positions, theta, d.T, d.H, d.D);
-    be->rope_forward(be, la->k, a->positions, theta, d.T, d.KV, d.D);
+    if (qk_norm) { // RMSNorm over each head's D values: T*H rows of width D, before RoPE
+        be->rmsnorm_forward(be, la->q_pre, weft_model_param(m, p->q_norm), eps, la->q, la->rstd_q,
+                            d.T * d.H, d.D);
+        be->rmsnorm_forward(be, la->k_pre, weft_model_param(m, p->k_norm), eps, la->k, la->rstd_k,
+                            d.T * d.KV, d.D);
+    }
+    be->rope_forward(be, la->q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
+    be->rope_forward(be, la->k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
     const void *k = la->k, *v = la->v;
     if (kv && kv->attend) {
         kv->attend(kv->ctx, l, la->q, la->k, la->att, la->lse);
@@ -116,13 +124,25 @@ static void attention_backward(weft_model *m, int l, const layer_acts *la, weft_
     a->kv_full_layer = -1;
 }
 
+// Qwen3's per-head norm backward, in place on d (rows, D): dL/d(normed) in, dL/d(projection) out.
+// rmsnorm_backward adds into its dx (built for the residual stream), so it goes through the zeroed
+// scratch and is copied back.
+static void head_norm_backward(weft_model *m, const void *x, int w, const float *rstd, void *d,
+                               void *scratch, int rows, int D) {
+    weft_backend *be = m->be;
+    size_t bytes = weft_dtype_size(be->act_dtype) * (size_t)rows * D;
+    be->zero(be, scratch, bytes);
+    be->rmsnorm_backward(be, x, weft_model_param(m, w), rstd, d, scratch, weft_model_grad(m, w),
+                         rows, D);
+    be->copy(be, d, scratch, bytes);
+}
+
 void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
                          const weft_pass_options *pass) {
     weft_backend *be = m->be;
     const weft_kv_provider *kv = pass ? pass->kv : NULL;
     const weft_layer_params *p = &m->layers[l];
     dims d = a->d;
-    double theta = m->cfg.rope_theta;
 
     // MLP: out = res1 + down(swiglu(gate(ln2), up(ln2)))
     linear_backward(m, la->act, p->down_w, a->d_res, a->d_act, d.T, d.I, d.C, 0.0f);
@@ -137,8 +157,13 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
     linear_backward(m, la->att, p->o_w, a->d_res, a->d_att, d.T, d.qd, d.C, 0.0f);
     weft_notify_grads_ready(pass, p->o_w);
     attention_backward(m, l, la, a, kv);
-    be->rope_backward(be, a->d_q, a->positions, theta, d.T, d.H, d.D);
-    be->rope_backward(be, a->d_k, a->positions, theta, d.T, d.KV, d.D);
+    be->rope_backward(be, a->d_q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
+    be->rope_backward(be, a->d_k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
+    if (p->q_norm != WEFT_ABSENT) {
+        head_norm_backward(m, la->q_pre, p->q_norm, la->rstd_q, a->d_q, a->d_qk_pre, d.T * d.H, d.D);
+        head_norm_backward(m, la->k_pre, p->k_norm, la->rstd_k, a->d_k, a->d_qk_pre, d.T * d.KV,
+                           d.D);
+    }
     if (p->q_b != WEFT_ABSENT) {
         be->bias_backward(be, a->d_q, weft_model_grad(m, p->q_b), d.T, d.qd);
         be->bias_backward(be, a->d_k, weft_model_grad(m, p->k_b), d.T, d.kvd);
@@ -153,10 +178,11 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
 
 // ---------------------------------------------------------------------------- MTP module ----
 
-// eh_proj's two halves: columns [0, C) read enorm(Emb(x)), columns [C, 2C) read hnorm(h_{k-1}).
+// eh_proj's two halves: half 0 reads enorm(Emb(x)), half 1 hnorm(h_{k-1}); columns [0, C) are
+// half 0's, except in MiMo's input_proj, which reads [hidden; embedding].
 static weight_view eh_half(const weft_model *m, int k, int half) {
-    int C = m->cfg.hidden_size;
-    return (weight_view){m->mtp[k].eh_proj, half * C, 2 * C};
+    int C = m->cfg.hidden_size, col = m->mtp_names == WEFT_MTP_NAMES_MIMO ? 1 - half : half;
+    return (weight_view){m->mtp[k].eh_proj, col * C, 2 * C};
 }
 
 // MTP module k's parameters, activations and decoder layer index.

@@ -20,6 +20,8 @@ typedef struct dims {
 typedef struct layer_acts {
     void *x_in;            // (T, C) layer input; always kept, it is where recomputation restarts
     void *ln1, *q, *k, *v; // (T, C), (T, H*D), (T, KV*D) x2; q and k after RoPE
+    void *q_pre, *k_pre;   // (T, H*D), (T, KV*D): q and k before their per-head norms (qk_norm)
+    float *rstd_q, *rstd_k; // (T*H), (T*KV) the per-head norms' rstd (qk_norm)
     void *att;             // (T, H*D)
     float *lse, *rstd1;    // (H, T), (T)
     void *res1, *ln2;      // (T, C) residual after attention, its norm
@@ -51,6 +53,7 @@ struct weft_activations {
     float *rstdf, *row_loss, *correct;   // (T)
     void *d_head0;                       // (T, C) dL/d(lnf) through the main head
     void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
+    void *d_qk_pre; // (T, H*D) dL/dq (then dL/dk) before the per-head norms (qk_norm; else NULL)
     // With a key/value provider: one layer's key rows (2, T_kv, KV*D) and a second such block,
     // shared by all layers, so memory stays proportional to this rank's rows plus one layer's
     // keys. The second holds the keys' gradients in backward and is the provider's scratch in

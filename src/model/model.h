@@ -32,15 +32,29 @@ typedef struct weft_param_info {
 
 enum { WEFT_ABSENT = -1 };
 
-// Indices into the parameter table for one decoder layer (WEFT_ABSENT where biases are off).
+// Indices into the parameter table for one decoder layer (WEFT_ABSENT where biases are off, and
+// for q_norm / k_norm, Qwen3's RMSNorm per head on q and k, in the other families).
 typedef struct weft_layer_params {
-    int input_norm, q_w, q_b, k_w, k_b, v_w, v_b, o_w, post_norm, gate_w, up_w, down_w;
+    int input_norm, q_w, q_b, k_w, k_b, v_w, v_b, q_norm, k_norm, o_w, post_norm, gate_w, up_w,
+        down_w;
 } weft_layer_params;
 
 // One multi-token-prediction module's own tensors; its decoder layer is in `layers`.
 typedef struct weft_mtp_params {
     int enorm, hnorm, eh_proj, final_norm;
 } weft_mtp_params;
+
+// How a checkpoint names the MTP modules' tensors; loading adopts the file's scheme and saving
+// writes it back.
+typedef enum weft_mtp_names {
+    WEFT_MTP_NAMES_WEFT = 0, // model.mtp_layers.K.{enorm, hnorm, eh_proj, <layer>, final_layernorm}
+    // MiMo: model.mtp_layers.K.{token_layernorm, hidden_layernorm, input_proj, <layer>,
+    // final_layernorm}; input_proj reads [hidden; embedding], the reverse of eh_proj.
+    WEFT_MTP_NAMES_MIMO,
+    // DeepSeek-V3: model.layers.{L+K}.{enorm, hnorm, eh_proj, <layer>, shared_head.norm}, often
+    // with copies of the shared embedding and head (embed_tokens, shared_head.head).
+    WEFT_MTP_NAMES_DEEPSEEK,
+} weft_mtp_names;
 
 typedef struct weft_activations weft_activations;
 
@@ -85,6 +99,10 @@ typedef struct weft_model_options {
     size_t pad_multiple; // buffers hold a multiple of this many elements (the distributed
                          // optimizer shards them); 0 or 1: no padding
     bool recompute;      // keep only each layer's input; recompute the rest in backward
+    // Checkpoint tensors the model does not use that weft_model_load_safetensors may drop
+    // (model.drop_tensors: names separated by commas, brackets and quotes ignored; copied). Any
+    // other unused tensor is an error. NULL: none.
+    const char *drop_tensors;
 } weft_model_options;
 
 typedef struct weft_model {
@@ -100,6 +118,10 @@ typedef struct weft_model {
     weft_layer_params *layers;  // (num_layers + num_mtp): the MTP modules' layers come last
     weft_mtp_params *mtp;       // (num_mtp)
     size_t n_padded;            // buffer length: n_elements rounded up for even sharding
+    float *rope_inv_freq;       // (head_dim / 2) f32 on the device: RoPE's table (rope_theta, rope_scaling)
+    float rope_scale;           // cos and sin scaled by this (YaRN's attention factor, else 1)
+    weft_mtp_names mtp_names;   // the MTP tensors' names (params[].name), as the checkpoint had
+    bool mtp_shared_copies;     // DeepSeek names: the checkpoint held the embedding/head copies
     weft_activations *acts;     // the model's own working memory; see weft_model_peak_bytes
 } weft_model;
 
@@ -107,8 +129,9 @@ weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
                               const weft_model_options *opt);
 void weft_model_free(weft_model *m);
 const weft_param_info *weft_model_find_param(const weft_model *m, const char *name);
-// Weights by Hugging Face name; every parameter must be present with its shape. path: a model
-// directory (model.safetensors, or model.safetensors.index.json and its shards) or one file.
+// Weights by Hugging Face name; every parameter must be present with its shape, and every tensor
+// of the file used (or listed in the options' drop_tensors). path: a model directory
+// (model.safetensors, or model.safetensors.index.json and its shards) or one file.
 void weft_model_load_safetensors(weft_model *m, const char *path);
 // Scaled normal init for training from scratch (std 0.02, output projections 0.02/sqrt(2L)).
 void weft_model_init_random(weft_model *m, uint64_t seed);

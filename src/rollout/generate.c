@@ -188,14 +188,15 @@ static void show_progress(void *ctx, int done, int total, long tokens) {
 // ------------------------------------------------------------------------------ the verb ----
 
 // The model of the directory, its weights loaded, on `be`; *tok its tokenizer if it has one.
-static weft_model *load_model(const char *dir, weft_backend *be, weft_tokenizer **tok) {
+static weft_model *load_model(const char *dir, const char *drop_tensors, weft_backend *be,
+                              weft_tokenizer **tok) {
     char path[4200];
     weft_model_config mc;
     snprintf(path, sizeof path, "%s/config.json", dir);
     weft_model_config_load(path, &mc);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     *tok = access(path, R_OK) == 0 ? weft_tokenizer_load(path) : NULL;
-    weft_model *m = weft_model_create(be, &mc, &(weft_model_options){0});
+    weft_model *m = weft_model_create(be, &mc, &(weft_model_options){.drop_tensors = drop_tensors});
     weft_model_load_safetensors(m, dir); // a directory without weights is its one clear error
     return m;
 }
@@ -251,7 +252,7 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     weft_backend *be = weft_backend_create(r->device, weft_comm_local_rank(world));
     weft_comm_use_backend(world, be);
     weft_tokenizer *tok;
-    weft_model *m = load_model(r->model_dir, be, &tok);
+    weft_model *m = load_model(r->model_dir, r->drop_tensors, be, &tok);
     weft_rollout_config_validate(&r->rollout, m->cfg.num_mtp, r->model_dir);
     prompt_set p = read_prompts(r->prompts, tok, m->cfg.vocab_size);
     weft_prompt *all = weft_alloc(sizeof(weft_prompt) * p.n);

@@ -12,6 +12,7 @@
 typedef struct weft_generate_request {
     const char *model_dir, *prompts, *out;
     const char *stats;            // JSON statistics (NULL: none)
+    const char *drop_tensors;     // model.drop_tensors (weft_model_options)
     weft_device device;
     double collective_timeout;
     bool debug_collectives;

@@ -45,6 +45,7 @@ _Static_assert((int)WEFT_REWARD_TEXT_MAX == (int)WEFT_PATH_MAX, "string keys hol
 #define F(f) offsetof(weft_job_config, f)
 static const key_def KEYS[] = {
     {"model.path", KEY_STRING, F(model.path), "Hugging Face model directory; empty: from scratch", NULL},
+    {"model.drop_tensors", KEY_STRING, F(model.drop_tensors), "checkpoint tensors the model does not use that loading may drop: [name, ...] (an unused tensor is otherwise an error)", NULL},
     {"model.hidden_size", KEY_INT, F(model.arch.hidden_size), "hidden size (from scratch)", NULL},
     {"model.intermediate_size", KEY_INT, F(model.arch.intermediate_size), "MLP size (from scratch)", NULL},
     {"model.num_layers", KEY_INT, F(model.arch.num_layers), "decoder layers (from scratch)", NULL},

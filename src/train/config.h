@@ -15,6 +15,9 @@ typedef struct weft_job_config {
         // model.*: the architecture of a model built from scratch; vocab_size comes from the
         // tokenizer and head_dim 0 means hidden_size / num_heads.
         weft_model_config arch;
+        // model.drop_tensors: checkpoint tensors the model does not use that loading may drop
+        // (names separated by commas; brackets and quotes ignored). Any other is an error.
+        char drop_tensors[4096];
     } model;
     struct {
         char source[WEFT_PATH_MAX];    // data.source: "synthetic" or a .jsonl file

@@ -159,26 +159,36 @@ void test_bias(int C) {
     compare(sized("bias dbias +=", C), dbias, want_dbias, F32_TOL);
 }
 
+// RoPE from a frequency table: plain RoPE's, and an irregular one scaled by a YaRN-style factor.
 void test_rope() {
     int T = 9, H = 3, D = 64;
     double theta = 500000.0;
     std::vector<int32_t> pos(T);
     for (int t = 0; t < T; t++) pos[t] = t * 4999; // up to ~40k: angles need double
-    for (float sign : {1.0f, -1.0f}) {
-        std::vector<bf16> x = random_bf16((size_t)T * H * D);
-        std::vector<double> want = widen(x);
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < H; h++)
-                for (int i = 0; i < D / 2; i++) {
-                    double angle = pos[t] * pow(theta, -2.0 * i / D);
-                    double c = cos(angle), s = sign * sin(angle);
-                    size_t at = ((size_t)t * H + h) * D;
-                    double a = value_of(x[at + i]), b = value_of(x[at + i + D / 2]);
-                    want[at + i] = a * c - b * s;
-                    want[at + i + D / 2] = b * c + a * s;
-                }
-        weft_cuda_rope(nullptr, x.data(), pos.data(), theta, T, H, D, sign);
-        compare(sign > 0 ? "rope forward" : "rope backward (inverse rotation)", x, want, BF16_TOL);
+    for (int irregular : {0, 1}) {
+        std::vector<float> inv_freq(D / 2);
+        for (int i = 0; i < D / 2; i++)
+            inv_freq[i] = (float)pow(theta, -2.0 * i / D) / (irregular && i % 2 ? 8.0f : 1.0f);
+        float scale = irregular ? 1.2079f : 1.0f;
+        for (float sign : {1.0f, -1.0f}) {
+            std::vector<bf16> x = random_bf16((size_t)T * H * D);
+            std::vector<double> want = widen(x);
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < H; h++)
+                    for (int i = 0; i < D / 2; i++) {
+                        double angle = pos[t] * (double)inv_freq[i];
+                        double c = scale * cos(angle), s = scale * sign * sin(angle);
+                        size_t at = ((size_t)t * H + h) * D;
+                        double a = value_of(x[at + i]), b = value_of(x[at + i + D / 2]);
+                        want[at + i] = a * c - b * s;
+                        want[at + i + D / 2] = b * c + a * s;
+                    }
+            weft_cuda_rope(nullptr, x.data(), pos.data(), inv_freq.data(), scale, T, H, D, sign);
+            compare(irregular ? (sign > 0 ? "rope forward (irregular table, scaled)"
+                                          : "rope backward (irregular table, scaled)")
+                              : (sign > 0 ? "rope forward" : "rope backward (inverse rotation)"),
+                    x, want, BF16_TOL);
+        }
     }
 }
 

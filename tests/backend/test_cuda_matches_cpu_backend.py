@@ -4,7 +4,8 @@ gradient tensor with cosine similarity at least 0.999 to the CPU one.
 
 Cases: the small reference model (head_dim 16, attention bias, untied head, one MTP module) with
 and without recomputation; a wider model with head_dim 64 and documents longer than the
-attention kernels' 32-key tiles; head_dim 128 with one kv head for two query heads.
+attention kernels' 32-key tiles; head_dim 128 with one kv head for two query heads; a Qwen3 (q/k
+norms, explicit head_dim) and a Llama with llama3 rope scaling.
 
 On a GPU, device=cuda runs the real backend. Without one, it runs weft_emulated (built beside
 weft wherever the CUDA toolkit is): the same backend code with its kernels executed on the CPU
@@ -43,6 +44,16 @@ CASES = [
                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                           tie_word_embeddings=False, attention_bias=True), 0.05,
      [600, 200], [50, 0], []),
+    # The other families: Qwen3's per-head q/k norms (head_dim 32 != hidden / heads), recomputed,
+    # and Llama's llama3-scaled RoPE table.
+    ("Qwen3 q/k norms recompute", dict(qwen2.SMALL_CFG, model_type="qwen3", head_dim=32,
+                                        attention_bias=False), 0.05,
+     [13, 1, 2, 9, 24, 5, 17], [4, 1, 1, 3, 6, 5, 2], ["train.recompute=true"]),
+    ("Llama llama3 rope", dict(qwen2.SMALL_CFG, model_type="llama", attention_bias=False,
+                               rope_scaling=dict(rope_type="llama3", factor=8.0,
+                                                 low_freq_factor=1.0, high_freq_factor=4.0,
+                                                 original_max_position_embeddings=16)), 0.05,
+     [13, 1, 2, 9, 24, 5, 17], [4, 1, 1, 3, 6, 5, 2], []),
 ]
 
 

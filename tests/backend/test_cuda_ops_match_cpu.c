@@ -162,19 +162,36 @@ static void test_bias(void) {
     release(&x), release(&b), release(&dout), release(&db);
 }
 
+// RoPE from a frequency table: plain RoPE's (theta 1e6) and an irregular one with a YaRN-style
+// attention factor, as any rope scaling makes.
 static void test_rope(void) {
-    int T = 20, H = 3, D = 16;
-    int32_t p[20];
+    enum { T = 20, H = 3, D = 16 };
+    int32_t p[T];
     for (int t = 0; t < T; t++) p[t] = t * 997; // large positions: the double-precision angle
     ints pos = upload_ints(p, T);
-    twin x = act((size_t)T * H * D, 1);
-    cpu->rope_forward(cpu, x.c, pos.c, 1e6, T, H, D);
-    gpu->rope_forward(gpu, x.g, pos.g, 1e6, T, H, D);
-    compare("rope_forward", &x, BF16_TOL);
-    cpu->rope_backward(cpu, x.c, pos.c, 1e6, T, H, D);
-    gpu->rope_backward(gpu, x.g, pos.g, 1e6, T, H, D);
-    compare("rope_backward (inverse rotation)", &x, BF16_TOL);
-    release(&x), release_ints(&pos);
+    float plain[D / 2], irregular[D / 2];
+    for (int i = 0; i < D / 2; i++) {
+        plain[i] = (float)pow(1e6, -2.0 * i / D);
+        irregular[i] = plain[i] / (i % 3 == 0 ? 8.0f : 1.0f + 0.37f * i);
+    }
+    const float *tables[] = {plain, irregular}, scales[] = {1.0f, 1.2079f};
+    const char *names[] = {"rope_forward", "rope_backward (inverse rotation)",
+                           "rope_forward (irregular table, scaled)",
+                           "rope_backward (irregular table, scaled)"};
+    for (int k = 0; k < 2; k++) {
+        twin freq = make(D / 2, WEFT_F32, 0, false);
+        cpu->to_device(cpu, freq.c, tables[k], sizeof plain);
+        gpu->to_device(gpu, freq.g, tables[k], sizeof plain);
+        twin x = act((size_t)T * H * D, 1);
+        cpu->rope_forward(cpu, x.c, pos.c, freq.c, scales[k], T, H, D);
+        gpu->rope_forward(gpu, x.g, pos.g, freq.g, scales[k], T, H, D);
+        compare(names[2 * k], &x, BF16_TOL);
+        cpu->rope_backward(cpu, x.c, pos.c, freq.c, scales[k], T, H, D);
+        gpu->rope_backward(gpu, x.g, pos.g, freq.g, scales[k], T, H, D);
+        compare(names[2 * k + 1], &x, BF16_TOL);
+        release(&x), release(&freq);
+    }
+    release_ints(&pos);
 }
 
 static void test_swiglu_add_scale_sums(void) {

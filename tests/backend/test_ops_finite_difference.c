@@ -182,11 +182,14 @@ static void test_bias(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// rope: in place on x (T, H, D), rotate-half convention; backward is the inverse rotation.
+// rope: in place on x (T, H, D), rotate-half convention, angles from a table of inverse
+// frequencies, cos and sin scaled by a factor; backward is the adjoint (the inverse rotation,
+// scaled).
 
 typedef struct rope_ctx {
     int T, H, D;
-    double theta;
+    float scale;
+    const float *freq_d; // (D/2) on the device
     const int32_t *pos_d;
     float *x;
     void *x_d;
@@ -197,54 +200,70 @@ static double rope_J(void *p) {
     rope_ctx *c = p;
     size_t n = (size_t)c->T * c->H * c->D;
     upload(c->x_d, c->x, n);
-    B->rope_forward(B, c->x_d, c->pos_d, c->theta, c->T, c->H, c->D);
+    B->rope_forward(B, c->x_d, c->pos_d, c->freq_d, c->scale, c->T, c->H, c->D);
     return dot_dev(c->x_d, c->R, n);
 }
 
-static void test_rope(void) {
+// One table: plain RoPE's (theta 1e4, scale 1: backward inverts forward) or an irregular one
+// with a YaRN-style factor, as scaled RoPE makes.
+static void test_rope_table(bool irregular) {
     enum { T = 10, H = 2, D = 8, N = T * H * D };
     // Positions restart per packed document, as the trainer passes them, plus one far position.
     const int32_t pos[T] = {0, 1, 2, 3, 4, 0, 1, 2, 0, 57};
-    rope_ctx c = {.T = T, .H = H, .D = D, .theta = 10000.0, .pos_d = dev_i32(pos, T),
+    float freq[D / 2];
+    for (int i = 0; i < D / 2; i++)
+        freq[i] = (float)pow(10000.0, -2.0 * i / D) / (irregular ? 1.0f + 2.5f * (i % 2) : 1.0f);
+    rope_ctx c = {.T = T, .H = H, .D = D, .scale = irregular ? 1.2079f : 1.0f,
+                  .freq_d = dev_f32(freq, D / 2), .pos_d = dev_i32(pos, T),
                   .x = host_normal(N, 0, 1), .R = host_normal(N, 0, 1)};
     c.x_d = dev_f32(c.x, N);
+    char what[96];
+    const char *tag = irregular ? " (irregular table, scaled)" : "";
 
-    // Forward against the Hugging Face formula: for i < D/2, angle = pos * theta^(-2i/D),
-    // out[i] = x[i] cos - x[i + D/2] sin, out[i + D/2] = x[i + D/2] cos + x[i] sin.
-    B->rope_forward(B, c.x_d, c.pos_d, c.theta, T, H, D);
+    // Forward against the Hugging Face formula: for i < D/2, angle = pos * inv_freq[i],
+    // out[i] = s (x[i] cos - x[i + D/2] sin), out[i + D/2] = s (x[i + D/2] cos + x[i] sin).
+    B->rope_forward(B, c.x_d, c.pos_d, c.freq_d, c.scale, T, H, D);
     float out[N];
     double want[N];
     download(out, c.x_d, N);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < D / 2; i++) {
-                double a = pos[t] * pow(c.theta, -2.0 * i / D);
+                double a = pos[t] * (double)freq[i];
                 const float *x = c.x + ((size_t)t * H + h) * D;
                 double *o = want + ((size_t)t * H + h) * D;
-                o[i] = x[i] * cos(a) - x[i + D / 2] * sin(a);
-                o[i + D / 2] = x[i + D / 2] * cos(a) + x[i] * sin(a);
+                o[i] = c.scale * (x[i] * cos(a) - x[i + D / 2] * sin(a));
+                o[i + D / 2] = c.scale * (x[i + D / 2] * cos(a) + x[i] * sin(a));
             }
-    report("rope_forward vs rotate-half formula", rel_err_d(out, want, N), 1e-4);
+    snprintf(what, sizeof what, "rope_forward vs rotate-half formula%s", tag);
+    report(what, rel_err_d(out, want, N), 1e-4);
 
-    // Inverse: backward(forward(x)) == x, since a rotation's adjoint is its inverse.
-    B->rope_backward(B, c.x_d, c.pos_d, c.theta, T, H, D);
-    float back[N];
-    download(back, c.x_d, N);
-    report("rope_backward(rope_forward(x)) == x", rel_err(back, c.x, N), 1e-6);
+    if (!irregular) { // Inverse: backward(forward(x)) == x, a rotation's adjoint is its inverse.
+        B->rope_backward(B, c.x_d, c.pos_d, c.freq_d, c.scale, T, H, D);
+        float back[N];
+        download(back, c.x_d, N);
+        report("rope_backward(rope_forward(x)) == x", rel_err(back, c.x, N), 1e-6);
+    }
 
     // Vector-Jacobian product: g = rope_backward(R); <rope(x), R> must equal <x, g>.
     float g[N];
     void *g_d = dev_f32(c.R, N);
-    B->rope_backward(B, g_d, c.pos_d, c.theta, T, H, D);
+    B->rope_backward(B, g_d, c.pos_d, c.freq_d, c.scale, T, H, D);
     download(g, g_d, N);
     double lhs = rope_J(&c), rhs = 0, scale = 0;
     for (int i = 0; i < N; i++) {
         rhs += (double)c.x[i] * g[i];
         scale += fabs((double)c.x[i] * g[i]);
     }
-    report("rope <rope(x), R> == <x, rope_backward(R)>", fabs(lhs - rhs) / scale, 1e-6);
+    snprintf(what, sizeof what, "rope <rope(x), R> == <x, rope_backward(R)>%s", tag);
+    report(what, fabs(lhs - rhs) / scale, 1e-6);
+    snprintf(what, sizeof what, "rope_backward dx (fd)%s", tag);
+    report(what, fd_rel_err(rope_J, &c, c.x, N, g, H_LINEAR), TOL_FD_LINEAR);
+}
 
-    report("rope_backward dx (fd)", fd_rel_err(rope_J, &c, c.x, N, g, H_LINEAR), TOL_FD_LINEAR);
+static void test_rope(void) {
+    test_rope_table(false);
+    test_rope_table(true);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
   - read_safetensors / write_safetensors: safetensors parsed and written by hand (numpy arrays;
     BF16 is decoded to float32, writing is always F32).
-  - make_model: config.json and model.safetensors of a random Qwen2 (shapes from
-    qwen2.param_shapes) in a directory.
+  - make_model: config.json and model.safetensors of a random Qwen2 (or Qwen3, with model_type
+    "qwen3"; shapes from qwen2.param_shapes) in a directory.
   - make_batch: a JSONL batch of random documents with masked prompts, as weft reads it, and the
     documents as the reference sees them.
 """
@@ -88,6 +88,10 @@ def write_safetensors(path, tensors):
 # (b) model directory
 # --------------------------------------------------------------------------------------------
 
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "llama": "LlamaForCausalLM", "mimo": "MiMoForCausalLM"}
+
+
 def make_model(dir, cfg, seed, std=0.2):
     """Writes config.json and model.safetensors (F32) with random weights into dir.
 
@@ -106,8 +110,8 @@ def make_model(dir, cfg, seed, std=0.2):
             a = std * rng.standard_normal(shape)
         params[name] = a.astype(np.float32)
     conf = dict(cfg)
-    conf["model_type"] = "qwen2"
-    conf["architectures"] = ["Qwen2ForCausalLM"]
+    conf.setdefault("model_type", "qwen2")
+    conf["architectures"] = [ARCHITECTURES[conf["model_type"]]]
     conf["hidden_act"] = "silu"
     conf["torch_dtype"] = "float32"
     with open(os.path.join(dir, "config.json"), "w") as f:

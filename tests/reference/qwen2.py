@@ -48,6 +48,17 @@ def full_cfg(cfg):
     return c
 
 
+def head_dim(cfg):
+    """The attention head size: config "head_dim" when given, else hidden_size / heads."""
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def has_qk_norm(cfg):
+    """Qwen3 (model_type "qwen3") normalizes q and k per head (q_norm / k_norm, RMSNorm over the
+    head_dim values of each head) before RoPE, as transformers' Qwen3Attention does."""
+    return cfg.get("model_type") == "qwen3"
+
+
 def mtp_depth(cfg):
     """D, the number of multi-token-prediction modules (config "num_nextn_predict_layers"; 0 or
     absent: no MTP)."""
@@ -63,7 +74,7 @@ def _layer_shapes(s, p, cfg):
     """Adds the parameters of one decoder layer named with prefix p to the dict s."""
     h, I = cfg["hidden_size"], cfg["intermediate_size"]
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = h // H
+    hd = head_dim(cfg)
     s[p + "input_layernorm.weight"] = (h,)
     s[p + "self_attn.q_proj.weight"] = (H * hd, h)
     s[p + "self_attn.k_proj.weight"] = (KV * hd, h)
@@ -72,6 +83,9 @@ def _layer_shapes(s, p, cfg):
         s[p + "self_attn.q_proj.bias"] = (H * hd,)
         s[p + "self_attn.k_proj.bias"] = (KV * hd,)
         s[p + "self_attn.v_proj.bias"] = (KV * hd,)
+    if has_qk_norm(cfg):
+        s[p + "self_attn.q_norm.weight"] = (hd,)
+        s[p + "self_attn.k_norm.weight"] = (hd,)
     s[p + "self_attn.o_proj.weight"] = (h, H * hd)
     s[p + "post_attention_layernorm.weight"] = (h,)
     s[p + "mlp.gate_proj.weight"] = (I, h)
@@ -119,7 +133,7 @@ def _decoder_layer(x, W, p, cfg, cos, sin, causal):
     """One pre-norm decoder layer (attention with RoPE, causal within the document, then the
     SwiGLU MLP, each with its residual) on x (L, h); its weights are W[p + ...]."""
     h, H, KV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd, eps, group = h // H, cfg["rms_norm_eps"], H // KV
+    hd, eps, group = head_dim(cfg), cfg["rms_norm_eps"], H // KV
     L = x.shape[0]
     xn = _rmsnorm(x, W[p + "input_layernorm.weight"], eps)
     q = xn @ W[p + "self_attn.q_proj.weight"].T
@@ -130,6 +144,9 @@ def _decoder_layer(x, W, p, cfg, cos, sin, causal):
         k = k + W[p + "self_attn.k_proj.bias"]
         v = v + W[p + "self_attn.v_proj.bias"]
     q, k, v = q.view(L, H, hd), k.view(L, KV, hd), v.view(L, KV, hd)
+    if has_qk_norm(cfg):  # Qwen3: RMSNorm over each head's values, before RoPE
+        q = _rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps)
+        k = _rmsnorm(k, W[p + "self_attn.k_norm.weight"], eps)
     q = q * cos + _rotate_half(q) * sin
     k = k * cos + _rotate_half(k) * sin
     heads = []
@@ -180,7 +197,7 @@ def document_logits(P, cfg, ids, dtype=torch.float64):
     P: {name: torch tensor} (any float dtype; computed in `dtype`)."""
     cfg = full_cfg(cfg)
     h, H = cfg["hidden_size"], cfg["num_attention_heads"]
-    hd, eps = h // H, cfg["rms_norm_eps"]
+    hd, eps = head_dim(cfg), cfg["rms_norm_eps"]
     W = {k: v.to(dtype) for k, v in P.items()}
     E = W["model.embed_tokens.weight"]
     lm = E if cfg["tie_word_embeddings"] else W["lm_head.weight"]

@@ -204,22 +204,21 @@ static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias
 
 // ------------------------------------------------------------------------------------- rope ----
 
-// Rotates pairs (i, i + D/2) of every head by sign * positions[t] * theta^(-2i/D). Angles in double:
-// positions reach the tens of thousands, where fp32 angles lose the 1e-5 agreement we test for.
-static void rope_rotate(float *x, const int32_t *positions, double theta, int T, int H, int D,
-                        double sign) {
+// Rotates pairs (i, i + D/2) of every head by sign * positions[t] * inv_freq[i], scaled by scale.
+// Angles in double: positions reach the tens of thousands, where fp32 angles lose the 1e-5
+// agreement we test for.
+static void rope_rotate(float *x, const int32_t *positions, const float *inv_freq, double scale,
+                        int T, int H, int D, double sign) {
     int half = D / 2;
-    double inv_freq[half];
-    for (int i = 0; i < half; i++) inv_freq[i] = pow(theta, -2.0 * i / D);
 #pragma omp parallel
     {
         float cs[2 * half];
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) {
             for (int i = 0; i < half; i++) {
-                double angle = positions[t] * inv_freq[i];
-                cs[i] = (float)cos(angle);
-                cs[half + i] = (float)(sign * sin(angle));
+                double angle = positions[t] * (double)inv_freq[i];
+                cs[i] = (float)(scale * cos(angle));
+                cs[half + i] = (float)(scale * sign * sin(angle));
             }
             for (int h = 0; h < H; h++) {
                 float *v = x + ((size_t)t * H + h) * D;
@@ -233,14 +232,15 @@ static void rope_rotate(float *x, const int32_t *positions, double theta, int T,
     }
 }
 
-static void cpu_rope_forward(weft_backend *self, void *x, const int32_t *positions, double theta,
-                             int T, int H, int D) {
-    rope_rotate(x, positions, theta, T, H, D, 1.0);
+static void cpu_rope_forward(weft_backend *self, void *x, const int32_t *positions,
+                             const float *inv_freq, float scale, int T, int H, int D) {
+    rope_rotate(x, positions, inv_freq, scale, T, H, D, 1.0);
 }
 
-static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *positions, double theta,
-                              int T, int H, int D) {
-    rope_rotate(dx, positions, theta, T, H, D, -1.0); // a rotation's adjoint is its inverse
+// A scaled rotation's adjoint is the inverse rotation, scaled the same.
+static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *positions,
+                              const float *inv_freq, float scale, int T, int H, int D) {
+    rope_rotate(dx, positions, inv_freq, scale, T, H, D, -1.0);
 }
 
 // ----------------------------------------------------------------------------- elementwise ----

@@ -177,16 +177,16 @@ extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, fl
 // One thread per (row, pair), looping over the heads: the angle and its sine and cosine are formed
 // once per row and pair, in double as on the CPU (positions reach the tens of thousands, where an
 // fp32 angle drifts by more than bf16 can hide), instead of once per head.
-__global__ void rope_kernel(bf16 *x, const int32_t *positions, double theta, int T, int H, int D,
-                            float sign) {
+__global__ void rope_kernel(bf16 *x, const int32_t *positions, const float *inv_freq, float scale,
+                            int T, int H, int D, float sign) {
     int half = D / 2;
     size_t N = (size_t)T * half;
     for (size_t i = global_index(); i < N; i += global_stride()) {
         int pair = (int)(i % half), t = (int)(i / half);
-        double angle = positions[t] * pow(theta, -2.0 * pair / D);
+        double angle = positions[t] * (double)inv_freq[pair];
         double sn, cs;
         sincos(angle, &sn, &cs);
-        float c = (float)cs, sgn = sign * (float)sn;
+        float c = (float)(scale * cs), sgn = (float)(scale * sign * sn);
         bf16 *v = x + (size_t)t * H * D + pair;
         for (int h = 0; h < H; h++, v += D) {
             float a = to_f32(v[0]), b = to_f32(v[half]);
@@ -196,11 +196,13 @@ __global__ void rope_kernel(bf16 *x, const int32_t *positions, double theta, int
     }
 }
 
-extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions, double theta,
-                               int T, int H, int D, float sign) {
+extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions,
+                               const float *inv_freq, float scale, int T, int H, int D,
+                               float sign) {
     size_t N = (size_t)T * (D / 2);
     if (N == 0 || H == 0) return;
-    WEFT_LAUNCH(rope_kernel, grid_for(N), 256, 0, s, (bf16 *)x, positions, theta, T, H, D, sign);
+    WEFT_LAUNCH(rope_kernel, grid_for(N), 256, 0, s, (bf16 *)x, positions, inv_freq, scale, T, H,
+                D, sign);
 }
 
 // ---------------------------------------------------------------------------------- swiglu ----

@@ -33,9 +33,10 @@ void weft_cuda_rmsnorm_backward(weft_cuda_stream s, const void *x, const void *w
 void weft_cuda_bias_forward(weft_cuda_stream s, void *x, const void *bias, int T, int C);
 void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias, int T, int C);
 
-// Rotates pairs (i, i + D/2) of x (T, H, D) bf16 in place by sign * pos * theta^(-2i/D).
-void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions, double theta, int T,
-                    int H, int D, float sign);
+// Rotates pairs (i, i + D/2) of x (T, H, D) bf16 in place by sign * pos * inv_freq[i] (inv_freq
+// (D/2) f32 on the device) and scales both by scale.
+void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions, const float *inv_freq,
+                    float scale, int T, int H, int D, float sign);
 
 // out (N) = silu(gate) * up ; backward overwrites dgate, dup. All bf16.
 void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up, void *out,
