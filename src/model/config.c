@@ -2,6 +2,9 @@
 
 #include <ctype.h>
 #include <jansson.h>
+#include <stdlib.h>
+#include <stddef.h>
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -342,6 +345,62 @@ static json_t *rope_scaling_json(const weft_rope_scaling *s) {
     return o;
 }
 
+// The config.json fields weft reads into weft_model_config, by key: what both writers put.
+// absent_below: a value under it means config.json did not say (max_position_embeddings 0,
+// eos_token_id -1), and the field is left out.
+static const struct {
+    const char *key;
+    size_t offset;
+    enum { FIELD_INT, FIELD_REAL, FIELD_BOOL } kind;
+    int absent_below;
+} FIELDS[] = {
+#define F(key, member, kind) {key, offsetof(weft_model_config, member), kind, INT_MIN}
+    F("vocab_size", vocab_size, FIELD_INT),
+    F("hidden_size", hidden_size, FIELD_INT),
+    F("intermediate_size", intermediate_size, FIELD_INT),
+    F("num_hidden_layers", num_layers, FIELD_INT),
+    F("num_attention_heads", num_heads, FIELD_INT),
+    F("num_key_value_heads", num_kv_heads, FIELD_INT),
+    F("head_dim", head_dim, FIELD_INT),
+    F("rope_theta", rope_theta, FIELD_REAL),
+    F("rms_norm_eps", rms_norm_eps, FIELD_REAL),
+    F("tie_word_embeddings", tie_word_embeddings, FIELD_BOOL),
+    F("attention_bias", attention_bias, FIELD_BOOL),
+    F("num_nextn_predict_layers", num_mtp, FIELD_INT),
+    F("mtp_loss_scale", mtp_loss_scale, FIELD_REAL),
+#undef F
+    {"max_position_embeddings", offsetof(weft_model_config, max_position_embeddings), FIELD_INT, 1},
+    {"eos_token_id", offsetof(weft_model_config, eos_token_id), FIELD_INT, 0},
+};
+enum { N_FIELDS = sizeof FIELDS / sizeof FIELDS[0] };
+
+static json_t *field_json(const weft_model_config *c, int i) {
+    const char *p = (const char *)c + FIELDS[i].offset;
+    switch (FIELDS[i].kind) {
+    case FIELD_INT: return *(const int *)p < FIELDS[i].absent_below ? NULL : json_integer(*(const int *)p);
+    case FIELD_REAL: return json_real(*(const double *)p);
+    default: return json_boolean(*(const bool *)p);
+    }
+}
+
+// Sets every field of c in root; with `was` (what root said, as weft read it) only those where c
+// differs, so a list of EOS ids or an absent head_dim stays as it was when training left it alone.
+static void put_fields(json_t *root, const weft_model_config *c, const weft_model_config *was) {
+    for (int i = 0; i < N_FIELDS; i++) {
+        json_t *now = field_json(c, i), *before = was ? field_json(was, i) : NULL;
+        if (now && !json_equal(now, before)) json_object_set(root, FIELDS[i].key, now);
+        json_decref(now), json_decref(before);
+    }
+}
+
+static bool write_json(json_t *root, const char *path) {
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    bool ok = text && weft_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return ok;
+}
+
 bool weft_model_config_save(const weft_model_config *c, const char *path) {
     int f = 0;
     while (f + 1 < N_FAMILIES && FAMILIES[f].family != c->family) f++;
@@ -349,27 +408,26 @@ bool weft_model_config_save(const weft_model_config *c, const char *path) {
     // attention_bias false) is, exactly, a Llama, and is written as one so that it loads as itself.
     if (c->family == WEFT_FAMILY_QWEN2 && !c->attention_bias)
         while (FAMILIES[f].family != WEFT_FAMILY_LLAMA) f = (f + 1) % N_FAMILIES;
-    json_t *root = json_pack(
-        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:b, s:s, s:s, s:i, s:f}",
-        "architectures", FAMILIES[f].architecture, "model_type", FAMILIES[f].model_type,
-        "vocab_size", c->vocab_size,
-        "hidden_size", c->hidden_size, "intermediate_size", c->intermediate_size,
-        "num_hidden_layers", c->num_layers, "num_attention_heads", c->num_heads,
-        "num_key_value_heads", c->num_kv_heads, "head_dim", c->head_dim, "rope_theta",
-        c->rope_theta, "rms_norm_eps", c->rms_norm_eps, "tie_word_embeddings",
-        c->tie_word_embeddings, "attention_bias", c->attention_bias, "hidden_act", "silu",
-        "torch_dtype", "float32", "num_nextn_predict_layers", c->num_mtp, "mtp_loss_scale",
-        c->mtp_loss_scale);
-    if (c->max_position_embeddings > 0)
-        json_object_set_new(root, "max_position_embeddings", json_integer(c->max_position_embeddings));
-    if (c->eos_token_id >= 0) json_object_set_new(root, "eos_token_id", json_integer(c->eos_token_id));
+    json_t *root = json_pack("{s:[s], s:s, s:s, s:s}", "architectures", FAMILIES[f].architecture,
+                             "model_type", FAMILIES[f].model_type, "hidden_act", "silu",
+                             "torch_dtype", "float32");
+    put_fields(root, c, NULL);
     if (c->rope_scaling.type != WEFT_ROPE_DEFAULT)
         json_object_set_new(root, "rope_scaling", rope_scaling_json(&c->rope_scaling));
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
-    json_decref(root);
-    bool ok = text && weft_write_file_atomic(path, text, strlen(text));
-    free(text);
-    return ok;
+    return write_json(root, path);
+}
+
+bool weft_model_config_save_over(const char *source, const weft_model_config *cfg,
+                                 const char *torch_dtype, const char *path) {
+    weft_model_config was;
+    weft_model_config_load(source, &was);
+    json_error_t err;
+    json_t *root = json_load_file(source, 0, &err);
+    WEFT_CHECK(root && json_is_object(root), "%s: unreadable (%s); it was read when the job "
+               "started: was it changed since?", source, root ? "not an object" : err.text);
+    put_fields(root, cfg, &was);
+    json_object_set_new(root, "torch_dtype", json_string(torch_dtype));
+    return write_json(root, path);
 }
 
 // ------------------------------------------------------------------------------ RoPE table ----

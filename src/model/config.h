@@ -57,7 +57,7 @@ void weft_model_config_validate(const weft_model_config *cfg, const char *source
 bool weft_model_config_save(const weft_model_config *cfg, const char *path);
 // Writes the config.json at `source` (the one cfg was loaded from) to `path`, atomically, with
 // every field as it was but those where cfg now differs from what source says, and torch_dtype,
-// which becomes `torch_dtype` (what the weights are saved as). config_over.c.
+// which becomes `torch_dtype` (what the weights are saved as).
 bool weft_model_config_save_over(const char *source, const weft_model_config *cfg, const char *torch_dtype,
                                  const char *path);
 // RoPE's inverse frequencies inv_freq (head_dim / 2) and the factor cos and sin are scaled by, as
