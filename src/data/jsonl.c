@@ -166,7 +166,8 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
                    at.path, at.line);
     weft_document doc = {0};
     bool ids = json_object_get(root, "input_ids") != NULL;
-    if (!tok && !ids && (json_object_get(root, "text") || json_object_get(root, "prompt")))
+    if (!tok && !ids && (json_object_get(root, "text") || json_object_get(root, "prompt") ||
+                         json_object_get(root, "response")))
         weft_fatal("%s:%ld: a text record, but no tokenizer is set: %s", at.path, at.line,
                    WEFT_NO_TOKENIZER_HINT);
     if (tok && !ids) {

@@ -68,11 +68,10 @@ void weft_tok_resolve_eos(weft_tokenizer *t, const char *dir) {
         if (t->eos_id >= 0) snprintf(t->eos_source, sizeof t->eos_source, "%s", FILES[f]);
     }
     // A bare tokenizer.json (none of those files beside it names one): its usual spellings.
-    for (size_t g = 0; g < sizeof EOS_GUESSES / sizeof *EOS_GUESSES && t->eos_id < 0; g++) {
-        t->eos_id = id_of(t, EOS_GUESSES[g]);
-        snprintf(t->eos_source, sizeof t->eos_source, "its name: no tokenizer_config.json, "
-                 "generation_config.json or config.json beside the tokenizer names one");
-    }
+    for (size_t g = 0; g < sizeof EOS_GUESSES / sizeof *EOS_GUESSES && t->eos_id < 0; g++)
+        if ((t->eos_id = id_of(t, EOS_GUESSES[g])) >= 0)
+            snprintf(t->eos_source, sizeof t->eos_source, "its name: no tokenizer_config.json, "
+                     "generation_config.json or config.json beside the tokenizer names one");
 }
 
 void weft_tokenizer_describe(const weft_tokenizer *t, char *out, size_t size) {

@@ -21,11 +21,11 @@ enum { N_REQUIRED = 2 };
 #define WEIGHTS_INDEX "model.safetensors.index.json"
 #define STATE_FILE "trainer_state.json"
 
-// What a checkpoint copies from where the job's model and tokenizer came from, so that it is a
-// complete Hugging Face model directory (AutoTokenizer and AutoModelForCausalLM load it).
-static const char *const MODEL_DIR_FILES[] = {
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-    "merges.txt",     "added_tokens.json",     "chat_template.jinja",     "generation_config.json"};
+// The files that travel with a tokenizer.json (transformers reads them beside it), copied into a
+// checkpoint so that it is a complete Hugging Face model directory.
+static const char *const TOKENIZER_FILES[] = {"tokenizer_config.json", "special_tokens_map.json",
+                                              "vocab.json", "merges.txt", "added_tokens.json",
+                                              "chat_template.jinja"};
 
 static char *join(const char *a, const char *b) {
     size_t n = strlen(a) + strlen(b) + 2;
@@ -71,34 +71,51 @@ static void copy_file(const char *from, const char *to) {
     weft_free(data);
 }
 
-// config.json as loaded (only what training changed is updated) when the model came from a
-// directory, with its tokenizer and generation files; a model built from scratch gets a complete
-// config. data.tokenizer's file, when set, is the checkpoint's tokenizer.json: it is what the job
-// tokenized with; a job on bytes writes the byte-level tokenizer as files.
+static void copy_if_present(const char *from_dir, const char *name, const char *to_dir) {
+    char *from = join(from_dir, name), *to = join(to_dir, name);
+    if (access(from, F_OK) == 0) copy_file(from, to);
+    weft_free(from);
+    weft_free(to);
+}
+
+// The tokenizer the job tokenized with: the byte-level one written as files, or data.tokenizer's
+// file (else the model directory's tokenizer.json) as tokenizer.json with the files beside it.
+static void save_tokenizer_files(const weft_job_config *cfg, const char *dir) {
+    if (weft_job_tokenizer_is_bytes(cfg)) {
+        WEFT_CHECK(weft_tokenizer_save_byte_level(dir), "%s: cannot write the byte-level "
+                   "tokenizer's files (%s)", dir, strerror(errno));
+        return;
+    }
+    char *json = cfg->data.tokenizer[0] ? weft_strdup(cfg->data.tokenizer)
+                                        : join(cfg->model.path, "tokenizer.json");
+    char *beside = weft_strdup(json), *slash = strrchr(beside, '/');
+    if (slash) *slash = '\0';
+    if (access(json, F_OK) == 0) {
+        char *to = join(dir, "tokenizer.json");
+        copy_file(json, to);
+        weft_free(to);
+    }
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof TOKENIZER_FILES[0]; i++)
+        copy_if_present(slash ? beside : ".", TOKENIZER_FILES[i], dir);
+    weft_free(json);
+    weft_free(beside);
+}
+
+// config.json as loaded (only what training changed is updated) and generation_config.json when
+// the model came from a directory; a model built from scratch gets a complete config. Then the
+// job's tokenizer files.
 static void save_model_files(const weft_job_config *cfg, const weft_model_config *mc, const char *dir) {
     char *path = join(dir, "config.json");
     if (cfg->model.path[0]) {
         char *source = join(cfg->model.path, "config.json");
         WEFT_CHECK(weft_model_config_save_over(source, mc, "float32", path), "%s: cannot write", path);
         weft_free(source);
-        for (size_t i = 0; i < sizeof MODEL_DIR_FILES / sizeof MODEL_DIR_FILES[0]; i++) {
-            char *from = join(cfg->model.path, MODEL_DIR_FILES[i]), *to = join(dir, MODEL_DIR_FILES[i]);
-            if (access(from, F_OK) == 0) copy_file(from, to);
-            weft_free(from);
-            weft_free(to);
-        }
+        copy_if_present(cfg->model.path, "generation_config.json", dir);
     } else {
         WEFT_CHECK(weft_model_config_save(mc, path), "%s: cannot write", path);
     }
     weft_free(path);
-    if (weft_job_tokenizer_is_bytes(cfg)) {
-        WEFT_CHECK(weft_tokenizer_save_byte_level(dir), "%s: cannot write the byte-level "
-                   "tokenizer's files (%s)", dir, strerror(errno));
-    } else if (cfg->data.tokenizer[0]) {
-        path = join(dir, "tokenizer.json");
-        copy_file(cfg->data.tokenizer, path);
-        weft_free(path);
-    }
+    save_tokenizer_files(cfg, dir);
 }
 
 // An optimizer buffer (moment, master weights) laid out like the whole parameter buffer: NULL

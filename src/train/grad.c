@@ -197,8 +197,6 @@ static weft_document_set *grad_batch(const weft_grad_request *rq, const weft_job
     weft_document_set *batch = weft_alloc(sizeof *batch);
     batch->n = job->train.global_batch_size;
     batch->docs = weft_alloc(sizeof(weft_document) * (size_t)batch->n);
-    WEFT_CHECK(batch->n <= (*data)->n, "train.global_batch_size=%d is more than the %d documents "
-               "of data.source=%s; lower it", batch->n, (*data)->n, o.source);
     weft_job_first_batch(job, *data, batch->docs);
     return batch;
 }

@@ -183,16 +183,16 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
     for (int i = 0; i < data->n; i++) total_tokens += data->docs[i].len;
     char tokenizer[WEFT_PATH_MAX + 128];
     weft_tokenizer_describe(tok, tokenizer, sizeof tokenizer);
-    if (writer && !finished) printf("tokenizer: %s\n", tokenizer);
     if (writer && !finished)
-        printf("weft train: %d documents (%ld tokens), model %zu parameters (%d layers, hidden %d, "
-               "vocab %d), %d steps of %d documents, %d data-parallel x %d context-parallel "
-               "ranks x %d threads; an epoch is %d batches (%d documents wait for the next "
-               "epoch's shuffle)\n",
-               data->n, total_tokens, m->n_elements, m->cfg.num_layers, m->cfg.hidden_size,
-               m->cfg.vocab_size, cfg->train.steps, cfg->train.global_batch_size,
-               weft_cp_dp_size(t->cp), weft_cp_size(t->cp), weft_num_threads(),
-               data->n / cfg->train.global_batch_size, data->n % cfg->train.global_batch_size);
+        printf("tokenizer: %s\nweft train: %d documents (%ld tokens), model %zu parameters (%d "
+               "layers, hidden %d, vocab %d), %d steps of %d documents, %d data-parallel x %d "
+               "context-parallel ranks x %d threads; an epoch is %d batches (%d documents wait "
+               "for the next epoch's shuffle)\n",
+               tokenizer, data->n, total_tokens, m->n_elements, m->cfg.num_layers,
+               m->cfg.hidden_size, m->cfg.vocab_size, cfg->train.steps,
+               cfg->train.global_batch_size, weft_cp_dp_size(t->cp), weft_cp_size(t->cp),
+               weft_num_threads(), data->n / cfg->train.global_batch_size,
+               data->n % cfg->train.global_batch_size);
     train_steps(cfg, t, data, &state, ckpt, stats_path);
     weft_free(ckpt);
 

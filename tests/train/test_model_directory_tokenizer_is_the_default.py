@@ -153,7 +153,8 @@ def body(weft, tmp):
         print("train:", line)
         if f"id {want} (from {source})" not in line:
             failures.append(f"end of text from {source}: {line!r} {r.stderr}")
-        os.remove(os.path.join(mdir, "generation_config.json")) if source != "config.json" else None
+        if source == "generation_config.json":
+            os.remove(os.path.join(mdir, source))
 
     # No tokenizer.json: text is one clear error; bytes only when asked.
     os.remove(os.path.join(mdir, "tokenizer.json"))
