@@ -2,7 +2,8 @@
 # Run THERE, in the repo root or anywhere:  bash scripts/device/build.sh
 # Sets up the dependencies (setup.sh), configures and builds weft into build/ and fails if
 # build/weft has an unresolved library. WEFT_CUDA=OFF builds without CUDA (the chroot test);
-# CUDA_ARCH (default 90: H100/H200) picks the GPU architecture.
+# CUDA_ARCH (default 90a: H100/H200, with the arch-specific instructions of the Hopper
+# attention forward) picks the GPU architecture.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export WEFT_CUDA=${WEFT_CUDA:-ON}
@@ -10,7 +11,7 @@ export WEFT_CUDA=${WEFT_CUDA:-ON}
 source scripts/device/setup.sh || { echo "build.sh: a dependency is MISSING (see above)" >&2; exit 1; }
 
 args=(-S . -B build -DCMAKE_BUILD_TYPE=Release -DWEFT_CUDA="$WEFT_CUDA")
-[ "$WEFT_CUDA" != OFF ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}")
+[ "$WEFT_CUDA" != OFF ] && args+=(-DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a}")
 command -v python3 >/dev/null && args+=(-DWEFT_PYTHON="$(command -v python3)") # ctest's Python
 [ ! -e build/CMakeCache.txt ] && command -v ninja >/dev/null && args+=(-G Ninja)
 read -ra extra <<<"${WEFT_CMAKE_ARGS:-}"

@@ -201,6 +201,8 @@ weft_backend *weft_backend_cpu_create(void);
 weft_backend *weft_backend_cuda_create(int local_rank);
 // Visible CUDA GPUs; 0 without a GPU, a driver, or CUDA support in this build.
 int weft_cuda_device_count(void);
+// GPU `device`'s compute capability as 10 x major + minor (90 for H100 and H200); 0 without one.
+int weft_cuda_compute_capability(int device);
 typedef enum { WEFT_DEVICE_CPU, WEFT_DEVICE_CUDA } weft_device;
 // The backend of a job's `device` setting.
 weft_backend *weft_backend_create(weft_device device, int local_rank);

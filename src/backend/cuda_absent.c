@@ -9,3 +9,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
 }
 
 int weft_cuda_device_count(void) { return 0; }
+
+int weft_cuda_compute_capability(int device) {
+    (void)device;
+    return 0;
+}

@@ -3,6 +3,7 @@
 #include "cuda_emulation.h"
 
 #include "backend/cuda/attention.cu"
+#include "backend/cuda/attention_hopper.cu"
 #include "backend/cuda/attention_mma.cu"
 #include "backend/cuda/cross_entropy.cu"
 #include "backend/cuda/kernels.cu"

@@ -16,7 +16,8 @@
 //   B (16x8):  b[0] = {(2t, g), (2t+1, g)}, b[1] = {(2t+8, g), (2t+9, g)}  (row k, column n)
 //   C (16x8):  c[0] = (g, 2t), c[1] = (g, 2t+1), c[2] = (g+8, 2t), c[3] = (g+8, 2t+1)
 // and ldmatrix.x4 from its table (resolve_ldmatrix). If a GPU disagrees, both the kernels and
-// these tables are wrong, and test_cuda_ops_match_cpu on the GPU says so.
+// these tables are wrong, and test_cuda_ops_match_cpu on the GPU says so. Hopper's mbarriers,
+// TMA tile loads and wgmma are in cuda_emulation_hopper.h.
 #pragma once
 #define WEFT_CUDA_EMULATION 1
 #include <cuda_bf16.h>
@@ -33,7 +34,9 @@
 #include <vector>
 
 // Dynamic shared memory (common.cuh's dynamic_smem): one buffer, as blocks run one at a time.
-alignas(16) inline unsigned char weft_dynamic_smem[1 << 18];
+// Aligned as a GPU's shared window is, so 128-byte swizzle patterns (bits 4-9 of the shared
+// address) are the same here.
+alignas(1024) inline unsigned char weft_dynamic_smem[1 << 18];
 
 namespace emu {
 
@@ -44,10 +47,15 @@ enum op_kind {
     OP_BLOCK_OR,
     OP_SYNC_WARP,
     OP_SHFL_XOR,
+    OP_SHFL_IDX,
     OP_ANY,
     OP_MMA,
-    OP_LDMATRIX
+    OP_LDMATRIX,
+    OP_MBAR_WAIT,  // one thread waits for an mbarrier phase (cuda_emulation_hopper.h)
+    OP_WGMMA_WAIT  // a warpgroup waits for its wgmma groups
 };
+
+struct wgmma_op; // cuda_emulation_hopper.h
 
 // A cp.async copy in flight: done when its thread waits for its group.
 struct pending_copy {
@@ -73,6 +81,10 @@ struct thread_state {
     uint32_t fragment[4];
     std::vector<pending_copy> copies;
     int committed_groups;
+    std::vector<wgmma_op> *wgmma; // issued, not yet waited for (allocated on first use)
+    int wgmma_groups, wgmma_pending_allowed;
+    uint32_t mbar;   // OP_MBAR_WAIT: the barrier's shared address and the phase parity awaited
+    int mbar_parity;
     std::vector<char> stack;
 };
 
@@ -85,6 +97,11 @@ struct block_state {
 };
 
 inline block_state *g_block;
+bool resolve_hopper(block_state &b); // cuda_emulation_hopper.h
+bool resolve_wgmma_waits(block_state &b);
+bool land_tma_copies();
+void start_block_hopper(block_state &b);
+void end_block_hopper(block_state &b);
 // When a cp.async copy lands: at the wait (the latest the hardware allows: reading a tile before
 // waiting for it reads stale bytes) or at issue (the earliest: refilling a buffer before every
 // warp is done with it clobbers data still being read). Tests run both.
@@ -195,6 +212,7 @@ inline void resolve_warp(thread_state *lanes) {
     for (int lane = 0; lane < 32; lane++) {
         thread_state &s = lanes[lane];
         if (op == OP_SHFL_XOR) s.value_result = lanes[lane ^ s.lane_mask].value;
+        if (op == OP_SHFL_IDX) s.value_result = lanes[s.lane_mask & 31].value;
         if (op == OP_ANY) {
             s.predicate_result = 0;
             for (int other = 0; other < 32; other++)
@@ -205,8 +223,8 @@ inline void resolve_warp(thread_state *lanes) {
 }
 
 inline bool is_warp_op(op_kind op) {
-    return op == OP_SYNC_WARP || op == OP_SHFL_XOR || op == OP_ANY || op == OP_MMA ||
-           op == OP_LDMATRIX;
+    return op == OP_SYNC_WARP || op == OP_SHFL_XOR || op == OP_SHFL_IDX || op == OP_ANY ||
+           op == OP_MMA || op == OP_LDMATRIX;
 }
 inline bool is_block_op(op_kind op) { return op == OP_BLOCK_SYNC || op == OP_BLOCK_OR; }
 
@@ -224,6 +242,7 @@ inline bool resolve(block_state &b) {
             fail("a warp primitive was reached by only part of a warp");
         }
     }
+    released |= resolve_hopper(b);
     for (auto &t : b.threads) {
         waiting_block += is_block_op(t.op);
         done += t.op == OP_DONE;
@@ -287,6 +306,7 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
         t.copies.clear();
         t.committed_groups = 0;
     }
+    start_block_hopper(b);
     for (;;) {
         bool ran = false;
         for (auto &t : b.threads)
@@ -296,9 +316,12 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
             }
         bool all_done = true;
         for (auto &t : b.threads) all_done = all_done && t.op == OP_DONE;
-        if (all_done) return;
-        if (!resolve(b) && !ran) fail("threads wait at a rendezvous that can never complete");
+        if (all_done) break;
+        // TMA copies land, then wgmma run, as late as they can: when nothing else moves.
+        if (!resolve(b) && !ran && !land_tma_copies() && !resolve_wgmma_waits(b))
+            fail("threads wait at a rendezvous that can never complete");
     }
+    end_block_hopper(b);
 }
 
 // A kernel launch: every block of `grid`, one at a time, checking the kernel stays inside the
@@ -351,6 +374,12 @@ template <typename T> T __shfl_xor_sync(unsigned, T value, int lane_mask) {
     emu::self()->value = (double)value;
     emu::self()->lane_mask = lane_mask;
     emu::rendezvous(emu::OP_SHFL_XOR);
+    return (T)emu::self()->value_result;
+}
+template <typename T> T __shfl_sync(unsigned, T value, int src_lane) {
+    emu::self()->value = (double)value;
+    emu::self()->lane_mask = src_lane; // the lane read from
+    emu::rendezvous(emu::OP_SHFL_IDX);
     return (T)emu::self()->value_result;
 }
 inline int __any_sync(unsigned, int predicate) {
@@ -416,3 +445,5 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
+
+#include "cuda_emulation_hopper.h"

@@ -459,8 +459,12 @@ attention_ref attend(const layout &l, const std::vector<double> &q, const std::v
     return r;
 }
 
+// The attention kernel families: fp32, tensor-core mma.sync, and Hopper's forward (TMA, wgmma)
+// followed by the mma.sync backward, as cuda.c pairs them.
+enum attention_kind { SIMT, MMA, HOPPER };
+
 // One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
-void test_attention(const layout &l, bool mma, const char *note = "") {
+void test_attention(const layout &l, attention_kind kind, const char *note = "") {
     int H = l.H, KV = l.KV, D = l.D, Tq = l.Tq(), Tkv = l.Tkv();
     std::vector<bf16> q = random_bf16((size_t)Tq * H * D), k = random_bf16((size_t)Tkv * KV * D);
     std::vector<bf16> v = random_bf16((size_t)Tkv * KV * D), dout = random_bf16((size_t)Tq * H * D);
@@ -471,22 +475,32 @@ void test_attention(const layout &l, bool mma, const char *note = "") {
     std::vector<bf16> dk(k.size(), NAN_BF16), dv(v.size(), NAN_BF16);
     std::vector<float> lse((size_t)H * Tq, NAN), delta((size_t)H * Tq, NAN);
     std::vector<float> partials(weft_cuda_attention_partials_bytes(&a) / sizeof(float), NAN);
-    if (mma)
+    std::string name = std::string("attention/") +
+                       (kind == SIMT ? "simt   " : kind == MMA ? "mma    " : "hopper ") + l.label +
+                       note;
+    if (kind == HOPPER) {
+        if (!weft_cuda_attention_forward_hopper(nullptr, &a, q.data(), k.data(), v.data(),
+                                                out.data(), lse.data())) {
+            printf("%-76s FAIL: the hopper forward refused it\n", name.c_str());
+            failures++;
+            return;
+        }
+    } else if (kind == MMA) {
         weft_cuda_attention_forward_mma(nullptr, &a, q.data(), k.data(), v.data(), out.data(),
                                         lse.data());
-    else
+    } else {
         weft_cuda_attention_forward_simt(nullptr, &a, q.data(), k.data(), v.data(), out.data(),
                                          lse.data());
+    }
     weft_cuda_attention_delta(nullptr, out.data(), dout.data(), delta.data(), Tq, H, D);
-    if (mma)
-        weft_cuda_attention_backward_mma(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
-                                         dout.data(), delta.data(), dq.data(), dk.data(),
-                                         dv.data(), partials.data());
-    else
+    if (kind == SIMT)
         weft_cuda_attention_backward_simt(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
                                           dout.data(), delta.data(), dq.data(), dk.data(),
                                           dv.data());
-    std::string name = std::string("attention/") + (mma ? "mma  " : "simt ") + l.label + note;
+    else
+        weft_cuda_attention_backward_mma(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
+                                         dout.data(), delta.data(), dq.data(), dk.data(),
+                                         dv.data(), partials.data());
     compare(name + " out", out, want.out, BF16_TOL);
     compare(name + " lse", lse, want.lse, F32_TOL);
     compare(name + " dq", dq, want.dq, BF16_TOL);
@@ -669,13 +683,22 @@ int main() {
         cp_chunks("CP rank 1/2 [40,72] H4 KV2 D32", 4, 2, 32, {40, 72}, 1, 2),
         cp_chunks("CP rank 0/2 [136,64] H2 KV1 D64", 2, 1, 64, {136, 64}, 0, 2),
     };
-    for (const layout &l : layouts) test_attention(l, false);
-    for (bool early : {false, true}) { // cp.async copies landing as late, then as early as allowed
+    // Hopper's tiles are 128 query rows by 128 keys: these span several of both.
+    const layout hopper_layouts[] = {
+        whole("whole [1,33,5,70,2] H6 KV2 D64", 6, 2, 64, mixed),
+        whole("whole [300,7,190] H2 KV1 D64 (tiles, blocks)", 2, 1, 64, {300, 7, 190}),
+        whole("whole [100,200] H2 KV1 D128", 2, 1, 128, {100, 200}),
+        cp_chunks("CP rank 0/2 [136,64] H2 KV1 D64", 2, 1, 64, {136, 64}, 0, 2),
+        cp_chunks("CP rank 1/2 [520] H4 KV2 D128", 4, 2, 128, {520}, 1, 2),
+    };
+    for (const layout &l : layouts) test_attention(l, SIMT);
+    for (bool early : {false, true}) { // copies landing as late, then as early as allowed
         emu::g_copies_land_at_issue = early;
-        for (const layout &l : layouts)
-            test_attention(l, true, early ? " (copies land early)" : "");
+        const char *when = early ? " (copies land early)" : "";
+        for (const layout &l : layouts) test_attention(l, MMA, when);
+        for (const layout &l : hopper_layouts) test_attention(l, HOPPER, when);
     }
-    test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), false); // simt only
+    test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), SIMT); // simt only
     for (int width : {1032, 300}) test_kv_store(width); // the threads of a row loop twice
     // Sequences of every shape a batch holds: one position, a partial block, full blocks and a
     // partial one, a long one; samples sharing a prompt's full blocks, then going their own way.

@@ -426,10 +426,13 @@ int main(void) {
     test_paged(8, 2, 128, 32);
     test_paged(4, 4, 40, 16);
     weft_backend_destroy(gpu);
-    // Both attention kernel families, each on a backend of its own.
-    const char *families[] = {"mma", "simt"};
+    // Every attention kernel family the GPU has, each on a backend of its own (hopper: 128-row,
+    // 128-key tiles, so the longer documents span several).
+    const char *families[] = {"mma", "simt", "hopper"};
+    int n_families = weft_cuda_compute_capability(0) / 10 == 9 ? 3 : 2;
     const int mixed[] = {1, 33, 5, 70, 2}, single[] = {100}, long_docs[] = {150, 7, 90};
-    for (int f = 0; f < 2; f++) {
+    const int tiles[] = {300, 7, 190};
+    for (int f = 0; f < n_families; f++) {
         family = families[f];
         setenv("WEFT_CUDA_ATTENTION", family, 1);
         gpu = weft_backend_cuda_create(0);
@@ -438,6 +441,7 @@ int main(void) {
         attention_whole("[100] H2 KV1 D128", 2, 1, 128, single, 1);
         attention_whole("[1,33,5,70,2] H2 KV2 D80", 2, 2, 80, mixed, 5);
         attention_whole("[150,7,90] H2 KV1 D32", 2, 1, 32, long_docs, 3);
+        attention_whole("[300,7,190] H2 KV1 D64", 2, 1, 64, tiles, 3);
         attention_cp_chunks();
         weft_backend_destroy(gpu);
     }

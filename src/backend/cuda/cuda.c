@@ -34,6 +34,7 @@ typedef struct cuda_state {
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
     float *scratch;              // attention's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
+    bool attention_hopper;       // and its forward on TMA and wgmma (WEFT_CUDA_ATTENTION=hopper)
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
     // Live allocations and their sizes, for the byte count (cudaFree is not told the size).
@@ -354,6 +355,11 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     const void *tensors[] = {q, k, v, out};
     bool mma = attention_on_tensor_cores(self, D, tensors, 4);
+    if (mma && state(self)->attention_hopper &&
+        weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse)) {
+        launched(self, "attention_forward (hopper)");
+        return;
+    }
     if (mma)
         weft_cuda_attention_forward_mma(STREAM(self), &a, q, k, v, out, lse);
     else
@@ -532,25 +538,40 @@ static void cuda_destroy(weft_backend *self) {
     weft_free(st->live), weft_free(st->live_bytes);
 }
 
-// WEFT_CUDA_ATTENTION=mma|simt picks the attention kernels (mma, the tensor-core ones, where the
-// GPU has bf16 mma: compute capability 8.0 and up); simt is there to compare against.
-static bool attention_kernel_choice(int device) {
+// WEFT_CUDA_ATTENTION=mma|simt|hopper picks the attention kernels: mma, the tensor-core ones,
+// where the GPU has bf16 mma (compute capability 8.0 and up), the default; simt, fp32, to compare
+// against; hopper, mma with the forward on TMA and wgmma (compute capability 9.0, a build for
+// sm_90a), opt-in until GPU runs have measured it against mma.
+static void attention_kernel_choice(int device, bool *mma, bool *hopper) {
     int major = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     const char *choice = getenv("WEFT_CUDA_ATTENTION");
-    if (!choice || !*choice) return major >= 8;
-    WEFT_CHECK(!strcmp(choice, "mma") || !strcmp(choice, "simt"),
-               "WEFT_CUDA_ATTENTION=%s: expected mma or simt", choice);
-    WEFT_CHECK(strcmp(choice, "mma") || major >= 8,
-               "WEFT_CUDA_ATTENTION=mma: GPU %d (compute capability %d.x) has no bf16 mma; use "
+    if (!choice || !*choice) choice = major >= 8 ? "mma" : "simt";
+    WEFT_CHECK(!strcmp(choice, "mma") || !strcmp(choice, "simt") || !strcmp(choice, "hopper"),
+               "WEFT_CUDA_ATTENTION=%s: expected mma, simt or hopper", choice);
+    WEFT_CHECK(!strcmp(choice, "simt") || major >= 8,
+               "WEFT_CUDA_ATTENTION=%s: GPU %d (compute capability %d.x) has no bf16 mma; use "
                "simt",
+               choice, device, major);
+    WEFT_CHECK(strcmp(choice, "hopper") || major == 9,
+               "WEFT_CUDA_ATTENTION=hopper: GPU %d has compute capability %d.x, the kernels are "
+               "built for 9.0 (H100, H200); use mma",
                device, major);
-    return !strcmp(choice, "mma");
+    *mma = strcmp(choice, "simt") != 0;
+    *hopper = !strcmp(choice, "hopper");
 }
 
 int weft_cuda_device_count(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+int weft_cuda_compute_capability(int device) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+        return 0;
+    return 10 * major + minor;
 }
 
 weft_backend *weft_backend_cuda_create(int local_rank) {
@@ -564,7 +585,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     LT_CHECK(cublasLtCreate(&st->lt));
     CUDA_CHECK(cudaMalloc(&st->workspace, WORKSPACE_BYTES));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
-    st->attention_mma = attention_kernel_choice(st->device);
+    attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper);
     st->profile = weft_cuda_profile_create(st->stream);
 
     weft_backend *b = weft_alloc(sizeof *b);
