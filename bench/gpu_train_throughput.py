@@ -17,6 +17,8 @@ clip, AdamW. Step 1 warms up; the median of the others is reported.
 - torch: the usual mixed-precision recipe: fp32 parameters under torch.autocast(bfloat16),
   F.scaled_dot_product_attention(is_causal=True) per document (flash kernels), fused AdamW,
   clip_grad_norm_; weights from the same safetensors.
+- both: AdamW at a constant learning rate (weft: optim.warmup_steps=0, optim.min_lr = optim.lr;
+  its default warmup + cosine would make the losses incomparable).
 
 MFU = model FLOPs per step / (step seconds x peak dense bf16 FLOP/s of the GPU). Model FLOPs:
 6 x tokens x (matmul parameters, the output head included, the embedding lookup not) plus causal
@@ -127,7 +129,7 @@ def peer_main(a):
     from reference import files
 
     dev = torch.device("cuda")
-    with open(os.path.join(a.model, "config.json")) as f:
+    with open(os.path.join(a.model_dir, "config.json")) as f:
         cfg = json.load(f)
     V, h, I = cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]
     H, KV, nl = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["num_hidden_layers"]
@@ -194,7 +196,7 @@ def peer_main(a):
                                    reduction="sum") / n_targets
 
     model = Model()
-    st = files.read_safetensors(os.path.join(a.model, "model.safetensors"))
+    st = files.read_safetensors(os.path.join(a.model_dir, "model.safetensors"))
     sd = {}
     for k, v in st.items():
         k = k.replace("model.", "", 1) if k.startswith("model.") else k
@@ -272,7 +274,10 @@ def run_weft(a, mdir, batch):
     cmd = [a.weft, "grad", "--model", mdir, "--batch", batch, "--out",
            os.path.join(a.tmp, "weft_out.safetensors"), "device=cuda",
            f"train.steps={a.steps}", f"train.max_tokens_per_microbatch={TOKENS_PER_MICROBATCH}",
-           f"optim.lr={OPTIM['lr']}", f"optim.clip_grad={OPTIM['clip']}"]
+           f"optim.lr={OPTIM['lr']}", f"optim.min_lr={OPTIM['lr']}", "optim.warmup_steps=0",
+           f"optim.beta1={OPTIM['betas'][0]}", f"optim.beta2={OPTIM['betas'][1]}",
+           f"optim.eps={OPTIM['eps']}", f"optim.weight_decay={OPTIM['weight_decay']}",
+           f"optim.clip_grad={OPTIM['clip']}"]
     print("$ " + " ".join(cmd), flush=True)
     env = dict(os.environ, WEFT_CUDA_PROFILE="1") if a.profile else None
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -288,7 +293,7 @@ def run_weft(a, mdir, batch):
 
 
 def run_peer(a, mdir, batch):
-    cmd = [sys.executable, os.path.abspath(__file__), "--peer", "--model", mdir, "--batch", batch,
+    cmd = [sys.executable, os.path.abspath(__file__), "--peer", "--model-dir", mdir, "--batch", batch,
            "--steps", str(a.steps)]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
@@ -308,10 +313,12 @@ def main():
     p.add_argument("--profile", action="store_true",
                    help="print weft's GPU time per op (WEFT_CUDA_PROFILE=1); skips PyTorch")
     p.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--batch", help=argparse.SUPPRESS)
-    a, _ = p.parse_known_args()
+    a = p.parse_args()
     if a.peer:
-        a.model = a.model if os.path.isdir(a.model) else sys.exit("--peer needs a model dir")
+        if not (a.model_dir and os.path.isdir(a.model_dir) and a.batch):
+            p.error("--peer needs --model-dir DIR and --batch FILE")
         return peer_main(a)
 
     cfg = MODELS[a.model]
