@@ -414,8 +414,8 @@ def run_shape(a, name, cfg, mdir, peak):
     micro, tokens = shape_tokens(shape)
     flops = model_flops(cfg, shape)
     docs = ", ".join(map(str, shape["docs"]))
-    print(f"\nshape {name}: {tokens} tokens per step in {shape['micro_batches']} micro-batch(es) of "
-          f"{micro} (documents {docs}); {flops / 1e12:.1f} TFLOP/step", flush=True)
+    print(f"\nshape {name}: {tokens} tokens per step in {shape['micro_batches']} micro-batch(es) "
+          f"of {micro} (documents {docs}); {flops / 1e12:.1f} TFLOP/step", flush=True)
     batch = os.path.join(a.tmp, f"batch_{name}.jsonl")
     write_batch(batch, cfg["vocab_size"], shape)
     results = {"weft": run_weft(a, mdir, batch, shape)}
