@@ -10,8 +10,9 @@ throughput benchmark (bench/gpu_train_throughput.py: 4096 packed tokens in docum
 and 128 (ten shapes), 32 query heads on 4 kv heads; --docs gives one set instead, --head-dim
 other head dims.
 
-weft runs build/bench_attention (its tensor-core kernels; WEFT_CUDA_ATTENTION=simt for the fp32
-ones). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
+weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "weft" is the
+default mma.sync kernels, "hopper" (on compute capability 9.x) the same with the forward on
+TMA and wgmma (src/backend/cuda/attention_hopper.cu); --families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
 on bf16 tensors, as the throughput benchmark's peer does, once restricted to each backend with
 torch.nn.attention.sdpa_kernel: flash (SDPBackend.FLASH_ATTENTION) and cuDNN
 (SDPBackend.CUDNN_ATTENTION). A backend that rejects enable_gqa is run on keys and values
@@ -103,12 +104,13 @@ def torch_times(a, docs, head_dim, peer):
     return dict(unavailable=reason)
 
 
-def weft_times(a, docs, head_dim):
+def weft_times(a, docs, head_dim, family):
     exe = os.path.join(a.build, "bench_attention")
     cmd = [exe, str(a.heads), str(a.kv_heads), str(head_dim), *map(str, docs),
            "--iters", str(a.iters)]
-    print("$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(f"$ WEFT_CUDA_ATTENTION={family} " + " ".join(cmd), flush=True)
+    env = dict(os.environ, WEFT_CUDA_ATTENTION=family)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if r.returncode != 0:
         print(f"bench_attention failed:\n{r.stdout[-3000:]}")
         lines = r.stdout.strip().splitlines() or ["no output"]
@@ -116,9 +118,17 @@ def weft_times(a, docs, head_dim):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def report(results, fwd_flops):
-    """A row per runner; returns weft's speed over the strongest peer's, forward and forward +
-    backward: (ratio, peer name) each, or None where weft or every peer is unavailable."""
+def default_families():
+    import torch
+    major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
+    return ["mma", "hopper"] if major == 9 else ["mma"]
+
+
+def weft_name(family):
+    return "weft" if family == "mma" else family
+
+
+def print_rows(results, fwd_flops):
     for who, r in results.items():
         if "unavailable" in r:
             print(f"  {who:>6}: unavailable: {r['unavailable']}")  # compared with the others
@@ -127,8 +137,13 @@ def report(results, fwd_flops):
         note = "  (kv expanded)" if r.get("kv") == "expanded" else ""
         print(f"  {who:>6}: forward {f:8.3f} ms ({fwd_flops / f / 1e9:6.1f} TFLOP/s)   "
               f"forward+backward {fb:8.3f} ms ({3 * fwd_flops / fb / 1e9:6.1f} TFLOP/s){note}")
-    w = results["weft"]
-    peers = {k: r for k, r in results.items() if k != "weft" and "unavailable" not in r}
+
+
+def over_strongest_peer(results, mine):
+    """The speed of weft's family `mine` over the strongest peer's, forward and forward +
+    backward: (ratio, peer name) each, or None where it or every peer is unavailable."""
+    w = results[mine]
+    peers = {k: r for k, r in results.items() if k in PEERS and "unavailable" not in r}
     ratios = {}
     for key in ("forward_ms", "forward_backward_ms"):
         if "unavailable" in w or not peers:
@@ -138,11 +153,11 @@ def report(results, fwd_flops):
         ratios[key] = (peers[best][key] / w[key], best)
     if all(ratios.values()):
         (rf, pf), (rb, pb) = ratios["forward_ms"], ratios["forward_backward_ms"]
-        print(f"  weft / strongest peer speed: forward {rf:.2f}x ({pf}), "
+        print(f"  {mine} / strongest peer speed: forward {rf:.2f}x ({pf}), "
               f"forward+backward {rb:.2f}x ({pb})")
     else:
-        print("  weft / strongest peer speed: - (weft or every peer unavailable)")
-    return ratios
+        print(f"  {mine} / strongest peer speed: - ({mine} or every peer unavailable)")
+    return {k: v and dict(ratio=v[0], peer=v[1]) for k, v in ratios.items()}
 
 
 def run_shape(a, docs, head_dim):
@@ -150,13 +165,13 @@ def run_shape(a, docs, head_dim):
     fwd_flops = 4 * a.heads * head_dim * pairs
     print(f"\nshape: {sum(docs)} tokens in documents {docs}, {a.heads}/{a.kv_heads} heads, "
           f"head_dim {head_dim}", flush=True)
-    results = dict(weft=weft_times(a, docs, head_dim))
+    results = {weft_name(f): weft_times(a, docs, head_dim, f) for f in a.families}
     for peer in PEERS:
         results[peer] = torch_times(a, docs, head_dim, peer)
-    ratios = report(results, fwd_flops)
+    print_rows(results, fwd_flops)
+    over = {weft_name(f): over_strongest_peer(results, weft_name(f)) for f in a.families}
     return dict(docs=docs, head_dim=head_dim, forward_flops=fwd_flops, results=results,
-                weft_over_strongest={k: v and dict(ratio=v[0], peer=v[1])
-                                     for k, v in ratios.items()})
+                weft_over_strongest=over)
 
 
 def main():
@@ -173,7 +188,10 @@ def main():
                         "single documents of 4096, 8192, 16384 and 32768)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "runs",
                                                  "gpu_attention.json"))
+    p.add_argument("--families", help="weft's kernel families, comma-separated (default: mma, "
+                   "and hopper on compute capability 9.x)")
     a = p.parse_args()
+    a.families = a.families.split(",") if a.families else default_families()
     doc_sets = [a.docs] if a.docs else [list(s) for s in DOC_SETS]
     shapes = [run_shape(a, docs, d) for d in a.head_dim for docs in doc_sets]
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
