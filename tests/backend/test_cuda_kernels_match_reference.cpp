@@ -479,7 +479,8 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
                        (kind == SIMT ? "simt   " : kind == MMA ? "mma    " : "hopper ") + l.label +
                        note;
     if (kind == HOPPER) {
-        if (!weft_cuda_attention_forward_hopper(nullptr, &a, q.data(), k.data(), v.data(),
+        if (!weft_cuda_attention_hopper_covers(&a) ||
+            !weft_cuda_attention_forward_hopper(nullptr, &a, q.data(), k.data(), v.data(),
                                                 out.data(), lse.data())) {
             printf("%-76s FAIL: the hopper forward refused it\n", name.c_str());
             failures++;

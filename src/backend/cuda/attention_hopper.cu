@@ -259,11 +259,14 @@ bool tensor_map_2d(weft_tensor_map *map, const void *base, int cols, int rows, i
 } // namespace fa3
 } // namespace
 
+extern "C" bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args *a) {
+    return (a->D == 64 || a->D == 128) && a->Tq > 0 && a->Tkv > 0;
+}
+
 extern "C" bool weft_cuda_attention_forward_hopper(weft_cuda_stream s,
                                                    const weft_cuda_attention_args *a,
                                                    const void *q, const void *k, const void *v,
                                                    void *out, float *lse) {
-    if ((a->D != 64 && a->D != 128) || a->Tq == 0 || a->Tkv == 0) return false;
     weft_tensor_map q_map, k_map, v_map;
     if (!fa3::tensor_map_2d(&q_map, q, a->H * a->D, a->Tq, fa3::ROWS) ||
         !fa3::tensor_map_2d(&k_map, k, a->KV * a->D, a->Tkv, fa3::KEYS) ||

@@ -355,8 +355,14 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     const void *tensors[] = {q, k, v, out};
     bool mma = attention_on_tensor_cores(self, D, tensors, 4);
-    if (mma && state(self)->attention_hopper &&
-        weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse)) {
+    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a)) {
+        // Asked for by name: a refusal is an error, not a quiet fall-back that benchmarks the
+        // mma kernels under the hopper label.
+        WEFT_CHECK(weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
+                   "WEFT_CUDA_ATTENTION=hopper: the CUDA driver refused the TMA descriptors of "
+                   "attention (heads %d, kv heads %d, head_dim %d); update the driver (CUDA 12 or "
+                   "newer) or use WEFT_CUDA_ATTENTION=mma",
+                   H, KV, D);
         launched(self, "attention_forward (hopper)");
         return;
     }

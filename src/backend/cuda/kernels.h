@@ -88,10 +88,11 @@ void weft_cuda_attention_forward_mma(weft_cuda_stream s, const weft_cuda_attenti
 void weft_cuda_attention_forward_simt(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                       const void *q, const void *k, const void *v, void *out,
                                       float *lse);
-// A third forward, "hopper", for sm_90a (TMA, mbarriers, wgmma; attention_hopper.cu): head_dim
-// 64 or 128. False, with nothing launched, where it does not apply (other head_dim, no keys, a
-// tensor TMA cannot describe): the caller then runs the mma forward. Its lse is the mma one's,
-// so the mma backward follows it.
+// A third forward, "hopper", for sm_90a (TMA, mbarriers, wgmma; attention_hopper.cu). It covers
+// head_dim 64 or 128 with at least one query and one key row (the caller runs the mma forward on
+// the rest); on those it returns false, with nothing launched, only where the driver refuses its
+// TMA descriptors. Its lse is the mma one's, so the mma backward follows it.
+bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args *a);
 bool weft_cuda_attention_forward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                         const void *q, const void *k, const void *v, void *out,
                                         float *lse);
