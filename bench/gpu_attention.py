@@ -11,8 +11,8 @@ and 128 (ten shapes), 32 query heads on 4 kv heads; --docs gives one set instead
 other head dims.
 
 weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "weft" is the
-default mma.sync kernels, "hopper" (on compute capability 9.x) the same with the forward on
-TMA and wgmma (src/backend/cuda/attention_hopper.cu); --families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
+default mma.sync kernels, "hopper" (on compute capability 9.x) the forward and backward on
+TMA and wgmma (src/backend/cuda/attention_hopper*.cu); --families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
 on bf16 tensors, as the throughput benchmark's peer does, once restricted to each backend with
 torch.nn.attention.sdpa_kernel: flash (SDPBackend.FLASH_ATTENTION) and cuDNN
 (SDPBackend.CUDNN_ATTENTION). A backend that rejects enable_gqa is run on keys and values

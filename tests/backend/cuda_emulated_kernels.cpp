@@ -4,6 +4,7 @@
 
 #include "backend/cuda/attention.cu"
 #include "backend/cuda/attention_hopper.cu"
+#include "backend/cuda/attention_hopper_backward.cu"
 #include "backend/cuda/attention_mma.cu"
 #include "backend/cuda/cross_entropy.cu"
 #include "backend/cuda/kernels.cu"

@@ -459,8 +459,7 @@ attention_ref attend(const layout &l, const std::vector<double> &q, const std::v
     return r;
 }
 
-// The attention kernel families: fp32, tensor-core mma.sync, and Hopper's forward (TMA, wgmma)
-// followed by the mma.sync backward, as cuda.c pairs them.
+// The attention kernel families: fp32, tensor-core mma.sync, and Hopper's (TMA, wgmma).
 enum attention_kind { SIMT, MMA, HOPPER };
 
 // One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
@@ -494,14 +493,23 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
                                          lse.data());
     }
     weft_cuda_attention_delta(nullptr, out.data(), dout.data(), delta.data(), Tq, H, D);
-    if (kind == SIMT)
+    if (kind == SIMT) {
         weft_cuda_attention_backward_simt(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
                                           dout.data(), delta.data(), dq.data(), dk.data(),
                                           dv.data());
-    else
+    } else if (kind == HOPPER) {
+        if (!weft_cuda_attention_backward_hopper(nullptr, &a, q.data(), k.data(), v.data(),
+                                                 lse.data(), dout.data(), delta.data(), dq.data(),
+                                                 dk.data(), dv.data(), partials.data())) {
+            printf("%-76s FAIL: the hopper backward refused it\n", name.c_str());
+            failures++;
+            return;
+        }
+    } else {
         weft_cuda_attention_backward_mma(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
                                          dout.data(), delta.data(), dq.data(), dk.data(),
                                          dv.data(), partials.data());
+    }
     compare(name + " out", out, want.out, BF16_TOL);
     compare(name + " lse", lse, want.lse, F32_TOL);
     compare(name + " dq", dq, want.dq, BF16_TOL);

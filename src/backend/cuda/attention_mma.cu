@@ -61,10 +61,5 @@ extern "C" void weft_cuda_attention_backward_mma(weft_cuda_stream s,
                 (bf16 *)dv, dk_part, dv_part, scale, scale_log2)
     DISPATCH_DK(a->D, LAUNCH)
 #undef LAUNCH
-    if (!grouped) return;
-    size_t N = (size_t)a->Tkv * a->KV * a->D;
-    WEFT_LAUNCH(group_sum_kernel, grid_for(N), 256, 0, s, dk_part, (bf16 *)dk, a->Tkv, a->H, a->KV,
-                a->D);
-    WEFT_LAUNCH(group_sum_kernel, grid_for(N), 256, 0, s, dv_part, (bf16 *)dv, a->Tkv, a->H, a->KV,
-                a->D);
+    if (grouped) sum_groups(s, a, partials, dk, dv);
 }

@@ -414,6 +414,21 @@ __global__ void __launch_bounds__(THREADS)
 
 // ------------------------------------------------------------------------------------ dQ ----
 
+// dS = P (dP - delta) with P = exp2(s - lse), in place of the masked scores s (16 x 8·NT, log2
+// units) of a thread's rows g and g + 8, whose lse (log2 units) and delta are given.
+template <int NT>
+__device__ __forceinline__ void scores_to_ds(float (*s)[4], const float (*dp)[4],
+                                             const float lse[2], const float delta[2]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = e >> 1;
+            float p = exp2f(s[nt][e] - lse[r]); // masked: exp2(-inf) = 0
+            s[nt][e] = p * (dp[nt][e] - delta[r]);
+        }
+}
+
 // dS = P (dO V^T - delta) with P = exp(S - lse), then dQ = scale * dS K. Each key tile is taken
 // in parts of PART_KEYS: S and dP of a part, not of the whole tile, are held in registers at once.
 constexpr int PART_KEYS = 32;
@@ -449,14 +464,7 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 mask_scores<NT>(s[mt], j0 + part, b.lo[mt], b.hi[mt], scale_log2);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int r = e >> 1;
-                        float p = exp2f(s[mt][nt][e] - row_lse[mt][r]); // masked: exp2(-inf) = 0
-                        s[mt][nt][e] = p * (dp[mt][nt][e] - row_delta[mt][r]);
-                    }
+                scores_to_ds<NT>(s[mt], dp[mt], row_lse[mt], row_delta[mt]);
             }
             accumulate_c_times<MT, PART_KEYS / 16, NO>(acc, s, Kp, D + PAD);
         }
@@ -466,12 +474,57 @@ __global__ void __launch_bounds__(THREADS)
 
 // ---------------------------------------------------------------------------------- dK dV ----
 
-// One step's query rows in the dK/dV kernel: the keys each sees, [lo, hi), and its lse (log2
+// One step's N query rows in a dK/dV kernel: the keys each sees, [lo, hi), and its lse (log2
 // units) and delta.
-struct step_rows {
-    int lo[STEP_ROWS], hi[STEP_ROWS];
-    float lse[STEP_ROWS], delta[STEP_ROWS];
+template <int N> struct step_rows {
+    int lo[N], hi[N];
+    float lse[N], delta[N];
 };
+
+// For transposed tiles (keys as rows: this thread's keys key[0] and key[1], at C rows g and
+// g + 8; the step's 8·NT query rows m as columns): S^T (raw scores) becomes P^T = exp(S^T - lse),
+// masked, and dP^T becomes dS^T = P^T (dP^T - delta).
+template <int NT, int N>
+__device__ __forceinline__ void transposed_ds(float (*st)[4], float (*dpt)[4], const int key[2],
+                                              const step_rows<N> &m, float scale_log2) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
+            bool valid = j >= m.lo[i] && j < m.hi[i];
+            float p = valid ? exp2f(st[nt][e] * scale_log2 - m.lse[i]) : 0.0f;
+            st[nt][e] = p;
+            dpt[nt][e] = p * (dpt[nt][e] - m.delta[i]);
+        }
+}
+
+// Key j's rows of dK and dV from this thread's C fragments of them (half r: row g or g + 8):
+// bf16 into dk, dv (Tkv, KV, D), or under grouped heads fp32 into query head h's partials
+// dk_part, dv_part (Tkv, H, D), which group_sum_kernel adds up.
+template <int NO>
+__device__ __forceinline__ void store_key_row(const weft_cuda_attention_args &a, int j, int h,
+                                              int r, const float (*dk_acc)[4],
+                                              const float (*dv_acc)[4], float scale, bf16 *dk,
+                                              bf16 *dv, float *dk_part, float *dv_part) {
+    constexpr int D = 8 * NO;
+    int t = threadIdx.x & 3, kvh = h / (a.H / a.KV);
+#pragma unroll
+    for (int no = 0; no < NO; no++) {
+        float2 dk2 = {dk_acc[no][2 * r] * scale, dk_acc[no][2 * r + 1] * scale};
+        float2 dv2 = {dv_acc[no][2 * r], dv_acc[no][2 * r + 1]};
+        if (dk_part) {
+            size_t at = ((size_t)j * a.H + h) * D + no * 8 + 2 * t;
+            *reinterpret_cast<float2 *>(dk_part + at) = dk2;
+            *reinterpret_cast<float2 *>(dv_part + at) = dv2;
+        } else {
+            size_t at = ((size_t)j * a.KV + kvh) * D + no * 8 + 2 * t;
+            *reinterpret_cast<uint32_t *>(dk + at) = pack_bf16(dk2.x, dk2.y);
+            *reinterpret_cast<uint32_t *>(dv + at) = pack_bf16(dv2.x, dv2.y);
+        }
+    }
+}
 
 // For one tile of keys of kv head `kvh`: transposed products, keys as the rows of A.
 //   S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
@@ -488,10 +541,10 @@ __global__ void __launch_bounds__(THREADS)
     bf16 *Ks = dynamic_smem<bf16>(); // (KEYS, LD)
     bf16 *Vs = Ks + KEYS * LD;       // (KEYS, LD)
     bf16 *rows = Vs + KEYS * LD; // Q, dO of buffer 0, then of buffer 1: (STEP_ROWS, LD) each
-    step_rows *meta = reinterpret_cast<step_rows *>(rows + 4 * ROWS_TILE); // [2]
-    int *seen = reinterpret_cast<int *>(meta + 2);                          // [2][WARPS]
+    auto *meta = reinterpret_cast<step_rows<STEP_ROWS> *>(rows + 4 * ROWS_TILE); // [2]
+    int *seen = reinterpret_cast<int *>(meta + 2);                                // [2][WARPS]
 
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * KEYS;
     int j_end = min(j0 + KEYS, a.Tkv);
     size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
@@ -529,7 +582,7 @@ __global__ void __launch_bounds__(THREADS)
             if (first == WARPS) continue;
             i0 += STEP_ROWS * first;
             if (warp == first) { // its lanes hold the step's rows
-                step_rows &m = meta[buffer];
+                step_rows<STEP_ROWS> &m = meta[buffer];
                 m.lo[lane] = lo;
                 m.hi[lane] = hi;
                 m.lse[lane] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
@@ -552,7 +605,7 @@ __global__ void __launch_bounds__(THREADS)
         if (next < rows_hi) cp_async_wait<1>();
         else cp_async_wait<0>();
         __syncthreads(); // this step's rows have landed, for every thread's copies
-        const step_rows &m = meta[buffer];
+        const step_rows<STEP_ROWS> &m = meta[buffer];
         const bf16 *Qs = rows + 2 * buffer * ROWS_TILE, *dOs = Qs + ROWS_TILE;
         bool warp_sees = lane < STEP_ROWS && m.lo[lane] < kw1 && m.hi[lane] > kw0;
         if (__any_sync(0xffffffffu, warp_sees)) {
@@ -561,16 +614,7 @@ __global__ void __launch_bounds__(THREADS)
             product_a_smem<MT, NT, DK>(dpt, Vw, dOs, LD);
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int i = nt * 8 + 2 * t + (e & 1), j = key[mt][e >> 1];
-                        bool valid = j >= m.lo[i] && j < m.hi[i];
-                        float p = valid ? exp2f(st[mt][nt][e] * scale_log2 - m.lse[i]) : 0.0f;
-                        st[mt][nt][e] = p;
-                        dpt[mt][nt][e] = p * (dpt[mt][nt][e] - m.delta[i]);
-                    }
+                transposed_ds<NT>(st[mt], dpt[mt], key[mt], m, scale_log2);
             accumulate_c_times<MT, STEP_ROWS / 16, NO>(dv_acc, st, dOs, LD);
             accumulate_c_times<MT, STEP_ROWS / 16, NO>(dk_acc, dpt, Qs, LD);
         }
@@ -582,24 +626,10 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int j = key[mt][r];
-            if (j >= j_end) continue;
-#pragma unroll
-            for (int no = 0; no < NO; no++) {
-                float2 dk2 = {dk_acc[mt][no][2 * r] * scale, dk_acc[mt][no][2 * r + 1] * scale};
-                float2 dv2 = {dv_acc[mt][no][2 * r], dv_acc[mt][no][2 * r + 1]};
-                if (dk_part) {
-                    size_t at = ((size_t)j * a.H + h) * D + no * 8 + 2 * t;
-                    *reinterpret_cast<float2 *>(dk_part + at) = dk2;
-                    *reinterpret_cast<float2 *>(dv_part + at) = dv2;
-                } else {
-                    size_t at = ((size_t)j * a.KV + kvh) * D + no * 8 + 2 * t;
-                    *reinterpret_cast<uint32_t *>(dk + at) = pack_bf16(dk2.x, dk2.y);
-                    *reinterpret_cast<uint32_t *>(dv + at) = pack_bf16(dv2.x, dv2.y);
-                }
-            }
-        }
+        for (int r = 0; r < 2; r++)
+            if (key[mt][r] < j_end)
+                store_key_row<NO>(a, key[mt][r], h, r, dk_acc[mt], dv_acc[mt], scale, dk, dv,
+                                  dk_part, dv_part);
 }
 
 // out (Tkv, KV, D) bf16 = the sum over each kv head's group of part (Tkv, H, D) fp32, in a fixed
@@ -617,13 +647,25 @@ __global__ void group_sum_kernel(const float *part, bf16 *out, int Tkv, int H, i
     }
 }
 
+// Under grouped heads, dk and dv from the per-query-head partials a dK/dV kernel wrote
+// (weft_cuda_attention_partials_bytes of them: dK's, then dV's).
+void sum_groups(weft_cuda_stream s, const weft_cuda_attention_args *a, const float *partials,
+                void *dk, void *dv) {
+    size_t N = (size_t)a->Tkv * a->KV * a->D;
+    const float *dk_part = partials, *dv_part = partials + (size_t)a->Tkv * a->H * a->D;
+    WEFT_LAUNCH(group_sum_kernel, grid_for(N), 256, 0, s, dk_part, (bf16 *)dk, a->Tkv, a->H, a->KV,
+                a->D);
+    WEFT_LAUNCH(group_sum_kernel, grid_for(N), 256, 0, s, dv_part, (bf16 *)dv, a->Tkv, a->H, a->KV,
+                a->D);
+}
+
 // Dynamic shared memory of each kernel, in bytes, for head_dim D.
 size_t query_block_smem(int D) { // two buffers of K and V tiles; key ranges
     return sizeof(bf16) * 4 * BLOCK_KEYS * (D + PAD) + 2 * block_rows(D / 16) * sizeof(int);
 }
 size_t dkdv_smem(int D) { // K, V tiles; two buffers of Q, dO rows and of their step_rows; flags
     return sizeof(bf16) * (2 * block_rows(D / 16) + 4 * STEP_ROWS) * (D + PAD) +
-           2 * sizeof(step_rows) + 2 * WARPS * sizeof(int);
+           2 * sizeof(step_rows<STEP_ROWS>) + 2 * WARPS * sizeof(int);
 }
 
 } // namespace

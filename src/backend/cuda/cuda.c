@@ -34,7 +34,7 @@ typedef struct cuda_state {
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
     float *scratch;              // attention's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
-    bool attention_hopper;       // and its forward on TMA and wgmma (WEFT_CUDA_ATTENTION=hopper)
+    bool attention_hopper;       // and on TMA and wgmma (WEFT_CUDA_ATTENTION=hopper)
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
     // Live allocations and their sizes, for the byte count (cudaFree is not told the size).
@@ -348,6 +348,19 @@ static bool attention_on_tensor_cores(weft_backend *self, int D, const void *con
     return true;
 }
 
+// The hopper kernels were asked for by name: a refusal is an error, not a quiet fall-back that
+// benchmarks the mma kernels under the hopper label.
+static void hopper_launched(weft_backend *self, bool ok, const char *pass,
+                            const weft_cuda_attention_args *a) {
+    WEFT_CHECK(ok,
+               "WEFT_CUDA_ATTENTION=hopper: the CUDA driver refused the TMA descriptors of the "
+               "attention %s (heads %d, kv heads %d, head_dim %d); update the driver (CUDA 12 or "
+               "newer) or use WEFT_CUDA_ATTENTION=mma",
+               pass, a->H, a->KV, a->D);
+    launched(self, strcmp(pass, "forward") ? "attention_backward (hopper)"
+                                           : "attention_forward (hopper)");
+}
+
 static void cuda_attention_forward(weft_backend *self, const void *q, const void *k, const void *v,
                                    const weft_attention_layout *layout, void *out, float *lse,
                                    int H, int KV, int D) {
@@ -356,14 +369,8 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     const void *tensors[] = {q, k, v, out};
     bool mma = attention_on_tensor_cores(self, D, tensors, 4);
     if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a)) {
-        // Asked for by name: a refusal is an error, not a quiet fall-back that benchmarks the
-        // mma kernels under the hopper label.
-        WEFT_CHECK(weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
-                   "WEFT_CUDA_ATTENTION=hopper: the CUDA driver refused the TMA descriptors of "
-                   "attention (heads %d, kv heads %d, head_dim %d); update the driver (CUDA 12 or "
-                   "newer) or use WEFT_CUDA_ATTENTION=mma",
-                   H, KV, D);
-        launched(self, "attention_forward (hopper)");
+        hopper_launched(self, weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
+                        "forward", &a);
         return;
     }
     if (mma)
@@ -386,6 +393,14 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     size_t partial_bytes = mma ? weft_cuda_attention_partials_bytes(&a) : 0;
     float *delta = scratch(self, sizeof(float) * delta_floats + partial_bytes);
     weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
+    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a)) {
+        hopper_launched(self,
+                        weft_cuda_attention_backward_hopper(STREAM(self), &a, q, k, v, lse, dout,
+                                                            delta, dq, dk, dv,
+                                                            delta + delta_floats),
+                        "backward", &a);
+        return;
+    }
     if (mma)
         weft_cuda_attention_backward_mma(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv,
                                          delta + delta_floats);
@@ -546,8 +561,9 @@ static void cuda_destroy(weft_backend *self) {
 
 // WEFT_CUDA_ATTENTION=mma|simt|hopper picks the attention kernels: mma, the tensor-core ones,
 // where the GPU has bf16 mma (compute capability 8.0 and up), the default; simt, fp32, to compare
-// against; hopper, mma with the forward on TMA and wgmma (compute capability 9.0, a build for
-// sm_90a), opt-in until GPU runs have measured it against mma.
+// against; hopper, the forward and backward on TMA and wgmma where they cover the shape, mma
+// elsewhere (compute capability 9.0, a build for sm_90a), opt-in until GPU runs have measured it
+// against mma.
 static void attention_kernel_choice(int device, bool *mma, bool *hopper) {
     int major = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));

@@ -88,14 +88,19 @@ void weft_cuda_attention_forward_mma(weft_cuda_stream s, const weft_cuda_attenti
 void weft_cuda_attention_forward_simt(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                       const void *q, const void *k, const void *v, void *out,
                                       float *lse);
-// A third forward, "hopper", for sm_90a (TMA, mbarriers, wgmma; attention_hopper.cu). It covers
-// head_dim 64 or 128 with at least one query and one key row (the caller runs the mma forward on
+// A third family, "hopper", for sm_90a (TMA, mbarriers, wgmma; attention_hopper*.cu). It covers
+// head_dim 64 or 128 with at least one query and one key row (the caller runs the mma kernels on
 // the rest); on those it returns false, with nothing launched, only where the driver refuses its
-// TMA descriptors. Its lse is the mma one's, so the mma backward follows it.
+// TMA descriptors. Its lse is the mma one's, so either backward follows either forward; its
+// backward needs the mma one's partials.
 bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args *a);
 bool weft_cuda_attention_forward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                         const void *q, const void *k, const void *v, void *out,
                                         float *lse);
+bool weft_cuda_attention_backward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
+                                         const void *q, const void *k, const void *v,
+                                         const float *lse, const void *dout, const float *delta,
+                                         void *dq, void *dk, void *dv, float *partials);
 // delta (H, Tq) f32 = rowsum(dout * out), the backward's first pass.
 void weft_cuda_attention_delta(weft_cuda_stream s, const void *out, const void *dout,
                                float *delta, int Tq, int H, int D);
