@@ -699,6 +699,9 @@ int main() {
         whole("whole [100,200] H2 KV1 D128", 2, 1, 128, {100, 200}),
         cp_chunks("CP rank 0/2 [136,64] H2 KV1 D64", 2, 1, 64, {136, 64}, 0, 2),
         cp_chunks("CP rank 1/2 [520] H4 KV2 D128", 4, 2, 128, {520}, 1, 2),
+        // Eight query heads to a kv head; keys in blocks that end mid-document, query steps that
+        // start mid-block, a one-row document between long ones.
+        whole("whole [400,1,333] H8 KV1 D128 (grouped, steps)", 8, 1, 128, {400, 1, 333}),
     };
     for (const layout &l : layouts) test_attention(l, SIMT);
     for (bool early : {false, true}) { // copies landing as late, then as early as allowed
