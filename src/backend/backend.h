@@ -151,6 +151,16 @@ struct weft_backend {
     // logprob = -row_loss bit for bit.
     void (*logprobs)(weft_backend *self, const void *logits, const int32_t *targets,
                      float *logprob, float *entropy, float *correct, int T, int V);
+    // Draws n tokens where the sampling has no filter (rollout keeps top-k, top-p and min-p on the
+    // host): draw d reads row rows[d] of logits (., V) and takes, with temperature 0, its first
+    // largest logit; else the first token whose cumulative weight exp((l - max) / temperature)
+    // in token order, in double, exceeds u[d] (in [0, 1)) times the row's total. tokens (n)
+    // int32; processed (n) f32: the drawn token's log-probability under that distribution (0
+    // when greedy). A draw depends on its row and u alone. Optional: NULL where the caller draws
+    // on the host (the CPU backend, whose rollout reads the logits in place).
+    void (*sample_tokens)(weft_backend *self, const void *logits, const int32_t *rows,
+                          const double *u, int n, int V, float temperature, int32_t *tokens,
+                          float *processed);
     // In place on logits (T, V): the gradient of sum_t (d_logprob[t] * logp_t + d_entropy[t] *
     // H_t) with respect to them. Rows with a target become d_logprob[t] * (onehot - p) -
     // d_entropy[t] * p * (log p + H), other rows 0. d_entropy may be NULL. With d_entropy NULL and

@@ -38,7 +38,8 @@ typedef struct step_buffers {
     int32_t *slots, *q_pos, *cu_q, *tables; // (rows), (rows), (seqs + 1), (seqs * max_blocks)
     void *logits, *draw_logits;             // (head rows, V), (draws, V)
     int32_t *draw_rows, *draw_tokens;       // (draws)
-    float *draw_logprobs;                   // (draws)
+    float *draw_logprobs, *draw_processed;  // (draws)
+    double *draw_u;                         // (draws): the uniform numbers of device draws
     float *host_logits;                     // (head rows, V) f32 on the host, for the draws
     size_t host_logits_cap;                 // floats
     // Speculative decoding: the main forward's hidden states, the MTP modules' outputs (ping-pong)

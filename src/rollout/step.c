@@ -23,7 +23,7 @@ void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t e
 void weft_rollout_step_buffers_free(weft_engine *e) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
-    // q_pos lives in slots' allocation, draw_tokens and draw_logprobs in draw_rows'.
+    // q_pos lives in slots' allocation, the other draw_ arrays in draw_rows'.
     void *all[] = {b->slots, b->cu_q, b->tables, b->logits, b->draw_logits, b->draw_rows,
                    b->hidden_main, b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
                    b->gather_rows};
@@ -156,28 +156,87 @@ static draw draw_token(weft_engine *e, int seq, int row, const float *logits) {
     return d;
 }
 
-// Each drawn token's log-prob under the model (temperature 1, no filter), by the backend's
-// logprobs op on the logits rows it was drawn from: the op and the arithmetic the trainer uses.
-static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
+// Device room for n draws: (draws_cap) rows, tokens, log-probs and processed log-probs, one
+// after another (a single download reads the last three), then the uniform numbers; and the
+// draws' logits rows (draws_cap, V).
+static void draw_buffers(weft_engine *e, int n) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     int V = e->model->cfg.vocab_size, cap = b->draws_cap;
-    int32_t *rows = weft_alloc(sizeof(int32_t) * n), *tokens = weft_alloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) rows[i] = d[i].row, tokens[i] = d[i].token;
-    b->draw_rows = weft_rollout_grown(be, b->draw_rows, &cap, n, sizeof(int32_t) * 3);
-    if (cap != b->draws_cap) {
-        if (b->draw_logits) be->free(be, b->draw_logits);
-        b->draw_logits = be->alloc(be, weft_dtype_size(be->act_dtype) * (size_t)cap * V);
-        b->draws_cap = cap;
-    }
+    b->draw_rows = weft_rollout_grown(be, b->draw_rows, &cap, n,
+                                      sizeof(int32_t) * 4 + sizeof(double));
+    if (cap == b->draws_cap) return;
+    if (b->draw_logits) be->free(be, b->draw_logits);
+    b->draw_logits = be->alloc(be, weft_dtype_size(be->act_dtype) * (size_t)cap * V);
+    b->draws_cap = cap;
     b->draw_tokens = b->draw_rows + cap;
     b->draw_logprobs = (float *)(b->draw_rows + 2 * cap);
-    be->to_device(be, b->draw_rows, rows, sizeof(int32_t) * n);
-    be->to_device(be, b->draw_tokens, tokens, sizeof(int32_t) * n);
+    b->draw_processed = (float *)(b->draw_rows + 3 * cap);
+    b->draw_u = (double *)(b->draw_rows + 4 * cap);
+}
+
+// Each drawn token's log-prob under the model (temperature 1, no filter), by the backend's
+// logprobs op on the logits rows it was drawn from (draw_rows, draw_tokens on the device): the op
+// and the arithmetic the trainer uses.
+static void base_logprobs_on_device(weft_engine *e, int n) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    int V = e->model->cfg.vocab_size;
     be->embedding_forward(be, b->draw_rows, b->logits, b->draw_logits, n, V); // a row gather
     be->logprobs(be, b->draw_logits, b->draw_tokens, b->draw_logprobs, NULL, NULL, n, V);
+}
+
+// The base log-probs of tokens drawn on the host.
+static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    int32_t *rows = weft_alloc(sizeof(int32_t) * n), *tokens = weft_alloc(sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) rows[i] = d[i].row, tokens[i] = d[i].token;
+    draw_buffers(e, n);
+    be->to_device(be, b->draw_rows, rows, sizeof(int32_t) * n);
+    be->to_device(be, b->draw_tokens, tokens, sizeof(int32_t) * n);
+    base_logprobs_on_device(e, n);
     be->to_host(be, out, b->draw_logprobs, sizeof(float) * n);
     weft_free(rows), weft_free(tokens);
+}
+
+// Whether this step's tokens are drawn on the device (backend sample_tokens): where the backend
+// has it and nothing needs the host's logits, no filter and no drafts to verify. The host then
+// reads a token and two log-probs per draw instead of the logits rows.
+static bool draws_on_device(const weft_engine *e) {
+    const weft_sampling_config *c = &e->sc;
+    int V = e->model->cfg.vocab_size;
+    bool filtered = (c->top_k > 0 && c->top_k < V) || c->top_p < 1 || c->min_p > 0;
+    return e->be->sample_tokens && !filtered && e->rc.speculative_tokens == 0;
+}
+
+// Draws d[0, n) (seq and row set) on the device at the same uniform numbers the host would use,
+// with their base log-probs into logp: one upload of rows and numbers, one download.
+static void draw_on_device(weft_engine *e, draw *d, int n, float *logp) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    draw_buffers(e, n);
+    int cap = b->draws_cap;
+    int32_t *rows = weft_alloc(sizeof(int32_t) * n), *out = weft_alloc(sizeof(int32_t) * 3 * cap);
+    double *u = weft_alloc(sizeof(double) * n);
+    for (int i = 0; i < n; i++) {
+        const gen_seq *s = &e->seqs[d[i].seq];
+        rows[i] = d[i].row;
+        u[i] = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
+                                     (uint64_t)s->sample, (uint64_t)s->len, WEFT_DRAW_TOKEN);
+    }
+    be->to_device(be, b->draw_rows, rows, sizeof(int32_t) * n);
+    be->to_device(be, b->draw_u, u, sizeof(double) * n);
+    be->sample_tokens(be, b->logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
+                      (float)e->sc.temperature, b->draw_tokens, b->draw_processed);
+    base_logprobs_on_device(e, n);
+    be->to_host(be, out, b->draw_tokens, sizeof(int32_t) * 3 * cap); // tokens, logprobs, processed
+    for (int i = 0; i < n; i++) {
+        d[i].token = out[i];
+        memcpy(&logp[i], &out[cap + i], sizeof(float));
+        memcpy(&d[i].processed, &out[2 * cap + i], sizeof(float));
+    }
+    weft_free(rows), weft_free(out), weft_free(u);
 }
 
 // The sequences due a token this step: each one's first logits row (its last 1 + n_drafts rows
@@ -190,6 +249,7 @@ typedef struct due_seqs {
 // verified), then appends them with their log-probs. Returns the sequences that took a token and
 // still run (the next step's drafters) in *took.
 static int draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took) {
+    bool on_device = logits == NULL; // see draws_on_device
     int cap = 1; // a prompt forks n samples, a sample takes its drafts and one more
     for (int k = 0; k < due->n; k++) {
         const gen_seq *s = &e->seqs[due->seq[k]];
@@ -199,15 +259,19 @@ static int draw_tokens(weft_engine *e, const due_seqs *due, const float *logits,
     int n = 0, V = e->model->cfg.vocab_size;
     for (int k = 0; k < due->n; k++) {
         int i = due->seq[k], row = due->first_row[k];
-        if (e->seqs[i].sample >= 0) {
+        bool fork = e->seqs[i].sample < 0;
+        if (!fork && !on_device) {
             n += weft_rollout_verify(e, i, logits + (size_t)row * V, row, d + n);
             continue;
         }
-        int first = weft_rollout_fork_samples(e, i);
-        for (int s = 0; s < e->sc.n; s++) d[n++] = draw_token(e, first + s, row, logits);
+        int first = fork ? weft_rollout_fork_samples(e, i) : i, samples = fork ? e->sc.n : 1;
+        for (int s = 0; s < samples; s++)
+            d[n++] = on_device ? (draw){.seq = first + s, .row = row, .depth = -1}
+                               : draw_token(e, first + s, row, logits);
     }
     float *logp = weft_alloc(sizeof(float) * (n > 0 ? n : 1));
-    base_logprobs(e, d, n, logp);
+    if (on_device) draw_on_device(e, d, n, logp);
+    else base_logprobs(e, d, n, logp);
     int n_took = 0;
     for (int i = 0; i < n; i++) {
         gen_seq *s = &e->seqs[d[i].seq];
@@ -236,9 +300,9 @@ static int draw_tokens(weft_engine *e, const due_seqs *due, const float *logits,
 // -------------------------------------------------------------------------------- a step ----
 
 // The main forward over the participants: logits of the due sequences' last 1 + n_drafts rows
-// into the host buffer, and (speculating) every row's hidden state.
+// into the host buffer (unless drawn on the device), and (speculating) every row's hidden state.
 static void main_forward(weft_engine *e, const participant *part, int n, const due_seqs *due,
-                         const int32_t *head_rows) {
+                         const int32_t *head_rows, bool host_logits) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     int V = e->model->cfg.vocab_size, C = e->model->cfg.hidden_size;
@@ -259,7 +323,7 @@ static void main_forward(weft_engine *e, const participant *part, int n, const d
     }
     weft_model_forward(e->model, &e->batch, false, &pass, &out);
     weft_free(seqs);
-    if (due->rows > 0) {
+    if (host_logits && due->rows > 0) {
         if (b->host_logits_cap < (size_t)due->rows * V) { // kept: fresh pages cost faults
             weft_free(b->host_logits);
             b->host_logits_cap = (size_t)due->rows * V;
@@ -295,7 +359,8 @@ bool weft_rollout_step(weft_engine *e) {
         for (int r = s->n_drafts; r >= 0; r--) head_rows[due.rows++] = e->batch.cu_seqlens[j + 1] - 1 - r;
         due.n++;
     }
-    main_forward(e, part, n, &due, head_rows);
+    bool on_device = draws_on_device(e);
+    main_forward(e, part, n, &due, head_rows, !on_device);
     e->stats.forwards++;
     if (n > e->stats.peak_batch) e->stats.peak_batch = n;
     bool speculating = e->rc.speculative_tokens > 0;
@@ -303,7 +368,8 @@ bool weft_rollout_step(weft_engine *e) {
     size_t forks = 0; // the samples this step's prompts fork
     for (int k = 0; k < due.n; k++) forks += e->seqs[due.seq[k]].sample < 0 ? (size_t)e->sc.n : 0;
     int *took = weft_alloc(sizeof(int) * (e->n_seqs + forks + 1));
-    int n_took = due.n > 0 ? draw_tokens(e, &due, e->buf.host_logits, took) : 0;
+    const float *logits = on_device ? NULL : e->buf.host_logits;
+    int n_took = due.n > 0 ? draw_tokens(e, &due, logits, took) : 0;
     if (speculating) weft_rollout_draft(e, took, n_took, true);
     weft_free(part), weft_free(head_rows), weft_free(due.seq), weft_free(due.first_row);
     weft_free(before), weft_free(took);

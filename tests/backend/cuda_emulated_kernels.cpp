@@ -9,3 +9,4 @@
 #include "backend/cuda/cross_entropy.cu"
 #include "backend/cuda/kernels.cu"
 #include "backend/cuda/paged.cu"
+#include "backend/cuda/sampling.cu"

@@ -407,6 +407,11 @@ inline double atomicAdd(double *p, double x) {
     *p = old + x;
     return old;
 }
+inline int atomicMax(int *p, int x) {
+    int old = *p;
+    *p = x > old ? x : old;
+    return old;
+}
 inline float __expf(float x) { return expf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 // ldmatrix and cp.async (attention_mma.cuh's wrappers call these under emulation); see

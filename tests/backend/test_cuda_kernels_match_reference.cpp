@@ -320,6 +320,46 @@ void test_logprobs(int V) {
     compare(sized("logprobs leaves the logits", V), h.logits, widen(before), 0.0);
 }
 
+// Draws from the rows of make_head_rows (ties for the largest logit included) at uniform points
+// u, among them 0 and just below 1, against the inverse CDF walked in float64 token by token.
+void test_sample_tokens(int V, float temperature) {
+    head_rows h = make_head_rows(V);
+    int n = 3 * h.T;
+    std::vector<int32_t> rows(n), tokens(n, -1), want_tokens(n);
+    std::vector<double> u(n), want_processed(n);
+    std::vector<float> processed(n, NAN);
+    for (int d = 0; d < n; d++) {
+        rows[d] = (d * 7) % h.T;
+        u[d] = d == 0 ? 0.0 : d == 1 ? 1.0 - 1e-12 : (double)uniform(0.0f, 1.0f);
+        const bf16 *row = &h.logits[(size_t)rows[d] * V];
+        int arg = 0;
+        for (int j = 1; j < V; j++)
+            if (value_of(row[j]) > value_of(row[arg])) arg = j;
+        want_tokens[d] = arg, want_processed[d] = 0.0;
+        if (temperature == 0) continue;
+        std::vector<double> w(V);
+        double mass = 0, cumulative = 0;
+        for (int j = 0; j < V; j++)
+            mass += w[j] = exp((value_of(row[j]) - value_of(row[arg])) / temperature);
+        int token = V - 1;
+        for (int j = 0; j < V; j++)
+            if (u[d] * mass < (cumulative += w[j])) {
+                token = j;
+                break;
+            }
+        want_tokens[d] = token, want_processed[d] = log(w[token] / mass);
+    }
+    weft_cuda_sample_tokens(nullptr, h.logits.data(), rows.data(), u.data(), n, V, temperature,
+                            tokens.data(), processed.data());
+    int wrong = 0;
+    for (int d = 0; d < n; d++) wrong += tokens[d] != want_tokens[d];
+    std::string name = sized("sample_tokens", V) + " T " + std::to_string(temperature);
+    printf("%-76s %d of %d tokens differ %s\n", (name + " tokens").c_str(), wrong, n,
+           wrong ? "FAIL" : "ok");
+    failures += wrong > 0;
+    compare(name + " processed log-prob", processed, want_processed, F32_TOL);
+}
+
 // The gradient of sum_t w_t logp_t + u_t H_t: w (onehot - p) - u p (log p + H), with u = 0 on some
 // rows (cross-entropy's own expression).
 void test_logits_backward(int V) {
@@ -680,6 +720,7 @@ int main() {
         test_cross_entropy(V);
         test_logprobs(V);
         test_logits_backward(V);
+        for (float temperature : {0.0f, 1.0f, 0.6f}) test_sample_tokens(V, temperature);
     }
     test_adamw();
     std::vector<int> mixed = {1, 33, 5, 70, 2};

@@ -7,6 +7,10 @@ at temperature 1 with top-p 0.9, up to 20 new tokens: every recorded log-prob eq
 With device=cuda (the GPU where one is listed, else weft_emulated: the CUDA kernels run on the
 CPU) generation and scoring both run in bf16 and differ only by its round-off: the max and mean
 absolute difference are printed and must stay under MAX_DIFF and MEAN_DIFF.
+On CUDA the same again without top-p, where the engine draws the tokens on the device (the
+sample_tokens op) and reads back tokens and log-probs instead of the logits rows; it draws at the
+host's uniform numbers, so most first tokens equal the CPU's at the same seed (bf16 round-off
+moves a few across a boundary; numbers drawn wrongly would leave about 1 in 20 alike).
 The same with MTP speculative decoding (rollout.speculative_tokens=2) on the model with two MTP
 modules and the prompts but the longest: every token, whether an accepted draft, one drawn after a
 rejection or a bonus token, has the trainer's log-prob (the statistics show drafts both accepted
@@ -25,20 +29,23 @@ LENGTHS = [1, 5, 16, 17, 33, 70, 9, 300]
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 SETTINGS = ["sampling.temperature=1", "sampling.top_p=0.9", "sampling.n=3",
             "sampling.max_tokens=20", "sampling.seed=11"]
+UNFILTERED = [s for s in SETTINGS if not s.startswith("sampling.top_p")]  # drawn on the device
 MAX_DIFF, MEAN_DIFF = 0.1, 0.02  # bf16 logits: 2^-9 relative on logits of a few units
 SPECULATIVE = 2  # draft tokens per step on the MTP model
 SPECULATIVE_LENGTHS = LENGTHS[:-1]  # the 300-token prompt's emulated MTP backward takes long
 
 
-def compare(weft, mdir, tmp, device, failures, speculative=0):
+def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
+            first_tokens=None):
     tag = f"device={device}" + (f", speculative_tokens={speculative}" if speculative else "")
-    name = f"{device}_{speculative}"
+    tag += ", no top-p" if settings is UNFILTERED else ""
+    name = f"{device}_{speculative}_{len(settings)}"
     lengths = SPECULATIVE_LENGTHS if speculative else LENGTHS
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
                             random_prompts(lengths, CFG["vocab_size"], 3))
     dev = [f"device={device}"]
     rows, stats, _ = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{name}.jsonl"),
-                              *SETTINGS, *dev, f"rollout.speculative_tokens={speculative}")
+                              *settings, *dev, f"rollout.speculative_tokens={speculative}")
     if speculative:
         spec = stats["speculative"]
         print(f"{tag}: drafts offered {spec['drafted']}, accepted {spec['accepted']}")
@@ -54,6 +61,8 @@ def compare(weft, mdir, tmp, device, failures, speculative=0):
     bits = sum(int(np.sum(g.view(np.uint32) != w.view(np.uint32))) for g, w in zip(got, want))
     print(f"{tag}: {len(docs)} samples, {tokens} tokens; log-probs differing in any bit: {bits}; "
           f"max |diff| {diff.max():.3g}, mean {diff.mean():.3g}")
+    if first_tokens is not None:
+        first_tokens.append([resp["token_ids"][0] for _, resp in docs])
     if tokens < len(docs):
         failures.append(f"{tag}: some samples generated nothing")
     if device == "cpu" and bits:
@@ -79,6 +88,13 @@ def cases(weft, tmp):
     if program:
         print(f"device=cuda on {'weft_emulated' if emulated else 'the GPU'}")
         compare(program, mdir, tmp, "cuda", failures)
+        first = []
+        compare(weft, mdir, tmp, "cpu", failures, settings=UNFILTERED, first_tokens=first)
+        compare(program, mdir, tmp, "cuda", failures, settings=UNFILTERED, first_tokens=first)
+        alike = np.mean(np.equal(*first))
+        print(f"first tokens alike on the CPU and drawn on the device: {alike:.0%}")
+        if alike < 0.75:
+            failures.append(f"device draws: only {alike:.0%} of first tokens equal the CPU's")
         compare(program, mtp, tmp, "cuda", failures, SPECULATIVE)
     return failures
 

@@ -454,6 +454,13 @@ static void cuda_cross_entropy(weft_backend *self, void *logits, const int32_t *
     launched(self, "cross_entropy");
 }
 
+static void cuda_sample_tokens(weft_backend *self, const void *logits, const int32_t *rows,
+                               const double *u, int n, int V, float temperature, int32_t *tokens,
+                               float *processed) {
+    weft_cuda_sample_tokens(STREAM(self), logits, rows, u, n, V, temperature, tokens, processed);
+    launched(self, "sample_tokens");
+}
+
 static void cuda_logprobs(weft_backend *self, const void *logits, const int32_t *targets,
                           float *logprob, float *entropy, float *correct, int T, int V) {
     weft_cuda_logprobs(STREAM(self), logits, targets, logprob, entropy, correct, T, V);
@@ -643,6 +650,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .add_inplace = cuda_add_inplace,
         .cross_entropy = cuda_cross_entropy,
         .logprobs = cuda_logprobs,
+        .sample_tokens = cuda_sample_tokens,
         .logits_backward = cuda_logits_backward,
         .sum_f32 = cuda_sum_f32,
         .sumsq_f32 = cuda_sumsq_f32,

@@ -66,6 +66,10 @@ void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const int32_t *ta
 // (T, V) bf16, which stay as they are.
 void weft_cuda_logprobs(weft_cuda_stream s, const void *logits, const int32_t *targets,
                         float *logprob, float *entropy, float *correct, int T, int V);
+// Draws n tokens from rows of logits (., V) bf16: backend.h's sample_tokens (sampling.cu).
+void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits, const int32_t *rows,
+                             const double *u, int n, int V, float temperature, int32_t *tokens,
+                             float *processed);
 // In place on logits (T, V) bf16: the gradient of sum_t d_logprob[t] logp_t + d_entropy[t] H_t
 // (d_entropy may be NULL); rows without a target become 0.
 void weft_cuda_logits_backward(weft_cuda_stream s, void *logits, const int32_t *targets,
