@@ -20,8 +20,8 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - transformers default: AutoModelForCausalLM in bf16 on the GPU (its default attention, SDPA
   on torch 2), generate(do_sample=False, min_new_tokens=max_new_tokens=N) with its default
   (dynamic) cache; one identical warm-up call first, then the timed call between
-  torch.cuda.synchronize()s. Each batch runs in its own process. Qwen2 in transformers always
-  has q/k/v biases: they are set to zero (the model has none).
+  torch.cuda.synchronize()s. Each (cache, batch) runs in its own process. Qwen2 in
+  transformers always has q/k/v biases: they are set to zero (the model has none).
 - transformers static: the same with cache_implementation="static" (recent transformers then
   compile the decode step with torch.compile; the warm-up call absorbs the compile).
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
@@ -35,7 +35,8 @@ median of 10 copies). Bytes per decode step = the weights (every matmul, the out
 included, the norms, and B rows of the embedding) + the KV cache read at that step, B x context
 x layers x 2 x kv_heads x head_dim, the context averaged over the decode steps (prompt + N/2);
 2 bytes an element in bf16. Bound tokens/s = B / (bytes per step / bandwidth). The measured
-times include the prefill, so weft/bound slightly understates the decode steps' share of it.
+times include the prefill, which the bound leaves out, so weft/bound is a little below the
+decode steps' own fraction of the bound.
 
 `agree`: the share of greedy tokens on which weft and the transformers runner agree, up to each
 sample's first difference (random weights leave near ties and bf16 rounding differs, so it need
