@@ -43,6 +43,7 @@ GPU_PYTHON ?= python3
 bench-gpu: all
 	$(GPU_PYTHON) bench/gpu_attention.py --build $(BUILD)
 	$(GPU_PYTHON) bench/gpu_train_throughput.py --weft $(BUILD)/weft
+	$(GPU_PYTHON) bench/gpu_generate_throughput.py --weft $(BUILD)/weft
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz

@@ -87,7 +87,8 @@ def write_model(dir, cfg, seed=0, std=0.02):
                        p + "mlp.gate_proj.weight": (I, h), p + "mlp.up_proj.weight": (I, h),
                        p + "mlp.down_proj.weight": (h, I)})
     rng = np.random.default_rng(seed)
-    header, offset = {}, 0
+    # transformers' from_pretrained refuses a file whose metadata lacks "format": "pt"
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name in sorted(shapes):
         n = int(np.prod(shapes[name]))
         header[name] = {"dtype": "BF16", "shape": list(shapes[name]),
