@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""MTP speculative decoding in `weft generate` on the CPU: decode tokens/s with speculation on
-(rollout.speculative_tokens=k, k = 1 .. the model's MTP depth) against off, at batch 1 and 16,
-with the acceptance rate per draft depth, the mean accepted length and the drafts' share of the
-time, next to the trainer's per-depth top-1 accuracy of the same model.
+"""MTP speculative decoding in `weft generate` on the CPU (--device cuda: on a GPU): decode
+tokens/s with speculation on (rollout.speculative_tokens=k, k = 1 .. the model's MTP depth)
+against off, at batch 1 and 16, with the acceptance rate per draft depth, the mean accepted
+length and the drafts' share of the time, next to the trainer's per-depth top-1 accuracy of the
+same model.
 
 The model: weft's built-in default job (a 1.28M-parameter Qwen2 with its MTP modules, byte-level
 tokens, learning multi-term addition with worked steps from scratch, src/data/synthetic.c) with
@@ -28,12 +29,17 @@ median of the run-by-run ratios (trust a row only when `others`, the cores other
 meanwhile, is near 0). At batch 1 the engine's steps can be counted, so the table also splits the
 time into milliseconds per main forward and per step's MTP draft passes.
 
-Checks: greedy output with speculation must equal output without, token for token (`same`; the
-script exits with status 1 otherwise). With torch present, a teacher-forced float64 pass of the
-reference model over the greedy outputs (tests/reference/qwen2.py) gives each MTP module's top-1
-agreement with the main model on its own text and predicts what greedy speculation should accept
-(module j's argmax against the tokens the main model chose, walked step by step as the engine
-verifies): the engine's counts should match it up to near-ties.
+--device cuda trains (into its own cache directory) and generates on the GPU. Tokens per CPU
+second then measure the host's share of the work, not the work.
+
+Checks: greedy output with speculation must equal output without, token for token (`same`; on
+the CPU the script exits with status 1 otherwise; in bf16 on a GPU a verification's 1 + k rows
+may round a near-tie differently from one row, so there `same` is reported, not enforced). With
+torch present, a teacher-forced float64 pass of the reference model over the greedy outputs
+(tests/reference/qwen2.py) gives each MTP module's top-1 agreement with the main model on its own
+text and predicts what greedy speculation should accept (module j's argmax against the tokens the
+main model chose, walked step by step as the engine verifies): the engine's counts should match
+it up to near-ties.
 """
 import argparse
 import importlib.util
@@ -93,14 +99,15 @@ def checkpoint_dir(run_dir, steps):
     return os.path.join(run_dir, "checkpoints", f"step_{steps:08d}")
 
 
-def ensure_model(weft, run_dir, steps, threads):
+def ensure_model(weft, run_dir, steps, threads, device):
     """The checkpoint after `steps` steps of the default job with MTP, trained now unless it is
     already there. Returns (checkpoint directory, training seconds or None when cached)."""
     ckpt = checkpoint_dir(run_dir, steps)
     if os.path.exists(os.path.join(ckpt, "model.safetensors")):
         return ckpt, None
     cmd = [weft, "train", *TRAIN_SETTINGS, f"train.steps={steps}", f"train.save_every={steps}",
-           f"train.log_every={max(1, steps // 10)}", f"train.output_dir={run_dir}"]
+           f"train.log_every={max(1, steps // 10)}", f"train.output_dir={run_dir}",
+           f"device={device}"]
     if os.path.isdir(run_dir):  # an interrupted run's leftovers
         shutil.rmtree(run_dir)
     print(f"training the model (once; cached in {run_dir}): {' '.join(cmd[1:])}", flush=True)
@@ -165,6 +172,10 @@ def settings_of(batch, k, temperature, max_tokens, seed):
          f"sampling.stop_token_ids=[{EOS}]", f"sampling.seed={seed}",
          f"rollout.max_running={batch}"]
     return s + ([f"rollout.speculative_tokens={k}"] if k else [])
+
+
+def on_device(settings, device):
+    return settings + [f"device={device}"]
 
 
 def correct_share(run):
@@ -415,6 +426,8 @@ def main():
     ap.add_argument("--no-check", action="store_true",
                     help="skip the teacher-forced prediction of greedy acceptance (needs torch)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model is trained and generates")
     a = ap.parse_args()
     weft = os.path.abspath(a.weft)
     if not os.access(weft, os.X_OK):
@@ -427,8 +440,9 @@ def main():
 
     run_dir = os.path.join(os.path.abspath(a.cache),
                            f"speculative_decoding_mtp{MTP_LAYERS}_steps{a.train_steps}"
-                           f"_threads{a.train_threads}")
-    ckpt, train_seconds = ensure_model(weft, run_dir, a.train_steps, a.train_threads)
+                           f"_threads{a.train_threads}"
+                           + ("" if a.device == "cpu" else f"_{a.device}"))
+    ckpt, train_seconds = ensure_model(weft, run_dir, a.train_steps, a.train_threads, a.device)
     acc = trainer_accuracy(run_dir, a.train_steps)
     with open(os.path.join(ckpt, "config.json")) as f:
         cfg = json.load(f)
@@ -453,13 +467,15 @@ def main():
         loads = []
         for rep in range(a.repeats):
             loads.append(run_generate(weft, ckpt, one, os.path.join(tmp, "one.out.jsonl"),
-                                      a.threads, settings_of(1, 0, 0, 1, a.seed))["cpu"])
+                                      a.threads, on_device(settings_of(1, 0, 0, 1, a.seed),
+                                                           a.device))["cpu"])
             for temp in temps:
                 for B in batches:
                     for k in ks:
                         out = os.path.join(tmp, f"out_{temp}_{B}_{k}.jsonl")
                         run = run_generate(weft, ckpt, prompts, out, a.threads,
-                                           settings_of(B, k, temp, a.max_tokens, a.seed))
+                                           on_device(settings_of(B, k, temp, a.max_tokens,
+                                                                 a.seed), a.device))
                         if k and not run["spec"]:
                             sys.exit("weft generate wrote no \"speculative\" statistics: does "
                                      "this build have rollout.speculative_tokens?")
@@ -490,7 +506,7 @@ def main():
                     ref = flat(greedy_off["outputs"])
                     same = min(agreement(flat(r["outputs"]), ref) for r in runs)
                     row["same"] = same
-                    failed |= same < 1.0
+                    failed |= same < 1.0 and a.device == "cpu"
                 if k == 0:
                     row["correct"] = correct_share(runs[0])
                 rows.append(row)
@@ -517,6 +533,7 @@ def main():
         with open(a.json, "w") as f:
             json.dump(dict(model=dict(checkpoint=ckpt, train_steps=a.train_steps, config=cfg),
                            trainer_accuracy=acc, threads=a.threads, prompts=a.prompts,
+                           device=a.device,
                            max_tokens=a.max_tokens, repeats=a.repeats, rows=rows,
                            teacher_forced_prediction=prediction), f, indent=2)
     if failed:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU session's one entry point, run THERE in the repo root (carry .devkit):
-#   bash scripts/device/session.sh all            # build ops parity attention bench-small bench-1b generate profile
+#   bash scripts/device/session.sh all            # build ops parity attention bench-small bench-1b generate speculative profile
 #   bash scripts/device/session.sh ops parity     # or any steps by name
 # Each step's log goes to $OUT/<step>.log when $OUT is set, the benches' JSON beside them (all:
-# 8 logs + 3 JSON files, more than the 8 files the tool returns: name fewer steps when the JSON
+# 9 logs + 4 JSON files, more than the 8 files the tool returns: name fewer steps when the JSON
 # must come back). Steps go on after a failure; a summary table (step, exit code, seconds)
 # comes last. SESSION_BUDGET (default 570 s) caps the whole run so the summary always prints
 # inside the tool's 10 minutes; each step also has its own limit.
@@ -14,7 +14,7 @@ BUDGET=${SESSION_BUDGET:-570}
 START=$SECONDS
 LOGDIR=${OUT:-}
 [ -n "$LOGDIR" ] && mkdir -p "$LOGDIR"
-declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [attention]=120 [bench-small]=120 [bench-1b]=300 [generate]=300 [profile]=180 [mpi]=60)
+declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [attention]=120 [bench-small]=120 [bench-1b]=300 [generate]=300 [speculative]=300 [profile]=180 [mpi]=60)
 
 info() {
   echo "== $(date -u +%FT%TZ) $(uname -srm); $(. /etc/os-release && echo "$PRETTY_NAME"); $(nproc) cores"
@@ -52,6 +52,14 @@ run_step() {
       rc=$?
       [ -n "$LOGDIR" ] && [ -f runs/gpu_generate_throughput.json ] && cp runs/gpu_generate_throughput.json "$LOGDIR/"
       return $rc ;;
+    speculative) # MTP speculative decoding on vs off on the GPU (issue 19's table): trains the
+      # small MTP model on the GPU first (its own cache), fewer prompts and repeats than the CPU's
+      ensure_env
+      local rc
+      python3 bench/speculative_decoding.py --weft build/weft --device cuda --prompts 32 --repeats 2 --json runs/gpu_speculative_decoding.json
+      rc=$?
+      [ -n "$LOGDIR" ] && [ -f runs/gpu_speculative_decoding.json ] && cp runs/gpu_speculative_decoding.json "$LOGDIR/"
+      return $rc ;;
     profile) # weft's GPU time per op on the 1B step (no PyTorch run): where the step goes
       ensure_env
       python3 bench/gpu_train_throughput.py --weft build/weft --model 1b --steps 3 --profile --out runs/gpu_profile_1b.json ;;
@@ -70,7 +78,7 @@ print(f"mpi: last loss 1 rank {a!r}, 2 ranks {b!r}"); sys.exit(abs(a - b) > 1e-6
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
-[ "${steps[*]}" = all ] && steps=(build ops parity attention bench-small bench-1b generate profile)
+[ "${steps[*]}" = all ] && steps=(build ops parity attention bench-small bench-1b generate speculative profile)
 for s in "${steps[@]}"; do
   [ -n "${LIMIT[$s]:-}" ] || { echo "unknown step $s (all, ${!LIMIT[*]})" >&2; exit 2; }
 done
