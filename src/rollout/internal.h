@@ -34,8 +34,9 @@ typedef struct gen_seq {
 
 // Device buffers of one step, grown as needed and kept.
 typedef struct step_buffers {
-    int rows_cap, seqs_cap, tables_cap, draws_cap, logits_cap;
+    int rows_cap, seqs_cap, tables_cap, draws_cap, logits_cap, fresh_cap;
     int32_t *slots, *q_pos, *cu_q, *tables; // (rows), (rows), (seqs + 1), (seqs * max_blocks)
+    int32_t *cu_fresh;                      // (seqs + 1): the fresh sequences' rows, from 0
     void *logits, *draw_logits;             // (head rows, V), (draws, V)
     int32_t *draw_rows, *draw_tokens;       // (draws)
     float *draw_logprobs, *draw_processed;  // (draws)
@@ -100,10 +101,15 @@ void weft_rollout_step_buffers_free(weft_engine *e);
 void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t each);
 // Uploads the slots, positions, sequence bounds and block tables of a batch whose documents are the
 // sequences seqs[0..n) and returns the provider through which its attention reads the cache.
+// The batch's sequences with cached keys come first and attend over the pool (layout: its first
+// layout.Tq rows); the rest, fresh ones whose rows are all their positions from 0, attend over
+// their own keys with the training attention (fresh: rows layout.Tq on, on the tensor cores on a
+// GPU), the same result without reading them back from the pool.
 typedef struct paged_provider {
     weft_engine *e;
     const int32_t *slots; // (T) device: where each row's keys and values go
     weft_paged_layout layout;
+    weft_attention_layout fresh;
     int H, KV, D;
 } paged_provider;
 weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,

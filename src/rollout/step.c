@@ -24,8 +24,8 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     // q_pos lives in slots' allocation, the other draw_ arrays in draw_rows'.
-    void *all[] = {b->slots, b->cu_q, b->tables, b->logits, b->draw_logits, b->draw_rows,
-                   b->hidden_main, b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
+    void *all[] = {b->slots, b->cu_q, b->tables, b->cu_fresh, b->logits, b->draw_logits,
+                   b->draw_rows, b->hidden_main, b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
                    b->gather_rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->free(be, all[i]);
@@ -37,13 +37,35 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
 
 // ---------------------------------------------------------------------------- the provider ----
 
+// lse (H, rows) is written per part, each (H, its rows): nothing reads it in a forward-only pass.
 static void attend(void *ctx, int layer, const void *q, const void *kv, void *out, float *lse) {
     paged_provider *p = ctx;
     weft_backend *be = p->e->be;
     const weft_kv_pool *pool = weft_kv_cache_pool(p->e->cache);
-    size_t half = (size_t)p->layout.Tq * pool->width * weft_dtype_size(be->act_dtype);
-    be->kv_store(be, pool, layer, p->slots, kv, (const char *)kv + half, p->layout.Tq);
-    be->paged_attention(be, q, pool, layer, &p->layout, out, lse, p->H, p->KV, p->D);
+    int T = p->layout.Tq + p->fresh.Tq, paged = p->layout.Tq;
+    size_t esz = weft_dtype_size(be->act_dtype), half = (size_t)T * pool->width * esz;
+    const char *k = kv, *v = k + half;
+    be->kv_store(be, pool, layer, p->slots, k, v, T);
+    if (paged > 0) be->paged_attention(be, q, pool, layer, &p->layout, out, lse, p->H, p->KV, p->D);
+    if (p->fresh.Tq == 0) return;
+    size_t q_row = (size_t)p->H * p->D * esz, kv_row = (size_t)pool->width * esz;
+    be->attention_forward(be, (const char *)q + paged * q_row, k + paged * kv_row,
+                          v + paged * kv_row, &p->fresh, (char *)out + paged * q_row,
+                          lse + (size_t)p->H * paged, p->H, p->KV, p->D);
+}
+
+// The first of the batch's last sequences that are fresh: rows at positions 0, 1, .. on.
+static int first_fresh(const weft_batch *batch, int n) {
+    int j = n;
+    while (j > 0) {
+        int r0 = batch->cu_seqlens[j - 1];
+        bool fresh = true;
+        for (int r = r0; r < batch->cu_seqlens[j] && fresh; r++)
+            fresh = batch->positions[r] == r - r0;
+        if (!fresh) break;
+        j--;
+    }
+    return j;
 }
 
 weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,
@@ -76,13 +98,21 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
     be->to_device(be, b->q_pos, batch->positions, sizeof(int32_t) * batch->T);
     be->to_device(be, b->cu_q, batch->cu_seqlens, sizeof(int32_t) * (n + 1));
     be->to_device(be, b->tables, tables, sizeof(int32_t) * n * max_blocks);
-    weft_free(slots), weft_free(tables);
+    int j0 = first_fresh(batch, n), T0 = batch->cu_seqlens[j0], n_fresh = n - j0;
+    b->cu_fresh = weft_rollout_grown(be, b->cu_fresh, &b->fresh_cap, n_fresh + 1, sizeof(int32_t));
+    int32_t *cu_fresh = weft_alloc(sizeof(int32_t) * (n_fresh + 1));
+    for (int j = 0; j <= n_fresh; j++) cu_fresh[j] = batch->cu_seqlens[j0 + j] - T0;
+    if (n_fresh > 0) be->to_device(be, b->cu_fresh, cu_fresh, sizeof(int32_t) * (n_fresh + 1));
+    weft_free(slots), weft_free(tables), weft_free(cu_fresh);
     const weft_model_config *c = &e->model->cfg;
     *storage = (paged_provider){.e = e, .slots = b->slots, .H = c->num_heads,
                                 .KV = c->num_kv_heads, .D = c->head_dim,
-                                .layout = {.n_seqs = n, .Tq = batch->T, .max_blocks = max_blocks,
+                                .layout = {.n_seqs = j0, .Tq = T0, .max_blocks = max_blocks,
                                            .cu_q = b->cu_q, .q_pos = b->q_pos,
-                                           .block_tables = b->tables}};
+                                           .block_tables = b->tables},
+                                .fresh = {.n_docs = n_fresh, .Tq = batch->T - T0,
+                                          .Tkv = batch->T - T0, .cu_q = b->cu_fresh,
+                                          .cu_kv = b->cu_fresh, .q_pos = b->q_pos + T0}};
     return (weft_kv_provider){.ctx = storage, .attend = attend};
 }
 
