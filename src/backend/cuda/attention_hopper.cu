@@ -3,9 +3,9 @@
 // mbarriers ("full": the tile landed; "empty": every consumer is done with it), while consumer
 // warpgroups of 64 query rows each multiply on the tensor cores with warpgroup MMA (wgmma): the
 // scores S = Q K^T from shared memory, the online softmax in registers, then O += P V with P
-// straight from the score registers. The QK^T of tile j + 1 is issued before the softmax of
-// tile j, so the tensor cores work while the softmax runs; the two consumer warpgroups overlap
-// each other the same way. Same contract and masking rule as the mma.sync kernels
+// straight from the score registers. The P V of tile j - 1 runs while the softmax of tile j
+// does, so the tensor cores work meanwhile; the two consumer warpgroups overlap each other the
+// same way. Same contract and masking rule as the mma.sync kernels
 // (attention_mma.cuh), whose helpers for masking and the online softmax it shares: query row i
 // of document d sees keys cu_kv[d] + [0, q_pos[i]]. head_dim 64 or 128. The block's walk over the
 // key tiles (query_block) is the dQ kernel's too (attention_hopper_backward.cu).
@@ -18,10 +18,11 @@ constexpr int KEYS = 128; // keys per tile of the forward
 
 // A consumer warpgroup of the forward: its 64 query rows against every key tile the block walks
 // (all of them, masked: skipping the tiles only the other warpgroup's rows see would put the
-// wgmma under a branch, which ptxas answers by serializing them). The scores of tile j live in
-// one of two register arrays while tile j + 1's are in flight in the other; the caller
-// alternates them by name, never by a runtime index, which would put them in local memory, out
-// of reach of the asynchronous MMA.
+// wgmma under a branch, which ptxas answers by serializing them). FlashAttention-3's order: tile
+// j's scores are issued, then the previous tile's P V, and the softmax of tile j runs while that
+// P V is on the tensor cores. Live at once: tile j's scores, the previous P (bf16) and o. The
+// score array is a fresh one each tile: writing probabilities into registers that a later QK^T
+// reuses as its accumulators makes ptxas serialize every wgmma of the kernel.
 template <int D> struct consumer {
     using B = query_block<D, KEYS, 1>;
     using L = typename B::L;
@@ -29,29 +30,60 @@ template <int D> struct consumer {
     const B &b;
     int lo[2], hi[2]; // the keys this thread's two rows see
     float scale_log2, o[NO][4], m[2], l[2];
+    uint32_t p[KEYS / 16][4]; // the last softmaxed tile's P, bf16 A fragments
 
-    // Waits for tile j and issues its scores s = Q K^T.
-    __device__ __forceinline__ void start_scores(int j, float (*s)[4]) {
+    // Waits for tile j and issues its scores s = Q K^T, committed.
+    __device__ __forceinline__ void issue_scores(int j, float (*s)[4]) {
         b.wait_tile(j);
         issue_a_bt<D, KEYS>(s, b.my_rows(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
                             L::KEY_ATOM);
         hopper::wgmma_commit();
     }
 
-    // Tile j, whose scores were issued into cur; issues tile j + 1's into next first.
-    __device__ __forceinline__ void step(int j, float (*cur)[4], float (*next)[4]) {
-        bool overlap = j + 1 < b.tiles;
-        if (overlap) start_scores(j + 1, next);
-        if (overlap) hopper::wgmma_wait<1>(); // cur is done; next keeps running
-        else hopper::wgmma_wait<0>();
-        hopper::fence_registers<KEYS>(cur);
-        mask_scores<NT>(cur, b.key_lo + j * KEYS, lo, hi, scale_log2);
-        online_softmax<NT, NO>(cur, m, l, o);
-        issue_c_b<KEYS, D>(o, cur, b.smem + L::v_tile(j % STAGES), L::KEY_ATOM);
+    // o += P V with tile j's values, committed.
+    __device__ __forceinline__ void issue_pv(int j) {
+        issue_a_b<KEYS, D>(o, p, b.smem + L::v_tile(j % STAGES), L::KEY_ATOM);
         hopper::wgmma_commit();
-        hopper::wgmma_wait<0>(); // before the stage is released and o rescaled again
+    }
+
+    // Tile j's scores s, landed: masked and softmaxed in place; the factor for o into corr.
+    __device__ __forceinline__ void softmax(int j, float (*s)[4], float corr[2]) {
+        hopper::fence_registers<KEYS>(s);
+        mask_scores<NT>(s, b.key_lo + j * KEYS, lo, hi, scale_log2);
+        softmax_probabilities<NT>(s, m, l, corr);
+    }
+
+    // Once no P V is in flight: o rescaled for tile j, whose probabilities s become p.
+    __device__ __forceinline__ void take(const float (*s)[4], const float corr[2]) {
         hopper::fence_registers<D>(o);
-        b.release_tile(j);
+        rescale_rows<NO>(o, corr);
+#pragma unroll
+        for (int kc = 0; kc < KEYS / 16; kc++) c_to_a(p[kc], s, kc);
+    }
+
+    __device__ void run() {
+        float corr[2];
+        {
+            float s[NT][4];
+            issue_scores(0, s);
+            hopper::wgmma_wait<0>();
+            softmax(0, s, corr);
+            take(s, corr);
+        }
+        for (int j = 1; j < b.tiles; j++) {
+            float s[NT][4];
+            issue_scores(j, s);
+            issue_pv(j - 1);
+            hopper::wgmma_wait<1>(); // the scores; P V keeps running
+            softmax(j, s, corr);
+            hopper::wgmma_wait<0>();
+            b.release_tile(j - 1);
+            take(s, corr);
+        }
+        issue_pv(b.tiles - 1);
+        hopper::wgmma_wait<0>();
+        hopper::fence_registers<D>(o);
+        b.release_tile(b.tiles - 1);
     }
 };
 
@@ -63,14 +95,10 @@ __device__ void consume(const weft_cuda_attention_args &a, const query_block<D, 
                      {b.row_hi[mine], b.row_hi[mine + 8]},
                      scale_log2, {},
                      {-INFINITY, -INFINITY},
-                     {0.0f, 0.0f}};
-    float s0[KEYS / 8][4], s1[KEYS / 8][4];
+                     {0.0f, 0.0f},
+                     {}};
     b.wait_rows();
-    if (b.tiles > 0) c.start_scores(0, s0);
-    for (int j = 0; j < b.tiles; j += 2) {
-        c.step(j, s0, s1);
-        if (j + 1 < b.tiles) c.step(j + 1, s1, s0);
-    }
+    if (b.tiles > 0) c.run();
     float inv[2];
     for (int r = 0; r < 2; r++) {
         float sum = quad_sum(c.l[r]);

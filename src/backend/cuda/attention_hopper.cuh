@@ -80,16 +80,12 @@ __device__ __forceinline__ void issue_a_bt(float (*acc)[4], const unsigned char 
     }
 }
 
-// Issues acc (64 x N) += C B, uncommitted: C (64 x K) the warpgroup's C fragments c (K / 8 of
-// them, as bf16), B the K rows at `b` of a tile N wide, read MN-major, atoms b_atom bytes apart:
-// P V, dS K, P^T dO, dS^T Q. C is converted whole before the fence: converting between the
-// wgmma would make ptxas fence each one.
+// Issues acc (64 x N) += A B, uncommitted: A (64 x K) the warpgroup's bf16 A fragments a (K / 16
+// of them, the mma.sync layout), B the K rows at `b` of a tile N wide, read MN-major, atoms
+// b_atom bytes apart: P V, dS K, P^T dO, dS^T Q.
 template <int K, int N>
-__device__ __forceinline__ void issue_c_b(float (*acc)[4], const float (*c)[4],
+__device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4],
                                           const unsigned char *b, size_t b_atom) {
-    uint32_t a[K / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < K / 16; kc++) c_to_a(a[kc], c, kc);
     hopper::wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < K / 16; kc++) { // rows kc·16 .. + 15 of B: two 8-row groups
@@ -97,6 +93,17 @@ __device__ __forceinline__ void issue_c_b(float (*acc)[4], const float (*c)[4],
                                               (uint32_t)b_atom, SBO);
         hopper::wgmma_rs<N>(acc, a[kc], db, 1);
     }
+}
+
+// The same with A the warpgroup's C fragments c (K / 8 of them), converted whole before the
+// fence: converting between the wgmma would make ptxas fence each one.
+template <int K, int N>
+__device__ __forceinline__ void issue_c_b(float (*acc)[4], const float (*c)[4],
+                                          const unsigned char *b, size_t b_atom) {
+    uint32_t a[K / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < K / 16; kc++) c_to_a(a[kc], c, kc);
+    issue_a_b<K, N>(acc, a, b, b_atom);
 }
 
 // Stores this thread's share of acc (64 x D; C rows g and g + 8 of its warp, query rows row0 and

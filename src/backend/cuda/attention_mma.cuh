@@ -247,12 +247,12 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ------------------------------------------------------------------------------- forward ----
 
 // The online softmax of one masked score tile s (16 x 8·NT, log2 units) of one m-tile: updates
-// the running max m and sum l of this thread's rows g and g + 8 (partial over its columns),
-// rescales the output accumulator o (16 x 8·NO) and turns s into probabilities.
-template <int NT, int NO>
-__device__ __forceinline__ void online_softmax(float (*s)[4], float m[2], float l[2],
-                                               float (*o)[4]) {
-    float corr[2], row_sum[2] = {0.0f, 0.0f};
+// the running max m and sum l of this thread's rows g and g + 8 (partial over its columns), turns
+// s into probabilities and gives the factor corr by which the output so far must be rescaled.
+template <int NT>
+__device__ __forceinline__ void softmax_probabilities(float (*s)[4], float m[2], float l[2],
+                                                      float corr[2]) {
+    float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float tile_max = -INFINITY;
@@ -274,10 +274,23 @@ __device__ __forceinline__ void online_softmax(float (*s)[4], float m[2], float 
         }
 #pragma unroll
     for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + row_sum[r];
+}
+
+// o (16 x 8·NO, C fragments of rows g and g + 8) *= corr of its row.
+template <int NO> __device__ __forceinline__ void rescale_rows(float (*o)[4], const float corr[2]) {
 #pragma unroll
     for (int no = 0; no < NO; no++)
 #pragma unroll
         for (int e = 0; e < 4; e++) o[no][e] *= corr[e >> 1];
+}
+
+// Both at once, for an o that no MMA is writing.
+template <int NT, int NO>
+__device__ __forceinline__ void online_softmax(float (*s)[4], float m[2], float l[2],
+                                               float (*o)[4]) {
+    float corr[2];
+    softmax_probabilities<NT>(s, m, l, corr);
+    rescale_rows<NO>(o, corr);
 }
 
 // One key tile of the forward for a warp's MT m-tiles: scores, online softmax, o += P V.
