@@ -16,74 +16,51 @@ namespace fa3 {
 
 constexpr int KEYS = 128; // keys per tile of the forward
 
-// A consumer warpgroup of the forward: its 64 query rows against every key tile the block walks
-// (all of them, masked: skipping the tiles only the other warpgroup's rows see would put the
-// wgmma under a branch, which ptxas answers by serializing them). FlashAttention-3's order: tile
-// j's scores are issued, then the previous tile's P V, and the softmax of tile j runs while that
-// P V is on the tensor cores. Live at once: tile j's scores, the previous P (bf16) and o. The
-// score array is a fresh one each tile: writing probabilities into registers that a later QK^T
-// reuses as its accumulators makes ptxas serialize every wgmma of the kernel.
+// A consumer warpgroup of the forward, run by run_pipeline: its 64 query rows against every key
+// tile the block walks (all of them, masked: skipping the tiles only the other warpgroup's rows
+// see would put the wgmma under a branch, which ptxas answers by serializing them). Tile j's
+// softmax runs while the previous tile's P V is on the tensor cores.
 template <int D> struct consumer {
     using B = query_block<D, KEYS, 1>;
     using L = typename B::L;
     static constexpr int NT = KEYS / 8, NO = D / 8;
+    static constexpr bool OVERLAP = true;
+    struct tile {
+        float s[NT][4], corr[2]; // scores, then probabilities; the factor for o
+    };
     const B &b;
     int lo[2], hi[2]; // the keys this thread's two rows see
     float scale_log2, o[NO][4], m[2], l[2];
-    uint32_t p[KEYS / 16][4]; // the last softmaxed tile's P, bf16 A fragments
+    uint32_t p[KEYS / 16][4]; // the last tile's P, bf16 A fragments
 
+    __device__ __forceinline__ bool more(int j) const { return j < b.tiles; }
     // Waits for tile j and issues its scores s = Q K^T, committed.
-    __device__ __forceinline__ void issue_scores(int j, float (*s)[4]) {
+    __device__ __forceinline__ void first(int j, tile &t) {
         b.wait_tile(j);
-        issue_a_bt<D, KEYS>(s, b.my_rows(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
+        issue_a_bt<D, KEYS>(t.s, b.my_rows(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
                             L::KEY_ATOM);
         hopper::wgmma_commit();
     }
-
     // o += P V with tile j's values, committed.
-    __device__ __forceinline__ void issue_pv(int j) {
+    __device__ __forceinline__ void second(int j) {
         issue_a_b<KEYS, D>(o, p, b.smem + L::v_tile(j % STAGES), L::KEY_ATOM);
         hopper::wgmma_commit();
     }
-
-    // Tile j's scores s, landed: masked and softmaxed in place; the factor for o into corr.
-    __device__ __forceinline__ void softmax(int j, float (*s)[4], float corr[2]) {
-        hopper::fence_registers<KEYS>(s);
-        mask_scores<NT>(s, b.key_lo + j * KEYS, lo, hi, scale_log2);
-        softmax_probabilities<NT>(s, m, l, corr);
+    __device__ __forceinline__ void elementwise(int j, tile &t) {
+        hopper::fence_registers<KEYS>(t.s);
+        mask_scores<NT>(t.s, b.key_lo + j * KEYS, lo, hi, scale_log2);
+        softmax_probabilities<NT>(t.s, m, l, t.corr);
     }
-
-    // Once no P V is in flight: o rescaled for tile j, whose probabilities s become p.
-    __device__ __forceinline__ void take(const float (*s)[4], const float corr[2]) {
+    // No P V in flight: o rescaled for the tile, whose probabilities become p.
+    __device__ __forceinline__ void take(const tile &t) {
         hopper::fence_registers<D>(o);
-        rescale_rows<NO>(o, corr);
+        rescale_rows<NO>(o, t.corr);
 #pragma unroll
-        for (int kc = 0; kc < KEYS / 16; kc++) c_to_a(p[kc], s, kc);
+        for (int kc = 0; kc < KEYS / 16; kc++) c_to_a(p[kc], t.s, kc);
     }
-
-    __device__ void run() {
-        float corr[2];
-        {
-            float s[NT][4];
-            issue_scores(0, s);
-            hopper::wgmma_wait<0>();
-            softmax(0, s, corr);
-            take(s, corr);
-        }
-        for (int j = 1; j < b.tiles; j++) {
-            float s[NT][4];
-            issue_scores(j, s);
-            issue_pv(j - 1);
-            hopper::wgmma_wait<1>(); // the scores; P V keeps running
-            softmax(j, s, corr);
-            hopper::wgmma_wait<0>();
-            b.release_tile(j - 1);
-            take(s, corr);
-        }
-        issue_pv(b.tiles - 1);
-        hopper::wgmma_wait<0>();
+    __device__ __forceinline__ void release(int j) {
         hopper::fence_registers<D>(o);
-        b.release_tile(b.tiles - 1);
+        b.release_tile(j);
     }
 };
 
@@ -98,7 +75,7 @@ __device__ void consume(const weft_cuda_attention_args &a, const query_block<D, 
                      {0.0f, 0.0f},
                      {}};
     b.wait_rows();
-    if (b.tiles > 0) c.run();
+    run_pipeline(c);
     float inv[2];
     for (int r = 0; r < 2; r++) {
         float sum = quad_sum(c.l[r]);

@@ -106,6 +106,55 @@ __device__ __forceinline__ void issue_c_b(float (*acc)[4], const float (*c)[4],
     issue_a_b<K, N>(acc, a, b, b_atom);
 }
 
+// FlashAttention-3's software pipeline over a consumer's tiles 0, 1, .. while c.more(j): tile j's
+// first products (c.first, into a fresh C::tile of registers) are issued, then the previous
+// tile's accumulation (c.second, from the bf16 fragments c.take kept), and tile j's elementwise
+// step (c.elementwise) runs while that accumulation is on the tensor cores. The tile registers
+// are fresh each tile: writing into registers that a later wgmma reuses as its accumulators
+// makes ptxas serialize every wgmma of the kernel. c.more must be uniform over the warpgroup.
+// Where the registers do not allow two tiles' worth (C::OVERLAP false), each tile runs alone.
+template <typename C> __device__ __forceinline__ void run_serial(C &c) {
+    for (int j = 0; c.more(j); j++) {
+        typename C::tile t;
+        c.first(j, t);
+        hopper::wgmma_wait<0>();
+        c.elementwise(j, t);
+        c.take(t);
+        c.second(j);
+        hopper::wgmma_wait<0>();
+        c.release(j);
+    }
+}
+
+template <typename C> __device__ __forceinline__ void run_pipeline(C &c) {
+    if constexpr (!C::OVERLAP) {
+        run_serial(c);
+        return;
+    }
+    if (!c.more(0)) return;
+    {
+        typename C::tile t;
+        c.first(0, t);
+        hopper::wgmma_wait<0>();
+        c.elementwise(0, t);
+        c.take(t);
+    }
+    int j = 1;
+    for (; c.more(j); j++) {
+        typename C::tile t;
+        c.first(j, t);
+        c.second(j - 1);
+        hopper::wgmma_wait<1>(); // tile j's products; the accumulation keeps running
+        c.elementwise(j, t);
+        hopper::wgmma_wait<0>();
+        c.release(j - 1);
+        c.take(t);
+    }
+    c.second(j - 1);
+    hopper::wgmma_wait<0>();
+    c.release(j - 1);
+}
+
 // Stores this thread's share of acc (64 x D; C rows g and g + 8 of its warp, query rows row0 and
 // row0 + 8) times factor[r] as bf16 rows of head h of a (Tq, H, D) tensor.
 template <int D>

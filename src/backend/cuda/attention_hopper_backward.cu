@@ -24,45 +24,71 @@ constexpr int STEP = 64;                   // query rows per step of the dK/dV k
 
 // ------------------------------------------------------------------------------------ dQ ----
 
+// A consumer warpgroup of the dQ kernel, run by run_pipeline: its 64 query rows against every
+// key tile the block walks; tile j's dS is computed while the previous tile's dQ += dS K runs.
+template <int D> struct dq_consumer {
+    using B = query_block<D, DQ_KEYS, 2>;
+    using L = typename B::L;
+    static constexpr int NT = DQ_KEYS / 8, NO = D / 8;
+    static constexpr bool OVERLAP = true;
+    struct tile {
+        float s[NT][4], dp[NT][4]; // S (then dS) and dP
+    };
+    const B &b;
+    int lo[2], hi[2];           // the keys this thread's two rows see
+    float lse[2], delta[2];     // theirs, lse in log2 units
+    float scale_log2, acc[NO][4];
+    uint32_t ds[DQ_KEYS / 16][4]; // the last tile's dS, bf16 A fragments
+
+    __device__ __forceinline__ bool more(int j) const { return j < b.tiles; }
+    // Waits for tile j; issues S = Q K^T and dP = dO V^T as one group.
+    __device__ __forceinline__ void first(int j, tile &t) {
+        b.wait_tile(j);
+        issue_a_bt<D, DQ_KEYS>(t.s, b.my_rows(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
+                               L::KEY_ATOM);
+        issue_a_bt<D, DQ_KEYS>(t.dp, b.my_rows(1), L::ROW_ATOM, b.smem + L::v_tile(j % STAGES),
+                               L::KEY_ATOM);
+        hopper::wgmma_commit();
+    }
+    // dQ += dS K with tile j's keys, committed.
+    __device__ __forceinline__ void second(int j) {
+        issue_a_b<DQ_KEYS, D>(acc, ds, b.smem + L::k_tile(j % STAGES), L::KEY_ATOM);
+        hopper::wgmma_commit();
+    }
+    __device__ __forceinline__ void elementwise(int j, tile &t) {
+        hopper::fence_registers<DQ_KEYS>(t.s);
+        hopper::fence_registers<DQ_KEYS>(t.dp);
+        mask_scores<NT>(t.s, b.key_lo + j * DQ_KEYS, lo, hi, scale_log2);
+        scores_to_ds<NT>(t.s, t.dp, lse, delta);
+    }
+    __device__ __forceinline__ void take(const tile &t) {
+#pragma unroll
+        for (int kc = 0; kc < DQ_KEYS / 16; kc++) c_to_a(ds[kc], t.s, kc);
+    }
+    __device__ __forceinline__ void release(int j) {
+        hopper::fence_registers<D>(acc);
+        b.release_tile(j);
+    }
+};
+
 template <int D>
 __device__ __forceinline__ void consume_dq(const weft_cuda_attention_args &a,
                                            const query_block<D, DQ_KEYS, 2> &b, const float *lse,
                                            const float *delta, bf16 *dq, float scale,
                                            float scale_log2) {
-    using L = typename query_block<D, DQ_KEYS, 2>::L;
-    constexpr int NT = DQ_KEYS / 8, NO = D / 8;
-    int mine = b.my_row(), lo[2], hi[2];
-    float row_lse[2], row_delta[2];
+    int mine = b.my_row();
+    dq_consumer<D> c = {b, {}, {}, {}, {}, scale_log2, {}, {}};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        lo[r] = b.row_lo[mine + 8 * r], hi[r] = b.row_hi[mine + 8 * r];
+        c.lo[r] = b.row_lo[mine + 8 * r], c.hi[r] = b.row_hi[mine + 8 * r];
         int row = min(b.r0 + mine + 8 * r, a.Tq - 1); // rows past Tq see no keys
-        row_lse[r] = lse[(size_t)b.h * a.Tq + row] * LOG2E;
-        row_delta[r] = delta[(size_t)b.h * a.Tq + row];
+        c.lse[r] = lse[(size_t)b.h * a.Tq + row] * LOG2E;
+        c.delta[r] = delta[(size_t)b.h * a.Tq + row];
     }
-    float acc[NO][4] = {};
     b.wait_rows();
-    for (int j = 0; j < b.tiles; j++) {
-        const unsigned char *k_tile = b.smem + L::k_tile(j % STAGES);
-        float s[NT][4], dp[NT][4];
-        b.wait_tile(j);
-        issue_a_bt<D, DQ_KEYS>(s, b.my_rows(0), L::ROW_ATOM, k_tile, L::KEY_ATOM);
-        issue_a_bt<D, DQ_KEYS>(dp, b.my_rows(1), L::ROW_ATOM, b.smem + L::v_tile(j % STAGES),
-                               L::KEY_ATOM);
-        hopper::wgmma_commit();
-        hopper::wgmma_wait<0>();
-        hopper::fence_registers<DQ_KEYS>(s);
-        hopper::fence_registers<DQ_KEYS>(dp);
-        mask_scores<NT>(s, b.key_lo + j * DQ_KEYS, lo, hi, scale_log2);
-        scores_to_ds<NT>(s, dp, row_lse, row_delta);
-        issue_c_b<DQ_KEYS, D>(acc, s, k_tile, L::KEY_ATOM);
-        hopper::wgmma_commit();
-        hopper::wgmma_wait<0>(); // before the stage is released
-        hopper::fence_registers<D>(acc);
-        b.release_tile(j);
-    }
+    run_pipeline(c);
     float factor[2] = {scale, scale};
-    store_query_rows<D>(a, b.r0 + mine, b.h, acc, factor, dq);
+    store_query_rows<D>(a, b.r0 + mine, b.h, c.acc, factor, dq);
 }
 
 template <int D>
@@ -167,48 +193,83 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
     }
 }
 
-// A consumer warpgroup: its 64 keys against every step the producer announces (all masked; see
-// the forward's consumer for why nothing is skipped under a branch), then its dK and dV rows.
+// A consumer warpgroup of the dK/dV kernel, run by run_pipeline: its 64 keys against every step
+// the producer announces (all masked; see the forward's consumer for why nothing is skipped under
+// a branch); step n's P^T and dS^T are computed while the previous step's dV += P^T dO and
+// dK += dS^T Q run (at head_dim 64; one step at a time at 128).
+template <int D> struct dkdv_consumer {
+    using L = dkdv_layout<D>;
+    static constexpr int NT = STEP / 8, NO = D / 8;
+    // At head_dim 128 dK and dV alone take 128 registers: two steps' worth would spill.
+    static constexpr bool OVERLAP = D <= 64;
+    struct tile {
+        float st[NT][4], dpt[NT][4]; // S^T (then P^T) and dP^T (then dS^T)
+    };
+    const dkdv_block &b;
+    const unsigned char *k_rows, *v_rows; // the warpgroup's 64 keys in the K and V tiles
+    int key[2];                           // this thread's keys: C rows g and g + 8
+    float scale_log2, dk[NO][4], dv[NO][4];
+    uint32_t pt[STEP / 16][4], dst[STEP / 16][4]; // the last step's P^T, dS^T as A fragments
+
+    // Waits for step n's stage; false at the producer's end mark.
+    __device__ __forceinline__ bool more(int n) const {
+        hopper::mbar_wait(&b.bar.full[n % STAGES], (n / STAGES) & 1);
+        return __shfl_sync(0xffffffffu, b.meta[n % STAGES].i0, 0) >= 0; // uniform, see take_role
+    }
+    // S^T = K Q^T and dP^T = V dO^T of step n as one group.
+    __device__ __forceinline__ void first(int n, tile &t) {
+        int s = n % STAGES;
+        issue_a_bt<D, STEP>(t.st, k_rows, L::KEY_ATOM, b.smem + L::q_tile(s), L::STEP_ATOM);
+        issue_a_bt<D, STEP>(t.dpt, v_rows, L::KEY_ATOM, b.smem + L::do_tile(s), L::STEP_ATOM);
+        hopper::wgmma_commit();
+    }
+    // dV += P^T dO and dK += dS^T Q with step n's rows, committed.
+    __device__ __forceinline__ void second(int n) {
+        int s = n % STAGES;
+        issue_a_b<STEP, D>(dv, pt, b.smem + L::do_tile(s), L::STEP_ATOM);
+        issue_a_b<STEP, D>(dk, dst, b.smem + L::q_tile(s), L::STEP_ATOM);
+        hopper::wgmma_commit();
+    }
+    __device__ __forceinline__ void elementwise(int n, tile &t) {
+        hopper::fence_registers<STEP>(t.st);
+        hopper::fence_registers<STEP>(t.dpt);
+        transposed_ds<NT>(t.st, t.dpt, key, b.meta[n % STAGES].rows, scale_log2);
+    }
+    __device__ __forceinline__ void take(const tile &t) {
+#pragma unroll
+        for (int kc = 0; kc < STEP / 16; kc++) {
+            c_to_a(pt[kc], t.st, kc);
+            c_to_a(dst[kc], t.dpt, kc);
+        }
+    }
+    // Every warp read the step's meta: each one releases the stage.
+    __device__ __forceinline__ void release(int n) {
+        hopper::fence_registers<D>(dv);
+        hopper::fence_registers<D>(dk);
+        if ((threadIdx.x & 31) == 0) hopper::mbar_arrive(&b.bar.empty[n % STAGES]);
+    }
+};
+
 template <int D>
 __device__ __forceinline__ void consume_steps(const weft_cuda_attention_args &a,
                                               const dkdv_block &b, bf16 *dk, bf16 *dv,
                                               float *dk_part, float *dv_part, float scale,
                                               float scale_log2) {
     using L = dkdv_layout<D>;
-    constexpr int NT = STEP / 8, NO = D / 8;
     int first = 64 * (threadIdx.x / 128 - 1), w = (threadIdx.x >> 5) & 3;
-    int key[2] = {b.j0 + first + 16 * w + (int)((threadIdx.x & 31) >> 2), 0}; // C rows g, g + 8
-    key[1] = key[0] + 8;
-    const unsigned char *k_rows = b.smem + L::K + (size_t)first * hopper::ATOM_ROW_BYTES;
-    const unsigned char *v_rows = b.smem + L::V + (size_t)first * hopper::ATOM_ROW_BYTES;
-    float dk_acc[NO][4] = {}, dv_acc[NO][4] = {};
+    int key0 = b.j0 + first + 16 * w + (int)((threadIdx.x & 31) >> 2);
+    dkdv_consumer<D> c = {b,
+                          b.smem + L::K + (size_t)first * hopper::ATOM_ROW_BYTES,
+                          b.smem + L::V + (size_t)first * hopper::ATOM_ROW_BYTES,
+                          {key0, key0 + 8},
+                          scale_log2, {}, {}, {}, {}};
     hopper::mbar_wait(b.bar.once, 0);
-    for (int n = 0;; n++) {
-        int s = n % STAGES;
-        hopper::mbar_wait(&b.bar.full[s], (n / STAGES) & 1);
-        if (__shfl_sync(0xffffffffu, b.meta[s].i0, 0) < 0) break; // uniform, as take_role says
-        const unsigned char *q_tile = b.smem + L::q_tile(s), *do_tile = b.smem + L::do_tile(s);
-        float st[NT][4], dpt[NT][4];
-        issue_a_bt<D, STEP>(st, k_rows, L::KEY_ATOM, q_tile, L::STEP_ATOM);
-        issue_a_bt<D, STEP>(dpt, v_rows, L::KEY_ATOM, do_tile, L::STEP_ATOM);
-        hopper::wgmma_commit();
-        hopper::wgmma_wait<0>();
-        hopper::fence_registers<STEP>(st);
-        hopper::fence_registers<STEP>(dpt);
-        transposed_ds<NT>(st, dpt, key, b.meta[s].rows, scale_log2);
-        issue_c_b<STEP, D>(dv_acc, st, do_tile, L::STEP_ATOM);
-        issue_c_b<STEP, D>(dk_acc, dpt, q_tile, L::STEP_ATOM);
-        hopper::wgmma_commit();
-        hopper::wgmma_wait<0>(); // before the stage is released
-        hopper::fence_registers<D>(dv_acc);
-        hopper::fence_registers<D>(dk_acc);
-        // Every warp read the step's meta: each one releases the stage.
-        if ((threadIdx.x & 31) == 0) hopper::mbar_arrive(&b.bar.empty[s]);
-    }
+    run_pipeline(c);
 #pragma unroll
     for (int r = 0; r < 2; r++)
-        if (key[r] < b.j_end)
-            store_key_row<NO>(a, key[r], b.h, r, dk_acc, dv_acc, scale, dk, dv, dk_part, dv_part);
+        if (c.key[r] < b.j_end)
+            store_key_row<D / 8>(a, c.key[r], b.h, r, c.dk, c.dv, scale, dk, dv, dk_part,
+                                 dv_part);
 }
 
 template <int D>
