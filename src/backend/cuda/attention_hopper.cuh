@@ -18,7 +18,10 @@ namespace fa3 {
 constexpr int CONSUMERS = 2;                   // warpgroups of 64 rows
 constexpr int ROWS = 64 * CONSUMERS;           // query rows per block of the forward and dQ
 constexpr int THREADS = 128 * (1 + CONSUMERS); // warpgroup 0 produces
-constexpr int STAGES = 2;                      // tiles in flight
+// Tiles in flight. A pipelined consumer holds two stages at once (the previous tile's for its
+// accumulation, the current one's for its products), so a third lets the producer load ahead.
+constexpr int STAGES = 3;
+constexpr size_t MAX_SMEM = 227 * 1024; // dynamic shared memory of a block on sm_90
 // Registers per thread after the hand-over: 128 x 24 + 256 x 240 fit the 64K of an SM.
 constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
 constexpr uint32_t SBO = 8 * hopper::ATOM_ROW_BYTES; // between 8-row groups of an atom
@@ -194,6 +197,7 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
     static constexpr size_t BARRIERS = V + STAGES * tile_bytes(KEYS_, D); // once, full[], empty[]
     static constexpr size_t RANGES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES);
     static constexpr size_t BYTES = RANGES + 2 * ROWS * sizeof(int) + 1024; // + alignment
+    static_assert(BYTES <= MAX_SMEM, "a query block's tiles exceed shared memory");
     __host__ __device__ static constexpr size_t rows(int tensor) {
         return tensor * tile_bytes(ROWS, D);
     }

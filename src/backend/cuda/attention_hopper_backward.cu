@@ -126,6 +126,7 @@ template <int D> struct dkdv_layout {
     static constexpr size_t META = DO + STAGES * tile_bytes(STEP, D);
     static constexpr size_t BARRIERS = (META + STAGES * sizeof(step_meta) + 7) / 8 * 8;
     static constexpr size_t BYTES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES) + 1024;
+    static_assert(BYTES <= MAX_SMEM, "a dK/dV block's tiles exceed shared memory");
     __host__ __device__ static constexpr size_t q_tile(int stage) {
         return Q + stage * tile_bytes(STEP, D);
     }
