@@ -23,8 +23,8 @@
 //   ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO)); the swizzle applies to the final address.
 //   The product is computed at wgmma.wait_group, once nothing else in the block can move, and
 //   reads shared memory then (the latest the hardware may): a kernel that refills an operand's
-//   buffer too early, or reads or writes the accumulators before the wait, gets wrong numbers
-//   or an error here.
+//   buffer too early, or reads or writes the accumulators or an A operand's registers before the
+//   wait, gets wrong numbers or an error here.
 #pragma once
 #include <map>
 
@@ -54,6 +54,7 @@ struct wgmma_op {
     int n;
     bool a_in_registers, trans_b, accumulate;
     uint32_t a[4];
+    const uint32_t *a_registers; // where a came from: they must hold it until the wait
     uint64_t desc_a, desc_b;
     int group;
     std::vector<float> snapshot; // d at issue, to catch writes before the wait
@@ -148,6 +149,8 @@ inline void execute_wgmma(thread_state *lanes, size_t i) {
             mine.accumulate != op.accumulate)
             fail("the threads of a warpgroup issued different wgmma");
         if (!op.a_in_registers) continue;
+        if (memcmp(mine.a, mine.a_registers, sizeof mine.a))
+            fail("wgmma A registers written between the wgmma and its wgmma.wait_group");
         int row0 = 16 * (lane / 32), g = (lane & 31) >> 2, t = lane & 3;
         for (int half = 0; half < 2; half++) {
             int col = 2 * t + half, shift = 16 * half;
@@ -291,7 +294,7 @@ inline emu::tensor_map weft_emulated_tensor_map_2d(const void *base, uint64_t co
 inline void weft_emulated_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a,
                                 uint64_t desc_b, int accumulate, bool trans_b) {
     emu::thread_state *t = emu::self();
-    emu::wgmma_op op{d, n, a != nullptr, trans_b, accumulate != 0, {0, 0, 0, 0},
+    emu::wgmma_op op{d, n, a != nullptr, trans_b, accumulate != 0, {0, 0, 0, 0}, a,
                      desc_a, desc_b, t->wgmma_groups, {}};
     if (a) memcpy(op.a, a, sizeof op.a);
     bool chained = false; // an earlier pending op writes the same accumulators

@@ -98,17 +98,6 @@ __device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4
     }
 }
 
-// The same with A the warpgroup's C fragments c (K / 8 of them), converted whole before the
-// fence: converting between the wgmma would make ptxas fence each one.
-template <int K, int N>
-__device__ __forceinline__ void issue_c_b(float (*acc)[4], const float (*c)[4],
-                                          const unsigned char *b, size_t b_atom) {
-    uint32_t a[K / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < K / 16; kc++) c_to_a(a[kc], c, kc);
-    issue_a_b<K, N>(acc, a, b, b_atom);
-}
-
 // FlashAttention-3's software pipeline over a consumer's tiles 0, 1, .. while c.more(j): tile j's
 // first products (c.first, into a fresh C::tile of registers) are issued, then the previous
 // tile's accumulation (c.second, from the bf16 fragments c.take kept), and tile j's elementwise
