@@ -23,9 +23,9 @@ void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t e
 void weft_rollout_step_buffers_free(weft_engine *e) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
-    // q_pos lives in slots' allocation, the other draw_ arrays in draw_rows'.
-    void *all[] = {b->slots, b->cu_q, b->tables, b->cu_fresh, b->logits, b->draw_logits,
-                   b->draw_rows, b->hidden_main, b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
+    // slots, q_pos, cu_q, cu_fresh and tables live in meta, the other draw_ arrays in draw_rows'.
+    void *all[] = {b->meta,           b->logits,        b->draw_logits, b->draw_rows,
+                   b->hidden_main,    b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
                    b->gather_rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->free(be, all[i]);
@@ -78,8 +78,15 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
         weft_kv_seq_blocks(e->cache, e->seqs[seqs[j]].kv, &blocks);
         max_blocks = blocks > max_blocks ? blocks : max_blocks;
     }
-    int32_t *slots = weft_alloc(sizeof(int32_t) * (batch->T + 1));
-    int32_t *tables = weft_alloc(sizeof(int32_t) * n * max_blocks);
+    // Everything the step's attention reads goes up in one copy: slots (T), q_pos (T), cu_q
+    // (n + 1), cu_fresh (fresh + 1), tables (n, max_blocks).
+    int T = batch->T, j0 = first_fresh(batch, n), T0 = batch->cu_seqlens[j0], n_fresh = n - j0;
+    int words = 2 * T + (n + 1) + (n_fresh + 1) + n * max_blocks;
+    int32_t *meta = weft_alloc(sizeof(int32_t) * words), *slots = meta, *q_pos = meta + T;
+    int32_t *cu_q = q_pos + T, *cu_fresh = cu_q + n + 1, *tables = cu_fresh + n_fresh + 1;
+    memcpy(q_pos, batch->positions, sizeof(int32_t) * T);
+    memcpy(cu_q, batch->cu_seqlens, sizeof(int32_t) * (n + 1));
+    for (int j = 0; j <= n_fresh; j++) cu_fresh[j] = batch->cu_seqlens[j0 + j] - T0;
     for (int j = 0; j < n; j++) {
         int blocks;
         const int32_t *table = weft_kv_seq_blocks(e->cache, e->seqs[seqs[j]].kv, &blocks);
@@ -90,20 +97,11 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
             slots[r] = table[pos / bs] * bs + pos % bs;
         }
     }
-    b->slots = weft_rollout_grown(be, b->slots, &b->rows_cap, batch->T, sizeof(int32_t) * 2);
-    b->q_pos = b->slots + b->rows_cap; // one allocation holds both
-    b->cu_q = weft_rollout_grown(be, b->cu_q, &b->seqs_cap, n + 1, sizeof(int32_t));
-    b->tables = weft_rollout_grown(be, b->tables, &b->tables_cap, n * max_blocks, sizeof(int32_t));
-    be->to_device(be, b->slots, slots, sizeof(int32_t) * batch->T);
-    be->to_device(be, b->q_pos, batch->positions, sizeof(int32_t) * batch->T);
-    be->to_device(be, b->cu_q, batch->cu_seqlens, sizeof(int32_t) * (n + 1));
-    be->to_device(be, b->tables, tables, sizeof(int32_t) * n * max_blocks);
-    int j0 = first_fresh(batch, n), T0 = batch->cu_seqlens[j0], n_fresh = n - j0;
-    b->cu_fresh = weft_rollout_grown(be, b->cu_fresh, &b->fresh_cap, n_fresh + 1, sizeof(int32_t));
-    int32_t *cu_fresh = weft_alloc(sizeof(int32_t) * (n_fresh + 1));
-    for (int j = 0; j <= n_fresh; j++) cu_fresh[j] = batch->cu_seqlens[j0 + j] - T0;
-    if (n_fresh > 0) be->to_device(be, b->cu_fresh, cu_fresh, sizeof(int32_t) * (n_fresh + 1));
-    weft_free(slots), weft_free(tables), weft_free(cu_fresh);
+    b->meta = weft_rollout_grown(be, b->meta, &b->meta_cap, words, sizeof(int32_t));
+    be->to_device(be, b->meta, meta, sizeof(int32_t) * words);
+    weft_free(meta);
+    b->slots = b->meta, b->q_pos = b->meta + T, b->cu_q = b->q_pos + T;
+    b->cu_fresh = b->cu_q + n + 1, b->tables = b->cu_fresh + n_fresh + 1;
     const weft_model_config *c = &e->model->cfg;
     *storage = (paged_provider){.e = e, .slots = b->slots, .H = c->num_heads,
                                 .KV = c->num_kv_heads, .D = c->head_dim,
