@@ -250,7 +250,8 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
     }
     // The start of this consumer's warpgroup's rows in row tile `tensor`.
     __device__ const unsigned char *my_rows(int tensor) const {
-        return smem + L::rows(tensor) + (size_t)64 * (threadIdx.x / 128 - 1) * hopper::ATOM_ROW_BYTES;
+        size_t first = (size_t)64 * (threadIdx.x / 128 - 1); // the warpgroup's first row
+        return smem + L::rows(tensor) + first * hopper::ATOM_ROW_BYTES;
     }
     __device__ void wait_rows() const { hopper::mbar_wait(bar.once, 0); }
     __device__ void wait_tile(int j) const {

@@ -369,7 +369,8 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     const void *tensors[] = {q, k, v, out};
     bool mma = attention_on_tensor_cores(self, D, tensors, 4);
     if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a)) {
-        hopper_launched(self, weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
+        hopper_launched(self,
+                        weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
                         "forward", &a);
         return;
     }
