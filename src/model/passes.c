@@ -1,7 +1,6 @@
 // The passes over a micro-batch (model.h): the forward that scores or keeps what backward needs,
 // the output heads, and the backward driven by the heads' fused cross-entropy or by per-row
 // weights.
-#include <stdint.h>
 #include <string.h>
 
 #include "model/internal.h"
@@ -17,40 +16,21 @@ static dims dims_of(const weft_model *m, const weft_batch *b) {
                   .kvd = c->num_kv_heads * c->head_dim, .n_docs = b->n_docs, .T_kv = b->T_kv};
 }
 
-// The batch's five index arrays. activations.c carves them one after another (64-byte aligned),
-// so they go up as one copy of their span, assembled on the host at the same offsets: each small
-// upload costs the host a driver call, which a decode step of the rollout feels.
+// The batch's five index arrays, which activations.c carves one after another: their span goes
+// up as one copy, assembled on the host at the same offsets (each small upload costs the host a
+// driver call, which a decode step of the rollout feels).
 static void upload_batch(weft_backend *be, weft_activations *a, const weft_batch *b) {
     dims d = a->d;
     size_t rows = sizeof(int32_t) * d.T, docs = sizeof(int32_t) * (d.n_docs + 1);
-    struct {
-        void *dst;
-        const void *src;
-        size_t bytes;
-    } part[] = {{a->tokens, b->tokens, rows},
-                {a->positions, b->positions, rows},
-                {a->targets, b->targets, rows},
-                {a->cu_seqlens, b->cu_seqlens, docs},
-                {a->cu_seqlens_kv, b->cu_seqlens_kv, docs}};
-    enum { PARTS = sizeof part / sizeof part[0] };
-    char *base = (char *)a->tokens;
-    size_t span = 0, total = 0;
-    for (int i = 0; i < PARTS; i++) {
-        char *dst = part[i].dst;
-        bool after = dst >= base;
-        size_t end = after ? (size_t)(dst - base) + part[i].bytes : SIZE_MAX;
-        span = end > span ? end : span;
-        total += part[i].bytes + 64;
-    }
-    if (span > total) { // not one run after all: one copy each
-        for (int i = 0; i < PARTS; i++) be->to_device(be, part[i].dst, part[i].src, part[i].bytes);
-    } else {
-        char *host = weft_alloc(span);
-        for (int i = 0; i < PARTS; i++)
-            memcpy(host + ((char *)part[i].dst - base), part[i].src, part[i].bytes);
-        be->to_device(be, base, host, span);
-        weft_free(host);
-    }
+    char *base = (char *)a->tokens, *end = (char *)a->cu_seqlens_kv + docs;
+    char *host = weft_alloc((size_t)(end - base));
+    memcpy(host, b->tokens, rows);
+    memcpy(host + ((char *)a->positions - base), b->positions, rows);
+    memcpy(host + ((char *)a->targets - base), b->targets, rows);
+    memcpy(host + ((char *)a->cu_seqlens - base), b->cu_seqlens, docs);
+    memcpy(host + ((char *)a->cu_seqlens_kv - base), b->cu_seqlens_kv, docs);
+    be->to_device(be, base, host, (size_t)(end - base));
+    weft_free(host);
     a->layout = (weft_attention_layout){.n_docs = d.n_docs, .Tq = d.T, .Tkv = d.T_kv,
                                         .cu_q = a->cu_seqlens, .cu_kv = a->cu_seqlens_kv,
                                         .q_pos = a->positions};

@@ -58,11 +58,10 @@ __device__ __forceinline__ void load_tile(unsigned char *dst, const weft_tensor_
         hopper::tma_load_2d(dst + c * atom_bytes(ROWS), map, x + hopper::ATOM_COLS * c, y, bar);
 }
 
-// The union of the key ranges of rows [first, first + n).
-__device__ __forceinline__ key_span span_of(const int *row_lo, const int *row_hi, int first,
-                                            int n) {
+// The union of the key ranges of rows [0, n).
+__device__ __forceinline__ key_span span_of(const int *row_lo, const int *row_hi, int n) {
     key_span s = {INT_MAX, 0};
-    for (int r = first; r < first + n; r++)
+    for (int r = 0; r < n; r++)
         if (row_lo[r] < row_hi[r]) s = {min(s.lo, row_lo[r]), max(s.hi, row_hi[r])};
     return s;
 }
@@ -218,7 +217,7 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
         if (threadIdx.x < ROWS)
             row_key_range(a, r0 + threadIdx.x, &row_lo[threadIdx.x], &row_hi[threadIdx.x]);
         __syncthreads();
-        key_span block = span_of(row_lo, row_hi, 0, ROWS);
+        key_span block = span_of(row_lo, row_hi, ROWS);
         int n = block.lo < block.hi ? (block.hi - block.lo + KEYS_ - 1) / KEYS_ : 0;
         tiles = __shfl_sync(0xffffffffu, n, 0); // uniform, as take_role says
         key_lo = __shfl_sync(0xffffffffu, block.lo, 0);

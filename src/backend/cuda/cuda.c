@@ -350,15 +350,14 @@ static bool attention_on_tensor_cores(weft_backend *self, int D, const void *con
 
 // The hopper kernels were asked for by name: a refusal is an error, not a quiet fall-back that
 // benchmarks the mma kernels under the hopper label.
-static void hopper_launched(weft_backend *self, bool ok, const char *pass,
+static void hopper_launched(weft_backend *self, bool ok, bool backward,
                             const weft_cuda_attention_args *a) {
     WEFT_CHECK(ok,
                "WEFT_CUDA_ATTENTION=hopper: the CUDA driver refused the TMA descriptors of the "
                "attention %s (heads %d, kv heads %d, head_dim %d); update the driver (CUDA 12 or "
                "newer) or use WEFT_CUDA_ATTENTION=mma",
-               pass, a->H, a->KV, a->D);
-    launched(self, strcmp(pass, "forward") ? "attention_backward (hopper)"
-                                           : "attention_forward (hopper)");
+               backward ? "backward" : "forward", a->H, a->KV, a->D);
+    launched(self, backward ? "attention_backward (hopper)" : "attention_forward (hopper)");
 }
 
 static void cuda_attention_forward(weft_backend *self, const void *q, const void *k, const void *v,
@@ -371,7 +370,7 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a)) {
         hopper_launched(self,
                         weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
-                        "forward", &a);
+                        false, &a);
         return;
     }
     if (mma)
@@ -399,7 +398,7 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
                         weft_cuda_attention_backward_hopper(STREAM(self), &a, q, k, v, lse, dout,
                                                             delta, dq, dk, dv,
                                                             delta + delta_floats),
-                        "backward", &a);
+                        true, &a);
         return;
     }
     if (mma)
@@ -573,8 +572,7 @@ static void cuda_destroy(weft_backend *self) {
 // elsewhere (compute capability 9.0, a build for sm_90a), opt-in until GPU runs have measured it
 // against mma.
 static void attention_kernel_choice(int device, bool *mma, bool *hopper) {
-    int major = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    int major = weft_cuda_compute_capability(device) / 10;
     const char *choice = getenv("WEFT_CUDA_ATTENTION");
     if (!choice || !*choice) choice = major >= 8 ? "mma" : "simt";
     WEFT_CHECK(!strcmp(choice, "mma") || !strcmp(choice, "simt") || !strcmp(choice, "hopper"),
