@@ -8,7 +8,9 @@ With device=cuda (the GPU where one is listed, else weft_emulated: the CUDA kern
 CPU) generation and scoring both run in bf16 and differ only by its round-off: the max and mean
 absolute difference are printed and must stay under MAX_DIFF and MEAN_DIFF.
 On CUDA the same again without top-p, where the engine draws the tokens on the device (the
-sample_tokens op) and reads back tokens and log-probs instead of the logits rows; it draws at the
+sample_tokens op, which the CUDA profile must list then and only then; new prompts' attention
+must run as attention_forward, the cached rows' as paged_attention) and reads back tokens and
+log-probs instead of the logits rows; it draws at the
 host's uniform numbers, so most first tokens equal the CPU's at the same seed (bf16 round-off
 moves a few across a boundary; numbers drawn wrongly would leave about 1 in 20 alike).
 The same with MTP speculative decoding (rollout.speculative_tokens=2) on the model with two MTP
@@ -35,6 +37,16 @@ SPECULATIVE = 2  # draft tokens per step on the MTP model
 SPECULATIVE_LENGTHS = LENGTHS[:-1]  # the 300-token prompt's emulated MTP backward takes long
 
 
+def check_kernels(tag, profile, device_draws, failures):
+    """The CUDA profile's ops: new prompts take the training attention (attention_forward), the
+    cached rows the paged kernel; tokens are drawn on the device exactly when no filter is on."""
+    ops = {line.split()[0] for line in profile.splitlines() if line.startswith("  ")}
+    want = {"attention_forward": True, "paged_attention": True, "sample_tokens": device_draws}
+    for op, expected in want.items():
+        if (op in ops) != expected:
+            failures.append(f"{tag}: the CUDA profile {'lacks' if expected else 'has'} {op}")
+
+
 def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
             first_tokens=None):
     tag = f"device={device}" + (f", speculative_tokens={speculative}" if speculative else "")
@@ -44,8 +56,12 @@ def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
                             random_prompts(lengths, CFG["vocab_size"], 3))
     dev = [f"device={device}"]
-    rows, stats, _ = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{name}.jsonl"),
-                              *settings, *dev, f"rollout.speculative_tokens={speculative}")
+    profile = {"WEFT_CUDA_PROFILE": "1"} if device == "cuda" else {}
+    rows, stats, run = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{name}.jsonl"),
+                                *settings, *dev, f"rollout.speculative_tokens={speculative}",
+                                env=profile)
+    if profile:
+        check_kernels(tag, run.stderr, settings is UNFILTERED and not speculative, failures)
     if speculative:
         spec = stats["speculative"]
         print(f"{tag}: drafts offered {spec['drafted']}, accepted {spec['accepted']}")
