@@ -1,9 +1,10 @@
 // The CUDA runtime and cuBLASLt calls of weft's CUDA backend (src/backend/cuda/cuda.c and
 // profile.c), implemented on host memory, so that backend runs end to end on a machine without a
 // GPU (weft_emulated, with the kernels of cuda_emulated_kernels.cpp). "Device" memory is plain
-// heap memory, every stream operation happens at once, and a GEMM is OpenBLAS's sgemm on fp32
-// copies of its operands, read through the same column-major layouts and transposes the backend
-// hands cuBLASLt, so the row-major-to-column-major mapping in cuda.c is exercised too.
+// heap memory, stream work happens at once (or, captured, when its graph is launched:
+// cuda_emulation_stream.h), and a GEMM is OpenBLAS's sgemm on fp32 copies of its operands, read
+// through the same column-major layouts and transposes the backend hands cuBLASLt, so the
+// row-major-to-column-major mapping in cuda.c is exercised too.
 #include <unistd.h>
 #include <cblas.h>
 #include <cublasLt.h>
@@ -15,6 +16,8 @@
 
 #include <map>
 #include <vector>
+
+#include "cuda_emulation_stream.h"
 
 namespace {
 
@@ -47,6 +50,36 @@ std::vector<float> operand(const void *p, const layout *l, cublasOperation_t op)
     return out;
 }
 
+// D = alpha op(A) op(B) + beta C (column-major), on OpenBLAS in fp32 (beta C in fp32 as cuBLASLt
+// does).
+void gemm(const matmul_desc &m, float alpha, const void *A, const layout *a, const void *B,
+          const layout *b, float beta, const void *C, const layout *c, void *D, const layout *dl) {
+    size_t M = c->rows, N = c->cols, K = m.trans_a == CUBLAS_OP_N ? a->cols : a->rows;
+    std::vector<float> opa = operand(A, a, m.trans_a), opb = operand(B, b, m.trans_b);
+    std::vector<float> out = operand(C, c, CUBLAS_OP_N);
+    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K, alpha,
+                opa.data(), (int)M, opb.data(), (int)K, beta, out.data(), (int)M);
+    for (size_t j = 0; j < N; j++)
+        for (size_t i = 0; i < M; i++) {
+            size_t at = i + j * dl->ld;
+            if (dl->type == CUDA_R_16BF)
+                static_cast<__nv_bfloat16 *>(D)[at] = __float2bfloat16_rn(out[i + j * M]);
+            else
+                static_cast<float *>(D)[at] = out[i + j * M];
+        }
+}
+
+// A call a GPU refuses while the calling thread captures a stream (weft captures in the default
+// thread-local mode): allocation, freeing, synchronizing, copies to or from pageable memory.
+bool capturing() { return emu::g_recording != nullptr; }
+
+bool is_device_memory(const void *p) {
+    auto it = g_allocations.upper_bound((uintptr_t)p);
+    if (it == g_allocations.begin()) return false;
+    --it;
+    return (uintptr_t)p < it->first + it->second;
+}
+
 } // namespace
 
 extern "C" {
@@ -54,12 +87,14 @@ extern "C" {
 // ----------------------------------------------------------------------------- runtime ----
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+    if (capturing()) return cudaErrorStreamCaptureUnsupported;
     *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!*p) return cudaErrorMemoryAllocation;
     g_allocations[(uintptr_t)*p] = bytes;
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (capturing()) return cudaErrorStreamCaptureUnsupported;
     g_allocations.erase((uintptr_t)p);
     free(p);
     return cudaSuccess;
@@ -67,33 +102,34 @@ cudaError_t cudaFree(void *p) {
 // Device memory is what cudaMalloc handed out; anything else is unregistered host memory.
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *attr, const void *p) {
     memset(attr, 0, sizeof *attr);
-    attr->type = cudaMemoryTypeUnregistered;
-    auto it = g_allocations.upper_bound((uintptr_t)p);
-    if (it != g_allocations.begin()) {
-        --it;
-        if ((uintptr_t)p < it->first + it->second) attr->type = cudaMemoryTypeDevice;
-    }
+    attr->type = is_device_memory(p) ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
-    memset(p, value, bytes);
+    emu::stream_work([=] { memset(p, value, bytes); });
     return cudaSuccess;
 }
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int value, size_t width, size_t height,
                               cudaStream_t) {
-    for (size_t r = 0; r < height; r++) memset(static_cast<char *>(p) + r * pitch, value, width);
+    emu::stream_work([=] {
+        for (size_t r = 0; r < height; r++) memset(static_cast<char *>(p) + r * pitch, value, width);
+    });
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t) {
-    memmove(dst, src, bytes);
+    if (capturing() && (!is_device_memory(dst) || !is_device_memory(src)))
+        return cudaErrorStreamCaptureUnsupported;
+    emu::stream_work([=] { memmove(dst, src, bytes); });
     return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int) {
     *s = reinterpret_cast<cudaStream_t>(&g_stream_tag);
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    return capturing() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int *n) {
@@ -127,6 +163,44 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) {
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete reinterpret_cast<int *>(e);
+    return cudaSuccess;
+}
+
+// A graph is its capture's recording; instantiating copies it, launching runs it.
+using recording = std::vector<std::function<void()>>;
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+    if (capturing()) return cudaErrorIllegalState;
+    emu::g_recording = new recording;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *graph) {
+    if (!capturing()) return cudaErrorIllegalState;
+    *graph = reinterpret_cast<cudaGraph_t>(emu::g_recording);
+    emu::g_recording = nullptr;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus *status) {
+    *status = capturing() ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                          unsigned long long) {
+    *exec = reinterpret_cast<cudaGraphExec_t>(
+        new recording(*reinterpret_cast<recording *>(graph)));
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    delete reinterpret_cast<recording *>(graph);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+    if (capturing()) return cudaErrorStreamCaptureUnsupported; // weft never nests graphs
+    for (auto &work : *reinterpret_cast<recording *>(exec)) work();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete reinterpret_cast<recording *>(exec);
     return cudaSuccess;
 }
 
@@ -209,25 +283,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const vo
                               cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,
                               cublasLtMatrixLayout_t Cdesc, void *D, cublasLtMatrixLayout_t Ddesc,
                               const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t) {
-    const matmul_desc *m = reinterpret_cast<const matmul_desc *>(d);
-    const layout *a = reinterpret_cast<const layout *>(Adesc);
-    const layout *b = reinterpret_cast<const layout *>(Bdesc);
-    const layout *c = reinterpret_cast<const layout *>(Cdesc);
-    const layout *dl = reinterpret_cast<const layout *>(Ddesc);
-    size_t M = c->rows, N = c->cols, K = m->trans_a == CUBLAS_OP_N ? a->cols : a->rows;
-    std::vector<float> opa = operand(A, a, m->trans_a), opb = operand(B, b, m->trans_b);
-    std::vector<float> out = operand(C, c, CUBLAS_OP_N); // beta * C, in fp32 as cuBLASLt does
-    cblas_sgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)N, (int)K,
-                *static_cast<const float *>(alpha), opa.data(), (int)M, opb.data(), (int)K,
-                *static_cast<const float *>(beta), out.data(), (int)M);
-    for (size_t j = 0; j < N; j++)
-        for (size_t i = 0; i < M; i++) {
-            size_t at = i + j * dl->ld;
-            if (dl->type == CUDA_R_16BF)
-                static_cast<__nv_bfloat16 *>(D)[at] = __float2bfloat16_rn(out[i + j * M]);
-            else
-                static_cast<float *>(D)[at] = out[i + j * M];
-        }
+    // A captured GEMM keeps its shapes and scalars, as cuBLASLt's kernels keep their arguments.
+    matmul_desc m = *reinterpret_cast<const matmul_desc *>(d);
+    layout a = *reinterpret_cast<const layout *>(Adesc), b = *reinterpret_cast<const layout *>(Bdesc);
+    layout c = *reinterpret_cast<const layout *>(Cdesc), dl = *reinterpret_cast<const layout *>(Ddesc);
+    float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
+    emu::stream_work([=] { gemm(m, al, A, &a, B, &b, be, C, &c, D, &dl); });
     return CUBLAS_STATUS_SUCCESS;
 }
 

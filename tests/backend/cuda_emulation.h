@@ -31,7 +31,10 @@
 #include <ucontext.h>
 
 #include <functional>
+#include <tuple>
 #include <vector>
+
+#include "cuda_emulation_stream.h"
 
 // Dynamic shared memory (common.cuh's dynamic_smem): one buffer, as blocks run one at a time.
 // Aligned as a GPU's shared window is, so 128-byte swizzle patterns (bits 4-9 of the shared
@@ -326,8 +329,8 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
 
 // A kernel launch: every block of `grid`, one at a time, checking the kernel stays inside the
 // dynamic shared memory it was launched with (the bytes past it are a canary).
-inline void launch(dim3 grid, unsigned threads, size_t smem_bytes,
-                   const std::function<void()> &kernel) {
+inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
+                     const std::function<void()> &kernel) {
     constexpr size_t CANARY = 4096;
     if (smem_bytes + CANARY > sizeof weft_dynamic_smem)
         fail("shared memory larger than the emulator's");
@@ -342,10 +345,17 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes,
         }
 }
 
+inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, std::function<void()> kernel) {
+    stream_work([=] { run_grid(grid, threads, smem_bytes, kernel); });
+}
+
 } // namespace emu
 
+// The arguments are evaluated at the launch, as on a GPU, and kept: a launch recorded in a graph
+// runs later, with them (not with what `*args` or a local points to by then).
 #define WEFT_LAUNCH(kernel, grid, threads, smem_bytes, stream, ...)                                \
-    emu::launch(dim3(grid), (threads), (size_t)(smem_bytes), [&] { kernel(__VA_ARGS__); })
+    emu::launch(dim3(grid), (threads), (size_t)(smem_bytes),                                       \
+                [launch_args = std::make_tuple(__VA_ARGS__)] { std::apply(kernel, launch_args); })
 
 // Shared memory: `__shared__` variables are per block, and blocks run one at a time, so static
 // storage stands in for them; dynamic shared memory is the one buffer above.
