@@ -17,6 +17,7 @@ weft_backend *weft_backend_create(weft_device device, int local_rank) {
 
 void weft_backend_count_bytes(weft_backend *b, long long bytes) {
     b->bytes_in_use = (size_t)((long long)b->bytes_in_use + bytes);
+    b->allocations++;
     if (b->bytes_in_use > b->peak_bytes) b->peak_bytes = b->bytes_in_use;
 }
 

@@ -190,6 +190,18 @@ struct weft_backend {
     void (*to_f32)(weft_backend *self, float *dst_host, const void *src, weft_dtype src_type,
                    size_t N);
 
+    // Graphs (optional: NULL where the backend has none). Between capture_begin and capture_end
+    // the ops queued are recorded instead of run, and may not allocate, free, upload, download or
+    // synchronize; graph_launch then runs the recording, with the pointers and sizes it was
+    // queued with, on the memory as it is at that point. Where launching an op costs the host more
+    // than the device takes to run it (a decode step of the rollout: hundreds of small kernels),
+    // one graph launch replaces them all. capture_begin returns false when it cannot capture now
+    // (the CUDA profile times every op, so it runs them one by one); graph_free takes a graph.
+    bool (*capture_begin)(weft_backend *self);
+    void *(*capture_end)(weft_backend *self);
+    void (*graph_launch)(weft_backend *self, void *graph);
+    void (*graph_free)(weft_backend *self, void *graph);
+
     void (*destroy)(weft_backend *self); // frees what impl holds
     void *impl;
     // How often the host has waited for the device (downloads, synchronize, sums read back): a
@@ -198,6 +210,8 @@ struct weft_backend {
     // Bytes of `alloc` buffers live now, and the most live since the last
     // weft_backend_reset_peak: the measured memory of a phase (rollout's KV pool comes and goes).
     size_t bytes_in_use, peak_bytes;
+    // alloc and free calls so far: while it stands still, every pointer a graph recorded is live.
+    long allocations;
 };
 
 // For the backends' alloc and free: bytes (> 0: allocated, < 0: freed).

@@ -35,6 +35,7 @@ typedef struct cuda_state {
     float *scratch;              // attention's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
     bool attention_hopper;       // and on TMA and wgmma (WEFT_CUDA_ATTENTION=hopper)
+    bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
     // Live allocations and their sizes, for the byte count (cudaFree is not told the size).
@@ -69,6 +70,12 @@ static void launched(weft_backend *self, const char *op) {
     weft_cuda_profile_op(state(self)->profile, op);
 }
 
+// Allocation, transfers and waits cannot be recorded in a graph: one during a capture is weft's
+// bug, said plainly rather than as the CUDA error the capture would end with.
+static void not_capturing(weft_backend *self, const char *what) {
+    WEFT_CHECK(!state(self)->capturing, "internal: %s while a CUDA graph is being captured", what);
+}
+
 // ------------------------------------------------------------------------------ memory ----
 
 static void remember(weft_backend *self, void *p, size_t bytes) {
@@ -93,6 +100,7 @@ static void forget(weft_backend *self, void *p) {
 }
 
 static void *cuda_alloc(weft_backend *self, size_t bytes) {
+    not_capturing(self, "an allocation");
     void *p = NULL;
     if (bytes == 0) bytes = 1;
     cudaError_t err = cudaMalloc(&p, bytes);
@@ -113,6 +121,7 @@ static void *cuda_alloc(weft_backend *self, size_t bytes) {
 
 // cudaFree waits for the whole device: it counts as a host wait.
 static void cuda_free(weft_backend *self, void *p) {
+    not_capturing(self, "a free");
     if (!p) return;
     forget(self, p);
     CUDA_CHECK(cudaFree(p));
@@ -123,6 +132,7 @@ static void cuda_free(weft_backend *self, void *p) {
 // may reuse its buffer at once, and it waits for nothing queued before it: the host keeps queueing
 // the next micro-batch while the GPU finishes the last one.
 static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_t bytes) {
+    not_capturing(self, "an upload");
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, state(self)->stream));
     launched(self, "upload");
@@ -130,6 +140,7 @@ static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_
 
 // A download waits for the value: the host reads it next.
 static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t bytes) {
+    not_capturing(self, "a download");
     if (bytes == 0) return;
     cudaStream_t s = state(self)->stream;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
@@ -151,6 +162,7 @@ static void cuda_zero(weft_backend *self, void *dst, size_t bytes) {
 }
 
 static void cuda_synchronize(weft_backend *self) {
+    not_capturing(self, "a wait for the device");
     CUDA_CHECK(cudaStreamSynchronize(state(self)->stream));
     self->host_waits++;
 }
@@ -551,6 +563,41 @@ static void cuda_to_f32(weft_backend *self, float *dst, const void *src, weft_dt
     weft_free(h);
 }
 
+// ------------------------------------------------------------------------------ graphs ----
+
+// Thread-local capture: another thread's CUDA calls (an MPI progress thread, NCCL) are not
+// caught up in it. The profile's per-op events would be recorded too, so it captures nothing.
+static bool cuda_capture_begin(weft_backend *self) {
+    cuda_state *st = state(self);
+    if (st->profile) return false;
+    not_capturing(self, "a capture");
+    CUDA_CHECK(cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal));
+    st->capturing = true;
+    return true;
+}
+
+static void *cuda_capture_end(weft_backend *self) {
+    cuda_state *st = state(self);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    WEFT_CHECK(st->capturing, "internal: a CUDA graph capture ends that never began");
+    st->capturing = false;
+    CUDA_CHECK(cudaStreamEndCapture(st->stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return exec;
+}
+
+static void cuda_graph_launch(weft_backend *self, void *graph) {
+    not_capturing(self, "a graph launch");
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, state(self)->stream));
+    launched(self, "graph");
+}
+
+static void cuda_graph_free(weft_backend *self, void *graph) {
+    if (graph) CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
 // ------------------------------------------------------------------------------- table ----
 
 static void cuda_destroy(weft_backend *self) {
@@ -658,6 +705,10 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .adamw = cuda_adamw,
         .from_f32 = cuda_from_f32,
         .to_f32 = cuda_to_f32,
+        .capture_begin = cuda_capture_begin,
+        .capture_end = cuda_capture_end,
+        .graph_launch = cuda_graph_launch,
+        .graph_free = cuda_graph_free,
         .destroy = cuda_destroy,
         .impl = st,
     };
