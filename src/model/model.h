@@ -92,6 +92,9 @@ typedef struct weft_grad_hook {
 typedef struct weft_pass_options {
     const weft_kv_provider *kv; // NULL: every document is whole in the batch
     weft_grad_hook grads_ready; // backward only; {NULL}: nobody listens
+    // A forward without keep whose inputs weft_model_upload_inputs sent before (same batch, same
+    // chosen rows): it queues device work alone, which a backend graph can record and replay.
+    bool uploaded;
 } weft_pass_options;
 
 // Fixed at creation.
@@ -171,6 +174,11 @@ void weft_model_forward_backward(weft_model *m, const weft_batch *batch, const f
 // before another forward); keep = false keeps nothing beyond the outputs.
 void weft_model_forward(weft_model *m, const weft_batch *batch, bool keep,
                         const weft_pass_options *pass, const weft_forward_outputs *out);
+
+// What a forward without keep reads from the host: the batch's index arrays and out->rows (the
+// chosen head rows), uploaded now, for a forward with pass->uploaded to follow.
+void weft_model_upload_inputs(weft_model *m, const weft_batch *batch,
+                              const weft_pass_options *pass, const weft_forward_outputs *out);
 
 // Drafting for speculative decoding (DESIGN.md sections 8 and 11): MTP module `depth` (1-based)
 // alone over the batch's rows, keeping nothing, its attention through a KV cache's provider. The

@@ -31,9 +31,31 @@ static void upload_batch(weft_backend *be, weft_activations *a, const weft_batch
     memcpy(host + ((char *)a->cu_seqlens_kv - base), b->cu_seqlens_kv, docs);
     be->to_device(be, base, host, (size_t)(end - base));
     weft_free(host);
+}
+
+// The activations of a forward over `batch`, its inputs on the device: uploaded now, or already
+// by weft_model_upload_inputs (pass->uploaded), whose carving of the same dims put them at the
+// same addresses.
+static weft_activations *prepare_inputs(weft_model *m, keep_mode keep, const weft_batch *batch,
+                                        const weft_pass_options *pass) {
+    const weft_kv_provider *kv = provider_of(pass);
+    bool gathered = kv && kv->gather; // whole key rows in the model's buffers only then
+    weft_activations *a = weft_activations_prepare(m, keep, dims_of(m, batch), gathered);
+    if (!(pass && pass->uploaded)) upload_batch(m->be, a, batch);
+    dims d = a->d;
     a->layout = (weft_attention_layout){.n_docs = d.n_docs, .Tq = d.T, .Tkv = d.T_kv,
                                         .cu_q = a->cu_seqlens, .cu_kv = a->cu_seqlens_kv,
                                         .q_pos = a->positions};
+    return a;
+}
+
+void weft_model_upload_inputs(weft_model *m, const weft_batch *batch,
+                              const weft_pass_options *pass, const weft_forward_outputs *out) {
+    weft_pass_options now = pass ? *pass : (weft_pass_options){0};
+    now.uploaded = false;
+    weft_activations *a = prepare_inputs(m, KEEP_NONE, batch, &now);
+    if (out && out->rows && out->n_rows > 0)
+        m->be->to_device(m->be, a->head_rows, out->rows, sizeof(int32_t) * out->n_rows);
 }
 
 // Where layer l reads its input (and layer l-1 writes its output).
@@ -104,7 +126,7 @@ static void head_forward(weft_model *m, weft_activations *a, int k, head_mode mo
 
 // Generation's head: logits of the chosen rows of h (T, C) only, gathered first (the embedding op
 // is a row gather: out[i] = table[ids[i]]).
-static void head_on_rows(weft_model *m, weft_activations *a, const void *h,
+static void head_on_rows(weft_model *m, weft_activations *a, const void *h, bool uploaded,
                          const weft_forward_outputs *out) {
     weft_backend *be = m->be;
     int n = out->n_rows, V = m->cfg.vocab_size;
@@ -112,7 +134,7 @@ static void head_on_rows(weft_model *m, weft_activations *a, const void *h,
                    !out->logprobs[0] && !out->entropy[0],
                "internal: a forward on chosen rows makes logits only, keeping nothing");
     if (n == 0) return;
-    be->to_device(be, a->head_rows, out->rows, sizeof(int32_t) * n);
+    if (!uploaded) be->to_device(be, a->head_rows, out->rows, sizeof(int32_t) * n);
     be->embedding_forward(be, a->head_rows, h, a->head_input, n, a->d.C);
     weft_linear_forward(m, a->head_input, whole_weight(m->lm_head, m->cfg.hidden_size),
                         out->logits ? out->logits : a->logits, n, a->d.C, V, 0.0f);
@@ -139,11 +161,11 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     WEFT_CHECK(keep == KEEP_NONE || !out || (!out->rows && !out->skip_mtp),
                "internal: only a forward that keeps nothing may run the head on chosen rows or skip "
                "the MTP modules");
-    // Whole key rows are gathered into the model's buffers only for a provider that gathers.
-    bool gathered = kv && kv->gather;
-    weft_activations *a = weft_activations_prepare(m, keep, dims_of(m, batch), gathered);
+    WEFT_CHECK(!(pass && pass->uploaded) || (keep == KEEP_NONE && out && out->skip_mtp),
+               "internal: only a forward that keeps nothing and skips the MTP modules reads inputs "
+               "uploaded before it");
+    weft_activations *a = prepare_inputs(m, keep, batch, pass);
     dims d = a->d;
-    upload_batch(be, a, batch);
 
     // Main decoder and its head, then the MTP modules in order (module k reads h_{k-1}).
     be->embedding_forward(be, a->tokens, weft_model_param(m, m->embed), layer_input(a, 0), d.T,
@@ -155,7 +177,7 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
                         (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
     if (out && out->hidden) be->copy(be, out->hidden, a->lnf, weft_dtype_size(be->act_dtype) * d.T * d.C);
-    if (out && out->rows) head_on_rows(m, a, a->lnf, out);
+    if (out && out->rows) head_on_rows(m, a, a->lnf, pass && pass->uploaded, out);
     else head_forward(m, a, 0, mode, out);
     for (int k = 0; k < D && !(out && out->skip_mtp); k++) {
         mtp_acts *mk = &a->mtp[k];
@@ -180,13 +202,12 @@ void weft_model_draft_forward(weft_model *m, int depth, const weft_batch *batch,
                "internal: drafting reads a KV cache and makes logits on chosen rows");
     WEFT_CHECK(!m->acts || !m->acts->backward_due,
                "internal: a forward that kept its activations still waits for its backward");
-    weft_activations *a = weft_activations_prepare(m, KEEP_NONE, dims_of(m, batch), false);
-    upload_batch(be, a, batch);
+    weft_activations *a = prepare_inputs(m, KEEP_NONE, batch, pass);
     mtp_acts *mk = &a->mtp[depth - 1];
     be->copy(be, mk->inputs, a->tokens, sizeof(int32_t) * a->d.T);
     weft_mtp_forward(m, a, depth - 1, h_prev, kv);
     if (out->hidden) be->copy(be, out->hidden, mk->h, weft_dtype_size(be->act_dtype) * a->d.T * a->d.C);
-    head_on_rows(m, a, mk->h, out);
+    head_on_rows(m, a, mk->h, pass->uploaded, out);
 }
 
 // ------------------------------------------------------------------------------ backward ----
