@@ -43,6 +43,8 @@ typedef struct weft_rollout_stats {
     // verified_tokens: tokens those steps emitted (a sample's stop cuts its accepted drafts).
     long verify_steps, drafted[WEFT_MAX_MTP], accepted[WEFT_MAX_MTP], verified_tokens;
     double draft_seconds;
+    // Decode steps run as recorded backend graphs: graphs recorded, and steps replayed from one.
+    long graph_captures, graph_steps;
     weft_kv_cache_stats kv;
 } weft_rollout_stats;
 

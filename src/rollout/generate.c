@@ -280,6 +280,10 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     json_object_set_new(stats, "prompts", json_integer(p.n));
     json_object_set_new(stats, "peak_batch", json_integer(st.peak_batch)); // on rank 0
     json_object_set_new(stats, "generation_seconds", json_real(st.seconds)); // rank 0's engine time
+    json_object_set_new(stats, "forwards", json_integer(st.forwards)); // rank 0's steps, and of them
+    json_object_set_new(stats, "graphs", json_pack("{s:I, s:I}", "recorded",         // those replayed
+                                                   (json_int_t)st.graph_captures, "replayed_steps",
+                                                   (json_int_t)st.graph_steps));
     if (r->rollout.speculative_tokens > 0)
         json_object_set_new(stats, "speculative", speculation_summary(&st, r->rollout.speculative_tokens,
                                                                       world, writer));

@@ -52,6 +52,21 @@ typedef struct step_buffers {
     int gather_cap;
 } step_buffers;
 
+// Decode steps recorded as backend graphs (graphs.c). A graph holds the pointers and sizes of the
+// step it recorded: it replays a step of the same rows and block-table width while the backend
+// has allocated and freed nothing since (every pointer it holds still live).
+enum { STEP_GRAPHS = 8 };
+typedef struct step_graph {
+    int rows, max_blocks;
+    long allocations; // the backend's count at the recording
+    void *graph;
+} step_graph;
+typedef struct step_graphs {
+    step_graph cached[STEP_GRAPHS];
+    int n;
+    step_graph last_eager; // the last step run kernel by kernel: a repeat of it is recorded
+} step_graphs;
+
 struct weft_engine {
     weft_model *model;
     weft_backend *be;
@@ -68,6 +83,7 @@ struct weft_engine {
     weft_batch batch;
     weft_batch draft_batch; // one MTP module's rows
     step_buffers buf;
+    step_graphs graphs;
 };
 
 // engine.c
@@ -115,9 +131,20 @@ typedef struct paged_provider {
 } paged_provider;
 weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,
                                        int n, paged_provider *storage);
-// A token drawn from the processed distribution of a logits row (V, host), its log-prob under it.
-int weft_rollout_draw(weft_engine *e, const gen_seq *s, const float *logits, int position,
-                      weft_draw_kind kind, float *processed);
+
+// graphs.c
+// Queues work(e, ctx): device work alone (every upload it reads went before), a step's forward
+// and draws over `rows` rows and block tables `max_blocks` wide. Replays its graph where one was
+// recorded; records one where the last step run kernel by kernel had the same shape and the
+// backend allocated nothing since; else (and without rollout.cuda_graphs, or a backend that
+// records none) runs it kernel by kernel.
+typedef void (*weft_device_work)(weft_engine *e, void *ctx);
+void weft_rollout_run_graphed(weft_engine *e, int rows, int max_blocks, weft_device_work work,
+                              void *ctx);
+// Block tables' width for a step whose longest sequence has `blocks` blocks: rounded up to a
+// power of two where graphs are recorded, so that a width serves many steps.
+int weft_rollout_table_width(const weft_engine *e, int blocks);
+void weft_rollout_graphs_free(weft_engine *e);
 
 // speculate.c
 // The MTP modules' passes for sequences seqs[0..n): every row whose inputs are known, and with
@@ -134,3 +161,26 @@ typedef struct draw {
     bool verified; // came out of a step that verified drafts
 } draw;
 int weft_rollout_verify(weft_engine *e, int i, const float *logits, int first_row, draw *out);
+
+// draws.c
+// A token drawn from the processed distribution of a logits row (V, host), its log-prob under it.
+int weft_rollout_draw(weft_engine *e, const gen_seq *s, const float *logits, int position,
+                      weft_draw_kind kind, float *processed);
+// The sequences due a token this step: each one's first logits row (its last 1 + n_drafts rows
+// have logits).
+typedef struct due_seqs {
+    int *seq, *first_row, n, rows;
+} due_seqs;
+// Whether this step's tokens are drawn on the device (backend sample_tokens): where the backend
+// has it and nothing needs the host's logits, no filter and no drafts to verify.
+bool weft_rollout_draws_on_device(const weft_engine *e);
+// Draws a token for every sequence due one from the main forward's logits (in the step buffers;
+// `logits`: their host copy, NULL when drawn on the device), then appends them with their
+// log-probs. Returns the sequences that took a token and still run in *took.
+int weft_rollout_draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took);
+// The same on the device in three parts, so that the device work between can be recorded as a
+// graph: the draws d[0, n)'s rows and uniform numbers go up (one upload); the draws and their
+// base log-probs are queued (device work alone); one download, then the tokens are appended.
+void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n);
+void weft_rollout_sample_on_device(weft_engine *e, int n);
+int weft_rollout_finish_draws(weft_engine *e, draw *d, int n, int *took);

@@ -23,6 +23,7 @@ void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t e
 void weft_rollout_step_buffers_free(weft_engine *e) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
+    weft_rollout_graphs_free(e); // they hold the buffers' pointers
     // slots, q_pos, cu_q, cu_fresh and tables live in meta, the other draw_ arrays in draw_rows'.
     void *all[] = {b->meta,           b->logits,        b->draw_logits, b->draw_rows,
                    b->hidden_main,    b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
@@ -78,6 +79,7 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
         weft_kv_seq_blocks(e->cache, e->seqs[seqs[j]].kv, &blocks);
         max_blocks = blocks > max_blocks ? blocks : max_blocks;
     }
+    max_blocks = weft_rollout_table_width(e, max_blocks);
     // Everything the step's attention reads goes up in one copy: slots (T), q_pos (T), cu_q
     // (n + 1), cu_fresh (fresh + 1), tables (n, max_blocks).
     int T = batch->T, j0 = first_fresh(batch, n), T0 = batch->cu_seqlens[j0], n_fresh = n - j0;
@@ -163,174 +165,21 @@ static void build_batch(weft_engine *e, const participant *part, int n) {
     }
 }
 
-// ------------------------------------------------------------------------------ drawing ----
-
-int weft_rollout_draw(weft_engine *e, const gen_seq *s, const float *logits, int position,
-                      weft_draw_kind kind, float *processed) {
-    double u = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
-                                     (uint64_t)s->sample, (uint64_t)position, kind);
-    double logp = 0;
-    int token = weft_sample_token(&e->sc, logits, e->model->cfg.vocab_size, u, &logp,
-                                  e->sampling_scratch);
-    if (processed) *processed = (float)logp;
-    return token;
-}
-
-static draw draw_token(weft_engine *e, int seq, int row, const float *logits) {
-    const gen_seq *s = &e->seqs[seq];
-    draw d = {.seq = seq, .row = row, .depth = -1};
-    d.token = weft_rollout_draw(e, s, logits + (size_t)row * e->model->cfg.vocab_size, s->len,
-                                WEFT_DRAW_TOKEN, &d.processed);
-    return d;
-}
-
-// Device room for n draws: (draws_cap) rows, tokens, log-probs and processed log-probs, one
-// after another (a single download reads the last three), then the uniform numbers; and the
-// draws' logits rows (draws_cap, V).
-static void draw_buffers(weft_engine *e, int n) {
-    weft_backend *be = e->be;
-    step_buffers *b = &e->buf;
-    int V = e->model->cfg.vocab_size, cap = b->draws_cap;
-    b->draw_rows = weft_rollout_grown(be, b->draw_rows, &cap, n,
-                                      sizeof(int32_t) * 4 + sizeof(double));
-    if (cap == b->draws_cap) return;
-    if (b->draw_logits) be->free(be, b->draw_logits);
-    b->draw_logits = be->alloc(be, weft_dtype_size(be->act_dtype) * (size_t)cap * V);
-    b->draws_cap = cap;
-    b->draw_tokens = b->draw_rows + cap;
-    b->draw_logprobs = (float *)(b->draw_rows + 2 * cap);
-    b->draw_processed = (float *)(b->draw_rows + 3 * cap);
-    b->draw_u = (double *)(b->draw_rows + 4 * cap);
-}
-
-// Each drawn token's log-prob under the model (temperature 1, no filter), by the backend's
-// logprobs op on the logits rows it was drawn from (draw_rows, draw_tokens on the device): the op
-// and the arithmetic the trainer uses.
-static void base_logprobs_on_device(weft_engine *e, int n) {
-    weft_backend *be = e->be;
-    step_buffers *b = &e->buf;
-    int V = e->model->cfg.vocab_size;
-    be->embedding_forward(be, b->draw_rows, b->logits, b->draw_logits, n, V); // a row gather
-    be->logprobs(be, b->draw_logits, b->draw_tokens, b->draw_logprobs, NULL, NULL, n, V);
-}
-
-// The base log-probs of tokens drawn on the host.
-static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
-    weft_backend *be = e->be;
-    step_buffers *b = &e->buf;
-    int32_t *rows = weft_alloc(sizeof(int32_t) * n), *tokens = weft_alloc(sizeof(int32_t) * n);
-    for (int i = 0; i < n; i++) rows[i] = d[i].row, tokens[i] = d[i].token;
-    draw_buffers(e, n);
-    be->to_device(be, b->draw_rows, rows, sizeof(int32_t) * n);
-    be->to_device(be, b->draw_tokens, tokens, sizeof(int32_t) * n);
-    base_logprobs_on_device(e, n);
-    be->to_host(be, out, b->draw_logprobs, sizeof(float) * n);
-    weft_free(rows), weft_free(tokens);
-}
-
-// Whether this step's tokens are drawn on the device (backend sample_tokens): where the backend
-// has it and nothing needs the host's logits, no filter and no drafts to verify. The host then
-// reads a token and two log-probs per draw instead of the logits rows.
-static bool draws_on_device(const weft_engine *e) {
-    const weft_sampling_config *c = &e->sc;
-    int V = e->model->cfg.vocab_size;
-    bool filtered = (c->top_k > 0 && c->top_k < V) || c->top_p < 1 || c->min_p > 0;
-    return e->be->sample_tokens && !filtered && e->rc.speculative_tokens == 0;
-}
-
-// Draws d[0, n) (seq and row set) on the device at the same uniform numbers the host would use,
-// with their base log-probs into logp: one upload of rows and numbers, one download.
-static void draw_on_device(weft_engine *e, draw *d, int n, float *logp) {
-    weft_backend *be = e->be;
-    step_buffers *b = &e->buf;
-    draw_buffers(e, n);
-    int cap = b->draws_cap;
-    int32_t *rows = weft_alloc(sizeof(int32_t) * n), *out = weft_alloc(sizeof(int32_t) * 3 * cap);
-    double *u = weft_alloc(sizeof(double) * n);
-    for (int i = 0; i < n; i++) {
-        const gen_seq *s = &e->seqs[d[i].seq];
-        rows[i] = d[i].row;
-        u[i] = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
-                                     (uint64_t)s->sample, (uint64_t)s->len, WEFT_DRAW_TOKEN);
-    }
-    be->to_device(be, b->draw_rows, rows, sizeof(int32_t) * n);
-    be->to_device(be, b->draw_u, u, sizeof(double) * n);
-    be->sample_tokens(be, b->logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
-                      (float)e->sc.temperature, b->draw_tokens, b->draw_processed);
-    base_logprobs_on_device(e, n);
-    be->to_host(be, out, b->draw_tokens, sizeof(int32_t) * 3 * cap); // tokens, logprobs, processed
-    for (int i = 0; i < n; i++) {
-        d[i].token = out[i];
-        memcpy(&logp[i], &out[cap + i], sizeof(float));
-        memcpy(&d[i].processed, &out[2 * cap + i], sizeof(float));
-    }
-    weft_free(rows), weft_free(out), weft_free(u);
-}
-
-// The sequences due a token this step: each one's first logits row (its last 1 + n_drafts rows
-// have logits).
-typedef struct due_seqs {
-    int *seq, *first_row, n, rows;
-} due_seqs;
-
-// Draws a token for every sequence due one (a prompt's prefill forks its samples first; drafts are
-// verified), then appends them with their log-probs. Returns the sequences that took a token and
-// still run (the next step's drafters) in *took.
-static int draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took) {
-    bool on_device = logits == NULL; // see draws_on_device
-    int cap = 1; // a prompt forks n samples, a sample takes its drafts and one more
-    for (int k = 0; k < due->n; k++) {
-        const gen_seq *s = &e->seqs[due->seq[k]];
-        cap += s->sample < 0 ? e->sc.n : s->n_drafts + 1;
-    }
-    draw *d = weft_alloc(sizeof(draw) * cap);
-    int n = 0, V = e->model->cfg.vocab_size;
-    for (int k = 0; k < due->n; k++) {
-        int i = due->seq[k], row = due->first_row[k];
-        bool fork = e->seqs[i].sample < 0;
-        if (!fork && !on_device) {
-            n += weft_rollout_verify(e, i, logits + (size_t)row * V, row, d + n);
-            continue;
-        }
-        int first = fork ? weft_rollout_fork_samples(e, i) : i, samples = fork ? e->sc.n : 1;
-        for (int s = 0; s < samples; s++)
-            d[n++] = on_device ? (draw){.seq = first + s, .row = row, .depth = -1}
-                               : draw_token(e, first + s, row, logits);
-    }
-    float *logp = weft_alloc(sizeof(float) * (n > 0 ? n : 1));
-    if (on_device) draw_on_device(e, d, n, logp);
-    else base_logprobs(e, d, n, logp);
-    int n_took = 0;
-    for (int i = 0; i < n; i++) {
-        gen_seq *s = &e->seqs[d[i].seq];
-        if (s->state != SEQ_RUNNING) continue; // finished at an earlier accepted draft
-        if (n_took == 0 || took[n_took - 1] != d[i].seq) took[n_took++] = d[i].seq;
-        s->logprobs[s->len] = logp[i], s->processed[s->len] = d[i].processed;
-        s->tokens[s->len++] = d[i].token; // room was made at creation
-        // Speculation's counts are of tokens emitted: none past a stop.
-        if (d[i].depth >= 0) e->stats.accepted[d[i].depth]++;
-        e->stats.verified_tokens += d[i].verified;
-        weft_rollout_after_token(e, d[i].seq);
-    }
-    int still = 0;
-    for (int i = 0; i < n_took; i++) {
-        gen_seq *s = &e->seqs[took[i]];
-        if (s->state != SEQ_RUNNING) continue;
-        // Every token but the last is in the cache; rejected drafts' positions are dropped.
-        s->cached = s->len - 1, s->n_drafts = 0;
-        weft_kv_seq_truncate(e->cache, s->kv, s->cached);
-        took[still++] = took[i];
-    }
-    weft_free(d), weft_free(logp);
-    return still;
-}
-
 // -------------------------------------------------------------------------------- a step ----
 
-// The main forward over the participants: logits of the due sequences' last 1 + n_drafts rows
-// into the host buffer (unless drawn on the device), and (speculating) every row's hidden state.
-static void main_forward(weft_engine *e, const participant *part, int n, const due_seqs *due,
-                         const int32_t *head_rows, bool host_logits) {
+// A step's main forward: its provider, options and outputs, set up (the provider's metadata
+// uploaded) before it runs.
+typedef struct main_pass {
+    paged_provider storage;
+    weft_kv_provider kv;
+    weft_pass_options pass;
+    weft_forward_outputs out;
+} main_pass;
+
+// The main forward over the participants makes logits of the due sequences' last 1 + n_drafts
+// rows, and (speculating) every row's hidden state.
+static void main_pass_setup(weft_engine *e, const participant *part, int n, const due_seqs *due,
+                            const int32_t *head_rows, main_pass *mp) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     int V = e->model->cfg.vocab_size, C = e->model->cfg.hidden_size;
@@ -338,19 +187,28 @@ static void main_forward(weft_engine *e, const participant *part, int n, const d
                                    weft_dtype_size(be->act_dtype) * V);
     int *seqs = weft_alloc(sizeof(int) * n);
     for (int j = 0; j < n; j++) seqs[j] = part[j].seq;
-    paged_provider storage;
-    weft_kv_provider kv = weft_rollout_provider(e, &e->batch, seqs, n, &storage);
-    weft_pass_options pass = {.kv = &kv};
-    weft_forward_outputs out = {.logits = b->logits, .rows = head_rows, .n_rows = due->rows,
-                                .skip_mtp = true};
+    mp->kv = weft_rollout_provider(e, &e->batch, seqs, n, &mp->storage);
+    weft_free(seqs);
+    mp->pass = (weft_pass_options){.kv = &mp->kv};
+    mp->out = (weft_forward_outputs){.logits = b->logits, .rows = head_rows, .n_rows = due->rows,
+                                     .skip_mtp = true};
     if (e->rc.speculative_tokens > 0) {
         size_t row = weft_dtype_size(be->act_dtype) * C;
         b->hidden_main = weft_rollout_grown(be, b->hidden_main, &b->hidden_main_cap,
                                             e->batch.T + e->n_seqs, row);
-        out.hidden = b->hidden_main;
+        mp->out.hidden = b->hidden_main;
     }
-    weft_model_forward(e->model, &e->batch, false, &pass, &out);
-    weft_free(seqs);
+}
+
+// The main forward, and the logits into the host buffer unless drawn on the device.
+static void main_forward(weft_engine *e, const participant *part, int n, const due_seqs *due,
+                         const int32_t *head_rows, bool host_logits) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    int V = e->model->cfg.vocab_size;
+    main_pass mp;
+    main_pass_setup(e, part, n, due, head_rows, &mp);
+    weft_model_forward(e->model, &e->batch, false, &mp.pass, &mp.out);
     if (host_logits && due->rows > 0) {
         if (b->host_logits_cap < (size_t)due->rows * V) { // kept: fresh pages cost faults
             weft_free(b->host_logits);
@@ -359,6 +217,47 @@ static void main_forward(weft_engine *e, const participant *part, int n, const d
         }
         be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)due->rows * V);
     }
+}
+
+// Whether every participant decodes one token drawn on the device: one row each (no prompt
+// chunk, no sequence starting at position 0), every one due, none a prompt about to fork.
+static bool decodes_alone(const weft_engine *e, const participant *part, int n,
+                          const due_seqs *due) {
+    if (!weft_rollout_draws_on_device(e) || due->n != n || e->batch.T != n) return false;
+    for (int j = 0; j < n; j++)
+        if (e->seqs[part[j].seq].sample < 0 || e->batch.positions[j] == 0) return false;
+    return true;
+}
+
+typedef struct decode_work {
+    main_pass *mp;
+    int n;
+} decode_work;
+
+static void decode_device_work(weft_engine *e, void *ctx) {
+    decode_work *w = ctx;
+    weft_model_forward(e->model, &e->batch, false, &w->mp->pass, &w->mp->out);
+    weft_rollout_sample_on_device(e, w->n);
+}
+
+// A decode step: every upload first (the batch, the provider's metadata, the draws' rows and
+// numbers), then the forward and the draws as device work alone, which graphs.c records or
+// replays, then one download.
+static int decode_step(weft_engine *e, const participant *part, int n, const due_seqs *due,
+                       const int32_t *head_rows, int *took) {
+    draw *d = weft_alloc(sizeof(draw) * n);
+    for (int j = 0; j < n; j++)
+        d[j] = (draw){.seq = due->seq[j], .row = due->first_row[j], .depth = -1};
+    main_pass mp;
+    main_pass_setup(e, part, n, due, head_rows, &mp);
+    mp.pass.uploaded = true;
+    weft_model_upload_inputs(e->model, &e->batch, &mp.pass, &mp.out);
+    weft_rollout_upload_draws(e, d, n);
+    decode_work work = {.mp = &mp, .n = n};
+    weft_rollout_run_graphed(e, n, mp.storage.layout.max_blocks, decode_device_work, &work);
+    int still = weft_rollout_finish_draws(e, d, n, took);
+    weft_free(d);
+    return still;
 }
 
 bool weft_rollout_step(weft_engine *e) {
@@ -387,17 +286,21 @@ bool weft_rollout_step(weft_engine *e) {
         for (int r = s->n_drafts; r >= 0; r--) head_rows[due.rows++] = e->batch.cu_seqlens[j + 1] - 1 - r;
         due.n++;
     }
-    bool on_device = draws_on_device(e);
-    main_forward(e, part, n, &due, head_rows, !on_device);
     e->stats.forwards++;
     if (n > e->stats.peak_batch) e->stats.peak_batch = n;
-    bool speculating = e->rc.speculative_tokens > 0;
-    if (speculating) weft_rollout_draft(e, before, n_before, false);
     size_t forks = 0; // the samples this step's prompts fork
     for (int k = 0; k < due.n; k++) forks += e->seqs[due.seq[k]].sample < 0 ? (size_t)e->sc.n : 0;
-    int *took = weft_alloc(sizeof(int) * (e->n_seqs + forks + 1));
-    const float *logits = on_device ? NULL : e->buf.host_logits;
-    int n_took = due.n > 0 ? draw_tokens(e, &due, logits, took) : 0;
+    int *took = weft_alloc(sizeof(int) * (e->n_seqs + forks + 1)), n_took = 0;
+    bool speculating = e->rc.speculative_tokens > 0;
+    if (decodes_alone(e, part, n, &due)) {
+        n_took = decode_step(e, part, n, &due, head_rows, took);
+    } else {
+        bool on_device = weft_rollout_draws_on_device(e);
+        main_forward(e, part, n, &due, head_rows, !on_device);
+        if (speculating) weft_rollout_draft(e, before, n_before, false);
+        const float *logits = on_device ? NULL : e->buf.host_logits;
+        if (due.n > 0) n_took = weft_rollout_draw_tokens(e, &due, logits, took);
+    }
     if (speculating) weft_rollout_draft(e, took, n_took, true);
     weft_free(part), weft_free(head_rows), weft_free(due.seq), weft_free(due.first_row);
     weft_free(before), weft_free(took);

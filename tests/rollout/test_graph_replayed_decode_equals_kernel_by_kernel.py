@@ -1,0 +1,74 @@
+"""Decode steps replayed from recorded CUDA graphs give the output of launching every kernel.
+
+With device=cuda the rollout engine records a decode step's forward and draws as a CUDA graph
+(rollout.cuda_graphs, on by default) and replays it for every later step of the same shape: one
+launch instead of hundreds. A replay must be the same computation: for each case below the output
+file with graphs equals the one with rollout.cuda_graphs=false byte for byte (tokens, log-probs,
+texts), and the statistics show graphs recorded and replayed (a test that never replays proves
+nothing). The cases: a steady batch (every sample runs to max_tokens, sampled at temperature 1),
+greedy decoding, and a ragged one (rollout.max_running below the samples, a pool small enough to
+preempt) whose batches change shape from step to step. Runs on the GPU where nvidia-smi lists
+one, else on weft_emulated (the CUDA backend on the CPU, with its own stream capture: work recorded
+with the arguments it was launched with, run when the graph is launched).
+"""
+import filecmp
+import os
+import sys
+
+from reference import files, fixtures, qwen2, runner
+from reference.generation import generate, random_prompts, write_prompts
+
+CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+LENGTHS = [3, 17, 40, 9, 25, 60]  # crossing KV blocks of 16, and block-table widths 4 to 8
+COMMON = ["device=cuda", "sampling.n=2", "sampling.max_tokens=24", "sampling.seed=3",
+          "sampling.stop_token_ids=[]"]
+CASES = {
+    "steady": ["sampling.temperature=1"],
+    "greedy": ["sampling.temperature=0"],
+    "ragged": ["sampling.temperature=1", "rollout.max_running=5", "rollout.kv_cache_tokens=160"],
+}
+
+
+def check_case(program, mdir, prompts, tmp, name, settings, failures):
+    outs, stats = {}, {}
+    for graphs in ("true", "false"):
+        out = os.path.join(tmp, f"{name}_{graphs}.jsonl")
+        _, stats[graphs], _ = generate(program, mdir, prompts, out, *COMMON, *settings,
+                                       f"rollout.cuda_graphs={graphs}")
+        outs[graphs] = out
+    g, off = stats["true"]["graphs"], stats["false"]["graphs"]
+    print(f"{name}: {stats['true']['forwards']} steps, graphs recorded {g['recorded']}, steps "
+          f"replayed {g['replayed_steps']}; {stats['true']['preemptions']:.0f} preemptions")
+    if not filecmp.cmp(outs["true"], outs["false"], shallow=False):
+        failures.append(f"{name}: the output with graphs differs from launching every kernel")
+    if g["replayed_steps"] <= g["recorded"] or g["recorded"] < 1:
+        failures.append(f"{name}: no graph was replayed after its recording: {g}")
+    if off["recorded"] or off["replayed_steps"]:
+        failures.append(f"{name}: rollout.cuda_graphs=false still used graphs: {off}")
+    if name == "ragged" and stats["true"]["preemptions"] < 1:
+        failures.append(f"{name}: the pool preempted nothing")
+
+
+def cases(program, tmp):
+    failures = []
+    mdir = os.path.join(tmp, "model")
+    files.make_model(mdir, CFG, 5, std=0.1)
+    prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
+                            random_prompts(LENGTHS, CFG["vocab_size"], 3))
+    for name, settings in CASES.items():
+        check_case(program, mdir, prompts, tmp, name, settings, failures)
+    return failures
+
+
+def main():
+    program, emulated = fixtures.cuda_weft(runner.weft_path(), 1)
+    if program is None:
+        print("no GPU listed by nvidia-smi and no weft_emulated beside weft: skipped")
+        return 77
+    print(f"device=cuda on {'weft_emulated' if emulated else 'the GPU'}")
+    return fixtures.run_test(lambda weft, tmp: cases(program, tmp), "weft_test_graphs_",
+                             "checks failed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
