@@ -2,6 +2,7 @@
 // batch, a forward whose attention reads and writes the paged KV cache, and the tokens drawn (or
 // drafts verified) from the last rows of each sequence that is due one; with speculation, the MTP
 // modules' passes that draft the next step's tokens.
+#include <stdlib.h>
 #include <string.h>
 
 #include "rollout/internal.h"
@@ -129,29 +130,39 @@ static int rows_within(const gen_seq *s, int budget) {
     return uncached < budget ? uncached : budget;
 }
 
+typedef struct in_line {
+    long order;
+    int seq;
+} in_line;
+
+static int older_first(const void *a, const void *b) {
+    long x = ((const in_line *)a)->order, y = ((const in_line *)b)->order;
+    return (x > y) - (x < y);
+}
+
 // The sequences of this step and their rows, oldest first, within rollout.max_batch_tokens:
-// blocks are reserved here (newer sequences preempted when the pool runs out).
+// blocks are reserved here (newer sequences preempted when the pool runs out). Sorted once: a
+// scan for the oldest per participant costs the host more than a GPU's decode step once an RL
+// batch holds thousands of samples.
 static int choose_participants(weft_engine *e, participant *part) {
-    int n = 0, budget = e->rc.max_batch_tokens;
-    bool *seen = weft_alloc(sizeof(bool) * (e->n_seqs > 0 ? e->n_seqs : 1)); // zeroed
-    while (budget > 0) { // the oldest running sequence not yet seen, until none
-        int best = -1;
-        for (int i = 0; i < e->n_seqs; i++)
-            if (e->seqs[i].state == SEQ_RUNNING && !seen[i] &&
-                (best < 0 || e->seqs[i].order < e->seqs[best].order))
-                best = i;
-        if (best < 0) break;
-        seen[best] = true;
-        int rows = rows_within(&e->seqs[best], budget);
+    int n = 0, budget = e->rc.max_batch_tokens, running = 0;
+    in_line *line = weft_alloc(sizeof(in_line) * (e->n_seqs > 0 ? e->n_seqs : 1));
+    for (int i = 0; i < e->n_seqs; i++)
+        if (e->seqs[i].state == SEQ_RUNNING) line[running++] = (in_line){e->seqs[i].order, i};
+    qsort(line, (size_t)running, sizeof *line, older_first);
+    for (int k = 0; k < running && budget > 0; k++) {
+        int i = line[k].seq;
+        if (e->seqs[i].state != SEQ_RUNNING) continue; // preempted for an older one
+        int rows = rows_within(&e->seqs[i], budget);
         if (rows == 0) continue;
-        bool last = rows == weft_rollout_pending_rows(&e->seqs[best]);
-        int spare = last ? weft_rollout_fork_spare(e, e->seqs[best].sample, e->seqs[best].len) : 0;
-        if (weft_rollout_reserve_rows(e, best, rows, spare)) {
-            part[n++] = (participant){best, rows};
+        bool last = rows == weft_rollout_pending_rows(&e->seqs[i]);
+        int spare = last ? weft_rollout_fork_spare(e, e->seqs[i].sample, e->seqs[i].len) : 0;
+        if (weft_rollout_reserve_rows(e, i, rows, spare)) {
+            part[n++] = (participant){i, rows};
             budget -= rows;
         }
     }
-    weft_free(seen);
+    weft_free(line);
     return n;
 }
 
