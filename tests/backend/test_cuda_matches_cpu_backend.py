@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from reference import files, fixtures, qwen2, runner
+from reference import files, fixtures, qwen2
 
 LOSS_RTOL = 1e-2
 MIN_COSINE = 0.999
@@ -82,7 +82,7 @@ def compare(label, cpu, gpu):
     return failures
 
 
-def cases(weft, tmp, weft_cuda):
+def cases(weft, weft_cuda, _emulated, tmp):
     failures = []
     for i, (label, cfg, std, lengths, prompts, extra) in enumerate(CASES):
         mdir = os.path.join(tmp, f"case{i}")
@@ -100,15 +100,8 @@ def cases(weft, tmp, weft_cuda):
 
 
 def main():
-    weft_cuda, emulated = fixtures.cuda_weft(runner.weft_path(), 1)
-    if weft_cuda is None:
-        print("no GPU listed by nvidia-smi and no weft_emulated beside weft: skipped")
-        return 77
-    if emulated:
-        print(f"no GPU listed by nvidia-smi: device=cuda runs on the CPU emulation ({weft_cuda})")
-    return fixtures.run_test(lambda w, tmp: cases(w, tmp, weft_cuda), "weft_test_cuda_",
-                             f"comparisons outside loss rtol {LOSS_RTOL:g} / cosine "
-                             f"{MIN_COSINE} or failed")
+    return fixtures.run_cuda_test(cases, "weft_test_cuda_", f"comparisons outside loss rtol "
+                                  f"{LOSS_RTOL:g} / cosine {MIN_COSINE} or failed")
 
 
 if __name__ == "__main__":

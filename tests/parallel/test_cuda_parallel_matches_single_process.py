@@ -21,8 +21,8 @@ import sys
 
 import numpy as np
 
-from reference import files, runner
-from reference.fixtures import cosine, cuda_weft, run_test
+from reference import files
+from reference.fixtures import cosine, run_cuda_test
 from reference.mpi import run_ranks
 
 LOSS_RTOL, MIN_COSINE, PARAM_RTOL = 1e-4, 0.9999, 2e-3
@@ -76,14 +76,12 @@ def body(weft, tmp, emulated):
 
 
 def main():
-    weft, emulated = cuda_weft(runner.weft_path(), 2)
-    if weft is None:
-        print("fewer than 2 GPUs listed and no weft_emulated beside weft: skipped")
-        return 77
-    if emulated:
-        print(f"fewer than 2 GPUs listed: device=cuda runs on the CPU emulation ({weft})")
-        os.environ["WEFT_EMULATED_NCCL_TRACE"] = "1"
-    return run_test(lambda _weft, tmp: body(weft, tmp, emulated), "weft_test_cuda_parallel_")
+    def body_with_trace(_weft, weft, emulated, tmp):
+        if emulated:
+            os.environ["WEFT_EMULATED_NCCL_TRACE"] = "1"
+        return body(weft, tmp, emulated)
+    return run_cuda_test(body_with_trace, "weft_test_cuda_parallel_",
+                         "comparisons over tolerance or failed", gpus=2)
 
 
 if __name__ == "__main__":

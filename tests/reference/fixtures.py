@@ -139,6 +139,19 @@ def cuda_weft(weft, gpus):
 
 
 
+def run_cuda_test(body, tmp_prefix, summary="checks failed", gpus=1):
+    """run_test for a device=cuda test: body(weft, program, emulated, tmp) with the program of
+    cuda_weft for device=cuda (it says which), or the skip status 77 when there is neither GPU nor
+    emulator."""
+    program, emulated = cuda_weft(runner.weft_path(), gpus)
+    if program is None:
+        print(f"fewer than {gpus} GPU(s) listed by nvidia-smi and no weft_emulated beside weft: "
+              "skipped")
+        return 77
+    print(f"device=cuda on {'the CPU emulation (' + program + ')' if emulated else 'the GPU'}")
+    return run_test(lambda weft, tmp: body(weft, program, emulated, tmp), tmp_prefix, summary)
+
+
 def one_clear_error(name, cmd, must_contain, wrote=lambda: False, timeout=120):
     """Runs cmd, which must fail with one clear error: a non-zero exit, one stderr line that
     starts "weft: error:" and holds every string of must_contain, and nothing written (wrote()

@@ -15,7 +15,7 @@ import filecmp
 import os
 import sys
 
-from reference import files, fixtures, qwen2, runner
+from reference import files, fixtures, qwen2
 from reference.generation import generate, random_prompts, write_prompts
 
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
@@ -49,7 +49,7 @@ def check_case(program, mdir, prompts, tmp, name, settings, failures):
         failures.append(f"{name}: the pool preempted nothing")
 
 
-def cases(program, tmp):
+def cases(_weft, program, _emulated, tmp):
     failures = []
     mdir = os.path.join(tmp, "model")
     files.make_model(mdir, CFG, 5, std=0.1)
@@ -60,15 +60,5 @@ def cases(program, tmp):
     return failures
 
 
-def main():
-    program, emulated = fixtures.cuda_weft(runner.weft_path(), 1)
-    if program is None:
-        print("no GPU listed by nvidia-smi and no weft_emulated beside weft: skipped")
-        return 77
-    print(f"device=cuda on {'weft_emulated' if emulated else 'the GPU'}")
-    return fixtures.run_test(lambda weft, tmp: cases(program, tmp), "weft_test_graphs_",
-                             "checks failed")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_cuda_test(cases, "weft_test_graphs_"))
