@@ -16,7 +16,10 @@ tokens (no stop token on either side).
 Runners, each timed on the generation alone (model loading excluded; prefill included):
 - weft: `weft generate ... device=cuda sampling.temperature=0 sampling.max_tokens=N
   sampling.stop_token_ids=[]`; seconds = --stats' generation_seconds (the engine's time). One
-  warm-up run at the smallest batch first. Every response must hold N tokens.
+  warm-up run at the smallest batch first. Every response must hold N tokens. Its decode steps
+  replay recorded CUDA graphs (rollout.cuda_graphs, the default); `--stats` says how many.
+- weft eager: the same with rollout.cuda_graphs=false (every kernel launched from the host):
+  what the graphs save.
 - transformers default: AutoModelForCausalLM in bf16 on the GPU (its default attention, SDPA
   on torch 2), generate(do_sample=False, min_new_tokens=max_new_tokens=N) with its default
   (dynamic) cache; one identical warm-up call first, then the timed call between
@@ -26,8 +29,8 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   compile the decode step with torch.compile; the warm-up call absorbs the compile).
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
-after another, each at every batch (weft, then the default cache, then the static one), and the
-JSON is rewritten after each run, so a run cut off by a time limit keeps what it measured.
+after another, each at every batch (weft, weft eager, then the default cache, then the static
+one), and the JSON is rewritten after each run, so a run cut off by a time limit keeps what it measured.
 
 Bound: the tokens/s at which the GPU could stream what each decode step must read, at its
 measured copy bandwidth (torch: a 1 GiB device-to-device copy, bytes read + written over the
@@ -65,6 +68,7 @@ from generate_throughput import agreement  # noqa: E402
 from reference.fixtures import gpus_listed  # noqa: E402
 from reference.generation import random_prompts, write_prompts  # noqa: E402
 
+WEFT_RUNNERS = ("weft", "eager")  # decode steps replayed as CUDA graphs, and launched kernel by kernel
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
 BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # the copy that measures the bandwidth
 
@@ -192,17 +196,18 @@ def run_peer(a, mode, device, prompts=None):
         return dict(unavailable=f"exit status {r.returncode}: {gtt.last_line(r.stderr)}")
 
 
-def weft_command(a, prompts, out, stats):
+def weft_command(a, prompts, out, stats, graphs=True):
     return [a.weft, "generate", "--model", a.mdir, "--prompts", prompts, "--out", out,
             "--stats", stats, f"device={a.device}", "sampling.temperature=0",
-            f"sampling.max_tokens={a.new_tokens}", "sampling.stop_token_ids=[]"]
+            f"sampling.max_tokens={a.new_tokens}", "sampling.stop_token_ids=[]",
+            f"rollout.cuda_graphs={'true' if graphs else 'false'}"]
 
 
-def run_weft(a, prompts, batch):
-    """weft generate on the prompts: engine seconds and every sample's tokens."""
+def run_weft(a, prompts, batch, graphs=True):
+    """weft generate on the prompts: engine seconds, every sample's tokens, steps replayed."""
     out = os.path.join(a.tmp, f"weft_{batch}.out.jsonl")
     stats = out + ".stats.json"
-    cmd = weft_command(a, prompts, out, stats)
+    cmd = weft_command(a, prompts, out, stats, graphs)
     print("$ " + " ".join(cmd), flush=True)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
@@ -217,7 +222,8 @@ def run_weft(a, prompts, batch):
         return dict(unavailable=f"{len(tokens)} responses of {batch}, {len(short)} of them not "
                     f"{a.new_tokens} tokens long")
     return dict(seconds=st["generation_seconds"], tokens=tokens, stats_tokens=st["tokens"],
-                peak_batch=st.get("peak_batch"))
+                peak_batch=st.get("peak_batch"), forwards=st.get("forwards"),
+                graphs=st.get("graphs"))
 
 
 # ---------------------------------------------------------------------------------- driver ----
@@ -234,11 +240,16 @@ def fmt(x, spec):
 def run_one(a, who, batch):
     """One runner (weft or a transformers cache) on `batch` prompts; adds tokens_per_s."""
     prompts = prompts_file(a, batch)
-    r = run_weft(a, prompts, batch) if who == "weft" else run_peer(a, who, a.peer_device, prompts)
+    if who in WEFT_RUNNERS:
+        r = run_weft(a, prompts, batch, graphs=who == "weft")
+    else:
+        r = run_peer(a, who, a.peer_device, prompts)
     if "seconds" in r:
         r["tokens_per_s"] = batch * a.new_tokens / r["seconds"]
     tps = fmt(r.get("tokens_per_s"), ".0f")
-    print(f"  {who} at batch {batch}: {tps} tokens/s" if "seconds" in r else
+    g = r.get("graphs")
+    replayed = f" ({g['replayed_steps']} of {r['forwards']} steps replayed from graphs)" if g else ""
+    print(f"  {who} at batch {batch}: {tps} tokens/s{replayed}" if "seconds" in r else
           f"  {who} at batch {batch}: unavailable: {r['unavailable']}", flush=True)
     return r
 
@@ -246,11 +257,12 @@ def run_one(a, who, batch):
 def make_row(a, batch, runs, bandwidth):
     """A table row out of the runs at `batch` so far (a runner not run yet: None), and the
     bound."""
-    tps = {k: runs[k].get("tokens_per_s") if k in runs else None for k in ("weft",) + PEERS}
+    tps = {k: runs[k].get("tokens_per_s") if k in runs else None for k in WEFT_RUNNERS + PEERS}
     peers = [tps[m] for m in PEERS if tps[m]]
     step_bytes, bound_tps = bound(a.cfg, batch, a.prompt_tokens, a.new_tokens, bandwidth, a.elt)
     w, wt = tps["weft"], runs.get("weft", {}).get("tokens")
-    return dict(batch=batch, weft_tokens_per_s=w, default_tokens_per_s=tps["default"],
+    return dict(batch=batch, weft_tokens_per_s=w, eager_tokens_per_s=tps["eager"],
+                default_tokens_per_s=tps["default"],
                 static_tokens_per_s=tps["static"],
                 weft_over_peer=w / max(peers) if w and peers else None,
                 bytes_per_step=step_bytes, bound_tokens_per_s=bound_tps,
@@ -260,7 +272,7 @@ def make_row(a, batch, runs, bandwidth):
                 runs={k: {x: y for x, y in r.items() if x != "tokens"} for k, r in runs.items()})
 
 
-HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'tf default':>11} {'tf static':>10} "
+HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'tf default':>11} {'tf static':>10} "
         f"{'weft/peer':>9} {'bound tok/s':>11} {'weft/bound':>10} {'agree d/s':>13}")
 
 
@@ -269,6 +281,7 @@ def table_line(row):
     agree = "/".join(fmt(row["agree"].get(m), ".1%") for m in PEERS)
     ratio = fmt(row["weft_over_peer"], ".2f") + ("x" if row["weft_over_peer"] else "")
     return (f"{row['batch']:>5} {fmt(row['weft_tokens_per_s'], '.0f'):>11} "
+            f"{fmt(row['eager_tokens_per_s'], '.0f'):>7} "
             f"{fmt(row['default_tokens_per_s'], '.0f'):>11} "
             f"{fmt(row['static_tokens_per_s'], '.0f'):>10} {ratio:>9} "
             f"{fmt(row['bound_tokens_per_s'], '.0f'):>11} {fmt(row['weft_over_bound'], '.1%'):>10} "
@@ -372,7 +385,7 @@ def run(a):
     # Runner after runner, each at every batch: a run cut off by a time limit keeps weft's
     # numbers and the default cache's, which take the least time.
     runs = {batch: {} for batch in a.batches}
-    for who in ("weft",) + PEERS:
+    for who in WEFT_RUNNERS + PEERS:
         for batch in a.batches:
             runs[batch][who] = run_one(a, who, batch)
             doc["rows"] = [make_row(a, b, runs[b], bandwidth) for b in a.batches]
