@@ -117,7 +117,8 @@ struct weft_backend {
                                int H, int KV, int D);
 
     // Writes T rows of one layer's keys and values into the pool: row t to slot[t] (block *
-    // block_size + offset). k, v (T, width) act dtype; slot (T) int32 on the device.
+    // block_size + offset); a negative slot stores nothing (a padding row). k, v (T, width) act
+    // dtype; slot (T) int32 on the device.
     void (*kv_store)(weft_backend *self, const weft_kv_pool *pool, int layer, const int32_t *slot,
                      const void *k, const void *v, int T);
     // Causal attention of q (Tq, H, D) over the keys and values of `layer` held in the pool, as

@@ -84,8 +84,9 @@ void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n) {
     int32_t *rows = weft_alloc(bytes);
     double *u = (double *)(rows + cap);
     for (int i = 0; i < n; i++) {
-        const gen_seq *s = &e->seqs[d[i].seq];
         rows[i] = d[i].row;
+        if (d[i].seq < 0) continue; // a padding row's draw, dropped
+        const gen_seq *s = &e->seqs[d[i].seq];
         u[i] = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
                                      (uint64_t)s->sample, (uint64_t)s->len, WEFT_DRAW_TOKEN);
     }

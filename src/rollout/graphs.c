@@ -12,11 +12,21 @@ static bool same_shape(const step_graph *a, const step_graph *b) {
            a->allocations == b->allocations;
 }
 
+// Shapes are rounded wherever the backend records graphs, rollout.cuda_graphs or not: with it
+// off, the same kernels run one by one, and the output is the same.
 int weft_rollout_table_width(const weft_engine *e, int blocks) {
-    if (!e->rc.cuda_graphs || !e->be->capture_begin) return blocks;
+    if (!e->be->capture_begin) return blocks;
     int width = 1;
     while (width < blocks) width *= 2;
     return width;
+}
+
+int weft_rollout_decode_rows(const weft_engine *e, int n) {
+    if (!e->be->capture_begin) return n;
+    int rows = n <= 8 ? 1 : (n + 7) / 8 * 8;
+    while (rows < n) rows *= 2;
+    int most = e->rc.max_batch_tokens > n ? e->rc.max_batch_tokens : n;
+    return rows < most ? rows : most;
 }
 
 // Keeps g, first dropping the graphs whose pointers may have died (the backend has allocated or

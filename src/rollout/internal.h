@@ -129,6 +129,7 @@ typedef struct paged_provider {
     weft_attention_layout fresh;
     int H, KV, D;
 } paged_provider;
+// A negative seqs[j] is a padding row's (one row, attending over block 0, storing nothing).
 weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,
                                        int n, paged_provider *storage);
 
@@ -144,6 +145,10 @@ void weft_rollout_run_graphed(weft_engine *e, int rows, int max_blocks, weft_dev
 // Block tables' width for a step whose longest sequence has `blocks` blocks: rounded up to a
 // power of two where graphs are recorded, so that a width serves many steps.
 int weft_rollout_table_width(const weft_engine *e, int blocks);
+// Rows a decode step of n sequences runs: where graphs are recorded, n padded up to 1, 2, 4, 8 or
+// a multiple of 8 (within rollout.max_batch_tokens), so that a batch shrinking as its samples
+// finish keeps replaying a few graphs. Padding rows store no keys and their draws are dropped.
+int weft_rollout_decode_rows(const weft_engine *e, int n);
 void weft_rollout_graphs_free(weft_engine *e);
 
 // speculate.c
@@ -179,8 +184,9 @@ bool weft_rollout_draws_on_device(const weft_engine *e);
 // log-probs. Returns the sequences that took a token and still run in *took.
 int weft_rollout_draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took);
 // The same on the device in three parts, so that the device work between can be recorded as a
-// graph: the draws d[0, n)'s rows and uniform numbers go up (one upload); the draws and their
-// base log-probs are queued (device work alone); one download, then the tokens are appended.
+// graph: the draws d[0, n)'s rows and uniform numbers go up (one upload; seq < 0: a padding
+// row's draw, whose token is never used); the draws and their base log-probs are queued (device
+// work alone); one download, then the first n draws' tokens are appended.
 void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n);
 void weft_rollout_sample_on_device(weft_engine *e, int n);
 int weft_rollout_finish_draws(weft_engine *e, draw *d, int n, int *took);

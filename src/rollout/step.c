@@ -70,6 +70,14 @@ static int first_fresh(const weft_batch *batch, int n) {
     return j;
 }
 
+// Sequence seq's block table, or a padding row's (seq < 0): block 0, read and never written.
+static const int32_t *table_of(const weft_engine *e, int seq, int *blocks) {
+    static const int32_t padding_table[1] = {0};
+    if (seq >= 0) return weft_kv_seq_blocks(e->cache, e->seqs[seq].kv, blocks);
+    *blocks = 1;
+    return padding_table;
+}
+
 weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,
                                        int n, paged_provider *storage) {
     weft_backend *be = e->be;
@@ -77,7 +85,7 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
     int bs = e->rc.block_size, max_blocks = 1;
     for (int j = 0; j < n; j++) {
         int blocks;
-        weft_kv_seq_blocks(e->cache, e->seqs[seqs[j]].kv, &blocks);
+        table_of(e, seqs[j], &blocks);
         max_blocks = blocks > max_blocks ? blocks : max_blocks;
     }
     max_blocks = weft_rollout_table_width(e, max_blocks);
@@ -92,12 +100,12 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
     for (int j = 0; j <= n_fresh; j++) cu_fresh[j] = batch->cu_seqlens[j0 + j] - T0;
     for (int j = 0; j < n; j++) {
         int blocks;
-        const int32_t *table = weft_kv_seq_blocks(e->cache, e->seqs[seqs[j]].kv, &blocks);
+        const int32_t *table = table_of(e, seqs[j], &blocks);
         memcpy(tables + (size_t)j * max_blocks, table, sizeof(int32_t) * blocks);
         for (int r = batch->cu_seqlens[j]; r < batch->cu_seqlens[j + 1]; r++) {
             int pos = batch->positions[r];
             WEFT_CHECK(pos / bs < blocks, "internal: position %d has no KV block", pos);
-            slots[r] = table[pos / bs] * bs + pos % bs;
+            slots[r] = seqs[j] < 0 ? -1 : table[pos / bs] * bs + pos % bs;
         }
     }
     b->meta = weft_rollout_grown(be, b->meta, &b->meta_cap, words, sizeof(int32_t));
@@ -187,21 +195,19 @@ typedef struct main_pass {
     weft_forward_outputs out;
 } main_pass;
 
-// The main forward over the participants makes logits of the due sequences' last 1 + n_drafts
-// rows, and (speculating) every row's hidden state.
-static void main_pass_setup(weft_engine *e, const participant *part, int n, const due_seqs *due,
-                            const int32_t *head_rows, main_pass *mp) {
+// The main forward over the batch's sequences seqs[0, n) makes logits of its head_rows (n_rows
+// of them: the due sequences' last 1 + n_drafts rows), and (speculating) every row's hidden
+// state.
+static void main_pass_setup(weft_engine *e, const int *seqs, int n, const int32_t *head_rows,
+                            int n_rows, main_pass *mp) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     int V = e->model->cfg.vocab_size, C = e->model->cfg.hidden_size;
-    b->logits = weft_rollout_grown(be, b->logits, &b->logits_cap, due->rows > 0 ? due->rows : 1,
+    b->logits = weft_rollout_grown(be, b->logits, &b->logits_cap, n_rows > 0 ? n_rows : 1,
                                    weft_dtype_size(be->act_dtype) * V);
-    int *seqs = weft_alloc(sizeof(int) * n);
-    for (int j = 0; j < n; j++) seqs[j] = part[j].seq;
     mp->kv = weft_rollout_provider(e, &e->batch, seqs, n, &mp->storage);
-    weft_free(seqs);
     mp->pass = (weft_pass_options){.kv = &mp->kv};
-    mp->out = (weft_forward_outputs){.logits = b->logits, .rows = head_rows, .n_rows = due->rows,
+    mp->out = (weft_forward_outputs){.logits = b->logits, .rows = head_rows, .n_rows = n_rows,
                                      .skip_mtp = true};
     if (e->rc.speculative_tokens > 0) {
         size_t row = weft_dtype_size(be->act_dtype) * C;
@@ -218,7 +224,10 @@ static void main_forward(weft_engine *e, const participant *part, int n, const d
     step_buffers *b = &e->buf;
     int V = e->model->cfg.vocab_size;
     main_pass mp;
-    main_pass_setup(e, part, n, due, head_rows, &mp);
+    int *seqs = weft_alloc(sizeof(int) * n);
+    for (int j = 0; j < n; j++) seqs[j] = part[j].seq;
+    main_pass_setup(e, seqs, n, head_rows, due->rows, &mp);
+    weft_free(seqs);
     weft_model_forward(e->model, &e->batch, false, &mp.pass, &mp.out);
     if (host_logits && due->rows > 0) {
         if (b->host_logits_cap < (size_t)due->rows * V) { // kept: fresh pages cost faults
@@ -251,23 +260,39 @@ static void decode_device_work(weft_engine *e, void *ctx) {
     weft_rollout_sample_on_device(e, w->n);
 }
 
-// A decode step: every upload first (the batch, the provider's metadata, the draws' rows and
-// numbers), then the forward and the draws as device work alone, which graphs.c records or
-// replays, then one download.
-static int decode_step(weft_engine *e, const participant *part, int n, const due_seqs *due,
-                       const int32_t *head_rows, int *took) {
-    draw *d = weft_alloc(sizeof(draw) * n);
-    for (int j = 0; j < n; j++)
-        d[j] = (draw){.seq = due->seq[j], .row = due->first_row[j], .depth = -1};
+// Padding rows of a decode step: one-row documents of token 0 at position 1 (position 0 would
+// make them fresh sequences, attending over their own keys).
+static void pad_batch(weft_engine *e, int rows) {
+    static const int32_t zeros[2] = {0, 0};
+    for (int j = 0; j < rows; j++) {
+        int start = 1;
+        weft_batch_append_chunks(&e->batch, zeros, NULL, 2, 2, &start, 1, 1);
+    }
+}
+
+// A decode step: the batch padded (weft_rollout_decode_rows), every upload first (the batch, the
+// provider's metadata, the draws' rows and numbers), then the forward and the draws as device
+// work alone, which graphs.c records or replays, then one download. Row j is participant j's.
+static int decode_step(weft_engine *e, const participant *part, int n, int *took) {
+    int rows = weft_rollout_decode_rows(e, n);
+    pad_batch(e, rows - n);
+    int *seqs = weft_alloc(sizeof(int) * rows);
+    int32_t *head_rows = weft_alloc(sizeof(int32_t) * rows);
+    draw *d = weft_alloc(sizeof(draw) * rows);
+    for (int j = 0; j < rows; j++) {
+        seqs[j] = j < n ? part[j].seq : -1;
+        head_rows[j] = j;
+        d[j] = (draw){.seq = seqs[j], .row = j, .depth = -1};
+    }
     main_pass mp;
-    main_pass_setup(e, part, n, due, head_rows, &mp);
+    main_pass_setup(e, seqs, rows, head_rows, rows, &mp);
     mp.pass.uploaded = true;
     weft_model_upload_inputs(e->model, &e->batch, &mp.pass, &mp.out);
-    weft_rollout_upload_draws(e, d, n);
-    decode_work work = {.mp = &mp, .n = n};
-    weft_rollout_run_graphed(e, n, mp.storage.layout.max_blocks, decode_device_work, &work);
-    int still = weft_rollout_finish_draws(e, d, n, took);
-    weft_free(d);
+    weft_rollout_upload_draws(e, d, rows);
+    decode_work work = {.mp = &mp, .n = rows};
+    weft_rollout_run_graphed(e, rows, mp.storage.layout.max_blocks, decode_device_work, &work);
+    int still = weft_rollout_finish_draws(e, d, n, took); // the padding's draws are dropped
+    weft_free(seqs), weft_free(head_rows), weft_free(d);
     return still;
 }
 
@@ -304,7 +329,7 @@ bool weft_rollout_step(weft_engine *e) {
     int *took = weft_alloc(sizeof(int) * (e->n_seqs + forks + 1)), n_took = 0;
     bool speculating = e->rc.speculative_tokens > 0;
     if (decodes_alone(e, part, n, &due)) {
-        n_took = decode_step(e, part, n, &due, head_rows, took);
+        n_took = decode_step(e, part, n, took);
     } else {
         bool on_device = weft_rollout_draws_on_device(e);
         main_forward(e, part, n, &due, head_rows, !on_device);

@@ -379,6 +379,7 @@ void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
     size_t w = (size_t)pool->width, half = (size_t)pool->block_size * w;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
+        if (slot[t] < 0) continue;
         size_t at = pooled_row(pool, layer, slot[t] / pool->block_size, slot[t] % pool->block_size);
         memcpy(data + at, k + (size_t)t * w, sizeof(float) * w);
         memcpy(data + at + half, v + (size_t)t * w, sizeof(float) * w);

@@ -51,6 +51,7 @@ __global__ void kv_store_kernel(bf16 *pool, int layers, int block_size, int widt
                                 const int32_t *slot, const bf16 *k, const bf16 *v, int T) {
     size_t half = (size_t)block_size * width; // values after keys
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
+        if (slot[t] < 0) continue; // a padding row
         size_t at = pool_row(layers, block_size, width, slot[t] / block_size, layer,
                              slot[t] % block_size);
         for (int c = threadIdx.x * VEC; c < width; c += blockDim.x * VEC) {
