@@ -4,7 +4,7 @@
 concurrent sequences.
 
     make && python3 bench/gpu_generate_throughput.py --weft build/weft [--model 1b|small]
-        [--batches 1,64,256] [--new-tokens 128] [--prompt-tokens 128]
+        [--batches 1,64,256] [--new-tokens 128] [--prompt-tokens 128] [--profile-batches 1]
         [--json runs/gpu_generate_throughput.json]
 
 Model: bench/gpu_train_throughput.py's (its writer and MODELS): "1b" is a Qwen2-format decoder
@@ -20,6 +20,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   replay recorded CUDA graphs (rollout.cuda_graphs, the default); `--stats` says how many.
 - weft eager: the same with rollout.cuda_graphs=false (every kernel launched from the host):
   what the graphs save.
+- last, weft at --profile-batches (default 1) under WEFT_CUDA_PROFILE=1: the GPU time of every
+  op of the run (kernels launched one by one), printed and kept in the JSON: where a decode step
+  goes, for the kernel work that follows.
 - transformers default: AutoModelForCausalLM in bf16 on the GPU (its default attention, SDPA
   on torch 2), generate(do_sample=False, min_new_tokens=max_new_tokens=N) with its default
   (dynamic) cache; one identical warm-up call first, then the timed call between
@@ -203,13 +206,15 @@ def weft_command(a, prompts, out, stats, graphs=True):
             f"rollout.cuda_graphs={'true' if graphs else 'false'}"]
 
 
-def run_weft(a, prompts, batch, graphs=True):
-    """weft generate on the prompts: engine seconds, every sample's tokens, steps replayed."""
+def run_weft(a, prompts, batch, graphs=True, profile=False):
+    """weft generate on the prompts: engine seconds, every sample's tokens, steps replayed; with
+    `profile`, the CUDA profile's per-op table too (it launches every kernel: no graphs)."""
     out = os.path.join(a.tmp, f"weft_{batch}.out.jsonl")
     stats = out + ".stats.json"
     cmd = weft_command(a, prompts, out, stats, graphs)
-    print("$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(("$ WEFT_CUDA_PROFILE=1 " if profile else "$ ") + " ".join(cmd), flush=True)
+    env = dict(os.environ, WEFT_CUDA_PROFILE="1") if profile else None
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if r.returncode != 0:
         print(f"weft failed:\n{r.stdout[-3000:]}")
         return dict(unavailable=f"weft failed: {gtt.last_line(r.stdout)}")
@@ -221,9 +226,11 @@ def run_weft(a, prompts, batch, graphs=True):
     if len(tokens) != batch or short:
         return dict(unavailable=f"{len(tokens)} responses of {batch}, {len(short)} of them not "
                     f"{a.new_tokens} tokens long")
+    lines = r.stdout.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith("cuda profile")), len(lines))
     return dict(seconds=st["generation_seconds"], tokens=tokens, stats_tokens=st["tokens"],
                 peak_batch=st.get("peak_batch"), forwards=st.get("forwards"),
-                graphs=st.get("graphs"))
+                graphs=st.get("graphs"), profile=lines[start:] if profile else None)
 
 
 # ---------------------------------------------------------------------------------- driver ----
@@ -329,6 +336,9 @@ def parse_args():
     p.add_argument("--model", choices=sorted(gtt.MODELS), default="1b")
     p.add_argument("--batches", type=batch_list, default=[1, 64, 256],
                    help="comma-separated numbers of concurrent sequences (default 1,64,256)")
+    p.add_argument("--profile-batches", type=lambda t: [] if t == "none" else batch_list(t),
+                   default=[1], help="batches at which to print weft's GPU time per op (CUDA "
+                   "profile, kernels launched one by one), or none (default 1)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens of each prompt")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -391,6 +401,13 @@ def run(a):
             doc["rows"] = [make_row(a, b, runs[b], bandwidth) for b in a.batches]
             doc["transformers"] = doc.get("transformers") or runs[batch][who].get("transformers")
             write_json(a, doc)
+    # Last, as what matters least if a time limit cuts the run short: where a step's time goes.
+    for batch in a.profile_batches if a.device == "cuda" else []:
+        print(f"weft's GPU time per op at batch {batch} (every kernel launched, no graphs):")
+        r = run_weft(a, prompts_file(a, batch), batch, graphs=False, profile=True)
+        doc.setdefault("profiles", {})[str(batch)] = r.get("profile") or r.get("unavailable")
+        print("\n".join(r.get("profile") or [r.get("unavailable", "")]), flush=True)
+        write_json(a, doc)
     print(f"\n{HEAD}")
     for row in doc["rows"]:
         print(table_line(row))
