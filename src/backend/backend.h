@@ -67,11 +67,13 @@ struct weft_backend {
     // caches as a fraction of what is free.
     size_t (*memory_available)(weft_backend *self);
 
-    // C (m, n) = alpha * op(A) op(B) + beta * C, row-major; op(A) is (m, k), op(B) is (k, n).
-    // lda/ldb/ldc are row strides of the stored (untransposed) matrices.
+    // C (m, n) = alpha * op(A) op(B) + beta * C_in, row-major; op(A) is (m, k), op(B) is (k, n).
+    // lda/ldb/ldc are row strides of the stored (untransposed) matrices; c_in (laid out like C)
+    // NULL means C itself. A residual added on the way (c_in the block's input) saves the copy
+    // of it into C, a kernel launch per use.
     void (*matmul)(weft_backend *self, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                   const void *a, int lda, const void *b, int ldb, float beta, void *c, int ldc,
-                   weft_matmul_types types);
+                   const void *a, int lda, const void *b, int ldb, float beta, const void *c_in,
+                   void *c, int ldc, weft_matmul_types types);
 
     // out (T, C) = table[ids] ; table (V, C) param
     void (*embedding_forward)(weft_backend *self, const int32_t *ids, const void *table, void *out,

@@ -9,11 +9,18 @@ static const void *weight_of(const weft_model *m, weight_view w) {
            (size_t)w.col * weft_dtype_size(m->be->param_dtype);
 }
 
-void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
-                         int out, float beta) {
+// y (T, out) = x W^T + beta * c_in (NULL: y itself).
+static void linear_into(weft_model *m, const void *x, weight_view w, float beta, const void *c_in,
+                        void *y, int T, int in, int out) {
     weft_backend *be = m->be;
     weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
-    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, y, out, ty);
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, c_in, y, out,
+               ty);
+}
+
+void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
+                         int out, float beta) {
+    linear_into(m, x, w, beta, NULL, y, T, in, out);
 }
 
 void weft_linear_backward(weft_model *m, const void *x, weight_view w, const void *dy, void *dx,
@@ -21,15 +28,21 @@ void weft_linear_backward(weft_model *m, const void *x, weight_view w, const voi
     weft_backend *be = m->be;
     weft_matmul_types tx = {be->act_dtype, be->param_dtype, be->act_dtype};
     weft_matmul_types tw = {be->act_dtype, be->act_dtype, WEFT_F32};
-    be->matmul(be, false, false, T, in, out, 1.0f, dy, out, weight_of(m, w), w.ld, dx_beta, dx, in,
-               tx);
-    be->matmul(be, true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f,
+    be->matmul(be, false, false, T, in, out, 1.0f, dy, out, weight_of(m, w), w.ld, dx_beta, NULL,
+               dx, in, tx);
+    be->matmul(be, true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f, NULL,
                weft_model_grad(m, w.param) + w.col, w.ld, tw);
 }
 
 static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, int in, int out,
                            float beta) {
     weft_linear_forward(m, x, whole_weight(w, in), y, T, in, out, beta);
+}
+
+// y (T, out) = x W^T + residual, the residual read where it lies rather than copied into y first.
+static void linear_residual(weft_model *m, const void *x, int w, const void *residual, void *y,
+                            int T, int in, int out) {
+    linear_into(m, x, whole_weight(w, in), 1.0f, residual, y, T, in, out);
 }
 
 static void linear_backward(weft_model *m, const void *x, int w, const void *dy, void *dx, int T,
@@ -58,7 +71,6 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
     weft_backend *be = m->be;
     const weft_layer_params *p = &m->layers[l];
     dims d = a->d;
-    size_t esz = weft_dtype_size(be->act_dtype);
     float eps = (float)m->cfg.rms_norm_eps;
 
     be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
@@ -92,16 +104,14 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
         }
         be->attention_forward(be, la->q, k, v, &a->layout, la->att, la->lse, d.H, d.KV, d.D);
     }
-    be->copy(be, la->res1, la->x_in, esz * d.T * d.C);
-    linear_forward(m, la->att, p->o_w, la->res1, d.T, d.qd, d.C, 1.0f);
+    linear_residual(m, la->att, p->o_w, la->x_in, la->res1, d.T, d.qd, d.C);
 
     be->rmsnorm_forward(be, la->res1, weft_model_param(m, p->post_norm), eps, la->ln2, la->rstd2,
                         d.T, d.C);
     linear_forward(m, la->ln2, p->gate_w, la->gate, d.T, d.C, d.I, 0.0f);
     linear_forward(m, la->ln2, p->up_w, la->up, d.T, d.C, d.I, 0.0f);
     be->swiglu_forward(be, la->gate, la->up, la->act, (size_t)d.T * d.I);
-    be->copy(be, out, la->res1, esz * d.T * d.C);
-    linear_forward(m, la->act, p->down_w, out, d.T, d.I, d.C, 1.0f);
+    linear_residual(m, la->act, p->down_w, la->res1, out, d.T, d.I, d.C);
 }
 
 // Attention's backward from a->d_att into a->d_q, d_k, d_v; through the provider's reduce-scatter

@@ -116,6 +116,17 @@ cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int value, size_t width, si
     });
     return cudaSuccess;
 }
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t) {
+    if (capturing() && (!is_device_memory(dst) || !is_device_memory(src)))
+        return cudaErrorStreamCaptureUnsupported;
+    emu::stream_work([=] {
+        for (size_t r = 0; r < height; r++)
+            memmove(static_cast<char *>(dst) + r * dpitch,
+                    static_cast<const char *>(src) + r * spitch, width);
+    });
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t) {
     if (capturing() && (!is_device_memory(dst) || !is_device_memory(src)))

@@ -100,20 +100,25 @@ static void compare(const char *what, const twin *t, double tol) {
 
 // ---------------------------------------------------------------------------------- tests ----
 
-static void test_matmul(bool ta, bool tb, bool f32_out) {
+// With a residual, C = 0.5 A B + R with R another buffer (C holding zeros before).
+static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
     int m = 37, n = 48, k = 70, lda = ta ? m + 3 : k + 5, ldb = tb ? k + 2 : n + 1, ldc = n + 4;
     twin a = act((size_t)(ta ? k : m) * lda, 1), b = act((size_t)(tb ? n : k) * ldb, 1);
-    twin c = f32_out ? f32((size_t)m * ldc, 1) : act((size_t)m * ldc, 1);
-    float beta = f32_out ? 1.0f : 0.0f;
+    twin c = residual ? zeros((size_t)m * ldc, WEFT_BF16)
+             : f32_out ? f32((size_t)m * ldc, 1) : act((size_t)m * ldc, 1);
+    twin r = residual ? act((size_t)m * ldc, 1) : zeros(1, WEFT_BF16);
+    float beta = f32_out || residual ? 1.0f : 0.0f;
     weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32};
     weft_matmul_types tg = {WEFT_BF16, WEFT_BF16, f32_out ? WEFT_F32 : WEFT_BF16};
-    cpu->matmul(cpu, ta, tb, m, n, k, 0.5f, a.c, lda, b.c, ldb, beta, c.c, ldc, tc);
-    gpu->matmul(gpu, ta, tb, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, c.g, ldc, tg);
+    cpu->matmul(cpu, ta, tb, m, n, k, 0.5f, a.c, lda, b.c, ldb, beta, residual ? r.c : NULL, c.c,
+                ldc, tc);
+    gpu->matmul(gpu, ta, tb, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL, c.g,
+                ldc, tg);
     char name[96];
     snprintf(name, sizeof name, "matmul ta=%d tb=%d %s", ta, tb,
-             f32_out ? "f32 C += (dW)" : "bf16 C =");
+             residual ? "bf16 C = AB + R" : f32_out ? "f32 C += (dW)" : "bf16 C =");
     compare(name, &c, BF16_TOL);
-    release(&a), release(&b), release(&c);
+    release(&a), release(&b), release(&c), release(&r);
 }
 
 static void test_embedding(void) {
@@ -422,8 +427,9 @@ int main(void) {
     gpu = weft_backend_cuda_create(0);
     weft_rng_seed(&rng, 20261121);
     for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++) test_matmul(ta, tb, false);
-    test_matmul(true, false, true); // the dW product
+        for (int tb = 0; tb < 2; tb++) test_matmul(ta, tb, false, false);
+    test_matmul(true, false, true, false); // the dW product
+    test_matmul(false, true, false, true); // a projection onto the residual stream
     test_embedding();
     test_rmsnorm();
     test_bias();

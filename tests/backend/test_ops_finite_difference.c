@@ -322,11 +322,13 @@ static void test_swiglu(void) {
 // ---------------------------------------------------------------------------------------------
 // matmul: C = alpha op(A) op(B) + beta C against a naive triple loop in double, every transpose
 // combination, padded row strides (padding holds huge values that must never be read, and C's
-// padding must not be written).
+// padding must not be written). The fourth (alpha, beta) reads C_in from another buffer (a
+// residual) into a C that held other values.
 
 static void test_matmul(void) {
-    enum { M = 3, N = 4, K = 5, PAD = 2 };
-    const float alphas[3] = {1.0f, 0.5f, -1.5f}, betas[3] = {0.0f, 1.0f, 0.25f};
+    enum { M = 3, N = 4, K = 5, PAD = 2, SETTINGS = 4 };
+    const float alphas[SETTINGS] = {1.0f, 0.5f, -1.5f, 1.0f};
+    const float betas[SETTINGS] = {0.0f, 1.0f, 0.25f, 1.0f};
     const weft_matmul_types f32 = {WEFT_F32, WEFT_F32, WEFT_F32};
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
@@ -341,13 +343,21 @@ static void test_matmul(void) {
             void *a_d = dev_f32(a, (size_t)a_rows * lda), *b_d = dev_f32(b, (size_t)b_rows * ldb);
             err_acc e = {0};
             double pad_written = 0;
-            for (int s = 0; s < 3; s++) {
+            for (int s = 0; s < SETTINGS; s++) {
                 float *c0 = host_normal((size_t)M * ldc, 0, 1);
                 float cout[M * (N + PAD)];
                 for (int i = 0; i < M; i++)
                     for (int j = N; j < ldc; j++) c0[i * ldc + j] = -7.0f;
+                void *c_in = s == 3 ? dev_f32(c0, (size_t)M * ldc) : NULL;
+                if (c_in)
+                    for (int i = 0; i < M; i++)
+                        for (int j = 0; j < N; j++) c0[i * ldc + j] += 100.0f; // not C_in's
                 void *c_d = dev_f32(c0, (size_t)M * ldc);
-                B->matmul(B, ta, tb, M, N, K, alphas[s], a_d, lda, b_d, ldb, betas[s], c_d, ldc, f32);
+                if (c_in)
+                    for (int i = 0; i < M; i++)
+                        for (int j = 0; j < N; j++) c0[i * ldc + j] -= 100.0f;
+                B->matmul(B, ta, tb, M, N, K, alphas[s], a_d, lda, b_d, ldb, betas[s], c_in, c_d,
+                          ldc, f32);
                 download(cout, c_d, (size_t)M * ldc);
                 for (int i = 0; i < M; i++) {
                     for (int j = 0; j < N; j++) {
@@ -362,10 +372,12 @@ static void test_matmul(void) {
                     for (int j = N; j < ldc; j++) pad_written = fmax(pad_written, fabs(cout[i * ldc + j] + 7.0f));
                 }
                 B->free(B, c_d);
+                if (c_in) B->free(B, c_in);
                 weft_free(c0);
             }
             char what[96];
-            snprintf(what, sizeof what, "matmul trans_a=%d trans_b=%d, 3 (alpha, beta) vs naive", ta, tb);
+            snprintf(what, sizeof what, "matmul trans_a=%d trans_b=%d, %d (alpha, beta) vs naive", ta,
+                     tb, SETTINGS);
             report(what, pad_written > 0 ? INFINITY : acc_rel(&e), 1e-5);
             B->free(B, a_d), B->free(B, b_d);
             weft_free(a), weft_free(b);

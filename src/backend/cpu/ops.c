@@ -85,11 +85,15 @@ static int rows_for_regular_kernel(bool tb, int n, int k) {
 }
 
 static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
-                       const void *a, int lda, const void *b, int ldb, float beta, void *c,
-                       int ldc, weft_matmul_types types) {
+                       const void *a, int lda, const void *b, int ldb, float beta,
+                       const void *c_in, void *c, int ldc, weft_matmul_types types) {
     WEFT_CHECK(types.a == WEFT_F32 && types.b == WEFT_F32 && types.c == WEFT_F32,
                "cpu backend multiplies fp32 matrices only");
     if (m == 0 || n == 0) return;
+    if (c_in && c_in != c && beta != 0.0f) // OpenBLAS accumulates in place
+        for (int i = 0; i < m; i++)
+            memcpy((float *)c + (size_t)i * ldc, (const float *)c_in + (size_t)i * ldc,
+                   sizeof(float) * n);
     CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
     int padded = rows_for_regular_kernel(tb, n, k);
     if (ta || m >= padded) { // with A transposed its rows are not C's rows; nothing to keep stable

@@ -261,27 +261,31 @@ static const matmul_plan *find_plan(cuda_state *st, const matmul_plan *want) {
 }
 
 static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
-                        const void *a, int lda, const void *b, int ldb, float beta, void *c,
-                        int ldc, weft_matmul_types types) {
+                        const void *a, int lda, const void *b, int ldb, float beta,
+                        const void *c_in, void *c, int ldc, weft_matmul_types types) {
     WEFT_CHECK(types.a == WEFT_BF16 && types.b == WEFT_BF16,
                "internal: the cuda backend multiplies bf16 matrices");
     if (m == 0 || n == 0) return;
     cuda_state *st = state(self);
-    if (k == 0) { // an empty sum: C = beta * C, and the model only ever asks for beta 0 or 1
+    if (!c_in) c_in = c;
+    if (k == 0) { // an empty sum: C = beta * C_in, and the model only ever asks for beta 0 or 1
         WEFT_CHECK(beta == 0.0f || beta == 1.0f, "internal: empty GEMM with beta %g", beta);
-        if (beta == 0.0f) {
-            size_t esz = weft_dtype_size(types.c);
-            CUDA_CHECK(cudaMemset2DAsync(c, (size_t)ldc * esz, 0, (size_t)n * esz, (size_t)m,
-                                         st->stream));
-        }
+        size_t esz = weft_dtype_size(types.c), pitch = (size_t)ldc * esz;
+        if (beta == 0.0f)
+            CUDA_CHECK(cudaMemset2DAsync(c, pitch, 0, (size_t)n * esz, (size_t)m, st->stream));
+        else if (c_in != c)
+            CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, (size_t)n * esz, (size_t)m,
+                                         cudaMemcpyDeviceToDevice, st->stream));
         return;
     }
+    // cuBLASLt's C (read) and D (written) may differ: the residual is read where it lies.
     matmul_plan want = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda,
-                        .ldb = ldb, .ldc = ldc, .align = common_alignment(a, b, c),
+                        .ldb = ldb, .ldc = ldc,
+                        .align = common_alignment(a, b, c) & common_alignment(c_in, c, c),
                         .types = types};
     const matmul_plan *p = find_plan(st, &want);
-    LT_CHECK(cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
-                            &p->algo, st->workspace, WORKSPACE_BYTES, st->stream));
+    LT_CHECK(cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c_in, p->lc, c,
+                            p->lc, &p->algo, st->workspace, WORKSPACE_BYTES, st->stream));
     launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)" : "matmul");
 }
 
