@@ -8,7 +8,7 @@
 #include "rollout/internal.h"
 
 static bool same_shape(const step_graph *a, const step_graph *b) {
-    return a->rows == b->rows && a->max_blocks == b->max_blocks &&
+    return a->rows == b->rows && a->docs == b->docs && a->max_blocks == b->max_blocks &&
            a->allocations == b->allocations;
 }
 
@@ -47,15 +47,16 @@ static void keep(weft_engine *e, step_graph g) {
     gs->cached[gs->n++] = g;
 }
 
-void weft_rollout_run_graphed(weft_engine *e, int rows, int max_blocks, weft_device_work work,
-                              void *ctx) {
+void weft_rollout_run_graphed(weft_engine *e, int rows, int docs, int max_blocks,
+                              weft_device_work work, void *ctx) {
     weft_backend *be = e->be;
     if (!e->rc.cuda_graphs || !be->capture_begin) {
         work(e, ctx);
         return;
     }
     step_graphs *gs = &e->graphs;
-    step_graph g = {.rows = rows, .max_blocks = max_blocks, .allocations = be->allocations};
+    step_graph g = {.rows = rows, .docs = docs, .max_blocks = max_blocks,
+                    .allocations = be->allocations};
     for (int i = 0; i < gs->n; i++)
         if (same_shape(&gs->cached[i], &g)) {
             be->graph_launch(be, gs->cached[i].graph);

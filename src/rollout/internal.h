@@ -53,11 +53,11 @@ typedef struct step_buffers {
 } step_buffers;
 
 // Decode steps recorded as backend graphs (graphs.c). A graph holds the pointers and sizes of the
-// step it recorded: it replays a step of the same rows and block-table width while the backend
-// has allocated and freed nothing since (every pointer it holds still live).
+// step it recorded: it replays a step of the same rows, documents and block-table width while
+// the backend has allocated and freed nothing since (every pointer it holds still live).
 enum { STEP_GRAPHS = 8 };
 typedef struct step_graph {
-    int rows, max_blocks;
+    int rows, docs, max_blocks;
     long allocations; // the backend's count at the recording
     void *graph;
 } step_graph;
@@ -135,18 +135,19 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
 
 // graphs.c
 // Queues work(e, ctx): device work alone (every upload it reads went before), a step's forward
-// and draws over `rows` rows and block tables `max_blocks` wide. Replays its graph where one was
+// and draws over `rows` rows of `docs` sequences and block tables `max_blocks` wide (with the
+// engine's settings, the shape of all it queues). Replays its graph where one was
 // recorded; records one where the last step run kernel by kernel had the same shape and the
 // backend allocated nothing since; else (and without rollout.cuda_graphs, or a backend that
 // records none) runs it kernel by kernel.
 typedef void (*weft_device_work)(weft_engine *e, void *ctx);
-void weft_rollout_run_graphed(weft_engine *e, int rows, int max_blocks, weft_device_work work,
-                              void *ctx);
+void weft_rollout_run_graphed(weft_engine *e, int rows, int docs, int max_blocks,
+                              weft_device_work work, void *ctx);
 // Block tables' width for a step whose longest sequence has `blocks` blocks: rounded up to a
 // power of two where graphs are recorded, so that a width serves many steps.
 int weft_rollout_table_width(const weft_engine *e, int blocks);
-// Rows a decode step of n sequences runs: where graphs are recorded, n padded up to 1, 2, 4, 8 or
-// a multiple of 8 (within rollout.max_batch_tokens), so that a batch shrinking as its samples
+// Rows a decode step of n rows runs: where graphs are recorded, n padded up to 1, 2, 4, 8 or a
+// multiple of 8 (within rollout.max_batch_tokens), so that a batch shrinking as its samples
 // finish keeps replaying a few graphs. Padding rows store no keys and their draws are dropped.
 int weft_rollout_decode_rows(const weft_engine *e, int n);
 void weft_rollout_graphs_free(weft_engine *e);

@@ -217,47 +217,56 @@ static void main_pass_setup(weft_engine *e, const int *seqs, int n, const int32_
     }
 }
 
+// The main forward's first n_rows logits rows into the host buffer, for draws on the host.
+static void logits_to_host(weft_engine *e, int n_rows) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    size_t V = (size_t)e->model->cfg.vocab_size;
+    if (n_rows <= 0) return;
+    if (b->host_logits_cap < (size_t)n_rows * V) { // kept: fresh pages cost faults
+        weft_free(b->host_logits);
+        b->host_logits_cap = (size_t)n_rows * V;
+        b->host_logits = weft_alloc(sizeof(float) * b->host_logits_cap);
+    }
+    be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)n_rows * V);
+}
+
 // The main forward, and the logits into the host buffer unless drawn on the device.
 static void main_forward(weft_engine *e, const participant *part, int n, const due_seqs *due,
                          const int32_t *head_rows, bool host_logits) {
-    weft_backend *be = e->be;
-    step_buffers *b = &e->buf;
-    int V = e->model->cfg.vocab_size;
     main_pass mp;
     int *seqs = weft_alloc(sizeof(int) * n);
     for (int j = 0; j < n; j++) seqs[j] = part[j].seq;
     main_pass_setup(e, seqs, n, head_rows, due->rows, &mp);
     weft_free(seqs);
     weft_model_forward(e->model, &e->batch, false, &mp.pass, &mp.out);
-    if (host_logits && due->rows > 0) {
-        if (b->host_logits_cap < (size_t)due->rows * V) { // kept: fresh pages cost faults
-            weft_free(b->host_logits);
-            b->host_logits_cap = (size_t)due->rows * V;
-            b->host_logits = weft_alloc(sizeof(float) * b->host_logits_cap);
-        }
-        be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)due->rows * V);
-    }
+    if (host_logits) logits_to_host(e, due->rows);
 }
 
-// Whether every participant decodes one token drawn on the device: one row each (no prompt
-// chunk, no sequence starting at position 0), every one due, none a prompt about to fork.
+// Whether every participant decodes, on a backend that records graphs: its rows are its last
+// token and drafts (no prompt chunk, no recomputation, no sequence at position 0), every one is
+// due, none is a prompt about to fork.
 static bool decodes_alone(const weft_engine *e, const participant *part, int n,
                           const due_seqs *due) {
-    if (!weft_rollout_draws_on_device(e) || due->n != n || e->batch.T != n) return false;
-    for (int j = 0; j < n; j++)
-        if (e->seqs[part[j].seq].sample < 0 || e->batch.positions[j] == 0) return false;
+    if (!e->be->capture_begin || due->n != n) return false;
+    for (int j = 0; j < n; j++) {
+        const gen_seq *s = &e->seqs[part[j].seq];
+        if (s->sample < 0 || part[j].rows != 1 + s->n_drafts ||
+            e->batch.positions[e->batch.cu_seqlens[j]] == 0)
+            return false;
+    }
     return true;
 }
 
 typedef struct decode_work {
     main_pass *mp;
-    int n;
+    int n_draws; // drawn on the device, 0: on the host
 } decode_work;
 
 static void decode_device_work(weft_engine *e, void *ctx) {
     decode_work *w = ctx;
     weft_model_forward(e->model, &e->batch, false, &w->mp->pass, &w->mp->out);
-    weft_rollout_sample_on_device(e, w->n);
+    if (w->n_draws > 0) weft_rollout_sample_on_device(e, w->n_draws);
 }
 
 // Padding rows of a decode step: one-row documents of token 0 at position 1 (position 0 would
@@ -270,28 +279,40 @@ static void pad_batch(weft_engine *e, int rows) {
     }
 }
 
-// A decode step: the batch padded (weft_rollout_decode_rows), every upload first (the batch, the
-// provider's metadata, the draws' rows and numbers), then the forward and the draws as device
-// work alone, which graphs.c records or replays, then one download. Row j is participant j's.
-static int decode_step(weft_engine *e, const participant *part, int n, int *took) {
-    int rows = weft_rollout_decode_rows(e, n);
-    pad_batch(e, rows - n);
-    int *seqs = weft_alloc(sizeof(int) * rows);
-    int32_t *head_rows = weft_alloc(sizeof(int32_t) * rows);
-    draw *d = weft_alloc(sizeof(draw) * rows);
-    for (int j = 0; j < rows; j++) {
-        seqs[j] = j < n ? part[j].seq : -1;
-        head_rows[j] = j;
-        d[j] = (draw){.seq = seqs[j], .row = j, .depth = -1};
-    }
+// A decode step: the batch padded (weft_rollout_decode_rows; padding rows are one-row documents
+// after the participants, with a head row and, drawing on the device, a draw each), every upload
+// first (the batch, the provider's metadata, the draws' rows and numbers), then the forward (and
+// the device draws) as device work alone, which graphs.c records or replays; then one download of
+// the draws, or of the logits the host draws from (filters, speculation's verification).
+static int decode_step(weft_engine *e, const participant *part, int n, const due_seqs *due,
+                       const int32_t *due_rows, int *took) {
+    bool on_device = weft_rollout_draws_on_device(e);
+    int T = e->batch.T, pads = weft_rollout_decode_rows(e, T) - T;
+    int n_docs = n + pads, n_head = due->rows + pads, n_draws = on_device ? due->n + pads : 0;
+    pad_batch(e, pads);
+    int *seqs = weft_alloc(sizeof(int) * n_docs);
+    int32_t *head_rows = weft_alloc(sizeof(int32_t) * n_head);
+    draw *d = weft_alloc(sizeof(draw) * (n_draws > 0 ? n_draws : 1));
+    for (int j = 0; j < n_docs; j++) seqs[j] = j < n ? part[j].seq : -1;
+    for (int r = 0; r < n_head; r++) head_rows[r] = r < due->rows ? due_rows[r] : T + r - due->rows;
+    for (int k = 0; k < n_draws; k++)
+        d[k] = k < due->n ? (draw){.seq = due->seq[k], .row = due->first_row[k], .depth = -1}
+                          : (draw){.seq = -1, .row = due->rows + k - due->n, .depth = -1};
     main_pass mp;
-    main_pass_setup(e, seqs, rows, head_rows, rows, &mp);
+    main_pass_setup(e, seqs, n_docs, head_rows, n_head, &mp);
     mp.pass.uploaded = true;
     weft_model_upload_inputs(e->model, &e->batch, &mp.pass, &mp.out);
-    weft_rollout_upload_draws(e, d, rows);
-    decode_work work = {.mp = &mp, .n = rows};
-    weft_rollout_run_graphed(e, rows, mp.storage.layout.max_blocks, decode_device_work, &work);
-    int still = weft_rollout_finish_draws(e, d, n, took); // the padding's draws are dropped
+    if (n_draws > 0) weft_rollout_upload_draws(e, d, n_draws);
+    decode_work work = {.mp = &mp, .n_draws = n_draws};
+    weft_rollout_run_graphed(e, e->batch.T, n_docs, mp.storage.layout.max_blocks,
+                             decode_device_work, &work);
+    int still;
+    if (on_device) {
+        still = weft_rollout_finish_draws(e, d, due->n, took); // the padding's draws are dropped
+    } else {
+        logits_to_host(e, due->rows);
+        still = weft_rollout_draw_tokens(e, due, e->buf.host_logits, took);
+    }
     weft_free(seqs), weft_free(head_rows), weft_free(d);
     return still;
 }
@@ -329,7 +350,7 @@ bool weft_rollout_step(weft_engine *e) {
     int *took = weft_alloc(sizeof(int) * (e->n_seqs + forks + 1)), n_took = 0;
     bool speculating = e->rc.speculative_tokens > 0;
     if (decodes_alone(e, part, n, &due)) {
-        n_took = decode_step(e, part, n, took);
+        n_took = decode_step(e, part, n, &due, head_rows, took);
     } else {
         bool on_device = weft_rollout_draws_on_device(e);
         main_forward(e, part, n, &due, head_rows, !on_device);

@@ -9,7 +9,9 @@ nothing). The cases: a steady batch (every sample runs to max_tokens, sampled at
 greedy decoding, a shrinking batch (stop tokens end samples one by one; decode batches are padded
 to 1, 2, 4, 8 or a multiple of 8 rows, so they replay across sizes: padding rows store no keys and
 their tokens are dropped) and a ragged one (rollout.max_running below the samples, a pool small
-enough to preempt) whose batches change shape from step to step. Runs on the GPU where nvidia-smi lists
+enough to preempt) whose batches change shape from step to step; then two whose tokens are drawn
+on the host from the downloaded logits: top-p, and MTP speculative decoding (the forward that
+verifies each sequence's last token and two drafts is replayed; the drafting passes are not). Runs on the GPU where nvidia-smi lists
 one, else on weft_emulated (the CUDA backend on the CPU, with its own stream capture: work recorded
 with the arguments it was launched with, run when the graph is launched).
 """
@@ -31,7 +33,12 @@ CASES = {
     "shrinking": ["sampling.temperature=1", "sampling.stop_token_ids=[1,2,3,4,5,6]"],
     "ragged": ["sampling.temperature=1", "rollout.max_running=5", "rollout.kv_cache_tokens=160",
                NO_STOP],
+    # Drawn on the host from the downloaded logits: top-p, and speculation's verification (the
+    # model with two MTP modules; the drafts are not graphed, the verifying forward is).
+    "top_p": ["sampling.temperature=1", "sampling.top_p=0.9", NO_STOP],
+    "speculative": ["sampling.temperature=1", "rollout.speculative_tokens=2", NO_STOP],
 }
+MTP_CASES = {"speculative"}
 
 
 def check_case(program, mdir, prompts, tmp, name, settings, failures):
@@ -60,12 +67,14 @@ def check_case(program, mdir, prompts, tmp, name, settings, failures):
 
 def cases(_weft, program, _emulated, tmp):
     failures = []
-    mdir = os.path.join(tmp, "model")
+    mdir, mtp = os.path.join(tmp, "model"), os.path.join(tmp, "mtp_model")
     files.make_model(mdir, CFG, 5, std=0.1)
+    files.make_model(mtp, dict(CFG, num_nextn_predict_layers=2), 6, std=0.1)
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
                             random_prompts(LENGTHS, CFG["vocab_size"], 3))
     for name, settings in CASES.items():
-        check_case(program, mdir, prompts, tmp, name, settings, failures)
+        check_case(program, mtp if name in MTP_CASES else mdir, prompts, tmp, name, settings,
+                   failures)
     return failures
 
 
