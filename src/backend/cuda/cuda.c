@@ -191,8 +191,8 @@ static float *scratch(weft_backend *self, size_t bytes) {
 static cudaDataType_t cuda_type(weft_dtype t) { return t == WEFT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 // Largest power of two (up to 256) dividing every address: what cuBLASLt may assume.
-static int common_alignment(const void *a, const void *b, const void *c) {
-    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | 256;
+static int common_alignment(const void *a, const void *b, const void *c, const void *d) {
+    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | 256;
     return (int)(bits & (~bits + 1));
 }
 
@@ -281,7 +281,7 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
     // cuBLASLt's C (read) and D (written) may differ: the residual is read where it lies.
     matmul_plan want = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda,
                         .ldb = ldb, .ldc = ldc,
-                        .align = common_alignment(a, b, c) & common_alignment(c_in, c, c),
+                        .align = common_alignment(a, b, c, c_in),
                         .types = types};
     const matmul_plan *p = find_plan(st, &want);
     LT_CHECK(cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c_in, p->lc, c,
