@@ -93,7 +93,8 @@ static void carve(weft_activations *a, const weft_model_config *c, keep_mode kee
     a->row_loss = take(a, f32);
     a->correct = take(a, f32);
     if (backward) carve_gradients(a, d, esz, c->qk_norm);
-    // The batch's index arrays, one after another: upload_batch (passes.c) sends their span.
+    // The batch's index arrays and (generation) the head's rows, one after another: upload_batch
+    // (passes.c) sends their span.
     a->tokens = take(a, ids);
     a->positions = take(a, ids);
     a->targets = take(a, ids);

@@ -16,19 +16,27 @@ static dims dims_of(const weft_model *m, const weft_batch *b) {
                   .kvd = c->num_kv_heads * c->head_dim, .n_docs = b->n_docs, .T_kv = b->T_kv};
 }
 
-// The batch's five index arrays, which activations.c carves one after another: their span goes
-// up as one copy, assembled on the host at the same offsets (each small upload costs the host a
-// driver call, which a decode step of the rollout feels).
-static void upload_batch(weft_backend *be, weft_activations *a, const weft_batch *b) {
+// The batch's five index arrays and the head's chosen rows (out->rows, generation), which
+// activations.c carves one after another: their span goes up as one copy, assembled on the host at
+// the same offsets (each small upload costs the host a driver call, which a decode step of the
+// rollout feels).
+static void upload_batch(weft_backend *be, weft_activations *a, const weft_batch *b,
+                         const weft_forward_outputs *out) {
     dims d = a->d;
     size_t rows = sizeof(int32_t) * d.T, docs = sizeof(int32_t) * (d.n_docs + 1);
-    char *base = (char *)a->tokens, *end = (char *)a->cu_seqlens_kv + docs;
+    int n_head = out && out->rows ? out->n_rows : 0;
+    WEFT_CHECK(n_head == 0 || (a->head_rows && n_head <= d.T),
+               "internal: %d head rows for a forward of %d rows that keeps nothing", n_head, d.T);
+    char *base = (char *)a->tokens;
+    char *end = n_head > 0 ? (char *)(a->head_rows + n_head) : (char *)a->cu_seqlens_kv + docs;
     char *host = weft_alloc((size_t)(end - base));
     memcpy(host, b->tokens, rows);
     memcpy(host + ((char *)a->positions - base), b->positions, rows);
     memcpy(host + ((char *)a->targets - base), b->targets, rows);
     memcpy(host + ((char *)a->cu_seqlens - base), b->cu_seqlens, docs);
     memcpy(host + ((char *)a->cu_seqlens_kv - base), b->cu_seqlens_kv, docs);
+    if (n_head > 0)
+        memcpy(host + ((char *)a->head_rows - base), out->rows, sizeof(int32_t) * n_head);
     be->to_device(be, base, host, (size_t)(end - base));
     weft_free(host);
 }
@@ -37,11 +45,12 @@ static void upload_batch(weft_backend *be, weft_activations *a, const weft_batch
 // by weft_model_upload_inputs (pass->uploaded), whose carving of the same dims put them at the
 // same addresses.
 static weft_activations *prepare_inputs(weft_model *m, keep_mode keep, const weft_batch *batch,
-                                        const weft_pass_options *pass) {
+                                        const weft_pass_options *pass,
+                                        const weft_forward_outputs *out) {
     const weft_kv_provider *kv = provider_of(pass);
     bool gathered = kv && kv->gather; // whole key rows in the model's buffers only then
     weft_activations *a = weft_activations_prepare(m, keep, dims_of(m, batch), gathered);
-    if (!(pass && pass->uploaded)) upload_batch(m->be, a, batch);
+    if (!(pass && pass->uploaded)) upload_batch(m->be, a, batch, out);
     dims d = a->d;
     a->layout = (weft_attention_layout){.n_docs = d.n_docs, .Tq = d.T, .Tkv = d.T_kv,
                                         .cu_q = a->cu_seqlens, .cu_kv = a->cu_seqlens_kv,
@@ -53,9 +62,7 @@ void weft_model_upload_inputs(weft_model *m, const weft_batch *batch,
                               const weft_pass_options *pass, const weft_forward_outputs *out) {
     weft_pass_options now = pass ? *pass : (weft_pass_options){0};
     now.uploaded = false;
-    weft_activations *a = prepare_inputs(m, KEEP_NONE, batch, &now);
-    if (out && out->rows && out->n_rows > 0)
-        m->be->to_device(m->be, a->head_rows, out->rows, sizeof(int32_t) * out->n_rows);
+    prepare_inputs(m, KEEP_NONE, batch, &now, out);
 }
 
 // Where layer l reads its input (and layer l-1 writes its output).
@@ -124,9 +131,9 @@ static void head_forward(weft_model *m, weft_activations *a, int k, head_mode mo
     if (stats) be->accumulate_f32(be, a->correct, T, false, 1.0, &stats[heads + k]);
 }
 
-// Generation's head: logits of the chosen rows of h (T, C) only, gathered first (the embedding op
-// is a row gather: out[i] = table[ids[i]]).
-static void head_on_rows(weft_model *m, weft_activations *a, const void *h, bool uploaded,
+// Generation's head: logits of the chosen rows of h (T, C) only (uploaded with the batch),
+// gathered first (the embedding op is a row gather: out[i] = table[ids[i]]).
+static void head_on_rows(weft_model *m, weft_activations *a, const void *h,
                          const weft_forward_outputs *out) {
     weft_backend *be = m->be;
     int n = out->n_rows, V = m->cfg.vocab_size;
@@ -134,7 +141,6 @@ static void head_on_rows(weft_model *m, weft_activations *a, const void *h, bool
                    !out->logprobs[0] && !out->entropy[0],
                "internal: a forward on chosen rows makes logits only, keeping nothing");
     if (n == 0) return;
-    if (!uploaded) be->to_device(be, a->head_rows, out->rows, sizeof(int32_t) * n);
     be->embedding_forward(be, a->head_rows, h, a->head_input, n, a->d.C);
     weft_linear_forward(m, a->head_input, whole_weight(m->lm_head, m->cfg.hidden_size),
                         out->logits ? out->logits : a->logits, n, a->d.C, V, 0.0f);
@@ -164,7 +170,7 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     WEFT_CHECK(!(pass && pass->uploaded) || (keep == KEEP_NONE && out && out->skip_mtp),
                "internal: only a forward that keeps nothing and skips the MTP modules reads inputs "
                "uploaded before it");
-    weft_activations *a = prepare_inputs(m, keep, batch, pass);
+    weft_activations *a = prepare_inputs(m, keep, batch, pass, out);
     dims d = a->d;
 
     // Main decoder and its head, then the MTP modules in order (module k reads h_{k-1}).
@@ -177,7 +183,7 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
     be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
                         (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
     if (out && out->hidden) be->copy(be, out->hidden, a->lnf, weft_dtype_size(be->act_dtype) * d.T * d.C);
-    if (out && out->rows) head_on_rows(m, a, a->lnf, pass && pass->uploaded, out);
+    if (out && out->rows) head_on_rows(m, a, a->lnf, out);
     else head_forward(m, a, 0, mode, out);
     for (int k = 0; k < D && !(out && out->skip_mtp); k++) {
         mtp_acts *mk = &a->mtp[k];
@@ -202,12 +208,12 @@ void weft_model_draft_forward(weft_model *m, int depth, const weft_batch *batch,
                "internal: drafting reads a KV cache and makes logits on chosen rows");
     WEFT_CHECK(!m->acts || !m->acts->backward_due,
                "internal: a forward that kept its activations still waits for its backward");
-    weft_activations *a = prepare_inputs(m, KEEP_NONE, batch, pass);
+    weft_activations *a = prepare_inputs(m, KEEP_NONE, batch, pass, out);
     mtp_acts *mk = &a->mtp[depth - 1];
     be->copy(be, mk->inputs, a->tokens, sizeof(int32_t) * a->d.T);
     weft_mtp_forward(m, a, depth - 1, h_prev, kv);
     if (out->hidden) be->copy(be, out->hidden, mk->h, weft_dtype_size(be->act_dtype) * a->d.T * a->d.C);
-    head_on_rows(m, a, mk->h, pass->uploaded, out);
+    head_on_rows(m, a, mk->h, out);
 }
 
 // ------------------------------------------------------------------------------ backward ----
