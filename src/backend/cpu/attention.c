@@ -236,13 +236,10 @@ static void softmax_rows(float *P, const int32_t *pos, int rows, int keys, float
         float *row = P + (size_t)i * keys;
         int visible = pos[i] + 1; // keys 0..pos of this document
         if (lse_in) {
-            float l = lse_in[i];
-            for (int j = 0; j < visible; j++) row[j] = expf(row[j] - l);
+            weft_cpu_exp_sum(row, 1.0f, lse_in[i], row, visible);
         } else {
-            float mx = -INFINITY;
-            for (int j = 0; j < visible; j++) mx = row[j] > mx ? row[j] : mx;
-            double sum = 0;
-            for (int j = 0; j < visible; j++) sum += (row[j] = expf(row[j] - mx));
+            float mx = weft_cpu_row_max(row, visible);
+            double sum = weft_cpu_exp_sum(row, 1.0f, mx, row, visible);
             float inv = (float)(1.0 / sum);
             for (int j = 0; j < visible; j++) row[j] *= inv;
             lse_out[i] = mx + (float)log(sum);

@@ -7,6 +7,14 @@ enum { WEFT_CPU_SCRATCH_SLOTS = 4 }; // per-thread scratch buffers an op may hol
 // This thread's scratch buffer `slot` of at least `floats` floats, kept across calls.
 float *weft_cpu_scratch(weft_backend *self, int slot, size_t floats);
 
+// vector_math.c, for softmaxes and gates: out[j] = exp(sign x[j] - shift) for j < n (out may be
+// x, or NULL to only sum), returning their sum in double; the sum over j of e[j] (x[j] - shift)
+// in double; a row's max (-inf for n = 0). Every result depends on its inputs and n alone, never
+// on where a row was cut into vectors or threads.
+double weft_cpu_exp_sum(const float *x, float sign, float shift, float *out, size_t n);
+double weft_cpu_dot_shifted(const float *e, const float *x, float shift, size_t n);
+float weft_cpu_row_max(const float *x, int n);
+
 // attention.c: the backend's attention ops.
 void weft_cpu_attention_forward(weft_backend *self, const void *q, const void *k, const void *v,
                                 const weft_attention_layout *layout, void *out, float *lse, int H,

@@ -249,25 +249,35 @@ static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *posit
 
 // ----------------------------------------------------------------------------- elementwise ----
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+// Gates in chunks of GATE_CHUNK: exp(-g) through the row exponential first (vectorized), then
+// sigmoid(g) = 1 / (1 + exp(-g)) per element.
+enum { GATE_CHUNK = 256 };
 
 static void cpu_swiglu_forward(weft_backend *self, const void *gv, const void *uv, void *outv,
                                size_t N) {
     const float *g = gv, *u = uv;
     float *out = outv;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < N; i++) out[i] = g[i] * sigmoidf(g[i]) * u[i];
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < N; c += GATE_CHUNK) {
+        size_t n = N - c < GATE_CHUNK ? N - c : GATE_CHUNK;
+        weft_cpu_exp_sum(g + c, -1.0f, 0.0f, out + c, n);
+        for (size_t i = c; i < c + n; i++) out[i] = g[i] * (1.0f / (1.0f + out[i])) * u[i];
+    }
 }
 
 static void cpu_swiglu_backward(weft_backend *self, const void *gv, const void *uv,
                                 const void *doutv, void *dgv, void *duv, size_t N) {
     const float *g = gv, *u = uv, *dout = doutv;
     float *dg = dgv, *du = duv;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        float sg = sigmoidf(g[i]), silu = g[i] * sg;
-        dg[i] = dout[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
-        du[i] = dout[i] * silu;
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < N; c += GATE_CHUNK) {
+        size_t n = N - c < GATE_CHUNK ? N - c : GATE_CHUNK;
+        weft_cpu_exp_sum(g + c, -1.0f, 0.0f, dg + c, n);
+        for (size_t i = c; i < c + n; i++) {
+            float sg = 1.0f / (1.0f + dg[i]), silu = g[i] * sg;
+            dg[i] = dout[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+            du[i] = dout[i] * silu;
+        }
     }
 }
 
@@ -286,19 +296,19 @@ static void cpu_add_inplace(weft_backend *self, void *yv, const void *xv, size_t
 typedef struct softmax_row {
     float max;
     int arg;    // first index of the max
-    double sum; // of exp(x - max), in index order
+    double sum; // of exp(x - max), weft_cpu_exp_sum's
 } softmax_row;
 
 static softmax_row row_max(const float *row, int V) {
-    softmax_row s = {row[0], 0, 0.0};
-    for (int j = 1; j < V; j++)
-        if (row[j] > s.max) s.max = row[j], s.arg = j;
+    softmax_row s = {weft_cpu_row_max(row, V), 0, 0.0};
+    while (s.arg < V - 1 && !(row[s.arg] == s.max)) s.arg++;
     return s;
 }
 
-static softmax_row row_softmax(const float *row, int V) {
+// e (V floats, or NULL) receives exp(x - max).
+static softmax_row row_softmax(const float *row, int V, float *e) {
     softmax_row s = row_max(row, V);
-    for (int j = 0; j < V; j++) s.sum += expf(row[j] - s.max);
+    s.sum = weft_cpu_exp_sum(row, 1.0f, s.max, e, (size_t)V);
     return s;
 }
 
@@ -307,17 +317,14 @@ static float row_loss_of(const softmax_row *s, float target_logit) {
 }
 
 // H = -sum_j p_j log p_j = log(sum) - sum_j e_j (x_j - max) / sum, with e_j = exp(x_j - max).
-static double row_entropy(const float *row, const softmax_row *s, int V) {
-    double weighted = 0;
-    for (int j = 0; j < V; j++) weighted += expf(row[j] - s->max) * ((double)row[j] - s->max);
-    return log(s->sum) - weighted / s->sum;
+static double row_entropy(const float *row, const float *e, const softmax_row *s, int V) {
+    return log(s->sum) - weft_cpu_dot_shifted(e, row, s->max, (size_t)V) / s->sum;
 }
 
 // The row becomes scale * (softmax - onehot(y)); returns its loss.
 static float cross_entropy_row(float *row, int y, float scale, int V, bool *correct) {
-    softmax_row s = row_max(row, V);
     float target_logit = row[y];
-    for (int j = 0; j < V; j++) s.sum += (row[j] = expf(row[j] - s.max));
+    softmax_row s = row_softmax(row, V, row);
     *correct = s.arg == y;
     float k = (float)(scale / s.sum);
     for (int j = 0; j < V; j++) row[j] *= k;
@@ -342,21 +349,25 @@ static void cpu_cross_entropy(weft_backend *self, void *logitsv, const int32_t *
 static void cpu_logprobs(weft_backend *self, const void *logitsv, const int32_t *targets,
                          float *logprob, float *entropy, float *correct, int T, int V) {
     const float *logits = logitsv;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < T; t++) {
-        const float *row = logits + (size_t)t * V;
-        int y = targets[t];
-        softmax_row s = y < 0 ? (softmax_row){0} : row_softmax(row, V);
-        logprob[t] = y < 0 ? 0.0f : -row_loss_of(&s, row[y]);
-        if (entropy) entropy[t] = y < 0 ? 0.0f : (float)row_entropy(row, &s, V);
-        if (correct) correct[t] = y >= 0 && s.arg == y ? 1.0f : 0.0f;
+#pragma omp parallel
+    {
+        float *e = entropy ? weft_cpu_scratch(self, 0, (size_t)V) : NULL;
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            const float *row = logits + (size_t)t * V;
+            int y = targets[t];
+            softmax_row s = y < 0 ? (softmax_row){0} : row_softmax(row, V, e);
+            logprob[t] = y < 0 ? 0.0f : -row_loss_of(&s, row[y]);
+            if (entropy) entropy[t] = y < 0 ? 0.0f : (float)row_entropy(row, e, &s, V);
+            if (correct) correct[t] = y >= 0 && s.arg == y ? 1.0f : 0.0f;
+        }
     }
 }
 
-// d/dx_j of (w logp_y + u H) = w (onehot_j - p_j) - u p_j (log p_j + H).
-static void weighted_row(float *row, int y, float w, float u, int V) {
-    softmax_row s = row_softmax(row, V);
-    double H = row_entropy(row, &s, V), lse = s.max + log(s.sum);
+// d/dx_j of (w logp_y + u H) = w (onehot_j - p_j) - u p_j (log p_j + H); e: V floats of scratch.
+static void weighted_row(float *row, float *e, int y, float w, float u, int V) {
+    softmax_row s = row_softmax(row, V, e);
+    double H = row_entropy(row, e, &s, V), lse = s.max + log(s.sum);
     for (int j = 0; j < V; j++) {
         double logp = row[j] - lse, p = exp(logp);
         row[j] = (float)(w * ((j == y) - p) - u * p * (logp + H));
@@ -366,15 +377,19 @@ static void weighted_row(float *row, int y, float w, float u, int V) {
 static void cpu_logits_backward(weft_backend *self, void *logitsv, const int32_t *targets,
                                 const float *d_logprob, const float *d_entropy, int T, int V) {
     float *logits = logitsv;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < T; t++) {
-        float *row = logits + (size_t)t * V;
-        int y = targets[t];
-        float w = d_logprob ? d_logprob[t] : 0.0f, u = d_entropy ? d_entropy[t] : 0.0f;
-        bool right;
-        if (y < 0) memset(row, 0, sizeof(float) * V);
-        else if (u == 0.0f) cross_entropy_row(row, y, -w, V, &right); // the SFT path's bits
-        else weighted_row(row, y, w, u, V);
+#pragma omp parallel
+    {
+        float *e = d_entropy ? weft_cpu_scratch(self, 0, (size_t)V) : NULL;
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            float *row = logits + (size_t)t * V;
+            int y = targets[t];
+            float w = d_logprob ? d_logprob[t] : 0.0f, u = d_entropy ? d_entropy[t] : 0.0f;
+            bool right;
+            if (y < 0) memset(row, 0, sizeof(float) * V);
+            else if (u == 0.0f) cross_entropy_row(row, y, -w, V, &right); // the SFT path's bits
+            else weighted_row(row, e, y, w, u, V);
+        }
     }
 }
 
