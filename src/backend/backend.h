@@ -29,9 +29,11 @@ typedef struct weft_attention_layout {
 } weft_attention_layout;
 
 // A paged KV cache's pool (DESIGN.md section 11): n_blocks blocks, each holding block_size
-// positions of every layer's keys and values, (n_blocks, layers, 2, block_size, width) in the
+// positions of every layer's keys and values, (n_blocks, layers, 2, block_size x width) in the
 // activation dtype (width = kv heads x head dim). Position p of a sequence lives in the
-// sequence's block block_table[p / block_size], at offset p % block_size.
+// sequence's block block_table[p / block_size], at offset p % block_size. How a layer's keys and
+// values are laid out inside a block is the backend's (rows on CUDA; the CPU keeps keys
+// transposed), so only kv_store and paged_attention read or write them; a block is copied whole.
 typedef struct weft_kv_pool {
     void *data; // device memory
     int n_blocks, layers, block_size, width;

@@ -361,6 +361,19 @@ static void attention_cp_chunks(void) {
     check_attention("CP rank 1/2 [40,72] H4 KV2 D32", H, KV, D, 2, cu_q, cu_kv, pos);
 }
 
+// A copy of the CPU pool with every block's keys back in rows, (block_size, width) per layer: the
+// CPU backend stores them transposed (src/backend/cpu/attention.c), the GPU as rows.
+static float *cpu_pool_as_rows(const float *pool, size_t n_blocks, int layers, int bs, int width) {
+    size_t per_layer = (size_t)2 * bs * width, n = n_blocks * layers * per_layer;
+    float *rows = weft_alloc(n * sizeof(float) + 4);
+    memcpy(rows, pool, n * sizeof(float));
+    for (size_t bl = 0; bl < n_blocks * layers; bl++)
+        for (int o = 0; o < bs; o++)
+            for (int c = 0; c < width; c++)
+                rows[bl * per_layer + (size_t)o * width + c] = pool[bl * per_layer + (size_t)c * bs + o];
+    return rows;
+}
+
 // The paged KV cache through the op table: kv_store writes every position of four sequences into
 // blocks handed out of order in layer 1, then paged_attention runs the last rows of each: 3 of A
 // (a prefill continuation), 1 of B and C (decoding), 2 of D, whose 300 positions span more
@@ -397,7 +410,10 @@ static void test_paged(int H, int KV, int D, int bs) {
     gpu->kv_store(gpu, &pg, 1, slots.g, k.g, v.g, T);
     char name[96];
     snprintf(name, sizeof name, "kv_store H%d KV%d D%d bs%d", H, KV, D, bs);
-    compare(name, &pool, 0);
+    twin as_rows = pool;
+    as_rows.c = cpu_pool_as_rows(pool.c, N_BLOCKS, LAYERS, bs, width);
+    compare(name, &as_rows, 0);
+    weft_free(as_rows.c);
     size_t per_block = (size_t)LAYERS * 2 * bs * width, layer_size = (size_t)2 * bs * width;
     int stray = 0;
     for (int b = 0; b < N_BLOCKS; b++)

@@ -3,7 +3,9 @@
 A random Qwen2 (GQA, biases, head_dim 64: BLAS would take other kernels for one decoded row than
 for a training tile), 8 prompts of 1 to 300 tokens (across KV-cache blocks of 16), 3 samples each
 at temperature 1 with top-p 0.9, up to 20 new tokens: every recorded log-prob equals
-`weft grad --logprobs` on prompt + completion (the completion the targets) bit for bit on the CPU.
+`weft grad --logprobs` on prompt + completion (the completion the targets) bit for bit on the CPU,
+with KV-cache blocks of 16 (the default), 32 and 12 positions (the CPU reads a block's transposed
+keys in place when its size is a multiple of 16, else repacks them first).
 With device=cuda (the GPU where one is listed, else weft_emulated: the CUDA kernels run on the
 CPU) generation and scoring both run in bf16 and differ only by its round-off: the max and mean
 absolute difference are printed and must stay under MAX_DIFF and MEAN_DIFF.
@@ -48,10 +50,11 @@ def check_kernels(tag, profile, device_draws, failures):
 
 
 def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
-            first_tokens=None):
+            first_tokens=None, block_size=16):
     tag = f"device={device}" + (f", speculative_tokens={speculative}" if speculative else "")
     tag += ", no top-p" if settings is UNFILTERED else ""
-    name = f"{device}_{speculative}_{len(settings)}"
+    tag += f", block_size={block_size}" if block_size != 16 else ""
+    name = f"{device}_{speculative}_{len(settings)}_{block_size}"
     lengths = SPECULATIVE_LENGTHS if speculative else LENGTHS
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
                             random_prompts(lengths, CFG["vocab_size"], 3))
@@ -59,7 +62,7 @@ def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
     profile = {"WEFT_CUDA_PROFILE": "1"} if device == "cuda" else {}
     rows, stats, run = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{name}.jsonl"),
                                 *settings, *dev, f"rollout.speculative_tokens={speculative}",
-                                env=profile)
+                                f"rollout.block_size={block_size}", env=profile)
     if profile:
         check_kernels(tag, run.stderr, settings is UNFILTERED and not speculative, failures)
     if speculative:
@@ -99,6 +102,8 @@ def cases(weft, tmp):
     mtp = os.path.join(tmp, "mtp_model")
     files.make_model(mtp, dict(CFG, num_nextn_predict_layers=SPECULATIVE), 6, std=0.1)
     compare(weft, mdir, tmp, "cpu", failures)
+    for block_size in (32, 12):
+        compare(weft, mdir, tmp, "cpu", failures, block_size=block_size)
     compare(weft, mtp, tmp, "cpu", failures, SPECULATIVE)
     program, emulated = fixtures.cuda_weft(weft, 1)
     if program:

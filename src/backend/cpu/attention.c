@@ -41,6 +41,11 @@ typedef struct attn_shape {
 
 // Rows of keys or values of one kv head: contiguous (a document) or in the blocks of a paged
 // pool. Row j of block b starts at base + block(b) * block_stride + (j % block_size) * ld.
+//
+// Keys are read as columns: key j's element d at base + block(j / block_size) * block_stride +
+// d * block_size + j % block_size (ld unused). The packed Kt of a document is such, with
+// KEY_STEP keys per block, and so are the CPU pool's keys (each block's keys of a kv head are
+// stored transposed, (D, block_size)): a decode step reads them as LANES-key vectors in place.
 typedef struct kv_rows {
     const float *base;
     size_t ld, block_stride;
@@ -62,6 +67,12 @@ static void prefetch_block(const kv_rows *r, int b, int D) {
     const float *row = block_start(r, b);
     for (int o = 0; o < r->block_size; o++, row += r->ld)
         for (int d = 0; d < D; d += 16) __builtin_prefetch(row + d);
+}
+
+// Keys j .. j + LANES of columns c (j a multiple of LANES, block_size too): element d at
+// the result + d * block_size.
+static const float *key_lanes(const kv_rows *c, int j) {
+    return block_start(c, j / c->block_size) + j % c->block_size;
 }
 
 static int max_doc_len(const int32_t *cu, int n_docs) {
@@ -101,10 +112,23 @@ static void transpose8(const float *const r[8], float *out, size_t ld) {
 }
 #endif
 
-// Key j (D floats at row) into its panel column.
-static void pack_one_key(const float *row, int j, int D, float *Kt) {
+// Kt as columns: KEY_STEP keys per block.
+static kv_rows packed_columns(const float *Kt, int D) {
+    return (kv_rows){.base = Kt, .block_stride = (size_t)D * KEY_STEP, .block_size = KEY_STEP};
+}
+
+// Key j (D floats at row, `stride` apart) into its panel column.
+static void pack_one_key(const float *row, size_t stride, int j, int D, float *Kt) {
     float *col = Kt + (size_t)(j / KEY_STEP) * D * KEY_STEP + j % KEY_STEP;
-    for (int d = 0; d < D; d++) col[(size_t)d * KEY_STEP] = row ? row[d] : 0.0f;
+    for (int d = 0; d < D; d++) col[(size_t)d * KEY_STEP] = row ? row[d * stride] : 0.0f;
+}
+
+// Kt = the first n keys of columns c repacked KEY_STEP to a block: for a pool whose block size
+// is not a multiple of LANES.
+static void pack_key_columns(const kv_rows *c, int n, int D, float *Kt) {
+    for (int j = 0; j < round_up(n, KEY_STEP); j++)
+        pack_one_key(j < n ? block_start(c, j / c->block_size) + j % c->block_size : NULL,
+                     (size_t)c->block_size, j, D, Kt);
 }
 
 // Kt = the first n keys transposed in panels of KEY_STEP keys: panel c holds (D, KEY_STEP), key
@@ -128,23 +152,24 @@ static void pack_keys(const kv_rows *k, int n, int D, float *Kt) {
             }
         }
 #endif
-        for (; o < rows; o++) pack_one_key(row + (size_t)o * k->ld, j0 + o, D, Kt);
+        for (; o < rows; o++) pack_one_key(row + (size_t)o * k->ld, 1, j0 + o, D, Kt);
     }
-    for (int j = n; j < round_up(n, KEY_STEP); j++) pack_one_key(NULL, j, D, Kt);
+    for (int j = n; j < round_up(n, KEY_STEP); j++) pack_one_key(NULL, 1, j, D, Kt);
 }
 
-// S rows [0, R) x the keys of one panel: scale * sum_d q_d Kt_d, an FMA chain over d in order.
+// S rows [0, R) x KEY_STEP keys, lanes k0 and k1 (element d at + d * kstride): scale * sum_d
+// q_d K_d, an FMA chain over d in order.
 static inline __attribute__((always_inline)) void score_block(const float *q, int ldq, int R,
-                                                              const float *panel, int D,
-                                                              float scale, float *S, int lds,
-                                                              int n) {
+                                                              const float *k0, const float *k1,
+                                                              size_t kstride, int D, float scale,
+                                                              float *S, int lds, int n) {
     vf16 acc[ROW_BLOCK][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf16){0};
     for (int d = 0; d < D; d++) {
-        vf16 k0 = load16(panel + (size_t)d * KEY_STEP), k1 = load16(panel + (size_t)d * KEY_STEP + LANES);
+        vf16 x0 = load16(k0 + (size_t)d * kstride), x1 = load16(k1 + (size_t)d * kstride);
         for (int r = 0; r < R; r++) {
             float x = q[(size_t)r * ldq + d];
-            acc[r][0] += x * k0, acc[r][1] += x * k1;
+            acc[r][0] += x * x0, acc[r][1] += x * x1;
         }
     }
     for (int r = 0; r < R; r++) {
@@ -155,16 +180,28 @@ static inline __attribute__((always_inline)) void score_block(const float *q, in
     }
 }
 
-// S (rows, keys) = scale Q K^T from the packed keys.
-static void scores(const float *q, int ldq, int rows, const float *Kt, int keys, int D,
+// Asks for the block after the one holding key j, when j starts a block of a paged pool.
+static void prefetch_key_block(const kv_rows *c, int j, int keys, int D) {
+    if (!c->table || j % c->block_size != 0 || j + c->block_size >= keys) return;
+    const float *next = block_start(c, j / c->block_size + 1);
+    for (size_t i = 0; i < (size_t)D * c->block_size; i += LANES) __builtin_prefetch(next + i);
+}
+
+// S (rows, keys) = scale Q K^T, the keys read as columns c. Lanes past the last key are computed
+// on whatever the block holds there and dropped; a chunk wholly past it is not read.
+static void scores(const float *q, int ldq, int rows, const kv_rows *c, int keys, int D,
                    float scale, float *S) {
     for (int j0 = 0; j0 < keys; j0 += KEY_STEP) {
         int n = keys - j0 < KEY_STEP ? keys - j0 : KEY_STEP, i = 0;
+        const float *k0 = key_lanes(c, j0), *k1 = n > LANES ? key_lanes(c, j0 + LANES) : k0;
+        size_t ks = (size_t)c->block_size;
+        prefetch_key_block(c, j0, keys, D);
+        if (n > LANES) prefetch_key_block(c, j0 + LANES, keys, D);
         for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
-            score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, Kt + (size_t)j0 * D, D, scale,
+            score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, k0, k1, ks, D, scale,
                         S + (size_t)i * keys + j0, keys, n);
         for (; i < rows; i++)
-            score_block(q + (size_t)i * ldq, ldq, 1, Kt + (size_t)j0 * D, D, scale,
+            score_block(q + (size_t)i * ldq, ldq, 1, k0, k1, ks, D, scale,
                         S + (size_t)i * keys + j0, keys, n);
     }
 }
@@ -250,19 +287,18 @@ static void softmax_rows(float *P, const int32_t *pos, int rows, int keys, float
 
 // The query heads of kv head g over n query rows of one document or sequence (q rows H*D apart
 // from q0, positions pos; outputs likewise from out0; lse0 one per row, Tq apart per head),
-// keys and values from k, v (the kv head's columns). The decode path runs exactly this on rows
-// in the cache's blocks, so a row's bits do not depend on where its keys are or who shares its
-// call.
-static void attend_group(float *P, float *Kt, const float *q0, const int32_t *pos, int n,
-                         const kv_rows *k, const kv_rows *v, int g, const attn_shape *s,
-                         float *out0, float *lse0, int Tq) {
-    int group = s->H / s->KV, ldq = s->H * s->D, keys = tile_keys(pos, n);
-    pack_keys(k, keys, s->D, Kt);
+// keys read as columns kc, values from v (the kv head's columns). The decode path runs exactly
+// this on keys and values in the cache's blocks, so a row's bits do not depend on where its keys
+// are or who shares its call.
+static void attend_group(float *P, const kv_rows *kc, const float *q0, const int32_t *pos, int n,
+                         const kv_rows *v, int g, const attn_shape *s, float *out0, float *lse0,
+                         int Tq) {
+    int group = s->H / s->KV, ldq = s->H * s->D;
     for (int h = g * group; h < (g + 1) * group; h++)
         for (int r0 = 0; r0 < n; r0 += ATTN_TILE) {
             int rows = n - r0 < ATTN_TILE ? n - r0 : ATTN_TILE, tk = tile_keys(pos + r0, rows);
-            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, Kt, tk, s->D,
-                   s->scale, P);
+            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, kc, tk, s->D, s->scale,
+                   P);
             softmax_rows(P, pos + r0, rows, tk, lse0 + (size_t)h * Tq + r0, NULL);
             weighted_values(P, rows, tk, v, s->D, out0 + (size_t)r0 * ldq + (size_t)h * s->D,
                             ldq);
@@ -286,10 +322,12 @@ void weft_cpu_attention_forward(weft_backend *self, const void *qv, const void *
             for (int g = 0; g < KV; g++) {
                 kv_rows kd = contiguous_rows(k + (size_t)ck[d] * KV * D + (size_t)g * D, (size_t)KV * D);
                 kv_rows vd = contiguous_rows(v + (size_t)ck[d] * KV * D + (size_t)g * D, (size_t)KV * D);
-                if (cq[d + 1] > cq[d])
-                    attend_group(P, Kt, q + (size_t)cq[d] * H * D, lay->q_pos + cq[d],
-                                 cq[d + 1] - cq[d], &kd, &vd, g, &s, out + (size_t)cq[d] * H * D,
-                                 lse + cq[d], lay->Tq);
+                if (cq[d + 1] == cq[d]) continue;
+                kv_rows kc = packed_columns(Kt, D);
+                pack_keys(&kd, tile_keys(lay->q_pos + cq[d], cq[d + 1] - cq[d]), D, Kt);
+                attend_group(P, &kc, q + (size_t)cq[d] * H * D, lay->q_pos + cq[d],
+                             cq[d + 1] - cq[d], &vd, g, &s, out + (size_t)cq[d] * H * D,
+                             lse + cq[d], lay->Tq);
             }
     }
 }
@@ -326,6 +364,7 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                 int all_keys = tile_keys(lay->q_pos + cq[d], cq[d + 1] - cq[d]);
                 pack_keys(&(kv_rows){.base = kd, .ld = ldk, .block_size = INT_MAX}, all_keys, D,
                           Kt);
+                kv_rows kc = packed_columns(Kt, D);
                 for (int h = g * group; h < (g + 1) * group; h++)
                     for (int r0 = cq[d]; r0 < cq[d + 1]; r0 += ATTN_TILE) {
                         int rows = cq[d + 1] - r0 < ATTN_TILE ? cq[d + 1] - r0 : ATTN_TILE;
@@ -335,7 +374,7 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                         const float *ot = out + (size_t)r0 * ldq + (size_t)h * D;
                         const float *dot = dout + (size_t)r0 * ldq + (size_t)h * D;
                         float *dqt = dq + (size_t)r0 * ldq + (size_t)h * D;
-                        scores(qt, ldq, rows, Kt, keys, D, s.scale, P);
+                        scores(qt, ldq, rows, &kc, keys, D, s.scale, P);
                         softmax_rows(P, pos, rows, keys, NULL, lse + (size_t)h * lay->Tq + r0);
                         // dV += P^T dO
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
@@ -362,24 +401,26 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
 
 // --------------------------------------------------------------------------- paged cache ----
 
-// Where position p of a sequence (block table `table`) sits in the pool for `layer`: keys at the
-// returned float offset, values block_size * width floats after.
-static size_t pooled_row(const weft_kv_pool *pool, int layer, int block, int offset) {
-    size_t per_block = (size_t)pool->layers * 2 * pool->block_size * pool->width;
-    return (size_t)block * per_block + ((size_t)layer * 2 * pool->block_size + offset) * pool->width;
+// The CPU pool's block: per layer, the keys of its block_size positions transposed, (width,
+// block_size) (kv head g's columns at g * D * block_size: see kv_rows), then their values as
+// rows, (block_size, width). The float offset of `layer`'s keys in `block`:
+static size_t pooled_keys(const weft_kv_pool *pool, int layer, int block) {
+    size_t per_layer = (size_t)2 * pool->block_size * pool->width;
+    return ((size_t)block * pool->layers + layer) * per_layer;
 }
 
 void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
                        const int32_t *slot, const void *kv, const void *vv, int T) {
     const float *k = kv, *v = vv;
     float *data = pool->data;
-    size_t w = (size_t)pool->width, half = (size_t)pool->block_size * w;
+    size_t w = (size_t)pool->width, bs = (size_t)pool->block_size;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
         if (slot[t] < 0) continue;
-        size_t at = pooled_row(pool, layer, slot[t] / pool->block_size, slot[t] % pool->block_size);
-        memcpy(data + at, k + (size_t)t * w, sizeof(float) * w);
-        memcpy(data + at + half, v + (size_t)t * w, sizeof(float) * w);
+        size_t o = (size_t)slot[t] % bs;
+        float *keys = data + pooled_keys(pool, layer, slot[t] / pool->block_size);
+        for (size_t c = 0; c < w; c++) keys[c * bs + o] = k[(size_t)t * w + c];
+        memcpy(keys + bs * w + o * w, v + (size_t)t * w, sizeof(float) * w);
     }
 }
 
@@ -390,25 +431,30 @@ void weft_cpu_paged_attention(weft_backend *self, const void *qv, const weft_kv_
     const float *q = qv, *data = pool->data;
     float *out = outv;
     const int32_t *cq = lay->cu_q;
-    int L = round_up(tile_keys(lay->q_pos, lay->Tq) + 1, KEY_STEP);
-    size_t w = (size_t)pool->width, keys_at = pooled_row(pool, layer, 0, 0);
-    size_t block_stride = pooled_row(pool, layer, 1, 0) - keys_at;
+    int L = round_up(tile_keys(lay->q_pos, lay->Tq) + 1, KEY_STEP), bs = pool->block_size;
+    size_t w = (size_t)pool->width, keys_at = pooled_keys(pool, layer, 0);
+    size_t block_stride = pooled_keys(pool, layer, 1) - keys_at;
+    bool in_place = bs % LANES == 0; // else the columns are repacked KEY_STEP to a block
 #pragma omp parallel
     {
         float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * L);
-        float *Kt = weft_cpu_scratch(self, 2, (size_t)D * L);
+        float *Kt = in_place ? NULL : weft_cpu_scratch(self, 2, (size_t)D * L);
 #pragma omp for schedule(dynamic, 1)
         for (int sq = 0; sq < lay->n_seqs; sq++)
             for (int g = 0; g < KV; g++) {
-                if (cq[sq + 1] == cq[sq]) continue;
-                kv_rows k = {.base = data + keys_at + (size_t)g * D, .ld = w,
-                             .block_stride = block_stride, .block_size = pool->block_size,
-                             .table = lay->block_tables + (size_t)sq * lay->max_blocks};
-                kv_rows v = k;
-                v.base += (size_t)pool->block_size * w; // a block's values follow its keys
-                attend_group(P, Kt, q + (size_t)cq[sq] * H * D, lay->q_pos + cq[sq],
-                             cq[sq + 1] - cq[sq], &k, &v, g, &s, out + (size_t)cq[sq] * H * D,
-                             lse + cq[sq], lay->Tq);
+                int n = cq[sq + 1] - cq[sq];
+                if (n == 0) continue;
+                const int32_t *table = lay->block_tables + (size_t)sq * lay->max_blocks;
+                kv_rows kc = {.base = data + keys_at + (size_t)g * D * bs,
+                              .block_stride = block_stride, .block_size = bs, .table = table};
+                kv_rows v = {.base = data + keys_at + bs * w + (size_t)g * D, .ld = w,
+                             .block_stride = block_stride, .block_size = bs, .table = table};
+                if (!in_place) {
+                    pack_key_columns(&kc, tile_keys(lay->q_pos + cq[sq], n), D, Kt);
+                    kc = packed_columns(Kt, D);
+                }
+                attend_group(P, &kc, q + (size_t)cq[sq] * H * D, lay->q_pos + cq[sq], n, &v, g,
+                             &s, out + (size_t)cq[sq] * H * D, lse + cq[sq], lay->Tq);
             }
     }
 }
