@@ -73,3 +73,7 @@ void weft_blas_fix_coretype(void) {
 }
 
 const char *weft_blas_corename(void) { return openblas_get_corename(); }
+
+bool weft_blas_rows_stable_unpadded(void) {
+    return !strcasecmp(openblas_get_corename(), "sandybridge");
+}

@@ -16,6 +16,7 @@
 // pages, zero-filled by the kernel, on every call.
 typedef struct cpu_state {
     int n_threads;
+    bool pad_small_products; // see rows_for_regular_kernel
     float **scratch;   // (n_threads * WEFT_CPU_SCRATCH_SLOTS) buffers
     size_t *capacity;  // (n_threads * WEFT_CPU_SCRATCH_SLOTS) floats
 } cpu_state;
@@ -69,7 +70,8 @@ static void cpu_to_f32(weft_backend *self, float *dst, const void *src, weft_dty
 // depend on how many rows share the call: a micro-batch split would change the forward pass.
 // Such calls get their rows padded with zeros up to a size the regular kernel takes; rows of a
 // product are then the same bits in any micro-batch. The cost is bounded (a few MFLOP per call)
-// and only tiny models ever pay it.
+// and only tiny models ever pay it, and only where OpenBLAS runs kernels with such a path (the
+// Sandybridge kernels weft runs on CPUs without AVX-512 have none: blas_setup.c).
 // A product with B transposed (a linear layer's forward, X W^T) takes the small kernel only
 // while M*N <= 1200, K >= 32 and M*N*K <= 1e6 (OpenBLAS's SkylakeX permit for its "TN" case, and
 // what tests/rollout checks bit for bit): it is padded just past that, which keeps a decode step's
@@ -95,7 +97,8 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
             memcpy((float *)c + (size_t)i * ldc, (const float *)c_in + (size_t)i * ldc,
                    sizeof(float) * n);
     CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-    int padded = rows_for_regular_kernel(tb, n, k);
+    cpu_state *st = self->impl;
+    int padded = st->pad_small_products ? rows_for_regular_kernel(tb, n, k) : m;
     if (ta || m >= padded) { // with A transposed its rows are not C's rows; nothing to keep stable
         cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
         return;
@@ -461,6 +464,7 @@ weft_backend *weft_backend_cpu_create(void) {
     weft_blas_fix_coretype();
     cpu_state *st = weft_alloc(sizeof *st);
     st->n_threads = omp_get_max_threads();
+    st->pad_small_products = !weft_blas_rows_stable_unpadded();
     st->scratch = weft_alloc(sizeof(float *) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     st->capacity = weft_alloc(sizeof(size_t) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     weft_backend *b = weft_alloc(sizeof *b);
