@@ -385,6 +385,47 @@ static void test_matmul(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// matmul rows are the same bits in any call (the CPU contract of DESIGN.md section 11, which
+// micro-batches, prefill in pieces and decode batches rely on): every row of X W^T and X W,
+// computed in calls of 2-40 rows at several offsets, equals the row computed alone, on the model
+// shapes of the tests (widths 64-384, a vocabulary of 257). BLAS kernels that sum a row by its
+// place in the call (OpenBLAS's Haswell kernel, its SkylakeX small-matrix path) fail it.
+
+static void test_matmul_rows_are_call_independent(void) {
+    enum { ROWS = 40, SHAPES = 5 };
+    const int shapes[SHAPES][2] = {{64, 128}, {128, 128}, {257, 128}, {384, 128}, {128, 384}};
+    const int counts[] = {2, 3, 5, 7, 12, 13, 24, 40};
+    const weft_matmul_types f32 = {WEFT_F32, WEFT_F32, WEFT_F32};
+    for (int s = 0; s < SHAPES; s++)
+        for (int tb = 0; tb < 2; tb++) {
+            int N = shapes[s][0], K = shapes[s][1], ldb = tb ? K : N;
+            float *x = host_normal((size_t)ROWS * K, 0, 1), *w = host_normal((size_t)N * K, 0, 1);
+            float *alone = weft_alloc(sizeof(float) * ROWS * N), *got = weft_alloc(sizeof(float) * ROWS * N);
+            void *x_d = dev_f32(x, (size_t)ROWS * K), *w_d = dev_f32(w, (size_t)N * K);
+            void *c_d = dev_f32(NULL, (size_t)ROWS * N);
+            for (int r = 0; r < ROWS; r++) {
+                B->matmul(B, false, tb, 1, N, K, 1.0f, (float *)x_d + (size_t)r * K, K, w_d, ldb, 0.0f,
+                          NULL, c_d, N, f32);
+                download(alone + (size_t)r * N, c_d, N);
+            }
+            double worst = 0;
+            for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
+                for (int off = 0; off + counts[i] <= ROWS; off += 9) {
+                    B->matmul(B, false, tb, counts[i], N, K, 1.0f, (float *)x_d + (size_t)off * K, K,
+                              w_d, ldb, 0.0f, NULL, c_d, N, f32);
+                    download(got, c_d, (size_t)counts[i] * N);
+                    worst = fmax(worst, rel_err(got, alone + (size_t)off * N, (size_t)counts[i] * N));
+                }
+            char what[96];
+            snprintf(what, sizeof what, "matmul rows in calls of 2-40 vs alone, N=%d K=%d trans_b=%d",
+                     N, K, tb);
+            report(what, worst, 0);
+            B->free(B, x_d), B->free(B, w_d), B->free(B, c_d);
+            weft_free(x), weft_free(w), weft_free(alone), weft_free(got);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
 // adamw: 3 steps against torch.optim.AdamW's update written out in double.
 
 static void test_adamw(void) {
@@ -462,6 +503,7 @@ int main(void) {
     test_rope();
     test_swiglu();
     test_matmul();
+    test_matmul_rows_are_call_independent();
     test_adamw();
     test_reductions();
     return fd_end(t0);
