@@ -388,12 +388,15 @@ static void test_matmul(void) {
 // matmul rows are the same bits in any call (the CPU contract of DESIGN.md section 11, which
 // micro-batches, prefill in pieces and decode batches rely on): every row of X W^T and X W,
 // computed in calls of 2-40 rows at several offsets, equals the row computed alone, on the model
-// shapes of the tests (widths 64-384, a vocabulary of 257). BLAS kernels that sum a row by its
-// place in the call (OpenBLAS's Haswell kernel, its SkylakeX small-matrix path) fail it.
+// shapes of the tests (widths 64-384, a vocabulary of 257) and the small benchmark model's MLP
+// (K = 688). BLAS kernels that sum a row by its place in the call (OpenBLAS's Haswell kernel, its
+// SkylakeX small-matrix path) fail it, and so does OpenBLAS's own threading with 2+ threads: a
+// threaded call splits K = 688 as 344 + 344, a single-threaded one as 352 + 336.
 
 static void test_matmul_rows_are_call_independent(void) {
-    enum { ROWS = 40, SHAPES = 5 };
-    const int shapes[SHAPES][2] = {{64, 128}, {128, 128}, {257, 128}, {384, 128}, {128, 384}};
+    enum { ROWS = 40, SHAPES = 6 };
+    const int shapes[SHAPES][2] = {{64, 128}, {128, 128}, {257, 128}, {384, 128}, {128, 384},
+                                   {256, 688}};
     const int counts[] = {2, 3, 5, 7, 12, 13, 24, 40};
     const weft_matmul_types f32 = {WEFT_F32, WEFT_F32, WEFT_F32};
     for (int s = 0; s < SHAPES; s++)

@@ -86,6 +86,39 @@ static int rows_for_regular_kernel(bool tb, int n, int k) {
     return (int)(by_mn > by_mnk ? by_mn : by_mnk);
 }
 
+// C columns [j0, j1) of one product in one single-threaded OpenBLAS call, small calls padded.
+static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, int k,
+                            float alpha, const float *a, int lda, const float *b, int ldb,
+                            float beta, float *c, int ldc) {
+    int n = j1 - j0;
+    b += tb ? (size_t)j0 * ldb : (size_t)j0, c += j0;
+    CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
+    cpu_state *st = self->impl;
+    int padded = st->pad_small_products ? rows_for_regular_kernel(tb, n, k) : m;
+    if (m >= padded) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    float *ap = weft_cpu_scratch(self, 0, (size_t)padded * k);
+    float *cp = weft_cpu_scratch(self, 1, (size_t)padded * n);
+    memset(ap, 0, sizeof(float) * (size_t)padded * k);
+    memset(cp, 0, sizeof(float) * (size_t)padded * n);
+    for (int i = 0; i < m; i++) {
+        memcpy(ap + (size_t)i * k, a + (size_t)i * lda, sizeof(float) * k);
+        if (beta != 0.0f) memcpy(cp + (size_t)i * n, c + (size_t)i * ldc, sizeof(float) * n);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, opb, padded, n, k, alpha, ap, k, b, ldb, beta, cp, n);
+    for (int i = 0; i < m; i++) memcpy(c + (size_t)i * ldc, cp + (size_t)i * n, sizeof(float) * n);
+}
+
+// Products whose rows are C's rows (A not transposed) run as one single-threaded OpenBLAS call
+// per thread, each on a slice of C's columns (multiples of COLUMN_ALIGN, so the calls tile C as
+// one call would). OpenBLAS threads a product only above about 262,144 multiply-adds, and its
+// threaded driver splits K otherwise than its single-threaded one (K = 688: 344 + 344 against
+// 352 + 336), so with 2+ threads a decoded row would get other bits than the same row in a
+// training batch. Single-threaded calls split K by K alone.
+enum { COLUMN_ALIGN = 64 };
+
 static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
                        const void *a, int lda, const void *b, int ldb, float beta,
                        const void *c_in, void *c, int ldc, weft_matmul_types types) {
@@ -96,24 +129,21 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         for (int i = 0; i < m; i++)
             memcpy((float *)c + (size_t)i * ldc, (const float *)c_in + (size_t)i * ldc,
                    sizeof(float) * n);
-    CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-    cpu_state *st = self->impl;
-    int padded = st->pad_small_products ? rows_for_regular_kernel(tb, n, k) : m;
-    if (ta || m >= padded) { // with A transposed its rows are not C's rows; nothing to keep stable
-        cblas_sgemm(CblasRowMajor, opa, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (ta) { // with A transposed its rows are not C's rows; nothing to keep stable
+        cblas_sgemm(CblasRowMajor, CblasTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
+                    lda, b, ldb, beta, c, ldc);
         return;
     }
-    float *ap = weft_cpu_scratch(self, 0, (size_t)padded * k);
-    float *cp = weft_cpu_scratch(self, 1, (size_t)padded * n);
-    memset(ap, 0, sizeof(float) * (size_t)padded * k);
-    memset(cp, 0, sizeof(float) * (size_t)padded * n);
-    for (int i = 0; i < m; i++) {
-        memcpy(ap + (size_t)i * k, (const float *)a + (size_t)i * lda, sizeof(float) * k);
-        if (beta != 0.0f) memcpy(cp + (size_t)i * n, (float *)c + (size_t)i * ldc, sizeof(float) * n);
+    int slices = (n + COLUMN_ALIGN - 1) / COLUMN_ALIGN, threads = omp_get_max_threads();
+    if (threads > slices) threads = slices;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int j0 = slices * t / nt * COLUMN_ALIGN, j1 = slices * (t + 1) / nt * COLUMN_ALIGN;
+        if (j1 > n) j1 = n;
+        if (j0 < j1)
+            product_columns(self, tb, m, j0, j1, k, alpha, a, lda, b, ldb, beta, c, ldc);
     }
-    cblas_sgemm(CblasRowMajor, opa, opb, padded, n, k, alpha, ap, k, b, ldb, beta, cp, n);
-    for (int i = 0; i < m; i++)
-        memcpy((float *)c + (size_t)i * ldc, cp + (size_t)i * n, sizeof(float) * n);
 }
 
 // Sums rows of a (T, C) matrix into out (C) f32 (+=). Threads own disjoint column ranges, so the
