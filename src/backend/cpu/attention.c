@@ -25,13 +25,34 @@
 // (rows * keys <= 1200 with D >= 32, and more), so a decoded row (one query) would otherwise get
 // other bits than the same row in a training tile of 64.
 
-enum { ATTN_TILE = 64, LANES = 16, KEY_STEP = 2 * LANES, ROW_BLOCK = 4 };
+// LANES is the vector unit's width: GCC spills a vector type wider than the registers to the
+// stack on every operation, which made these loops 4x slower on AVX2 CPUs. The bits do not depend
+// on it (every element is the same FMA chain), only the speed.
+#ifdef __AVX512F__
+enum { LANES = 16, VALUE_ROWS = 4 };
+#else
+enum { LANES = 8, VALUE_ROWS = 2 }; // 16 vector registers: 2 rows x 4 chunks of accumulators
+#endif
+enum { ATTN_TILE = 64, KEY_STEP = 2 * LANES, ROW_BLOCK = 4 };
 
-typedef float vf16 __attribute__((vector_size(LANES * sizeof(float))));
-static inline vf16 load16(const float *p) {
-    vf16 v;
+typedef float vlanes __attribute__((vector_size(LANES * sizeof(float))));
+static inline vlanes load_lanes(const float *p) {
+    vlanes v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+// acc + x * y with one rounding, said explicitly: GCC contracts `acc += x * y` into an FMA in some
+// inlined copies of a loop and not in others, which gave a row other bits when it shared a call.
+static inline vlanes fma_lanes(float x, vlanes y, vlanes acc) {
+#if defined(__AVX512F__)
+    return (vlanes)_mm512_fmadd_ps(_mm512_set1_ps(x), (__m512)y, (__m512)acc);
+#elif defined(__FMA__)
+    return (vlanes)_mm256_fmadd_ps(_mm256_set1_ps(x), (__m256)y, (__m256)acc);
+#else
+    for (int l = 0; l < LANES; l++) acc[l] = fmaf(x, y[l], acc[l]);
+    return acc;
+#endif
 }
 
 typedef struct attn_shape {
@@ -91,27 +112,6 @@ static int tile_keys(const int32_t *pos, int rows) {
     return m;
 }
 
-#ifdef __AVX__
-// Rows r[0..8) (8 floats each) transposed into out[0..8) (ld apart): out[c][i] = r[i][c].
-static void transpose8(const float *const r[8], float *out, size_t ld) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        __m256 a = _mm256_loadu_ps(r[i]), b = _mm256_loadu_ps(r[i + 1]);
-        t[i] = _mm256_unpacklo_ps(a, b), t[i + 1] = _mm256_unpackhi_ps(a, b);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int c = 0; c < 4; c++) {
-        _mm256_storeu_ps(out + c * ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
-        _mm256_storeu_ps(out + (c + 4) * ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
-    }
-}
-#endif
-
 // Kt as columns: KEY_STEP keys per block.
 static kv_rows packed_columns(const float *Kt, int D) {
     return (kv_rows){.base = Kt, .block_stride = (size_t)D * KEY_STEP, .block_size = KEY_STEP};
@@ -147,7 +147,7 @@ static void pack_keys(const kv_rows *k, int n, int D, float *Kt) {
             int j = j0 + o;
             float *col = Kt + (size_t)(j / KEY_STEP) * D * KEY_STEP + j % KEY_STEP;
             for (int d = 0; d < D; d += 8) {
-                transpose8(r, col + (size_t)d * KEY_STEP, KEY_STEP);
+                weft_cpu_transpose8(r, col + (size_t)d * KEY_STEP, KEY_STEP);
                 for (int i = 0; i < 8; i++) r[i] += 8;
             }
         }
@@ -163,18 +163,18 @@ static inline __attribute__((always_inline)) void score_block(const float *q, in
                                                               const float *k0, const float *k1,
                                                               size_t kstride, int D, float scale,
                                                               float *S, int lds, int n) {
-    vf16 acc[ROW_BLOCK][2];
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vf16){0};
+    vlanes acc[ROW_BLOCK][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vlanes){0};
     for (int d = 0; d < D; d++) {
-        vf16 x0 = load16(k0 + (size_t)d * kstride), x1 = load16(k1 + (size_t)d * kstride);
+        vlanes x0 = load_lanes(k0 + (size_t)d * kstride), x1 = load_lanes(k1 + (size_t)d * kstride);
         for (int r = 0; r < R; r++) {
             float x = q[(size_t)r * ldq + d];
-            acc[r][0] += x * x0, acc[r][1] += x * x1;
+            acc[r][0] = fma_lanes(x, x0, acc[r][0]), acc[r][1] = fma_lanes(x, x1, acc[r][1]);
         }
     }
     for (int r = 0; r < R; r++) {
         float out[KEY_STEP];
-        vf16 a0 = acc[r][0] * scale, a1 = acc[r][1] * scale;
+        vlanes a0 = acc[r][0] * scale, a1 = acc[r][1] * scale;
         memcpy(out, &a0, sizeof a0), memcpy(out + LANES, &a1, sizeof a1);
         memcpy(S + (size_t)r * lds, out, sizeof(float) * n);
     }
@@ -206,28 +206,29 @@ static void scores(const float *q, int ldq, int rows, const kv_rows *c, int keys
     }
 }
 
-enum { VALUE_CHUNKS = 4 }; // LANES-wide column chunks a value block holds: one 64-float head
+enum { VALUE_CHUNKS = 4 }; // LANES-wide column chunks a value block holds
 
 // out rows [0, R), columns [c, c + CH * LANES) = sum_j P_j V_j, an FMA chain over the keys in
 // order. Each value row's CH chunks are read together, whole cache lines at a time.
 static inline __attribute__((always_inline)) void value_block(const float *P, int ldp, int R,
                                                               int CH, int keys, const kv_rows *v,
                                                               int c, int D, float *out, int ldo) {
-    vf16 acc[ROW_BLOCK][VALUE_CHUNKS];
+    vlanes acc[VALUE_ROWS][VALUE_CHUNKS];
     for (int r = 0; r < R; r++)
-        for (int h = 0; h < CH; h++) acc[r][h] = (vf16){0};
+        for (int h = 0; h < CH; h++) acc[r][h] = (vlanes){0};
     for (int j0 = 0; j0 < keys; j0 += v->block_size) {
         const float *row = block_start(v, j0 / v->block_size) + c;
         int n = keys - j0 < v->block_size ? keys - j0 : v->block_size;
         if (c == 0 && (long)j0 + v->block_size < keys) prefetch_block(v, j0 / v->block_size + 1, D);
         for (int o = 0; o < n; o++, row += v->ld)
             for (int h = 0; h < CH; h++) {
-                vf16 x = load16(row + h * LANES);
-                for (int r = 0; r < R; r++) acc[r][h] += P[(size_t)r * ldp + j0 + o] * x;
+                vlanes x = load_lanes(row + h * LANES);
+                for (int r = 0; r < R; r++)
+                    acc[r][h] = fma_lanes(P[(size_t)r * ldp + j0 + o], x, acc[r][h]);
             }
     }
     for (int r = 0; r < R; r++)
-        memcpy(out + (size_t)r * ldo + c, acc[r], sizeof(vf16) * CH);
+        memcpy(out + (size_t)r * ldo + c, acc[r], sizeof(vlanes) * CH);
 }
 
 // out (rows, D; ldo apart) = P (rows, keys) V. Columns past the last whole LANES run one chain
@@ -237,12 +238,12 @@ static void weighted_values(const float *P, int rows, int keys, const kv_rows *v
     int whole = D / LANES * LANES;
     for (int c = 0; c < whole;) {
         int wide = whole - c >= VALUE_CHUNKS * LANES, i = 0;
-        for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
+        for (; i + VALUE_ROWS <= rows; i += VALUE_ROWS)
             if (wide)
-                value_block(P + (size_t)i * keys, keys, ROW_BLOCK, VALUE_CHUNKS, keys, v, c, D,
+                value_block(P + (size_t)i * keys, keys, VALUE_ROWS, VALUE_CHUNKS, keys, v, c, D,
                             out + (size_t)i * ldo, ldo);
             else
-                value_block(P + (size_t)i * keys, keys, ROW_BLOCK, 1, keys, v, c, D,
+                value_block(P + (size_t)i * keys, keys, VALUE_ROWS, 1, keys, v, c, D,
                             out + (size_t)i * ldo, ldo);
         for (; i < rows; i++)
             if (wide)

@@ -1,6 +1,9 @@
 // backend/cpu (private): what the CPU backend's files share.
 #pragma once
 #include "backend/backend.h"
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 enum { WEFT_CPU_SCRATCH_SLOTS = 4 }; // per-thread scratch buffers an op may hold at once
 
@@ -28,3 +31,24 @@ void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
 void weft_cpu_paged_attention(weft_backend *self, const void *q, const weft_kv_pool *pool,
                               int layer, const weft_paged_layout *layout, void *out, float *lse,
                               int H, int KV, int D);
+
+#ifdef __AVX__
+// Rows r[0..8) (8 floats each) transposed into out[0..8) (ld apart): out[c][i] = r[i][c].
+static inline void weft_cpu_transpose8(const float *const r[8], float *out, size_t ld) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        __m256 a = _mm256_loadu_ps(r[i]), b = _mm256_loadu_ps(r[i + 1]);
+        t[i] = _mm256_unpacklo_ps(a, b), t[i + 1] = _mm256_unpackhi_ps(a, b);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(out + c * ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+        _mm256_storeu_ps(out + (c + 4) * ld, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+    }
+}
+#endif
