@@ -52,3 +52,11 @@ static inline void weft_cpu_transpose8(const float *const r[8], float *out, size
     }
 }
 #endif
+
+// few_rows.c: C (m, n) = alpha A op(B) + beta C for a few rows of A (not transposed), with the
+// bits OpenBLAS's Sandybridge kernels give in a single-threaded call, which
+// weft_cpu_few_rows_agree checks on this machine's library (false where they differ or the CPU has
+// no AVX: then OpenBLAS does the product).
+void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                               const float *b, int ldb, float beta, float *c, int ldc);
+bool weft_cpu_few_rows_agree(void);

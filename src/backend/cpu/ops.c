@@ -17,6 +17,7 @@
 typedef struct cpu_state {
     int n_threads;
     bool pad_small_products; // see rows_for_regular_kernel
+    bool few_rows_own;       // products of up to FEW_ROWS rows through few_rows.c
     float **scratch;   // (n_threads * WEFT_CPU_SCRATCH_SLOTS) buffers
     size_t *capacity;  // (n_threads * WEFT_CPU_SCRATCH_SLOTS) floats
 } cpu_state;
@@ -86,7 +87,12 @@ static int rows_for_regular_kernel(bool tb, int n, int k) {
     return (int)(by_mn > by_mnk ? by_mn : by_mnk);
 }
 
-// C columns [j0, j1) of one product in one single-threaded OpenBLAS call, small calls padded.
+// Up to this many rows a product goes through few_rows.c where that has OpenBLAS's bits: its
+// operand of A rows (FEW_ROWS x 384 floats, 96 KB) stays in L2 while every panel of B passes.
+enum { FEW_ROWS = 64 };
+
+// C columns [j0, j1) of one product on this thread: few rows through few_rows.c, the rest in one
+// single-threaded OpenBLAS call, small calls padded.
 static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, int k,
                             float alpha, const float *a, int lda, const float *b, int ldb,
                             float beta, float *c, int ldc) {
@@ -94,6 +100,10 @@ static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, 
     b += tb ? (size_t)j0 * ldb : (size_t)j0, c += j0;
     CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
     cpu_state *st = self->impl;
+    if (st->few_rows_own && m <= FEW_ROWS) {
+        weft_cpu_few_rows_product(tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
     int padded = st->pad_small_products ? rows_for_regular_kernel(tb, n, k) : m;
     if (m >= padded) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -495,6 +505,7 @@ weft_backend *weft_backend_cpu_create(void) {
     cpu_state *st = weft_alloc(sizeof *st);
     st->n_threads = omp_get_max_threads();
     st->pad_small_products = !weft_blas_rows_stable_unpadded();
+    st->few_rows_own = !st->pad_small_products && weft_cpu_few_rows_agree();
     st->scratch = weft_alloc(sizeof(float *) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     st->capacity = weft_alloc(sizeof(size_t) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     weft_backend *b = weft_alloc(sizeof *b);

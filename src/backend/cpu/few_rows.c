@@ -1,0 +1,168 @@
+// Products of a few rows (a decode step's tokens) with the bits of OpenBLAS's Sandybridge sgemm,
+// without its cost. A single-threaded OpenBLAS call repacks its whole B operand (the weights) with
+// scalar copies before the kernel reads it: for one to a few dozen rows that copy takes longer
+// than the arithmetic, and the packed block (768 x 384 floats) does not stay in L2. Here each
+// 16-column panel of the weights is packed into L1 (8 x 8 register transposes) and every row is
+// multiplied against it at once.
+//
+// The bits are OpenBLAS's own, which is what keeps a decoded row equal to the same row in a
+// training batch (DESIGN.md section 9): its driver (driver/level3/level3.c, single-threaded) sums
+// K in blocks of at most Q = 384, a remainder between Q and 2Q split in two halves rounded up to
+// 16, and its kernel (sgemm_kernel_16x4_sandy.S) sums each block from zero in order, a multiply
+// then an add (no FMA), then adds alpha times the block's sum to C, which beta has scaled first
+// (zeroed for beta = 0, left for beta = 1). This file is compiled with -ffp-contract=off so the
+// multiply and the add stay two roundings. weft_cpu_few_rows_agree checks the claim against the
+// library at start-up; tests/backend checks it on the test shapes.
+#include <cblas.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
+#include "backend/cpu/internal.h"
+
+#ifdef __AVX__
+
+enum { PANEL = 16, SANDY_Q = 384, SANDY_UNROLL_M = 16, TILE_ROWS = 4 };
+
+// The length of the K block starting where `left` products remain (level3.c's min_l).
+static int k_block(int left) {
+    if (left >= 2 * SANDY_Q) return SANDY_Q;
+    if (left > SANDY_Q) return (left / 2 + SANDY_UNROLL_M - 1) / SANDY_UNROLL_M * SANDY_UNROLL_M;
+    return left;
+}
+
+// panel (kb, PANEL) = columns [j0, j0 + cols) of op(B) over K rows [k0, k0 + kb), zero past cols:
+// panel[k * PANEL + c] = op(B)[k0 + k][j0 + c]. B is (n, K) for a transposed B, else (K, n).
+static void pack_panel(const float *b, int ldb, bool tb, int j0, int cols, int k0, int kb,
+                       float *panel) {
+    if (!tb) {
+        for (int k = 0; k < kb; k++) {
+            memcpy(panel + k * PANEL, b + (size_t)(k0 + k) * ldb + j0, sizeof(float) * cols);
+            memset(panel + k * PANEL + cols, 0, sizeof(float) * (PANEL - cols));
+        }
+        return;
+    }
+    int k = 0;
+    if (cols == PANEL)
+        for (; k + 8 <= kb; k += 8)
+            for (int half = 0; half < PANEL; half += 8) {
+                const float *r[8];
+                for (int i = 0; i < 8; i++) r[i] = b + (size_t)(j0 + half + i) * ldb + k0 + k;
+                weft_cpu_transpose8(r, panel + k * PANEL + half, PANEL);
+            }
+    for (; k < kb; k++)
+        for (int c = 0; c < PANEL; c++)
+            panel[k * PANEL + c] = c < cols ? b[(size_t)(j0 + c) * ldb + k0 + k] : 0.0f;
+}
+
+// C rows [0, R) x panel columns [0, cols) += alpha * (A rows . panel) over kb, the kernel's order.
+// ROWS (a constant once inlined) rows of arithmetic, rows past R reading zeros and dropped, so
+// that the accumulators are registers: with a variable count GCC keeps a copy of them on the
+// stack, and its stores, 8 per step, were the bottleneck.
+static inline __attribute__((always_inline)) void tile(const float *a, int lda, int R, int ROWS,
+                                                       const float *panel, int kb, float alpha,
+                                                       float *c, int ldc, int cols) {
+    static const float zeros[SANDY_Q];
+    const float *x[TILE_ROWS];
+    __m256 acc[TILE_ROWS][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) {
+        x[r] = r < R ? a + (size_t)r * lda : zeros;
+        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    }
+    for (int k = 0; k < kb; k++) {
+        __m256 w0 = _mm256_loadu_ps(panel + k * PANEL), w1 = _mm256_loadu_ps(panel + k * PANEL + 8);
+        // Held in registers: GCC would reload them for every row, and loads, not arithmetic,
+        // then bound the loop (12 loads a step against 6).
+        __asm__("" : "+x"(w0), "+x"(w1));
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            __m256 xr = _mm256_broadcast_ss(x[r] + k);
+            acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_mul_ps(xr, w0));
+            acc[r][1] = _mm256_add_ps(acc[r][1], _mm256_mul_ps(xr, w1));
+        }
+    }
+    __m256 al = _mm256_set1_ps(alpha);
+    float sum[TILE_ROWS][PANEL];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) {
+        _mm256_storeu_ps(sum[r], _mm256_mul_ps(al, acc[r][0]));
+        _mm256_storeu_ps(sum[r] + 8, _mm256_mul_ps(al, acc[r][1]));
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < cols; j++) c[(size_t)r * ldc + j] = sum[r][j] + c[(size_t)r * ldc + j];
+}
+
+static void rows_against_panel(const float *a, int lda, int m, const float *panel, int kb,
+                               float alpha, float *c, int ldc, int cols) {
+    if (m == 1) { // a decode step of one sequence: no arithmetic on zero rows
+        tile(a, lda, 1, 1, panel, kb, alpha, c, ldc, cols);
+        return;
+    }
+    for (int i = 0; i < m; i += TILE_ROWS)
+        tile(a + (size_t)i * lda, lda, m - i < TILE_ROWS ? m - i : TILE_ROWS, TILE_ROWS, panel, kb,
+             alpha, c + (size_t)i * ldc, ldc, cols);
+}
+
+void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                               const float *b, int ldb, float beta, float *c, int ldc) {
+    if (beta != 1.0f)
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                float *e = c + (size_t)i * ldc + j;
+                *e = beta == 0.0f ? 0.0f : beta * *e;
+            }
+    if (alpha == 0.0f) return;
+    float panel[SANDY_Q * PANEL] __attribute__((aligned(32))); // 24 KB: stays in L1
+    for (int j0 = 0; j0 < n; j0 += PANEL) {
+        int cols = n - j0 < PANEL ? n - j0 : PANEL;
+        for (int k0 = 0, kb; k0 < k; k0 += kb) {
+            kb = k_block(k - k0);
+            pack_panel(b, ldb, tb, j0, cols, k0, kb, panel);
+            rows_against_panel(a + k0, lda, m, panel, kb, alpha, c + j0, ldc, cols);
+        }
+    }
+}
+
+// Products small enough that OpenBLAS runs them on one thread (M N K under 262,144), both ways:
+// K of one block, of Q to 2Q (split in halves rounded to 16) and of many blocks, columns in whole
+// and partial panels, every row-tile size, B either way, alpha and beta other than 1 and 0.
+bool weft_cpu_few_rows_agree(void) {
+    enum { CASES = 5 };
+    const int shape[CASES][3] = {{7, 40, 100}, {3, 33, 688}, {4, 40, 1000}, {2, 17, 3000}, {1, 64, 1408}};
+    bool same = true;
+    unsigned state = 12345;
+    for (int s = 0; s < CASES && same; s++)
+        for (int tb = 0; tb < 2 && same; tb++) {
+            int m = shape[s][0], n = shape[s][1], k = shape[s][2];
+            float alpha = s == 2 ? 0.5f : 1.0f, beta = s == 3 ? 1.0f : s == 4 ? 0.75f : 0.0f;
+            size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
+            float *x = malloc(sizeof(float) * (na + nb + 2 * nc));
+            for (size_t i = 0; i < na + nb + nc; i++) {
+                state = state * 1664525u + 1013904223u;
+                x[i] = (float)(state >> 8) / (float)(1u << 24) - 0.5f;
+            }
+            float *a = x, *b = x + na, *want = b + nb, *got = want + nc;
+            memcpy(got, want, sizeof(float) * nc);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+                        a, k, b, tb ? k : n, beta, want, n);
+            weft_cpu_few_rows_product(tb, m, n, k, alpha, a, k, b, tb ? k : n, beta, got, n);
+            same = memcmp(want, got, sizeof(float) * nc) == 0;
+            free(x);
+        }
+    return same;
+}
+
+#else
+
+bool weft_cpu_few_rows_agree(void) { return false; }
+
+void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                               const float *b, int ldb, float beta, float *c, int ldc) {
+    WEFT_CHECK(false, "internal: few-row products need AVX (weft_cpu_few_rows_agree said no)");
+}
+
+#endif
