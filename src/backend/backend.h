@@ -207,6 +207,13 @@ struct weft_backend {
     void (*graph_launch)(weft_backend *self, void *graph);
     void (*graph_free)(weft_backend *self, void *graph);
 
+    // Optional (NULL where a backend keeps nothing). Between params_fixed and params_released
+    // the caller promises that the `bytes` at `params` do not change, so the backend may keep
+    // copies derived from them: the CPU backend packs the weights among them once for products of
+    // a few rows (a decode step), instead of on every call. Results are the same bits either way.
+    void (*params_fixed)(weft_backend *self, const void *params, size_t bytes);
+    void (*params_released)(weft_backend *self);
+
     void (*destroy)(weft_backend *self); // frees what impl holds
     void *impl;
     // How often the host has waited for the device (downloads, synchronize, sums read back): a

@@ -337,10 +337,21 @@ void weft_rollout_after_token(weft_engine *e, int i) {
 
 // ------------------------------------------------------------------------------- the loop ----
 
+// The parameters do not change while the engine generates (a trainer updates them between
+// rollouts): the backend may keep what it derives from them for as long (backend.h).
+static void hold_params(weft_model *m, bool hold) {
+    weft_backend *be = m->be;
+    if (hold && be->params_fixed)
+        be->params_fixed(be, m->param_buf, m->n_elements * weft_dtype_size(be->param_dtype));
+    else if (!hold && be->params_released)
+        be->params_released(be);
+}
+
 void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
                           weft_completion *out, weft_progress_fn progress, void *progress_ctx) {
     double t0 = weft_now_seconds();
     weft_engine_check_prompts(e, prompts, n_prompts, NULL);
+    hold_params(e->model, true);
     e->n_seqs = 0, e->done_samples = 0;
     for (int p = 0; p < n_prompts; p++) {
         gen_seq s = seq_for_prompt(e, &prompts[p], -1, 0);
@@ -365,6 +376,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     }
     for (int i = 0; i < e->n_seqs; i++) seq_free(&e->seqs[i]);
     e->n_seqs = 0;
+    hold_params(e->model, false);
     e->stats.prompts += n_prompts;
     e->stats.sequences += total;
     e->stats.seconds += weft_now_seconds() - t0;

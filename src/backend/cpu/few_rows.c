@@ -58,57 +58,79 @@ static void pack_panel(const float *b, int ldb, bool tb, int j0, int cols, int k
             panel[k * PANEL + c] = c < cols ? b[(size_t)(j0 + c) * ldb + k0 + k] : 0.0f;
 }
 
-// C rows [0, R) x panel columns [0, cols) += alpha * (A rows . panel) over kb, the kernel's order.
-// ROWS (a constant once inlined) rows of arithmetic, rows past R reading zeros and dropped, so
-// that the accumulators are registers: with a variable count GCC keeps a copy of them on the
-// stack, and its stores, 8 per step, were the bottleneck.
+// C rows [0, R) x columns [0, cols) += alpha * (A rows . panels) over kb, the kernel's order, for
+// P consecutive panels (`next` floats apart). ROWS and P are constants once inlined: ROWS rows of
+// arithmetic, rows past R reading zeros and dropped, so that the accumulators are registers (with
+// a variable count GCC keeps a copy of them on the stack, and its stores were the bottleneck).
+// One row takes two panels, so that four addition chains, not two, hide the adds' latency.
 static inline __attribute__((always_inline)) void tile(const float *a, int lda, int R, int ROWS,
-                                                       const float *panel, int kb, float alpha,
-                                                       float *c, int ldc, int cols) {
+                                                       const float *panel, size_t next, int P,
+                                                       int kb, float alpha, float *c, int ldc,
+                                                       int cols) {
     static const float zeros[SANDY_Q];
     const float *x[TILE_ROWS];
-    __m256 acc[TILE_ROWS][2];
+    __m256 acc[TILE_ROWS][4];
 #pragma GCC unroll 4
     for (int r = 0; r < ROWS; r++) {
         x[r] = r < R ? a + (size_t)r * lda : zeros;
-        acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();
     }
     for (int k = 0; k < kb; k++) {
-        __m256 w0 = _mm256_loadu_ps(panel + k * PANEL), w1 = _mm256_loadu_ps(panel + k * PANEL + 8);
-        // Held in registers: GCC would reload them for every row, and loads, not arithmetic,
-        // then bound the loop (12 loads a step against 6).
-        __asm__("" : "+x"(w0), "+x"(w1));
+        __m256 w[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < 2 * P; v++) {
+            w[v] = _mm256_loadu_ps(panel + (v / 2) * next + k * PANEL + (v % 2) * 8);
+            // Held in registers: GCC would reload them for every row, and loads, not arithmetic,
+            // then bound the loop (12 loads a step against 6).
+            __asm__("" : "+x"(w[v]));
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < ROWS; r++) {
             __m256 xr = _mm256_broadcast_ss(x[r] + k);
-            acc[r][0] = _mm256_add_ps(acc[r][0], _mm256_mul_ps(xr, w0));
-            acc[r][1] = _mm256_add_ps(acc[r][1], _mm256_mul_ps(xr, w1));
+#pragma GCC unroll 4
+            for (int v = 0; v < 2 * P; v++)
+                acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_mul_ps(xr, w[v]));
         }
     }
     __m256 al = _mm256_set1_ps(alpha);
-    float sum[TILE_ROWS][PANEL];
+    float sum[TILE_ROWS][2 * PANEL] = {{0}}; // zeroed only to quiet -Wmaybe-uninitialized
 #pragma GCC unroll 4
-    for (int r = 0; r < ROWS; r++) {
-        _mm256_storeu_ps(sum[r], _mm256_mul_ps(al, acc[r][0]));
-        _mm256_storeu_ps(sum[r] + 8, _mm256_mul_ps(al, acc[r][1]));
-    }
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 2 * P; v++) _mm256_storeu_ps(sum[r] + 8 * v, _mm256_mul_ps(al, acc[r][v]));
     for (int r = 0; r < R; r++)
         for (int j = 0; j < cols; j++) c[(size_t)r * ldc + j] = sum[r][j] + c[(size_t)r * ldc + j];
 }
 
-static void rows_against_panel(const float *a, int lda, int m, const float *panel, int kb,
-                               float alpha, float *c, int ldc, int cols) {
-    if (m == 1) { // a decode step of one sequence: no arithmetic on zero rows
-        tile(a, lda, 1, 1, panel, kb, alpha, c, ldc, cols);
-        return;
-    }
-    for (int i = 0; i < m; i += TILE_ROWS)
-        tile(a + (size_t)i * lda, lda, m - i < TILE_ROWS ? m - i : TILE_ROWS, TILE_ROWS, panel, kb,
-             alpha, c + (size_t)i * ldc, ldc, cols);
+// C columns [0, cols) of panel (and, with two_panels, cols - 16 more of the panel `next` floats
+// further) for all m rows, over K block kb.
+static void rows_against_panels(const float *a, int lda, int m, const float *panel, size_t next,
+                                bool two_panels, int kb, float alpha, float *c, int ldc,
+                                int cols) {
+    if (m == 1 && two_panels) // a decode step of one sequence: no arithmetic on zero rows
+        tile(a, lda, 1, 1, panel, next, 2, kb, alpha, c, ldc, cols);
+    else if (m == 1)
+        tile(a, lda, 1, 1, panel, next, 1, kb, alpha, c, ldc, cols);
+    else
+        for (int i = 0; i < m; i += TILE_ROWS)
+            tile(a + (size_t)i * lda, lda, m - i < TILE_ROWS ? m - i : TILE_ROWS, TILE_ROWS, panel,
+                 next, 1, kb, alpha, c + (size_t)i * ldc, ldc, cols);
+}
+
+size_t weft_cpu_few_rows_panel_floats(int n, int k) {
+    return (size_t)(n + PANEL - 1) / PANEL * PANEL * k;
+}
+
+// Panel p holds columns [16p, 16p + 16) over all of K, (K, 16): a K block is a run of its rows.
+void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, float *panels) {
+    for (int j0 = 0; j0 < n; j0 += PANEL)
+        pack_panel(b, ldb, tb, j0, n - j0 < PANEL ? n - j0 : PANEL, 0, k, panels + (size_t)j0 * k);
 }
 
 void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                               const float *b, int ldb, float beta, float *c, int ldc) {
+                               const float *b, int ldb, const float *panels, float beta, float *c,
+                               int ldc) {
     if (beta != 1.0f)
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) {
@@ -116,13 +138,17 @@ void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const 
                 *e = beta == 0.0f ? 0.0f : beta * *e;
             }
     if (alpha == 0.0f) return;
-    float panel[SANDY_Q * PANEL] __attribute__((aligned(32))); // 24 KB: stays in L1
-    for (int j0 = 0; j0 < n; j0 += PANEL) {
-        int cols = n - j0 < PANEL ? n - j0 : PANEL;
+    float here[SANDY_Q * PANEL] __attribute__((aligned(32))); // 24 KB: stays in L1
+    // With packed panels one row takes two at a time (rows_against_panels).
+    int step = panels && m == 1 ? 2 * PANEL : PANEL;
+    for (int j0 = 0; j0 < n; j0 += step) {
+        int cols = n - j0 < step ? n - j0 : step;
         for (int k0 = 0, kb; k0 < k; k0 += kb) {
             kb = k_block(k - k0);
-            pack_panel(b, ldb, tb, j0, cols, k0, kb, panel);
-            rows_against_panel(a + k0, lda, m, panel, kb, alpha, c + j0, ldc, cols);
+            const float *panel = panels ? panels + (size_t)j0 * k + (size_t)k0 * PANEL : here;
+            if (!panels) pack_panel(b, ldb, tb, j0, cols, k0, kb, here);
+            rows_against_panels(a + k0, lda, m, panel, (size_t)PANEL * k, cols > PANEL, kb, alpha,
+                                c + j0, ldc, cols);
         }
     }
 }
@@ -149,7 +175,7 @@ bool weft_cpu_few_rows_agree(void) {
             memcpy(got, want, sizeof(float) * nc);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
                         a, k, b, tb ? k : n, beta, want, n);
-            weft_cpu_few_rows_product(tb, m, n, k, alpha, a, k, b, tb ? k : n, beta, got, n);
+            weft_cpu_few_rows_product(tb, m, n, k, alpha, a, k, b, tb ? k : n, NULL, beta, got, n);
             same = memcmp(want, got, sizeof(float) * nc) == 0;
             free(x);
         }
@@ -160,8 +186,15 @@ bool weft_cpu_few_rows_agree(void) {
 
 bool weft_cpu_few_rows_agree(void) { return false; }
 
+size_t weft_cpu_few_rows_panel_floats(int n, int k) { return 0; }
+
+void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, float *panels) {
+    WEFT_CHECK(false, "internal: few-row products need AVX (weft_cpu_few_rows_agree said no)");
+}
+
 void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                               const float *b, int ldb, float beta, float *c, int ldc) {
+                               const float *b, int ldb, const float *panels, float beta, float *c,
+                               int ldc) {
     WEFT_CHECK(false, "internal: few-row products need AVX (weft_cpu_few_rows_agree said no)");
 }
 

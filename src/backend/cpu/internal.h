@@ -56,7 +56,12 @@ static inline void weft_cpu_transpose8(const float *const r[8], float *out, size
 // few_rows.c: C (m, n) = alpha A op(B) + beta C for a few rows of A (not transposed), with the
 // bits OpenBLAS's Sandybridge kernels give in a single-threaded call, which
 // weft_cpu_few_rows_agree checks on this machine's library (false where they differ or the CPU has
-// no AVX: then OpenBLAS does the product).
+// no AVX: then OpenBLAS does the product). B's columns go through 16-column panels, packed per
+// call, or read from `panels` (NULL: pack here) that weft_cpu_few_rows_pack made from the same B,
+// weft_cpu_few_rows_panel_floats(n, k) floats.
 void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                               const float *b, int ldb, float beta, float *c, int ldc);
+                               const float *b, int ldb, const float *panels, float beta, float *c,
+                               int ldc);
+size_t weft_cpu_few_rows_panel_floats(int n, int k);
+void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, float *panels);
 bool weft_cpu_few_rows_agree(void);

@@ -18,6 +18,9 @@ typedef struct cpu_state {
     int n_threads;
     bool pad_small_products; // see rows_for_regular_kernel
     bool few_rows_own;       // products of up to FEW_ROWS rows through few_rows.c
+    const char *fixed_lo, *fixed_hi; // the parameters params_fixed holds, or NULL
+    struct packed_weight *packed;    // (n_packed) weights in them, packed for few_rows.c
+    int n_packed, cap_packed;
     float **scratch;   // (n_threads * WEFT_CPU_SCRATCH_SLOTS) buffers
     size_t *capacity;  // (n_threads * WEFT_CPU_SCRATCH_SLOTS) floats
 } cpu_state;
@@ -91,17 +94,64 @@ static int rows_for_regular_kernel(bool tb, int n, int k) {
 // operand of A rows (FEW_ROWS x 384 floats, 96 KB) stays in L2 while every panel of B passes.
 enum { FEW_ROWS = 64 };
 
-// C columns [j0, j1) of one product on this thread: few rows through few_rows.c, the rest in one
-// single-threaded OpenBLAS call, small calls padded.
+// A weight of the fixed parameters, packed into few_rows.c's panels on its first use.
+typedef struct packed_weight {
+    const float *b;
+    int n, k, ldb;
+    bool tb;
+    float *panels;
+} packed_weight;
+
+// While the caller holds the parameters fixed, every weight among them is packed once and a
+// decode step reads its panels, instead of repacking it on every call.
+static const float *held_panels(weft_backend *self, bool tb, int n, int k, const float *b,
+                                int ldb) {
+    cpu_state *st = self->impl;
+    if (!st->fixed_lo || (const char *)b < st->fixed_lo || (const char *)b >= st->fixed_hi)
+        return NULL;
+    for (int i = 0; i < st->n_packed; i++) {
+        const packed_weight *p = &st->packed[i];
+        if (p->b == b && p->n == n && p->k == k && p->ldb == ldb && p->tb == tb) return p->panels;
+    }
+    if (st->n_packed == st->cap_packed) {
+        st->cap_packed = st->cap_packed ? 2 * st->cap_packed : 64;
+        packed_weight *grown = weft_alloc(sizeof *grown * st->cap_packed);
+        if (st->n_packed) memcpy(grown, st->packed, sizeof *grown * st->n_packed);
+        weft_free(st->packed);
+        st->packed = grown;
+    }
+    float *panels = cpu_alloc(self, sizeof(float) * weft_cpu_few_rows_panel_floats(n, k));
+    weft_cpu_few_rows_pack(tb, n, k, b, ldb, panels);
+    st->packed[st->n_packed++] = (packed_weight){b, n, k, ldb, tb, panels};
+    return panels;
+}
+
+static void cpu_params_released(weft_backend *self) {
+    cpu_state *st = self->impl;
+    for (int i = 0; i < st->n_packed; i++) cpu_free(self, st->packed[i].panels);
+    st->n_packed = 0;
+    st->fixed_lo = st->fixed_hi = NULL;
+}
+
+static void cpu_params_fixed(weft_backend *self, const void *params, size_t bytes) {
+    cpu_params_released(self);
+    cpu_state *st = self->impl;
+    st->fixed_lo = params, st->fixed_hi = (const char *)params + bytes;
+}
+
+// C columns [j0, j1) of one product on this thread: few rows through few_rows.c (B's packed
+// panels from `panels` when it has them), the rest in one single-threaded OpenBLAS call, small
+// calls padded.
 static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, int k,
                             float alpha, const float *a, int lda, const float *b, int ldb,
-                            float beta, float *c, int ldc) {
+                            const float *panels, float beta, float *c, int ldc) {
     int n = j1 - j0;
     b += tb ? (size_t)j0 * ldb : (size_t)j0, c += j0;
     CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
     cpu_state *st = self->impl;
     if (st->few_rows_own && m <= FEW_ROWS) {
-        weft_cpu_few_rows_product(tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        weft_cpu_few_rows_product(tb, m, n, k, alpha, a, lda, b, ldb,
+                                  panels ? panels + (size_t)j0 * k : NULL, beta, c, ldc);
         return;
     }
     int padded = st->pad_small_products ? rows_for_regular_kernel(tb, n, k) : m;
@@ -144,6 +194,9 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
                     lda, b, ldb, beta, c, ldc);
         return;
     }
+    cpu_state *st = self->impl;
+    const float *panels = st->few_rows_own && m <= FEW_ROWS ? held_panels(self, tb, n, k, b, ldb)
+                                                             : NULL;
     int slices = (n + COLUMN_ALIGN - 1) / COLUMN_ALIGN, threads = omp_get_max_threads();
     if (threads > slices) threads = slices;
 #pragma omp parallel num_threads(threads)
@@ -152,7 +205,7 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         int j0 = slices * t / nt * COLUMN_ALIGN, j1 = slices * (t + 1) / nt * COLUMN_ALIGN;
         if (j1 > n) j1 = n;
         if (j0 < j1)
-            product_columns(self, tb, m, j0, j1, k, alpha, a, lda, b, ldb, beta, c, ldc);
+            product_columns(self, tb, m, j0, j1, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
     }
 }
 
@@ -494,7 +547,9 @@ static void cpu_adamw(weft_backend *self, void *paramv, float *master, const flo
 // ------------------------------------------------------------------------------------ table ----
 
 static void cpu_destroy(weft_backend *self) {
+    cpu_params_released(self);
     cpu_state *st = self->impl;
+    weft_free(st->packed);
     for (int i = 0; i < WEFT_CPU_SCRATCH_SLOTS * st->n_threads; i++) weft_free(st->scratch[i]);
     weft_free(st->scratch);
     weft_free(st->capacity);
@@ -522,6 +577,8 @@ weft_backend *weft_backend_cpu_create(void) {
         .synchronize = cpu_synchronize,
         .memory_available = cpu_memory_available,
         .matmul = cpu_matmul,
+        .params_fixed = cpu_params_fixed,
+        .params_released = cpu_params_released,
         .embedding_forward = cpu_embedding_forward,
         .embedding_backward = cpu_embedding_backward,
         .rmsnorm_forward = cpu_rmsnorm_forward,
