@@ -291,10 +291,36 @@ static void softmax_rows(float *P, const int32_t *pos, int rows, int keys, float
 // keys read as columns kc, values from v (the kv head's columns). The decode path runs exactly
 // this on keys and values in the cache's blocks, so a row's bits do not depend on where its keys
 // are or who shares its call.
+//
+// A sequence's few query rows (a decode step, a verification) go one row at a time with the
+// group's heads as the tile's rows: the heads then share every key and value read, and each has
+// twice the independent chains. The bits stay each element's chain.
+enum { HEADS_AS_ROWS_BELOW = 8 }; // query rows
+
+static void attend_heads_as_rows(float *P, const kv_rows *kc, const float *q0, const int32_t *pos,
+                                 int n, const kv_rows *v, int g, const attn_shape *s, float *out0,
+                                 float *lse0, int Tq) {
+    int group = s->H / s->KV, ldq = s->H * s->D;
+    int32_t at[ATTN_TILE];
+    float lse[ATTN_TILE];
+    for (int i = 0; i < n; i++) {
+        for (int h = 0; h < group; h++) at[h] = pos[i];
+        size_t head0 = (size_t)i * ldq + (size_t)g * group * s->D;
+        scores(q0 + head0, s->D, group, kc, pos[i] + 1, s->D, s->scale, P);
+        softmax_rows(P, at, group, pos[i] + 1, lse, NULL);
+        weighted_values(P, group, pos[i] + 1, v, s->D, out0 + head0, s->D);
+        for (int h = 0; h < group; h++) lse0[(size_t)(g * group + h) * Tq + i] = lse[h];
+    }
+}
+
 static void attend_group(float *P, const kv_rows *kc, const float *q0, const int32_t *pos, int n,
                          const kv_rows *v, int g, const attn_shape *s, float *out0, float *lse0,
                          int Tq) {
     int group = s->H / s->KV, ldq = s->H * s->D;
+    if (n < HEADS_AS_ROWS_BELOW && group > 1 && group <= ATTN_TILE) {
+        attend_heads_as_rows(P, kc, q0, pos, n, v, g, s, out0, lse0, Tq);
+        return;
+    }
     for (int h = g * group; h < (g + 1) * group; h++)
         for (int r0 = 0; r0 < n; r0 += ATTN_TILE) {
             int rows = n - r0 < ATTN_TILE ? n - r0 : ATTN_TILE, tk = tile_keys(pos + r0, rows);
