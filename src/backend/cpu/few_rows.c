@@ -59,23 +59,20 @@ static void pack_panel(const float *b, int ldb, bool tb, int j0, int cols, int k
 }
 
 // C rows [0, R) x columns [0, cols) += alpha * (A rows . panels) over kb, the kernel's order, for
-// P consecutive panels (`next` floats apart). ROWS and P are constants once inlined: ROWS rows of
-// arithmetic, rows past R reading zeros and dropped, so that the accumulators are registers (with
-// a variable count GCC keeps a copy of them on the stack, and its stores were the bottleneck).
-// One row takes two panels, so that four addition chains, not two, hide the adds' latency.
-static inline __attribute__((always_inline)) void tile(const float *a, int lda, int R, int ROWS,
+// P consecutive panels (`next` floats apart). R and P are constants once inlined, so that the
+// accumulators are registers (with a variable count GCC keeps a copy of them on the stack, and
+// its stores were the bottleneck). A step of R rows and P panels is 4 R P vector operations on
+// the 4 floating-point pipes, and each accumulator's add waits 3 cycles for the previous one:
+// R P = 2 (one row, two panels) is latency-bound at 3 cycles, R P >= 3 runs at the pipes' rate.
+static inline __attribute__((always_inline)) void tile(const float *a, int lda, int R,
                                                        const float *panel, size_t next, int P,
                                                        int kb, float alpha, float *c, int ldc,
                                                        int cols) {
-    static const float zeros[SANDY_Q];
-    const float *x[TILE_ROWS];
     __m256 acc[TILE_ROWS][4];
 #pragma GCC unroll 4
-    for (int r = 0; r < ROWS; r++) {
-        x[r] = r < R ? a + (size_t)r * lda : zeros;
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();
-    }
     for (int k = 0; k < kb; k++) {
         __m256 w[4];
 #pragma GCC unroll 4
@@ -86,8 +83,8 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
             __asm__("" : "+x"(w[v]));
         }
 #pragma GCC unroll 4
-        for (int r = 0; r < ROWS; r++) {
-            __m256 xr = _mm256_broadcast_ss(x[r] + k);
+        for (int r = 0; r < R; r++) {
+            __m256 xr = _mm256_broadcast_ss(a + (size_t)r * lda + k);
 #pragma GCC unroll 4
             for (int v = 0; v < 2 * P; v++)
                 acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_mul_ps(xr, w[v]));
@@ -96,7 +93,7 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
     __m256 al = _mm256_set1_ps(alpha);
     float sum[TILE_ROWS][2 * PANEL] = {{0}}; // zeroed only to quiet -Wmaybe-uninitialized
 #pragma GCC unroll 4
-    for (int r = 0; r < ROWS; r++)
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < 2 * P; v++) _mm256_storeu_ps(sum[r] + 8 * v, _mm256_mul_ps(al, acc[r][v]));
     for (int r = 0; r < R; r++)
@@ -104,18 +101,26 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
 }
 
 // C columns [0, cols) of panel (and, with two_panels, cols - 16 more of the panel `next` floats
-// further) for all m rows, over K block kb.
+// further) for all m rows, over K block kb: 1 or 2 rows (a decode step, a verification) take two
+// panels at a time, more rows 4 at a time on one panel, whose 24 KB stay in L1 while they pass.
 static void rows_against_panels(const float *a, int lda, int m, const float *panel, size_t next,
                                 bool two_panels, int kb, float alpha, float *c, int ldc,
                                 int cols) {
-    if (m == 1 && two_panels) // a decode step of one sequence: no arithmetic on zero rows
-        tile(a, lda, 1, 1, panel, next, 2, kb, alpha, c, ldc, cols);
-    else if (m == 1)
-        tile(a, lda, 1, 1, panel, next, 1, kb, alpha, c, ldc, cols);
-    else
-        for (int i = 0; i < m; i += TILE_ROWS)
-            tile(a + (size_t)i * lda, lda, m - i < TILE_ROWS ? m - i : TILE_ROWS, TILE_ROWS, panel,
-                 next, 1, kb, alpha, c + (size_t)i * ldc, ldc, cols);
+    if (two_panels) {
+        if (m == 2) tile(a, lda, 2, panel, next, 2, kb, alpha, c, ldc, cols);
+        else tile(a, lda, 1, panel, next, 2, kb, alpha, c, ldc, cols);
+        return;
+    }
+    int i = 0;
+    for (; i + TILE_ROWS <= m; i += TILE_ROWS)
+        tile(a + (size_t)i * lda, lda, TILE_ROWS, panel, next, 1, kb, alpha, c + (size_t)i * ldc,
+             ldc, cols);
+    a += (size_t)i * lda, c += (size_t)i * ldc;
+    switch (m - i) {
+    case 3: tile(a, lda, 3, panel, next, 1, kb, alpha, c, ldc, cols); break;
+    case 2: tile(a, lda, 2, panel, next, 1, kb, alpha, c, ldc, cols); break;
+    case 1: tile(a, lda, 1, panel, next, 1, kb, alpha, c, ldc, cols); break;
+    }
 }
 
 size_t weft_cpu_few_rows_panel_floats(int n, int k) {
@@ -139,8 +144,8 @@ void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const 
             }
     if (alpha == 0.0f) return;
     float here[SANDY_Q * PANEL] __attribute__((aligned(32))); // 24 KB: stays in L1
-    // With packed panels one row takes two at a time (rows_against_panels).
-    int step = panels && m == 1 ? 2 * PANEL : PANEL;
+    // Packed panels go two at a time for 1 or 2 rows (rows_against_panels).
+    int step = panels && m <= 2 ? 2 * PANEL : PANEL;
     for (int j0 = 0; j0 < n; j0 += step) {
         int cols = n - j0 < step ? n - j0 : step;
         for (int k0 = 0, kb; k0 < k; k0 += kb) {
