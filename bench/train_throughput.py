@@ -19,6 +19,8 @@ global-norm clip, AdamW; token-mean loss over the packed batch) for:
                  variant, its own core-type detection; on some AVX-512 Xeons that is "Prescott").
   torch SKX      the same with OPENBLAS_CORETYPE=SKYLAKEX, the fix weft applies to itself at
                  start-up (DESIGN.md section 9), so weft does not win by BLAS kernels alone.
+                 On CPUs without AVX-512 (where those kernels cannot run) this peer is left out
+                 and the next one keeps OpenBLAS's own core type ("torch omp").
   torch SKX+omp  the same plus LD_LIBRARY_PATH pointing at the OpenBLAS variant weft links
                  (Debian's openblas-openmp), so BLAS and PyTorch share one OpenMP thread pool as
                  they do in weft: the strongest peer this machine offers. Left out when weft's
@@ -371,14 +373,20 @@ def main():
     # core-type fix weft applies to itself, and with that fix plus the OpenMP variant of OpenBLAS
     # that weft links (one OpenMP thread pool for BLAS and PyTorch's own kernels instead of two
     # pools of threads that compete for the cores).
-    peers = [("torch", "as shipped", {}),
-             ("torch SKX", "OPENBLAS_CORETYPE=SKYLAKEX", {"OPENBLAS_CORETYPE": "SKYLAKEX"})]
+    # Without AVX-512 the SkylakeX kernels would not run (SIGILL), and OpenBLAS's own choice
+    # there (Haswell) is the fastest it has: those peers keep it.
+    skx = has_avx512()
+    core = {"OPENBLAS_CORETYPE": "SKYLAKEX"} if skx else {}
+    peers = [("torch", "as shipped", {})]
+    if skx:
+        peers.append(("torch SKX", "OPENBLAS_CORETYPE=SKYLAKEX", dict(core)))
     omp_dir = weft_blas_dir(weft)
     if omp_dir:
         ld = omp_dir + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH")
                         else "")
-        peers.append(("torch SKX+omp", f"SKYLAKEX and LD_LIBRARY_PATH={omp_dir} (weft's BLAS)",
-                      {"OPENBLAS_CORETYPE": "SKYLAKEX", "LD_LIBRARY_PATH": ld}))
+        peers.append(("torch SKX+omp" if skx else "torch omp",
+                      f"{'SKYLAKEX and ' if skx else ''}LD_LIBRARY_PATH={omp_dir} (weft's BLAS)",
+                      {**core, "LD_LIBRARY_PATH": ld}))
 
     print(f"weft {weft}; {a.threads} thread(s); {a.steps} steps per run, step 1 discarded, "
           f"median of the rest; fp32 on CPU")
@@ -456,6 +464,14 @@ def main():
               file=sys.stderr)
         return 1
     return 0
+
+
+def has_avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512f" in f.read()
+    except OSError:
+        return False
 
 
 def torch_version():
