@@ -3,7 +3,9 @@
 // scalar copies before the kernel reads it: for one to a few dozen rows that copy takes longer
 // than the arithmetic, and the packed block (768 x 384 floats) does not stay in L2. Here each
 // 16-column panel of the weights is packed into L1 (8 x 8 register transposes) and every row is
-// multiplied against it at once.
+// multiplied against it at once; while the caller holds the parameters fixed (backend.h
+// params_fixed: the rollout engine, for a whole generate call) ops.c packs each weight's panels
+// once and passes them in.
 //
 // The bits are OpenBLAS's own, which is what keeps a decoded row equal to the same row in a
 // training batch (DESIGN.md section 9): its driver (driver/level3/level3.c, single-threaded) sums
