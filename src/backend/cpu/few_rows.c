@@ -17,7 +17,6 @@
 // library at start-up; tests/backend checks it on the test shapes.
 #include <cblas.h>
 #include <stdbool.h>
-#include <stdlib.h>
 #include <string.h>
 #ifdef __AVX__
 #include <immintrin.h>
@@ -93,13 +92,19 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
         }
     }
     __m256 al = _mm256_set1_ps(alpha);
-    float sum[TILE_ROWS][2 * PANEL] = {{0}}; // zeroed only to quiet -Wmaybe-uninitialized
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 2 * P; v++) _mm256_storeu_ps(sum[r] + 8 * v, _mm256_mul_ps(al, acc[r][v]));
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < cols; j++) c[(size_t)r * ldc + j] = sum[r][j] + c[(size_t)r * ldc + j];
+        for (int v = 0; v < 2 * P; v++) {
+            __m256 sum = _mm256_mul_ps(al, acc[r][v]);
+            float *cv = c + (size_t)r * ldc + 8 * v, part[8];
+            if (8 * v + 8 <= cols) {
+                _mm256_storeu_ps(cv, _mm256_add_ps(sum, _mm256_loadu_ps(cv)));
+            } else { // the columns of a partial panel
+                _mm256_storeu_ps(part, sum);
+                for (int j = 0; j < cols - 8 * v; j++) cv[j] = part[j] + cv[j];
+            }
+        }
 }
 
 // C columns [0, cols) of panel (and, with two_panels, cols - 16 more of the panel `next` floats
@@ -173,7 +178,7 @@ bool weft_cpu_few_rows_agree(void) {
             int m = shape[s][0], n = shape[s][1], k = shape[s][2];
             float alpha = s == 2 ? 0.5f : 1.0f, beta = s == 3 ? 1.0f : s == 4 ? 0.75f : 0.0f;
             size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
-            float *x = malloc(sizeof(float) * (na + nb + 2 * nc));
+            float *x = weft_alloc(sizeof(float) * (na + nb + 2 * nc));
             for (size_t i = 0; i < na + nb + nc; i++) {
                 state = state * 1664525u + 1013904223u;
                 x[i] = (float)(state >> 8) / (float)(1u << 24) - 0.5f;
@@ -184,7 +189,7 @@ bool weft_cpu_few_rows_agree(void) {
                         a, k, b, tb ? k : n, beta, want, n);
             weft_cpu_few_rows_product(tb, m, n, k, alpha, a, k, b, tb ? k : n, NULL, beta, got, n);
             same = memcmp(want, got, sizeof(float) * nc) == 0;
-            free(x);
+            weft_free(x);
         }
     return same;
 }
