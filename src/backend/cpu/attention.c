@@ -436,12 +436,11 @@ static size_t pooled_keys(const weft_kv_pool *pool, int layer, int block) {
     return ((size_t)block * pool->layers + layer) * per_layer;
 }
 
-void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
-                       const int32_t *slot, const void *kv, const void *vv, int T) {
-    const float *k = kv, *v = vv;
+static void store_rows(const weft_kv_pool *pool, int layer, const int32_t *slot, const float *k,
+                       const float *v, int T) {
     float *data = pool->data;
     size_t w = (size_t)pool->width, bs = (size_t)pool->block_size;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int t = 0; t < T; t++) {
         if (slot[t] < 0) continue;
         size_t o = (size_t)slot[t] % bs;
@@ -451,37 +450,50 @@ void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
     }
 }
 
-void weft_cpu_paged_attention(weft_backend *self, const void *qv, const weft_kv_pool *pool,
-                              int layer, const weft_paged_layout *lay, void *outv, float *lse,
-                              int H, int KV, int D) {
-    attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
-    const float *q = qv, *data = pool->data;
-    float *out = outv;
+void weft_cpu_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
+                       const int32_t *slot, const void *k, const void *v, int T) {
+    WEFT_CPU_PARALLEL((size_t)T * pool->width, store_rows(pool, layer, slot, k, v, T));
+}
+
+// The longest key span any query row of the layout attends over, rounded to whole key steps.
+static int paged_key_span(const weft_paged_layout *lay) {
+    return round_up(tile_keys(lay->q_pos, lay->Tq) + 1, KEY_STEP);
+}
+
+static void attend_sequences(weft_backend *self, const float *q, const weft_kv_pool *pool,
+                             int layer, const weft_paged_layout *lay, float *out, float *lse,
+                             attn_shape s) {
+    const float *data = pool->data;
     const int32_t *cq = lay->cu_q;
-    int L = round_up(tile_keys(lay->q_pos, lay->Tq) + 1, KEY_STEP), bs = pool->block_size;
+    int L = paged_key_span(lay), bs = pool->block_size, D = s.D;
     size_t w = (size_t)pool->width, keys_at = pooled_keys(pool, layer, 0);
     size_t block_stride = pooled_keys(pool, layer, 1) - keys_at;
     bool in_place = bs % LANES == 0; // else the columns are repacked KEY_STEP to a block
-#pragma omp parallel
-    {
-        float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * L);
-        float *Kt = in_place ? NULL : weft_cpu_scratch(self, 2, (size_t)D * L);
-#pragma omp for schedule(dynamic, 1)
-        for (int sq = 0; sq < lay->n_seqs; sq++)
-            for (int g = 0; g < KV; g++) {
-                int n = cq[sq + 1] - cq[sq];
-                if (n == 0) continue;
-                const int32_t *table = lay->block_tables + (size_t)sq * lay->max_blocks;
-                kv_rows kc = {.base = data + keys_at + (size_t)g * D * bs,
-                              .block_stride = block_stride, .block_size = bs, .table = table};
-                kv_rows v = {.base = data + keys_at + bs * w + (size_t)g * D, .ld = w,
-                             .block_stride = block_stride, .block_size = bs, .table = table};
-                if (!in_place) {
-                    pack_key_columns(&kc, tile_keys(lay->q_pos + cq[sq], n), D, Kt);
-                    kc = packed_columns(Kt, D);
-                }
-                attend_group(P, &kc, q + (size_t)cq[sq] * H * D, lay->q_pos + cq[sq], n, &v, g,
-                             &s, out + (size_t)cq[sq] * H * D, lse + cq[sq], lay->Tq);
+    float *P = weft_cpu_scratch(self, 0, (size_t)ATTN_TILE * L);
+    float *Kt = in_place ? NULL : weft_cpu_scratch(self, 2, (size_t)D * L);
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int sq = 0; sq < lay->n_seqs; sq++)
+        for (int g = 0; g < s.KV; g++) {
+            int n = cq[sq + 1] - cq[sq];
+            if (n == 0) continue;
+            const int32_t *table = lay->block_tables + (size_t)sq * lay->max_blocks;
+            kv_rows kc = {.base = data + keys_at + (size_t)g * D * bs,
+                          .block_stride = block_stride, .block_size = bs, .table = table};
+            kv_rows v = {.base = data + keys_at + bs * w + (size_t)g * D, .ld = w,
+                         .block_stride = block_stride, .block_size = bs, .table = table};
+            if (!in_place) {
+                pack_key_columns(&kc, tile_keys(lay->q_pos + cq[sq], n), D, Kt);
+                kc = packed_columns(Kt, D);
             }
-    }
+            attend_group(P, &kc, q + (size_t)cq[sq] * s.H * D, lay->q_pos + cq[sq], n, &v, g,
+                         &s, out + (size_t)cq[sq] * s.H * D, lse + cq[sq], lay->Tq);
+        }
+}
+
+void weft_cpu_paged_attention(weft_backend *self, const void *q, const weft_kv_pool *pool,
+                              int layer, const weft_paged_layout *lay, void *out, float *lse,
+                              int H, int KV, int D) {
+    attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
+    size_t work = (size_t)lay->Tq * paged_key_span(lay) * H * D;
+    WEFT_CPU_PARALLEL(work, attend_sequences(self, q, pool, layer, lay, out, lse, s));
 }

@@ -1,11 +1,35 @@
 // backend/cpu (private): what the CPU backend's files share.
 #pragma once
+#include <omp.h>
+
 #include "backend/backend.h"
 #ifdef __AVX__
 #include <immintrin.h>
 #endif
 
 enum { WEFT_CPU_SCRATCH_SLOTS = 4 }; // per-thread scratch buffers an op may hold at once
+
+// A parallel region costs about a microsecond to wake and join the OpenMP team, and half that for
+// a team of one (libgomp's join still makes a futex call): more than a decode step's norms,
+// biases, rotations and small products of a few rows take. An op with less work than this (in
+// multiply-adds or elements touched) runs on the calling thread. Every op splits rows, columns or
+// sequences over its threads, never a sum, so no result depends on which way it ran.
+enum { WEFT_CPU_TEAM_MIN_WORK = 1 << 15 };
+
+static inline bool weft_cpu_on_team(size_t work) {
+    return work >= WEFT_CPU_TEAM_MIN_WORK && omp_get_max_threads() > 1;
+}
+
+// Runs `call`, a function whose loops are orphaned `omp for ... nowait` loops, on the OpenMP team
+// when `work` is worth waking it for, else on this thread alone (the loops then run whole).
+#define WEFT_CPU_PARALLEL(work, call)                                                          \
+    do {                                                                                       \
+        if (weft_cpu_on_team(work)) {                                                          \
+            _Pragma("omp parallel") call;                                                      \
+        } else {                                                                               \
+            call;                                                                              \
+        }                                                                                      \
+    } while (0)
 
 // This thread's scratch buffer `slot` of at least `floats` floats, kept across calls.
 float *weft_cpu_scratch(weft_backend *self, int slot, size_t floats);

@@ -199,6 +199,11 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
                                                              : NULL;
     int slices = (n + COLUMN_ALIGN - 1) / COLUMN_ALIGN, threads = omp_get_max_threads();
     if (threads > slices) threads = slices;
+    if (!weft_cpu_on_team((size_t)m * n * k)) threads = 1;
+    if (threads == 1) {
+        product_columns(self, tb, m, 0, n, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -224,12 +229,15 @@ static void column_sums(const float *x, float *out, int T, int C) {
 
 // -------------------------------------------------------------------------------- embedding ----
 
+static void gather_rows(const int32_t *ids, const float *table, float *out, int T, int C) {
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < T; t++)
+        memcpy(out + (size_t)t * C, table + (size_t)ids[t] * C, C * sizeof(float));
+}
+
 static void cpu_embedding_forward(weft_backend *self, const int32_t *ids, const void *table,
                                   void *out, int T, int C) {
-    const float *tab = table;
-    float *o = out;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < T; t++) memcpy(o + (size_t)t * C, tab + (size_t)ids[t] * C, C * sizeof(float));
+    WEFT_CPU_PARALLEL((size_t)T * C, gather_rows(ids, table, out, T, C));
 }
 
 static void cpu_embedding_backward(weft_backend *self, const int32_t *ids, const void *dout,
@@ -246,11 +254,9 @@ static void cpu_embedding_backward(weft_backend *self, const int32_t *ids, const
 
 // ---------------------------------------------------------------------------------- rmsnorm ----
 
-static void cpu_rmsnorm_forward(weft_backend *self, const void *xv, const void *wv, float eps,
-                                void *outv, float *rstd, int T, int C) {
-    const float *x = xv, *w = wv;
-    float *out = outv;
-#pragma omp parallel for schedule(static)
+static void rmsnorm_rows(const float *x, const float *w, float eps, float *out, float *rstd, int T,
+                         int C) {
+#pragma omp for schedule(static) nowait
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * C;
         float *o = out + (size_t)t * C;
@@ -260,6 +266,11 @@ static void cpu_rmsnorm_forward(weft_backend *self, const void *xv, const void *
         rstd[t] = r;
         for (int c = 0; c < C; c++) o[c] = xr[c] * r * w[c];
     }
+}
+
+static void cpu_rmsnorm_forward(weft_backend *self, const void *x, const void *w, float eps,
+                                void *out, float *rstd, int T, int C) {
+    WEFT_CPU_PARALLEL((size_t)T * C, rmsnorm_rows(x, w, eps, out, rstd, T, C));
 }
 
 static void cpu_rmsnorm_backward(weft_backend *self, const void *xv, const void *wv,
@@ -290,12 +301,14 @@ static void cpu_rmsnorm_backward(weft_backend *self, const void *xv, const void 
 
 // ------------------------------------------------------------------------------------- bias ----
 
-static void cpu_bias_forward(weft_backend *self, void *xv, const void *biasv, int T, int C) {
-    float *x = xv;
-    const float *b = biasv;
-#pragma omp parallel for schedule(static)
+static void add_bias_rows(float *x, const float *b, int T, int C) {
+#pragma omp for schedule(static) nowait
     for (int t = 0; t < T; t++)
         for (int c = 0; c < C; c++) x[(size_t)t * C + c] += b[c];
+}
+
+static void cpu_bias_forward(weft_backend *self, void *x, const void *bias, int T, int C) {
+    WEFT_CPU_PARALLEL((size_t)T * C, add_bias_rows(x, bias, T, C));
 }
 
 static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
@@ -307,29 +320,31 @@ static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias
 // Rotates pairs (i, i + D/2) of every head by sign * positions[t] * inv_freq[i], scaled by scale.
 // Angles in double: positions reach the tens of thousands, where fp32 angles lose the 1e-5
 // agreement we test for.
-static void rope_rotate(float *x, const int32_t *positions, const float *inv_freq, double scale,
+static void rotate_rows(float *x, const int32_t *positions, const float *inv_freq, double scale,
                         int T, int H, int D, double sign) {
     int half = D / 2;
-#pragma omp parallel
-    {
-        float cs[2 * half];
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) {
+    float cs[2 * half];
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            double angle = positions[t] * (double)inv_freq[i];
+            cs[i] = (float)(scale * cos(angle));
+            cs[half + i] = (float)(scale * sign * sin(angle));
+        }
+        for (int h = 0; h < H; h++) {
+            float *v = x + ((size_t)t * H + h) * D;
             for (int i = 0; i < half; i++) {
-                double angle = positions[t] * (double)inv_freq[i];
-                cs[i] = (float)(scale * cos(angle));
-                cs[half + i] = (float)(scale * sign * sin(angle));
-            }
-            for (int h = 0; h < H; h++) {
-                float *v = x + ((size_t)t * H + h) * D;
-                for (int i = 0; i < half; i++) {
-                    float a = v[i], b = v[half + i], c = cs[i], s = cs[half + i];
-                    v[i] = a * c - b * s;
-                    v[half + i] = b * c + a * s;
-                }
+                float a = v[i], b = v[half + i], c = cs[i], s = cs[half + i];
+                v[i] = a * c - b * s;
+                v[half + i] = b * c + a * s;
             }
         }
     }
+}
+
+static void rope_rotate(float *x, const int32_t *positions, const float *inv_freq, double scale,
+                        int T, int H, int D, double sign) {
+    WEFT_CPU_PARALLEL((size_t)T * H * D, rotate_rows(x, positions, inv_freq, scale, T, H, D, sign));
 }
 
 static void cpu_rope_forward(weft_backend *self, void *x, const int32_t *positions,
@@ -349,16 +364,18 @@ static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *posit
 // sigmoid(g) = 1 / (1 + exp(-g)) per element.
 enum { GATE_CHUNK = 256 };
 
-static void cpu_swiglu_forward(weft_backend *self, const void *gv, const void *uv, void *outv,
-                               size_t N) {
-    const float *g = gv, *u = uv;
-    float *out = outv;
-#pragma omp parallel for schedule(static)
+static void swiglu_chunks(const float *g, const float *u, float *out, size_t N) {
+#pragma omp for schedule(static) nowait
     for (size_t c = 0; c < N; c += GATE_CHUNK) {
         size_t n = N - c < GATE_CHUNK ? N - c : GATE_CHUNK;
         weft_cpu_exp_sum(g + c, -1.0f, 0.0f, out + c, n);
         for (size_t i = c; i < c + n; i++) out[i] = g[i] * (1.0f / (1.0f + out[i])) * u[i];
     }
+}
+
+static void cpu_swiglu_forward(weft_backend *self, const void *gate, const void *up, void *out,
+                               size_t N) {
+    WEFT_CPU_PARALLEL(N, swiglu_chunks(gate, up, out, N));
 }
 
 static void cpu_swiglu_backward(weft_backend *self, const void *gv, const void *uv,
@@ -377,11 +394,13 @@ static void cpu_swiglu_backward(weft_backend *self, const void *gv, const void *
     }
 }
 
-static void cpu_add_inplace(weft_backend *self, void *yv, const void *xv, size_t N) {
-    float *y = yv;
-    const float *x = xv;
-#pragma omp parallel for simd schedule(static)
+static void add_elements(float *y, const float *x, size_t N) {
+#pragma omp for simd schedule(static) nowait
     for (size_t i = 0; i < N; i++) y[i] += x[i];
+}
+
+static void cpu_add_inplace(weft_backend *self, void *y, const void *x, size_t N) {
+    WEFT_CPU_PARALLEL(N, add_elements(y, x, N));
 }
 
 // --------------------------------------------------------------------------- cross-entropy ----
@@ -442,22 +461,24 @@ static void cpu_cross_entropy(weft_backend *self, void *logitsv, const int32_t *
     }
 }
 
-static void cpu_logprobs(weft_backend *self, const void *logitsv, const int32_t *targets,
+static void logprob_rows(weft_backend *self, const float *logits, const int32_t *targets,
                          float *logprob, float *entropy, float *correct, int T, int V) {
-    const float *logits = logitsv;
-#pragma omp parallel
-    {
-        float *e = entropy ? weft_cpu_scratch(self, 0, (size_t)V) : NULL;
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) {
-            const float *row = logits + (size_t)t * V;
-            int y = targets[t];
-            softmax_row s = y < 0 ? (softmax_row){0} : row_softmax(row, V, e);
-            logprob[t] = y < 0 ? 0.0f : -row_loss_of(&s, row[y]);
-            if (entropy) entropy[t] = y < 0 ? 0.0f : (float)row_entropy(row, e, &s, V);
-            if (correct) correct[t] = y >= 0 && s.arg == y ? 1.0f : 0.0f;
-        }
+    float *e = entropy ? weft_cpu_scratch(self, 0, (size_t)V) : NULL;
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < T; t++) {
+        const float *row = logits + (size_t)t * V;
+        int y = targets[t];
+        softmax_row s = y < 0 ? (softmax_row){0} : row_softmax(row, V, e);
+        logprob[t] = y < 0 ? 0.0f : -row_loss_of(&s, row[y]);
+        if (entropy) entropy[t] = y < 0 ? 0.0f : (float)row_entropy(row, e, &s, V);
+        if (correct) correct[t] = y >= 0 && s.arg == y ? 1.0f : 0.0f;
     }
+}
+
+static void cpu_logprobs(weft_backend *self, const void *logits, const int32_t *targets,
+                         float *logprob, float *entropy, float *correct, int T, int V) {
+    WEFT_CPU_PARALLEL((size_t)T * V,
+                      logprob_rows(self, logits, targets, logprob, entropy, correct, T, V));
 }
 
 // d/dx_j of (w logp_y + u H) = w (onehot_j - p_j) - u p_j (log p_j + H); e: V floats of scratch.
