@@ -2,9 +2,10 @@
 // matmuls) gives the bits of OpenBLAS's single-threaded call, element for element, on the shapes
 // of the tests' and benchmarks' models: K of one block, of 384 to 768 (split in two) and of many
 // blocks, N in whole and partial 16-column panels, 1 to 64 rows, B either way, alpha and beta
-// other than 1 and 0; B's panels packed per call and packed ahead. That is what keeps a decoded token's log-prob equal to the trainer's. Where
-// OpenBLAS runs other kernels than the Sandybridge ones (AVX-512 CPUs) the kernel is not used and
-// the test is skipped (exit 77), as in a build without AVX.
+// other than 1 and 0; B's panels packed per call and packed ahead. That is what keeps a decoded
+// token's log-prob equal to the trainer's. Where OpenBLAS runs other kernels than the Sandybridge
+// ones (AVX-512 CPUs) the kernel is not used and the test is skipped (exit 77), as in a build
+// without AVX.
 #include <cblas.h>
 #include <omp.h>
 
@@ -41,7 +42,8 @@ static void check_shape(int n, int k, bool tb, float alpha, float beta) {
         size_t nc = (size_t)rows[i] * n;
         memcpy(want, c0, sizeof(float) * nc), memcpy(got, c0, sizeof(float) * nc);
         openblas_one_thread(tb, rows[i], n, k, alpha, a, b, beta, want);
-        weft_cpu_few_rows_product(tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, NULL, beta, got, n);
+        weft_cpu_few_rows_product(tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, NULL, beta, got,
+                                  n);
         differing += elements_differing(got, want, nc);
         memcpy(got, c0, sizeof(float) * nc); // and from panels packed ahead
         weft_cpu_few_rows_product(tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, panels, beta, got,
@@ -50,7 +52,8 @@ static void check_shape(int n, int k, bool tb, float alpha, float beta) {
     }
     char what[192];
     snprintf(what, sizeof what, "few-row product (panels packed per call, and ahead) vs OpenBLAS, "
-             "1-64 rows, N=%d K=%d trans_b=%d alpha=%g beta=%g: elements differing", n, k, tb, alpha, beta);
+             "1-64 rows, N=%d K=%d trans_b=%d alpha=%g beta=%g: elements differing", n, k, tb,
+             alpha, beta);
     report(what, (double)differing, 0);
     weft_free(a), weft_free(b), weft_free(c0), weft_free(want), weft_free(got), weft_free(panels);
 }

@@ -460,12 +460,13 @@ static int paged_key_span(const weft_paged_layout *lay) {
     return round_up(tile_keys(lay->q_pos, lay->Tq) + 1, KEY_STEP);
 }
 
+// Every sequence of the layout; L is paged_key_span(lay), the scratch's key length.
 static void attend_sequences(weft_backend *self, const float *q, const weft_kv_pool *pool,
                              int layer, const weft_paged_layout *lay, float *out, float *lse,
-                             attn_shape s) {
+                             attn_shape s, int L) {
     const float *data = pool->data;
     const int32_t *cq = lay->cu_q;
-    int L = paged_key_span(lay), bs = pool->block_size, D = s.D;
+    int bs = pool->block_size, D = s.D;
     size_t w = (size_t)pool->width, keys_at = pooled_keys(pool, layer, 0);
     size_t block_stride = pooled_keys(pool, layer, 1) - keys_at;
     bool in_place = bs % LANES == 0; // else the columns are repacked KEY_STEP to a block
@@ -494,6 +495,7 @@ void weft_cpu_paged_attention(weft_backend *self, const void *q, const weft_kv_p
                               int layer, const weft_paged_layout *lay, void *out, float *lse,
                               int H, int KV, int D) {
     attn_shape s = {H, KV, D, 1.0f / sqrtf((float)D)};
-    size_t work = (size_t)lay->Tq * paged_key_span(lay) * H * D;
-    WEFT_CPU_PARALLEL(work, attend_sequences(self, q, pool, layer, lay, out, lse, s));
+    int L = paged_key_span(lay);
+    WEFT_CPU_PARALLEL((size_t)lay->Tq * L * H * D,
+                      attend_sequences(self, q, pool, layer, lay, out, lse, s, L));
 }
