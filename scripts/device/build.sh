@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run THERE, in the repo root or anywhere:  bash scripts/device/build.sh
 # Sets up the dependencies (setup.sh), configures and builds weft into build/ and fails if
-# build/weft has an unresolved library. WEFT_CUDA=OFF builds without CUDA (the chroot test);
+# build/weft or the CUDA plugin it opens (build/libweft_cuda.so) has an unresolved library. WEFT_CUDA=OFF builds without CUDA (the chroot test);
 # CUDA_ARCH (default 90a: H100/H200, with the arch-specific instructions of the Hopper
 # attention forward) picks the GPU architecture.
 set -euo pipefail
@@ -20,9 +20,10 @@ cmake "${args[@]}" "${extra[@]}"
 cmake --build build -j "${JOBS:-16}" 2>&1 | tee /tmp/weft_build.log
 grep -i "spill" /tmp/weft_build.log && echo "build.sh: WARNING: kernels above spill registers to local memory (slow)"
 
-echo "ldd build/weft (kit, MPI, BLAS, NCCL, CUDA libraries):"
-ldd build/weft | grep -E "${WEFT_KIT_PREFIX:-/opt/weftkit}|mpi|blas|nccl|cuda|cublas|gomp|jansson|yaml|pcre2" || true
-if ldd build/weft build/tests/* | grep "not found"; then
+plugin=$([ -e build/libweft_cuda.so ] && echo build/libweft_cuda.so || true)
+echo "ldd build/weft $plugin (kit, MPI, BLAS, NCCL, CUDA libraries):"
+ldd build/weft $plugin | grep -E "${WEFT_KIT_PREFIX:-/opt/weftkit}|mpi|blas|nccl|cuda|cublas|gomp|jansson|yaml|pcre2" || true
+if ldd build/weft $plugin build/tests/* | grep "not found"; then
   echo "build.sh: FAILED: unresolved libraries above" >&2
   exit 1
 fi

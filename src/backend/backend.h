@@ -239,6 +239,10 @@ weft_backend *weft_backend_cuda_create(int local_rank);
 int weft_cuda_device_count(void);
 // GPU `device`'s compute capability as 10 x major + minor (90 for H100 and H200); 0 without one.
 int weft_cuda_compute_capability(int device);
+// A symbol of the CUDA plugin (libweft_cuda.so, opened on first use: backend/cuda_plugin.c), for
+// comm's NCCL side, which lives in the plugin too. NULL with *error saying why when the plugin or
+// the symbol is missing. Only in builds with CUDA.
+void *weft_cuda_plugin_symbol(const char *name, const char **error);
 typedef enum { WEFT_DEVICE_CPU, WEFT_DEVICE_CUDA } weft_device;
 // The backend of a job's `device` setting.
 weft_backend *weft_backend_create(weft_device device, int local_rank);
