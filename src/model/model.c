@@ -226,7 +226,7 @@ weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
     size_t q = opt->pad_multiple > 0 ? opt->pad_multiple : 1;
     m->n_padded = (m->n_elements + q - 1) / q * q;
     m->param_buf = be->alloc(be, m->n_padded * weft_dtype_size(be->param_dtype));
-    m->grad_buf = be->alloc(be, m->n_padded * sizeof(float));
+    m->grad_buf = opt->forward_only ? NULL : be->alloc(be, m->n_padded * sizeof(float));
     // RoPE's frequencies, once: every rope scaling is this one table (and a factor).
     size_t half = (size_t)cfg->head_dim / 2;
     float *freq = weft_alloc(half * sizeof(float));
@@ -240,7 +240,10 @@ weft_model *weft_model_create(weft_backend *be, const weft_model_config *cfg,
 void *weft_model_param(const weft_model *m, int i) {
     return (char *)m->param_buf + m->params[i].offset * weft_dtype_size(m->be->param_dtype);
 }
-float *weft_model_grad(const weft_model *m, int i) { return m->grad_buf + m->params[i].offset; }
+float *weft_model_grad(const weft_model *m, int i) {
+    WEFT_CHECK(m->grad_buf, "internal: a gradient of a model created forward_only");
+    return m->grad_buf + m->params[i].offset;
+}
 
 const weft_param_info *weft_model_find_param(const weft_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
@@ -251,11 +254,16 @@ const weft_param_info *weft_model_find_param(const weft_model *m, const char *na
 size_t weft_model_param_bytes(const weft_model *m) {
     return m->n_padded * weft_dtype_size(m->be->param_dtype);
 }
-size_t weft_model_grad_bytes(const weft_model *m) { return m->n_padded * sizeof(float); }
+size_t weft_model_grad_bytes(const weft_model *m) {
+    return m->grad_buf ? m->n_padded * sizeof(float) : 0;
+}
 
 int weft_model_heads(const weft_model *m) { return 1 + m->cfg.num_mtp; }
 
-void weft_model_zero_grad(weft_model *m) { m->be->zero(m->be, m->grad_buf, weft_model_grad_bytes(m)); }
+void weft_model_zero_grad(weft_model *m) {
+    WEFT_CHECK(m->grad_buf, "internal: zeroing the gradients of a model created forward_only");
+    m->be->zero(m->be, m->grad_buf, weft_model_grad_bytes(m));
+}
 
 // "[8]", "[16, 32]", "[]": every dimension, none printed for a scalar.
 static void format_shape(char *out, size_t cap, int ndim, const int64_t *shape) {

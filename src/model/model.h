@@ -106,6 +106,9 @@ typedef struct weft_model_options {
     // (model.drop_tensors: names separated by commas, brackets and quotes ignored; copied). Any
     // other unused tensor is an error. NULL: none.
     const char *drop_tensors;
+    // Generation alone (weft generate): no gradient buffer (grad_buf NULL), whose fp32 copy of
+    // every parameter would take twice the bf16 weights' memory from the KV pool on a GPU.
+    bool forward_only;
 } weft_model_options;
 
 typedef struct weft_model {

@@ -196,7 +196,8 @@ static weft_model *load_model(const char *dir, const char *drop_tensors, weft_ba
     weft_model_config_load(path, &mc);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     *tok = access(path, R_OK) == 0 ? weft_tokenizer_load(path) : NULL;
-    weft_model *m = weft_model_create(be, &mc, &(weft_model_options){.drop_tensors = drop_tensors});
+    weft_model *m = weft_model_create(
+        be, &mc, &(weft_model_options){.drop_tensors = drop_tensors, .forward_only = true});
     weft_model_load_safetensors(m, dir); // a directory without weights is its one clear error
     return m;
 }
@@ -284,6 +285,11 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     json_object_set_new(stats, "graphs", json_pack("{s:I, s:I}", "recorded",         // those replayed
                                                    (json_int_t)st.graph_captures, "replayed_steps",
                                                    (json_int_t)st.graph_steps));
+    json_object_set_new(stats, "memory", json_pack("{s:I, s:I, s:I}", "parameters", // rank 0's
+                                                   (json_int_t)weft_model_param_bytes(m),
+                                                   "gradients", (json_int_t)weft_model_grad_bytes(m),
+                                                   "peak_activations",
+                                                   (json_int_t)weft_model_peak_bytes(m)));
     if (r->rollout.speculative_tokens > 0)
         json_object_set_new(stats, "speculative", speculation_summary(&st, r->rollout.speculative_tokens,
                                                                       world, writer));
