@@ -88,7 +88,7 @@ static void carve(weft_activations *a, const weft_model_config *c, keep_mode kee
     }
     a->x_out = take(a, row);
     a->lnf = take(a, row);
-    a->logits = take(a, esz * d.T * c->vocab_size);
+    a->logits = take(a, esz * d.logits_rows * c->vocab_size);
     a->rstdf = take(a, f32);
     a->row_loss = take(a, f32);
     a->correct = take(a, f32);

@@ -14,6 +14,10 @@ typedef enum {
 // A micro-batch's sizes.
 typedef struct dims {
     int T, C, I, H, KV, D, qd, kvd, n_docs, T_kv;
+    // Rows of logits the activations hold: T, or for a generation forward the rows its head runs
+    // on, none when it writes them to the caller's buffer (out->logits): a prefill chunk's
+    // (T, V) would otherwise sit unused (1.2 GB in bf16 for 4096 rows of a 152K vocabulary).
+    int logits_rows;
 } dims;
 
 // What one decoder layer keeps for its backward pass.

@@ -13,7 +13,8 @@ static dims dims_of(const weft_model *m, const weft_batch *b) {
     const weft_model_config *c = &m->cfg;
     return (dims){.T = b->T, .C = c->hidden_size, .I = c->intermediate_size, .H = c->num_heads,
                   .KV = c->num_kv_heads, .D = c->head_dim, .qd = c->num_heads * c->head_dim,
-                  .kvd = c->num_kv_heads * c->head_dim, .n_docs = b->n_docs, .T_kv = b->T_kv};
+                  .kvd = c->num_kv_heads * c->head_dim, .n_docs = b->n_docs, .T_kv = b->T_kv,
+                  .logits_rows = b->T};
 }
 
 // The batch's five index arrays and the head's chosen rows (out->rows, generation), which
@@ -49,9 +50,10 @@ static weft_activations *prepare_inputs(weft_model *m, keep_mode keep, const wef
                                         const weft_forward_outputs *out) {
     const weft_kv_provider *kv = provider_of(pass);
     bool gathered = kv && kv->gather; // whole key rows in the model's buffers only then
-    weft_activations *a = weft_activations_prepare(m, keep, dims_of(m, batch), gathered);
+    dims d = dims_of(m, batch);
+    if (out && out->rows) d.logits_rows = out->logits ? 0 : out->n_rows; // head_on_rows
+    weft_activations *a = weft_activations_prepare(m, keep, d, gathered);
     if (!(pass && pass->uploaded)) upload_batch(m->be, a, batch, out);
-    dims d = a->d;
     a->layout = (weft_attention_layout){.n_docs = d.n_docs, .Tq = d.T, .Tkv = d.T_kv,
                                         .cu_q = a->cu_seqlens, .cu_kv = a->cu_seqlens_kv,
                                         .q_pos = a->positions};
