@@ -9,6 +9,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -20,18 +21,23 @@ static struct {
     char error[2048];   // why not
 } plugin = {.once = PTHREAD_ONCE_INIT};
 
-// Beside the executable (build/weft, an installed copy), else where CMake built it (test
-// programs live in build/tests).
+// WEFT_CUDA_PLUGIN when set (another build's plugin; CI's emulated one), else beside the
+// executable (build/weft, an installed copy), else where CMake built it (test programs live in
+// build/tests).
 static void open_plugin(void) {
     char exe[PATH_MAX], beside[PATH_MAX + 32];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
-    const char *dir = n > 0 ? dirname(exe) : ".";
+    const char *dir = n > 0 ? dirname(exe) : ".", *chosen = getenv("WEFT_CUDA_PLUGIN");
+    bool named = chosen && *chosen;
     snprintf(beside, sizeof beside, "%s/libweft_cuda.so", dir);
-    const char *path = access(beside, F_OK) == 0 ? beside : WEFT_CUDA_PLUGIN_BUILT;
+    const char *path = named ? chosen : access(beside, F_OK) == 0 ? beside : WEFT_CUDA_PLUGIN_BUILT;
     if (access(path, F_OK) != 0) {
-        snprintf(plugin.error, sizeof plugin.error, "libweft_cuda.so is neither in %s nor at %s",
-                 dir, WEFT_CUDA_PLUGIN_BUILT);
+        if (named)
+            snprintf(plugin.error, sizeof plugin.error, "WEFT_CUDA_PLUGIN=%s: no such file", path);
+        else
+            snprintf(plugin.error, sizeof plugin.error,
+                     "libweft_cuda.so is neither in %s nor at %s", dir, WEFT_CUDA_PLUGIN_BUILT);
         return;
     }
     plugin.handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
