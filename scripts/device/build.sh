@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run THERE, in the repo root or anywhere:  bash scripts/device/build.sh
 # Sets up the dependencies (setup.sh), configures and builds weft into build/ and fails if
-# build/weft or the CUDA plugin it opens (build/libweft_cuda.so) has an unresolved library. WEFT_CUDA=OFF builds without CUDA (the chroot test);
+# build/weft or the CUDA plugin it opens (build/libweft_cuda.so) has an unresolved library or
+# the plugin does not open. WEFT_CUDA=OFF builds without CUDA (the chroot test);
 # CUDA_ARCH (default 90a: H100/H200, with the arch-specific instructions of the Hopper
 # attention forward) picks the GPU architecture.
 set -euo pipefail
@@ -25,6 +26,11 @@ echo "ldd build/weft $plugin (kit, MPI, BLAS, NCCL, CUDA libraries):"
 ldd build/weft $plugin | grep -E "${WEFT_KIT_PREFIX:-/opt/weftkit}|mpi|blas|nccl|cuda|cublas|gomp|jansson|yaml|pcre2" || true
 if ldd build/weft $plugin build/tests/* | grep "not found"; then
   echo "build.sh: FAILED: unresolved libraries above" >&2
+  exit 1
+fi
+# Opens the plugin the way weft does (and checks that a CPU backend loads no CUDA library).
+if [ -n "$plugin" ] && ! ./build/tests/backend_test_cpu_jobs_never_load_cuda_libraries; then
+  echo "build.sh: FAILED: the CUDA plugin does not open (above)" >&2
   exit 1
 fi
 echo "build.sh: OK"

@@ -18,7 +18,7 @@
 static struct {
     pthread_once_t once;
     void *handle;       // NULL when it could not be opened
-    char error[2048];   // why not
+    char error[2 * PATH_MAX + 256]; // why not (two paths at most)
 } plugin = {.once = PTHREAD_ONCE_INIT};
 
 // WEFT_CUDA_PLUGIN when set (another build's plugin; CI's emulated one), else beside the
