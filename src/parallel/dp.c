@@ -101,7 +101,7 @@ weft_dp *weft_dp_create(weft_comm *world, weft_model *m, const weft_parallel_con
                "internal: model buffers are not padded for %d ranks", weft_comm_size(world));
     build_buckets(dp, (size_t)(cfg->bucket_mb > 0 ? cfg->bucket_mb : 16) << 20 >> 2);
     find_owned(dp);
-    if (dp->sharded)
+    if (dp->sharded && weft_model_grad_bytes(m) > 0) // a forward-only model reduces nothing
         dp->shard_grad = m->be->alloc(m->be, m->n_padded / weft_comm_size(world) * sizeof(float));
     return dp;
 }

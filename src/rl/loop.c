@@ -151,7 +151,7 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     WEFT_CHECK(j->tok, "weft rl tokenizes its prompts and decodes responses for rewards, and %s",
                WEFT_NO_TOKENIZER_HINT);
     j->be = weft_job_backend(cfg, j->world);
-    j->m = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok));
+    j->m = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok), false);
     weft_rollout_config_validate(&cfg->rollout, j->m->cfg.num_mtp, cfg->model.path);
     // The optimizer's schedule spans every update: steps x epochs x mini-batches.
     weft_job_config tc = *cfg;
@@ -159,7 +159,8 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     tc.train.steps = cfg->train.steps * cfg->rl.ppo_epochs * (cfg->train.global_batch_size / mbs);
     j->t = weft_trainer_create(j->m, j->world, &tc, true);
     if (cfg->rl.kl_loss_coef != 0) {
-        j->ref_model = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok));
+        j->ref_model = weft_job_build_model(j->be, j->world, cfg,
+                                            weft_tokenizer_vocab_size(j->tok), true);
         j->ref = weft_trainer_create(j->ref_model, j->world, cfg, false);
     }
     j->objective = weft_rl_objective_create(&cfg->rl, cfg->sampling.max_tokens, cfg->data.source);

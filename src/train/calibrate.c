@@ -155,7 +155,7 @@ int weft_calibrate_run(const weft_calibrate_request *rq, weft_session *session) 
     weft_tokenizer *tok = weft_job_tokenizer(cfg);
     int vocab = weft_job_vocab_size(cfg, tok);
     weft_backend *be = weft_job_backend(cfg, world);
-    weft_model *m = weft_job_build_model(be, world, cfg, vocab);
+    weft_model *m = weft_job_build_model(be, world, cfg, vocab, false);
     weft_trainer *t = weft_trainer_create(m, world, cfg, false);
 
     weft_cost_sample s[MAX_PROBES];

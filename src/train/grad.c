@@ -235,7 +235,7 @@ int weft_grad_run(const weft_grad_request *rq, weft_session *session) {
     weft_tokenizer *tok = weft_job_tokenizer(&job);
     weft_document_set *data, *docs = grad_batch(rq, &job, tok, mc.vocab_size, &data);
     weft_backend *be = weft_job_backend(cfg, world);
-    weft_model *m = weft_job_build_model(be, world, &job, mc.vocab_size);
+    weft_model *m = weft_job_build_model(be, world, &job, mc.vocab_size, rq->score);
     WEFT_CHECK(!rq->score || cfg->train.steps == 0, "--score runs no optimizer step; drop "
                "train.steps=%d or --score", cfg->train.steps);
     weft_trainer *t = weft_trainer_create(m, world, cfg, cfg->train.steps > 0);

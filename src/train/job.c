@@ -119,10 +119,10 @@ weft_backend *weft_job_backend(const weft_job_config *cfg, weft_comm *world) {
 }
 
 weft_model *weft_job_build_model(weft_backend *be, const weft_comm *world,
-                                 const weft_job_config *cfg, int vocab) {
+                                 const weft_job_config *cfg, int vocab, bool forward_only) {
     weft_model_config mc;
     weft_job_model_config(cfg, vocab, &mc);
-    weft_model *m = weft_trainer_build_model(be, world, &mc, cfg);
+    weft_model *m = weft_trainer_build_model(be, world, &mc, cfg, forward_only);
     if (cfg->model.path[0]) weft_model_load_safetensors(m, cfg->model.path);
     else weft_model_init_random(m, (uint64_t)cfg->train.seed);
     return m;

@@ -49,6 +49,7 @@ weft_backend *weft_job_backend(const weft_job_config *cfg, weft_comm *world);
 // The job's model: from model.path's config.json, or from the model.* settings with the
 // tokenizer's `vocab` entries.
 void weft_job_model_config(const weft_job_config *cfg, int vocab, weft_model_config *mc);
-// Builds it on `be` for the job's layout: model.path's weights, or a random start.
+// Builds it on `be` for the job's layout: model.path's weights, or a random start; without a
+// gradient buffer when forward_only (weft_trainer_build_model).
 weft_model *weft_job_build_model(weft_backend *be, const weft_comm *world,
-                                 const weft_job_config *cfg, int vocab);
+                                 const weft_job_config *cfg, int vocab, bool forward_only);

@@ -158,7 +158,7 @@ int weft_train_run(const weft_job_config *cfg, weft_session *session, const char
     weft_tokenizer *tok;
     weft_document_set *data = weft_job_load_data(cfg, weft_comm_size(world), &tok);
     weft_backend *be = weft_job_backend(cfg, world);
-    weft_model *m = weft_job_build_model(be, world, cfg, weft_job_vocab_size(cfg, tok));
+    weft_model *m = weft_job_build_model(be, world, cfg, weft_job_vocab_size(cfg, tok), false);
     WEFT_CHECK(cfg->train.global_batch_size <= data->n, "train.global_batch_size=%d is more than "
                "the %d documents of data.source=%s: a batch would hold documents twice; lower it "
                "or give more documents", cfg->train.global_batch_size, data->n, cfg->data.source);

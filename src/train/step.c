@@ -17,10 +17,12 @@ int weft_trainer_max_document_len(const weft_job_config *cfg, int world, char *w
 }
 
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
-                                     const weft_model_config *mc, const weft_job_config *cfg) {
+                                     const weft_model_config *mc, const weft_job_config *cfg,
+                                     bool forward_only) {
     weft_model_options opt = {.pad_multiple = weft_dp_pad_multiple(world),
                               .recompute = cfg->train.recompute,
-                              .drop_tensors = cfg->model.drop_tensors};
+                              .drop_tensors = cfg->model.drop_tensors,
+                              .forward_only = forward_only};
     return weft_model_create(be, mc, &opt);
 }
 

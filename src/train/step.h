@@ -82,9 +82,11 @@ typedef struct weft_trainer_outputs {
 } weft_trainer_outputs;
 
 // The model a trainer of this job needs, on `be`: buffers padded for the layout's sharding,
-// recomputation as train.recompute says.
+// recomputation as train.recompute says; forward_only: no gradient buffer (a model that is only
+// scored: the RL reference policy, weft grad --score).
 weft_model *weft_trainer_build_model(weft_backend *be, const weft_comm *world,
-                                     const weft_model_config *mc, const weft_job_config *cfg);
+                                     const weft_model_config *mc, const weft_job_config *cfg,
+                                     bool forward_only);
 weft_trainer *weft_trainer_create(weft_model *m, weft_comm *world, const weft_job_config *cfg,
                                   bool with_optimizer);
 void weft_trainer_free(weft_trainer *t);
