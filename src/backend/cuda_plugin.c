@@ -17,7 +17,7 @@
 
 static struct {
     pthread_once_t once;
-    void *handle;       // NULL when it could not be opened
+    void *handle;                   // NULL when it could not be opened
     char error[2 * PATH_MAX + 256]; // why not (two paths at most)
 } plugin = {.once = PTHREAD_ONCE_INIT};
 
@@ -45,11 +45,11 @@ static void open_plugin(void) {
 }
 
 void *weft_cuda_plugin_symbol(const char *name, const char **error) {
+    static _Thread_local char missing[256]; // plugin.error is written once, by open_plugin
     pthread_once(&plugin.once, open_plugin);
     void *sym = plugin.handle ? dlsym(plugin.handle, name) : NULL;
-    if (!sym && plugin.handle)
-        snprintf(plugin.error, sizeof plugin.error, "libweft_cuda.so has no %s", name);
-    if (!sym && error) *error = plugin.error;
+    if (!sym && plugin.handle) snprintf(missing, sizeof missing, "libweft_cuda.so has no %s", name);
+    if (!sym && error) *error = plugin.handle ? missing : plugin.error;
     return sym;
 }
 
