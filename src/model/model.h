@@ -106,8 +106,9 @@ typedef struct weft_model_options {
     // (model.drop_tensors: names separated by commas, brackets and quotes ignored; copied). Any
     // other unused tensor is an error. NULL: none.
     const char *drop_tensors;
-    // Generation alone (weft generate): no gradient buffer (grad_buf NULL), whose fp32 copy of
-    // every parameter would take twice the bf16 weights' memory from the KV pool on a GPU.
+    // A model only run forward (weft generate, the RL reference policy, weft grad --score): no
+    // gradient buffer (grad_buf NULL), whose fp32 copy of every parameter would take twice the
+    // bf16 weights' memory on a GPU (from the KV pool, in generation).
     bool forward_only;
 } weft_model_options;
 
