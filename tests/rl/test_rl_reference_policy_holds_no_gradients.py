@@ -4,8 +4,8 @@ CPU and triple it on a GPU (bf16 weights).
 
 A tiny random model, one step of `weft rl` with and without the KL term: the bytes the job holds
 before its first rollout (the backend's own count of live allocations, metrics.jsonl) grow by the
-reference model's parameter bytes (its checkpoint elements in fp32) and less than half as much
-again, where a gradient buffer would add as much again.
+reference model's parameter bytes (its checkpoint elements in fp32) and at most 5% more (its RoPE
+table and small per-trainer buffers), where a gradient buffer would add as much again.
 """
 import os
 import sys
@@ -33,9 +33,9 @@ def cases(weft, tmp):
     print(f"held before the first rollout: {without:.0f} B without the KL term, {with_kl:.0f} B "
           f"with it: the reference policy adds {grown:.0f} B, {grown / weights:.3f} x its "
           f"{weights} bytes of weights")
-    if not weights <= grown < 1.5 * weights:
+    if not weights <= grown <= 1.05 * weights:
         return [f"the reference policy adds {grown:.0f} B, not its weights' {weights} B and "
-                "less than half as much again"]
+                "at most 5% more"]
     return []
 
 
