@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "rl/objective.h"
+
 // verl's epsilon: a group whose rewards are all equal gets advantages 0, not 0/0.
 static const double STD_EPS = 1e-6;
 
@@ -24,4 +26,18 @@ void weft_advantages(const weft_rl_config *cfg, const double *rewards, int n_gro
                      double *advantages) {
     for (int g = 0; g < n_groups; g++)
         group_advantages(cfg, rewards + (size_t)g * n, n, advantages + (size_t)g * n);
+}
+
+double weft_kl_penalty_sum(const weft_rl_config *cfg, const float *old_logprobs,
+                           const float *ref_logprobs, int len) {
+    double sum = 0;
+    for (int t = 0; t < len; t++)
+        sum += weft_rl_kl(cfg->kl_penalty, old_logprobs[t], ref_logprobs[t], NULL);
+    return sum;
+}
+
+double weft_kl_coef_next(const weft_rl_config *cfg, double coef, double current_kl, int n_samples) {
+    if (cfg->kl_ctrl == WEFT_KL_CTRL_FIXED) return coef;
+    double error = fmin(fmax(current_kl / cfg->kl_target - 1.0, -0.2), 0.2);
+    return coef * (1.0 + error * n_samples / cfg->kl_horizon);
 }

@@ -1,9 +1,19 @@
 // rl: advantages of a step's samples, per group of the n samples of one prompt (DESIGN.md
 // section 12): GRPO (reward minus the group mean, optionally over the group's std: Dr. GRPO
-// leaves it out) and RLOO (reward minus the mean of the other samples).
+// leaves it out) and RLOO (reward minus the mean of the other samples); and the rewards' KL
+// penalty with its coefficient's controller.
 #pragma once
 #include "rl/config.h"
 
 // rewards and advantages (n_groups * n), group g's samples at g * n ... g * n + n - 1.
 void weft_advantages(const weft_rl_config *cfg, const double *rewards, int n_groups, int n,
                      double *advantages);
+
+// KL in the reward: the sum over a response's len tokens of kl_penalty(old_t, ref_t), the
+// log-probs of the rollout policy and of the reference (rl.kl_penalty: weft_rl_kl's types).
+double weft_kl_penalty_sum(const weft_rl_config *cfg, const float *old_logprobs,
+                           const float *ref_logprobs, int len);
+// The coefficient for the next step, after one whose n_samples responses had a mean per-token
+// KL of current_kl: unchanged with rl.kl_ctrl=fixed; adaptive: coef (1 + e n_samples / horizon),
+// e = current_kl / kl_target - 1 clipped to [-0.2, 0.2].
+double weft_kl_coef_next(const weft_rl_config *cfg, double coef, double current_kl, int n_samples);

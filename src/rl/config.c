@@ -7,6 +7,8 @@ weft_rl_config weft_rl_config_default(void) {
     return (weft_rl_config){.policy_loss = WEFT_POLICY_LOSS_PPO, .clip_ratio_low = 0.2,
                             .clip_ratio_high = 0.2, .clip_ratio_c = 3.0,
                             .kl_loss_type = WEFT_KL_K3, .loss_agg_mode = WEFT_AGG_TOKEN_MEAN,
+                            .kl_penalty = WEFT_KL_K1, .kl_ctrl = WEFT_KL_CTRL_FIXED,
+                            .kl_coef = 0.001, .kl_target = 0.1, .kl_horizon = 10000,
                             .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
                             .ppo_epochs = 1, .min_terms = 2, .max_terms = 4, .term_below = 10,
                             .eval_prompts = 128, .eval_every = 5, .max_gen_batches = 10,
@@ -30,6 +32,14 @@ void weft_rl_config_validate(const weft_rl_config *c) {
     WEFT_CHECK(isfinite(c->kl_loss_coef) && c->kl_loss_coef >= 0,
                "rl.kl_loss_coef = %g must be finite and not negative (0: no KL term)",
                c->kl_loss_coef);
+    WEFT_CHECK(isfinite(c->kl_coef) && c->kl_coef >= 0, "rl.kl_coef = %g must be finite and not "
+               "negative", c->kl_coef);
+    WEFT_CHECK(c->kl_ctrl != WEFT_KL_CTRL_ADAPTIVE ||
+                   (c->kl_target > 0 && isfinite(c->kl_target) && c->kl_horizon > 0 &&
+                    isfinite(c->kl_horizon) && c->kl_coef > 0),
+               "rl.kl_ctrl=adaptive needs rl.kl_target > 0 (now %g), rl.kl_horizon > 0 (now %g) "
+               "and rl.kl_coef > 0 to start from (now %g): the coefficient is multiplied each "
+               "step", c->kl_target, c->kl_horizon, c->kl_coef);
     WEFT_CHECK(isfinite(c->entropy_coeff), "rl.entropy_coeff = %g must be finite",
                c->entropy_coeff);
     WEFT_CHECK(isfinite(c->loss_scale_factor) && c->loss_scale_factor >= 0,

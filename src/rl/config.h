@@ -16,6 +16,7 @@ typedef enum {
 } weft_loss_agg_mode;
 
 typedef enum { WEFT_ADV_GRPO, WEFT_ADV_RLOO } weft_adv_estimator;
+typedef enum { WEFT_KL_CTRL_FIXED, WEFT_KL_CTRL_ADAPTIVE } weft_kl_ctrl;
 typedef enum { WEFT_REWARD_EXACT_MATCH, WEFT_REWARD_COMMAND } weft_reward_type;
 enum { WEFT_REWARD_TEXT_MAX = 1024, WEFT_MAX_SAMPLES = 1024 };
 
@@ -35,6 +36,15 @@ typedef struct weft_rl_config {
     int kl_loss_type;        // weft_kl_type
     double entropy_coeff;    // weight of the entropy bonus
     int loss_agg_mode;       // weft_loss_agg_mode
+    // KL to the reference in the reward (verl's use_kl_in_reward): a sample's reward less
+    // kl_coef times the sum over its response of kl_penalty(old logp, ref logp), before the
+    // advantages. The coefficient stays fixed, or adapts after each step toward a per-token KL of
+    // kl_target with horizon kl_horizon samples (Ziegler et al. 2019, as verl's kl_ctrl).
+    bool use_kl_in_reward;
+    int kl_penalty;          // weft_kl_type
+    int kl_ctrl;             // weft_kl_ctrl
+    double kl_coef;          // the coefficient (adaptive: its start)
+    double kl_target, kl_horizon;
     double loss_scale_factor; // seq-mean-token-sum-norm's divisor; 0: sampling.max_tokens
     // The loop: train.steps RL steps of train.global_batch_size prompts x sampling.n samples.
     int adv_estimator;       // weft_adv_estimator

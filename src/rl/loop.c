@@ -51,6 +51,7 @@ typedef struct rl_job {
     weft_rl_objective *objective;
     weft_rl_prompts *train, *eval;
     FILE *metrics;
+    double kl_coef; // the next step's KL-in-reward coefficient (rl.use_kl_in_reward)
 } rl_job;
 
 // What one step measured, written as one line of metrics.jsonl.
@@ -62,6 +63,9 @@ typedef struct step_metrics {
     double mismatch_max, mismatch_mean, mismatch_k3; // rollout vs trainer log-probs
     double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
     double eval_accuracy; // < 0: not evaluated this step
+    // KL in the reward: the responses' mean per-token KL to the reference and the coefficient
+    // the step's rewards were charged at (< 0: rl.use_kl_in_reward is off).
+    double reward_kl, reward_kl_coef;
     weft_rl_rollout_stats rollout; // the last generation round's
     int gen_rounds, groups, groups_dropped; // dynamic sampling: rounds run, groups trained on
     // Measured device bytes (the backend's live allocations): before the wake, the rollout
@@ -135,6 +139,12 @@ static void check_settings(const weft_job_config *c) {
                  c->rl.norm_adv_by_std),
                "sampling.n=1 with rl.adv_estimator=grpo and rl.norm_adv_by_std=true: a group of "
                "one sample has no spread, so every advantage would be 0; raise sampling.n");
+    int samples = c->train.global_batch_size * c->sampling.n;
+    WEFT_CHECK(!c->rl.use_kl_in_reward || c->rl.kl_ctrl != WEFT_KL_CTRL_ADAPTIVE ||
+                   c->rl.kl_horizon > 0.2 * samples,
+               "rl.kl_horizon=%g with %d samples per step: the adaptive KL coefficient moves by "
+               "up to 0.2 x samples / horizon per step, which would take it to 0 or below; raise "
+               "rl.kl_horizon above %g", c->rl.kl_horizon, samples, 0.2 * samples);
     WEFT_CHECK(c->sampling.n <= WEFT_MAX_SAMPLES, "sampling.n=%d: weft rl takes at most %d "
                "samples per prompt", c->sampling.n, WEFT_MAX_SAMPLES);
     WEFT_CHECK(!(c->sampling.n == 1 && c->rl.adv_estimator == WEFT_ADV_RLOO),
@@ -158,7 +168,8 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     int mbs = mini_batch_prompts(cfg);
     tc.train.steps = cfg->train.steps * cfg->rl.ppo_epochs * (cfg->train.global_batch_size / mbs);
     j->t = weft_trainer_create(j->m, j->world, &tc, true);
-    if (cfg->rl.kl_loss_coef != 0) {
+    j->kl_coef = cfg->rl.kl_coef;
+    if (cfg->rl.kl_loss_coef != 0 || cfg->rl.use_kl_in_reward) {
         j->ref_model = weft_job_build_model(j->be, j->world, cfg,
                                             weft_tokenizer_vocab_size(j->tok), true);
         j->ref = weft_trainer_create(j->ref_model, j->world, cfg, false);
@@ -190,8 +201,8 @@ static void job_close(rl_job *j) {
 // --------------------------------------------------------------------------- a step's data ----
 
 // Sample i of the step as a training document: its prompt and response, the response's tokens
-// the targets, each carrying its group's advantage; old_logprobs are filled by the trainer.
-static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_sample *s, double adv) {
+// the targets; old_logprobs are filled by the trainer, advantages once the rewards are final.
+static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_sample *s) {
     int len = p->len + s->len;
     weft_document d = {.len = len, .tokens = weft_alloc(sizeof(int32_t) * len),
                        .loss_mask = weft_alloc((size_t)len),
@@ -201,7 +212,7 @@ static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_samp
     memcpy(d.tokens + p->len, s->tokens, sizeof(int32_t) * s->len);
     for (int t = 0; t < len; t++) {
         d.loss_mask[t] = t >= p->len;
-        d.advantages[t] = (float)adv;
+        d.advantages[t] = 0.0f;
         d.old_logprobs[t] = 0.0f;
     }
     return d;
@@ -274,6 +285,25 @@ static void reference_logprobs(rl_job *j, weft_document *docs, int N) {
     weft_free(lp);
 }
 
+// KL in the reward: each reward less the coefficient times its response's summed KL from the old
+// log-probs to the reference's (kl: (N) those sums); then the controller sets the next step's
+// coefficient from the responses' mean per-token KL.
+static void kl_in_reward(rl_job *j, const weft_document *docs, const weft_rl_prompt *const *prompts,
+                         const weft_rl_sample *samples, int N, double *rewards, double *kl,
+                         step_metrics *sm) {
+    const weft_rl_config *c = &j->cfg.rl;
+    int n = j->cfg.sampling.n;
+    double per_token = 0;
+    for (int i = 0; i < N; i++) {
+        int P = prompts[i / n]->len, len = samples[i].len;
+        kl[i] = weft_kl_penalty_sum(c, docs[i].old_logprobs + P, docs[i].ref_logprobs + P, len);
+        rewards[i] -= j->kl_coef * kl[i];
+        per_token += len > 0 ? kl[i] / len : 0.0;
+    }
+    sm->reward_kl = per_token / N, sm->reward_kl_coef = j->kl_coef;
+    j->kl_coef = weft_kl_coef_next(c, j->kl_coef, sm->reward_kl, N);
+}
+
 static void add_metrics(weft_rl_metrics *acc, const weft_rl_metrics *m, double w) {
     acc->loss += w * m->loss, acc->pg_loss += w * m->pg_loss, acc->kl_loss += w * m->kl_loss;
     acc->entropy += w * m->entropy, acc->pg_clipfrac += w * m->pg_clipfrac;
@@ -325,8 +355,8 @@ static double evaluate(rl_job *j) {
 // The step's samples as JSON lines (rank 0, atomically): prompt, response tokens and text-free
 // numbers, so runs on different layouts can be compared sample by sample.
 static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const *prompts,
-                          const weft_rl_sample *s, const double *adv, const weft_document *docs,
-                          int N) {
+                          const weft_rl_sample *s, const double *adv, const double *kl,
+                          const weft_document *docs, int N) {
     if (!j->writer) return;
     int n = j->cfg.sampling.n;
     char path[WEFT_PATH_MAX + 64];
@@ -336,17 +366,22 @@ static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const
     char **lines = weft_alloc(sizeof(char *) * N);
     size_t len = 0;
     for (int i = 0; i < N; i++) {
-        json_t *tokens = json_array(), *lp = json_array(), *old = json_array();
+        json_t *tokens = json_array(), *lp = json_array(), *old = json_array(), *ref = json_array();
         int P = prompts[i / n]->len;
         for (int t = 0; t < s[i].len; t++) {
             json_array_append_new(tokens, json_integer(s[i].tokens[t]));
             json_array_append_new(lp, json_real(s[i].logprobs[t]));
             json_array_append_new(old, json_real(docs[i].old_logprobs[P + t]));
+            if (docs[i].ref_logprobs)
+                json_array_append_new(ref, json_real(docs[i].ref_logprobs[P + t]));
         }
         json_t *row = json_pack("{s:s, s:i, s:o, s:o, s:o, s:f, s:f, s:b}", "prompt",
                                 prompts[i / n]->name, "sample", i % n, "tokens", tokens,
                                 "logprobs", lp, "old_logprobs", old, "reward", s[i].reward,
                                 "advantage", adv[i], "truncated", s[i].truncated);
+        if (docs[i].ref_logprobs) json_object_set(row, "ref_logprobs", ref);
+        if (kl) json_object_set_new(row, "kl_penalty", json_real(kl[i]));
+        json_decref(ref);
         lines[i] = json_dumps(row, JSON_COMPACT | JSON_REAL_PRECISION(9));
         len += strlen(lines[i]) + 1;
         json_decref(row);
@@ -443,7 +478,8 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     double t0 = weft_now_seconds();
     const weft_job_config *c = &j->cfg;
     int n = c->sampling.n;
-    step_metrics sm = {.eval_accuracy = -1, .bytes_before_rollout = (double)j->be->bytes_in_use};
+    step_metrics sm = {.eval_accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
+                       .bytes_before_rollout = (double)j->be->bytes_in_use};
     step_batch b;
     weft_backend_reset_peak(j->be);
     generate_groups(j, order, step, &b, &sm);
@@ -454,16 +490,20 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     sm.gen_rounds = b.rounds, sm.groups_dropped = b.dropped, sm.groups = G;
     if (N > 0) {
         sample_statistics(b.samples, b.rewards, N, &sm);
-        double *adv = weft_alloc(sizeof(double) * N);
-        weft_advantages(&c->rl, b.rewards, G, n, adv);
         weft_document *docs = weft_alloc(sizeof *docs * N);
-        for (int i = 0; i < N; i++) docs[i] = sample_document(b.prompts[i / n], &b.samples[i], adv[i]);
+        for (int i = 0; i < N; i++) docs[i] = sample_document(b.prompts[i / n], &b.samples[i]);
         old_logprobs(j, docs, N, b.samples, b.prompts, n, &sm);
         if (j->ref) reference_logprobs(j, docs, N);
-        if (c->rl.save_rollouts) save_rollouts(j, step, b.prompts, b.samples, adv, docs, N);
+        double *kl = c->rl.use_kl_in_reward ? weft_alloc(sizeof(double) * N) : NULL;
+        if (kl) kl_in_reward(j, docs, b.prompts, b.samples, N, b.rewards, kl, &sm);
+        double *adv = weft_alloc(sizeof(double) * N);
+        weft_advantages(&c->rl, b.rewards, G, n, adv);
+        for (int i = 0; i < N; i++)
+            for (int t = 0; t < docs[i].len; t++) docs[i].advantages[t] = (float)adv[i];
+        if (c->rl.save_rollouts) save_rollouts(j, step, b.prompts, b.samples, adv, kl, docs, N);
         policy_updates(j, docs, N, &sm);
         free_documents(docs, N);
-        weft_free(adv);
+        weft_free(adv), weft_free(kl);
     }
     sm.training_peak_bytes = (double)j->be->peak_bytes;
     weft_rl_samples_free(b.samples, N);
@@ -497,6 +537,9 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
             m->bytes_after_sleep, m->training_peak_bytes);
     if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
+    if (m->reward_kl_coef >= 0)
+        fprintf(f, ", \"reward_kl_penalty\": %.17g, \"reward_kl_penalty_coeff\": %.17g",
+                m->reward_kl, m->reward_kl_coef);
     if (m->rollout.spec_depth > 0) {
         fprintf(f, ", \"spec_acceptance\": [");
         for (int j = 0; j < m->rollout.spec_depth; j++)
@@ -559,6 +602,8 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
     if (cfg.resume[0]) {
         ckpt = weft_checkpoint_find(cfg.resume);
         state = weft_checkpoint_load(ckpt, j.t);
+        if (state.has_kl_coef && cfg.rl.use_kl_in_reward && cfg.rl.kl_ctrl == WEFT_KL_CTRL_ADAPTIVE)
+            j.kl_coef = state.kl_coef;
         if (j.writer) printf("resumed from %s at step %d\n", ckpt, state.step);
     }
     if (weft_run_is_finished(&cfg, state.step, j.writer)) {
@@ -583,6 +628,8 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
         if (due(step, cfg.rl.eval_every, cfg.train.steps)) last_accuracy = sm.eval_accuracy = evaluate(&j);
         if (j.writer) write_metrics(j.metrics, step, &sm), print_step(step, cfg.train.steps, &sm);
         state.step = step, state.epoch = order.epoch, state.cursor = order.cursor;
+        state.has_kl_coef = cfg.rl.use_kl_in_reward && cfg.rl.kl_ctrl == WEFT_KL_CTRL_ADAPTIVE;
+        state.kl_coef = j.kl_coef;
         if (due(step, cfg.train.save_every, cfg.train.steps))
             weft_free(weft_checkpoint_save(cfg.train.output_dir, j.t, &state));
     }

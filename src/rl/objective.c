@@ -42,18 +42,20 @@ static void policy_term(const weft_rl_config *c, double A, double ratio, double 
     if (out->dual_clipped) out->pg = -A * c->clip_ratio_c, out->d_logprob = 0.0;
 }
 
-// KL to the reference and its derivative with respect to logp.
-static double kl_term(int type, double logp, double ref, double *d_logp) {
-    double diff = logp - ref;
+double weft_rl_kl(int type, double logp, double ref, double *d_logp) {
+    double diff = logp - ref, d;
+    double kl;
     switch (type) {
-    case WEFT_KL_K1: *d_logp = 1.0; return diff;
-    case WEFT_KL_K2: *d_logp = diff; return 0.5 * diff * diff;
+    case WEFT_KL_K1: d = 1.0, kl = diff; break;
+    case WEFT_KL_K2: d = diff, kl = 0.5 * diff * diff; break;
     default: { // k3: exp(ref - logp) - (ref - logp) - 1, clamped to [-10, 10] (it is >= 0)
         double k3 = exp(-diff) + diff - 1;
-        *d_logp = k3 > 10 ? 0.0 : 1.0 - exp(-diff);
-        return k3 > 10 ? 10.0 : k3;
+        d = k3 > 10 ? 0.0 : 1.0 - exp(-diff);
+        kl = k3 > 10 ? 10.0 : k3;
     }
     }
+    if (d_logp) *d_logp = d;
+    return kl;
 }
 
 static token_loss token_objective(const weft_rl_objective *o, int doc, int t, double logp) {
@@ -76,7 +78,7 @@ static token_loss token_objective(const weft_rl_objective *o, int doc, int t, do
     l.value = l.pg;
     if (c->kl_loss_coef != 0) {
         double d_kl;
-        l.kl = kl_term(c->kl_loss_type, logp, d->ref_logprobs[t], &d_kl);
+        l.kl = weft_rl_kl(c->kl_loss_type, logp, d->ref_logprobs[t], &d_kl);
         l.value += c->kl_loss_coef * l.kl;
         l.d_logprob += c->kl_loss_coef * d_kl;
     }

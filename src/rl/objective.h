@@ -29,3 +29,7 @@ const weft_token_objective *weft_rl_objective_hooks(weft_rl_objective *o);
 // The last pass's metrics (every rank holds them after the pass).
 weft_rl_metrics weft_rl_objective_metrics(const weft_rl_objective *o);
 json_t *weft_rl_metrics_json(const weft_rl_metrics *m);
+// KL to the reference of one token (type: weft_kl_type): k1 = logp - ref, k2 = (logp - ref)^2 / 2,
+// k3 = exp(ref - logp) - (ref - logp) - 1 clamped to [-10, 10]; its derivative with respect to
+// logp into d_logp unless NULL.
+double weft_rl_kl(int type, double logp, double ref, double *d_logp);

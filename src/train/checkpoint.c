@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,7 @@ static void save_state(const char *dir, const weft_train_state *s, int optimizer
     json_t *root = json_pack("{s:i, s:i, s:i, s:I, s:I, s:o}", "step", s->step, "optimizer_steps",
                              optimizer_steps, "epoch", s->epoch, "cursor", (json_int_t)s->cursor,
                              "seed", (json_int_t)s->seed, "files", files);
+    if (s->has_kl_coef) json_object_set_new(root, "kl_coef", json_real(s->kl_coef));
     char *text = json_dumps(root, JSON_INDENT(2));
     char *path = join(dir, STATE_FILE);
     WEFT_CHECK(weft_write_file_atomic(path, text, strlen(text)), "%s: cannot write", path);
@@ -453,6 +455,14 @@ weft_train_state weft_checkpoint_read_state(const char *path) {
     s.optimizer_steps = json_object_get(root, "optimizer_steps")
                             ? (int)state_field(root, path, "optimizer_steps", INT32_MAX)
                             : s.step; // saved before RL: one update per step
+    json_t *kl = json_object_get(root, "kl_coef");
+    if (kl) {
+        WEFT_CHECK(json_is_number(kl) && isfinite(json_number_value(kl)) &&
+                       json_number_value(kl) > 0,
+                   "%s: \"kl_coef\" is not a positive number; the checkpoint is damaged, resume "
+                   "from an earlier one", path);
+        s.has_kl_coef = true, s.kl_coef = json_number_value(kl);
+    }
     json_decref(root);
     return s;
 }

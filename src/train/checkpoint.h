@@ -17,6 +17,9 @@ typedef struct weft_train_state {
     int epoch;             // data epoch
     long cursor;           // next document of the epoch's permutation
     uint64_t seed;
+    // weft rl's adaptive KL-in-reward coefficient, saved where has_kl_coef (rl.kl_ctrl=adaptive).
+    bool has_kl_coef;
+    double kl_coef;
 } weft_train_state;
 
 // Saves atomically; returns the checkpoint directory's path (weft_alloc'd).
@@ -27,6 +30,7 @@ char *weft_checkpoint_find(const char *path);
 // Loads a checkpoint into the trainer (model weights and optimizer state) after checking that it
 // was saved for this model shape; returns its state.
 weft_train_state weft_checkpoint_load(const char *ckpt_dir, weft_trainer *t);
-// Reads a trainer_state.json (step, optimizer_steps, epoch, cursor, seed); a missing or
-// out-of-range field is fatal, but for optimizer_steps, which older checkpoints lack.
+// Reads a trainer_state.json (step, optimizer_steps, epoch, cursor, seed, kl_coef); a missing or
+// out-of-range field is fatal, but for optimizer_steps, which older checkpoints lack, and kl_coef,
+// which only adaptive RL runs save.
 weft_train_state weft_checkpoint_read_state(const char *path);

@@ -36,6 +36,7 @@ static const char *const DCP_MODES[] = {"uniform", "heterogeneous", NULL}; // we
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};                   // weft_device
 static const char *const POLICY_LOSSES[] = {"ppo", "gspo", NULL};             // weft_policy_loss
 static const char *const KL_TYPES[] = {"k1", "k2", "k3", NULL};               // weft_kl_type
+static const char *const KL_CTRLS[] = {"fixed", "adaptive", NULL};          // weft_kl_ctrl
 static const char *const ADV_ESTIMATORS[] = {"grpo", "rloo", NULL};       // weft_adv_estimator
 static const char *const REWARD_TYPES[] = {"exact_match", "command", NULL}; // weft_reward_type
 static const char *const AGG_MODES[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
@@ -142,6 +143,17 @@ static const key_def KEYS[] = {
      "weight of the KL-to-reference loss; 0: no reference model", NULL},
     {"rl.kl_loss_type", KEY_CHOICE, F(rl.kl_loss_type),
      "k1 (logp - ref), k2 (squared / 2) or k3 (low-variance, clamped to [-10, 10])", KL_TYPES},
+    {"rl.use_kl_in_reward", KEY_BOOL, F(rl.use_kl_in_reward),
+     "subtract rl.kl_coef x the response's KL to the reference from each reward", NULL},
+    {"rl.kl_penalty", KEY_CHOICE, F(rl.kl_penalty),
+     "KL in the reward, per token: k1, k2 or k3 (as rl.kl_loss_type)", KL_TYPES},
+    {"rl.kl_ctrl", KEY_CHOICE, F(rl.kl_ctrl),
+     "KL in the reward: a fixed rl.kl_coef, or adaptive toward rl.kl_target", KL_CTRLS},
+    {"rl.kl_coef", KEY_REAL, F(rl.kl_coef), "KL in the reward: the coefficient (its start)", NULL},
+    {"rl.kl_target", KEY_REAL, F(rl.kl_target),
+     "adaptive KL coefficient: the per-token KL it steers toward", NULL},
+    {"rl.kl_horizon", KEY_REAL, F(rl.kl_horizon),
+     "adaptive KL coefficient: a step of N samples moves it by at most 0.2 N / this", NULL},
     {"rl.entropy_coeff", KEY_REAL, F(rl.entropy_coeff), "weight of the entropy bonus", NULL},
     {"rl.loss_agg_mode", KEY_CHOICE, F(rl.loss_agg_mode),
      "how token losses become one number (global denominators)", AGG_MODES},
