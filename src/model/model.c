@@ -241,7 +241,8 @@ void *weft_model_param(const weft_model *m, int i) {
     return (char *)m->param_buf + m->params[i].offset * weft_dtype_size(m->be->param_dtype);
 }
 float *weft_model_grad(const weft_model *m, int i) {
-    WEFT_CHECK(m->grad_buf, "internal: a gradient of a model created forward_only");
+    WEFT_CHECK(m->grad_buf, "internal: a gradient of a model without its gradient buffer "
+               "(forward_only, or released)");
     return m->grad_buf + m->params[i].offset;
 }
 
@@ -261,8 +262,22 @@ size_t weft_model_grad_bytes(const weft_model *m) {
 int weft_model_heads(const weft_model *m) { return 1 + m->cfg.num_mtp; }
 
 void weft_model_zero_grad(weft_model *m) {
-    WEFT_CHECK(m->grad_buf, "internal: zeroing the gradients of a model created forward_only");
+    WEFT_CHECK(m->grad_buf, "internal: zeroing the gradients of a model without its gradient "
+               "buffer (forward_only, or released)");
     m->be->zero(m->be, m->grad_buf, weft_model_grad_bytes(m));
+}
+
+void weft_model_release_grad(weft_model *m) {
+    WEFT_CHECK(m->grad_buf, "internal: releasing a gradient buffer the model does not hold");
+    m->be->free(m->be, m->grad_buf);
+    m->grad_buf = NULL;
+}
+
+void weft_model_restore_grad(weft_model *m) {
+    WEFT_CHECK(!m->grad_buf && !m->opt.forward_only,
+               "internal: restoring a gradient buffer that was not released");
+    m->grad_buf = m->be->alloc(m->be, m->n_padded * sizeof(float));
+    weft_model_zero_grad(m);
 }
 
 // "[8]", "[16, 32]", "[]": every dimension, none printed for a scalar.

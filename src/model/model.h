@@ -207,6 +207,11 @@ void weft_model_backward(weft_model *m, const weft_head_weights *w, const weft_p
 // Whether parameter i belongs to a multi-token-prediction module.
 bool weft_model_param_is_mtp(const weft_model *m, int i);
 void weft_model_zero_grad(weft_model *m);
+// A phase that runs no backward (the hybrid RL loop's rollout) may give the gradient buffer's
+// memory back: release frees it, restore allocates it again, zeroed. Nothing reads or writes
+// gradients in between.
+void weft_model_release_grad(weft_model *m);
+void weft_model_restore_grad(weft_model *m);
 // Adds one tensor per parameter, named prefix + Hugging Face name, to a safetensors writer: the
 // parameters themselves when flat is NULL, else the f32 buffer `flat` laid out like the parameters
 // from element `base` on (gradients, optimizer moments, a shard of them).

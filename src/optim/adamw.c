@@ -48,12 +48,38 @@ void weft_optimizer_free(weft_optimizer *o) {
     o->be->free(o->be, o->m);
     o->be->free(o->be, o->v);
     if (o->master) o->be->free(o->be, o->master);
+    weft_free(o->offloaded);
     weft_free(o->ranges);
     weft_free(o);
 }
 
+// m and v, and the fp32 master copy of low-precision parameters.
+static int state_count(const weft_optimizer *o) { return o->be->param_dtype != WEFT_F32 ? 3 : 2; }
+
 size_t weft_optimizer_state_bytes(const weft_optimizer *o) {
-    return o->numel * sizeof(float) * (o->master ? 3 : 2);
+    return o->numel * sizeof(float) * (size_t)state_count(o);
+}
+
+void weft_optimizer_offload(weft_optimizer *o) {
+    WEFT_CHECK(!o->offloaded, "internal: offloading an optimizer state that is offloaded");
+    float **state[] = {&o->m, &o->v, &o->master};
+    o->offloaded = weft_alloc(weft_optimizer_state_bytes(o) + 1);
+    for (int i = 0, count = state_count(o); i < count; i++) {
+        o->be->to_host(o->be, o->offloaded + i * o->numel, *state[i], o->numel * sizeof(float));
+        o->be->free(o->be, *state[i]);
+        *state[i] = NULL;
+    }
+}
+
+void weft_optimizer_reload(weft_optimizer *o) {
+    WEFT_CHECK(o->offloaded, "internal: reloading an optimizer state that is not offloaded");
+    float **state[] = {&o->m, &o->v, &o->master};
+    for (int i = 0, count = state_count(o); i < count; i++) {
+        *state[i] = o->be->alloc(o->be, o->numel * sizeof(float));
+        o->be->to_device(o->be, *state[i], o->offloaded + i * o->numel, o->numel * sizeof(float));
+    }
+    weft_free(o->offloaded);
+    o->offloaded = NULL;
 }
 
 double weft_clip_factor(const weft_optim_config *c, double grad_norm) {
@@ -73,6 +99,7 @@ static void update(weft_optimizer *o, void *params, const float *grads, size_t a
 
 double weft_optimizer_step(weft_optimizer *o, void *params, const float *grads,
                            const weft_optim_segment *segs, int n_segs) {
+    WEFT_CHECK(!o->offloaded, "internal: an optimizer step while its state is offloaded");
     o->step++;
     double lr = weft_lr_at(&o->cfg, o->step);
     size_t k = 0; // where the current range's state starts

@@ -29,6 +29,7 @@ typedef struct weft_optimizer {
     int n_ranges;
     size_t numel;             // their count: m, v and master hold them, range after range
     float *m, *v, *master;    // (numel) f32 each; master only when params are not f32
+    float *offloaded;         // while offloaded: m, v (and master) in host memory, else NULL
     int step;
 } weft_optimizer;
 
@@ -39,6 +40,11 @@ weft_optimizer *weft_optimizer_create(weft_backend *be, const weft_optim_config 
                                       const void *params);
 void weft_optimizer_free(weft_optimizer *o);
 size_t weft_optimizer_state_bytes(const weft_optimizer *o);
+// While rollout runs (rl.offload_optimizer) the state may wait in host memory: offload copies m, v
+// and master there and frees them on the device; reload brings them back bit for bit. Nothing
+// may step or read the state in between.
+void weft_optimizer_offload(weft_optimizer *o);
+void weft_optimizer_reload(weft_optimizer *o);
 // Global-norm clipping factor for a squared norm summed over every gradient element:
 // min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_; 1 when clipping is off.
 double weft_clip_factor(const weft_optim_config *cfg, double grad_norm);

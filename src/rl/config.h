@@ -63,6 +63,10 @@ typedef struct weft_rl_config {
     int overlong_buffer;
     double overlong_penalty;
     bool save_rollouts; // each step's samples to <train.output_dir>/rollouts/step_NNNNNN.jsonl
+    // While rollout runs, AdamW's state (m, v, the fp32 master) waits in host memory and the
+    // gradient buffers, which hold nothing between steps, are freed: the KV pool gets their device
+    // memory, at the cost of two copies of the state per step (verl's optimizer_offload).
+    bool offload_optimizer;
 } weft_rl_config;
 
 weft_rl_config weft_rl_config_default(void);

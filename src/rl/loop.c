@@ -71,6 +71,7 @@ typedef struct step_metrics {
     // Measured device bytes (the backend's live allocations): before the wake, the rollout
     // phase's peak, after the sleep, and the training phase's peak.
     double bytes_before_rollout, rollout_peak_bytes, bytes_after_sleep, training_peak_bytes;
+    double offloaded_bytes; // rl.offload_optimizer: device bytes the trainer gave up for rollout
 } step_metrics;
 
 // ------------------------------------------------------------------------------- start-up ----
@@ -335,8 +336,19 @@ static void policy_updates(rl_job *j, const weft_document *docs, int N, step_met
 
 // ------------------------------------------------------------------------------- the step ----
 
+// rl.offload_optimizer: the trainer's optimizer state and gradients leave device memory while
+// rollout runs; returns the bytes given back (0 when off).
+static double trainer_sleep(rl_job *j) {
+    return j->cfg.rl.offload_optimizer ? (double)weft_trainer_sleep(j->t) : 0.0;
+}
+
+static void trainer_wake(rl_job *j) {
+    if (j->cfg.rl.offload_optimizer) weft_trainer_wake(j->t);
+}
+
 // Greedy answers to the held-out problems: the fraction rewarded.
 static double evaluate(rl_job *j) {
+    trainer_sleep(j);
     weft_sampling_config greedy = j->cfg.sampling;
     greedy.temperature = 0, greedy.n = 1, greedy.top_k = 0, greedy.top_p = 1, greedy.min_p = 0;
     int P = j->eval->n;
@@ -349,6 +361,7 @@ static double evaluate(rl_job *j) {
     for (int k = 0; k < P; k++) correct += s[k].reward > 0;
     weft_rl_samples_free(s, P);
     weft_free(s), weft_free(prompts);
+    trainer_wake(j);
     return P > 0 ? correct / P : 0.0;
 }
 
@@ -481,6 +494,7 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     step_metrics sm = {.eval_accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
                        .bytes_before_rollout = (double)j->be->bytes_in_use};
     step_batch b;
+    sm.offloaded_bytes = trainer_sleep(j);
     weft_backend_reset_peak(j->be);
     generate_groups(j, order, step, &b, &sm);
     sm.rollout_peak_bytes = (double)j->be->peak_bytes;
@@ -501,9 +515,12 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
         for (int i = 0; i < N; i++)
             for (int t = 0; t < docs[i].len; t++) docs[i].advantages[t] = (float)adv[i];
         if (c->rl.save_rollouts) save_rollouts(j, step, b.prompts, b.samples, adv, kl, docs, N);
+        trainer_wake(j);
         policy_updates(j, docs, N, &sm);
         free_documents(docs, N);
         weft_free(adv), weft_free(kl);
+    } else {
+        trainer_wake(j);
     }
     sm.training_peak_bytes = (double)j->be->peak_bytes;
     weft_rl_samples_free(b.samples, N);
@@ -527,7 +544,8 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d, "
             "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
             "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
-            "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f",
+            "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f, "
+            "\"offloaded_bytes\": %.0f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
@@ -535,7 +553,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
-            m->bytes_after_sleep, m->training_peak_bytes);
+            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes);
     if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
     if (m->reward_kl_coef >= 0)
         fprintf(f, ", \"reward_kl_penalty\": %.17g, \"reward_kl_penalty_coeff\": %.17g",
@@ -563,15 +581,17 @@ static void print_step(int step, int steps, const step_metrics *m) {
 
 // The two phases' memory in the last step: the KV pool exists only in the first.
 static void print_memory(const step_metrics *m) {
-    char base[32], roll[32], pool[32], train[32], after[32];
+    char base[32], roll[32], pool[32], train[32], after[32], gone[32];
     weft_format_bytes(base, sizeof base, (size_t)m->bytes_before_rollout);
     weft_format_bytes(roll, sizeof roll, (size_t)m->rollout_peak_bytes);
     weft_format_bytes(pool, sizeof pool, (size_t)m->rollout.pool_bytes);
     weft_format_bytes(after, sizeof after, (size_t)m->bytes_after_sleep);
     weft_format_bytes(train, sizeof train, (size_t)m->training_peak_bytes);
+    weft_format_bytes(gone, sizeof gone, (size_t)m->offloaded_bytes);
     printf("memory (last step, measured): %s held between steps; rollout peak %s with a KV pool "
-           "of %s, freed at sleep (%s held after it); training peak %s\n", base, roll, pool,
-           after, train);
+           "of %s, freed at sleep (%s held after it)%s%s%s; training peak %s\n", base, roll, pool,
+           after, m->offloaded_bytes > 0 ? ", optimizer state and gradients (" : "",
+           m->offloaded_bytes > 0 ? gone : "", m->offloaded_bytes > 0 ? ") offloaded" : "", train);
 }
 
 static FILE *open_metrics_file(const rl_job *j, int step) {

@@ -356,6 +356,7 @@ static weft_step_result run_pass(weft_trainer *t, pass_kind kind, const weft_doc
         scale[k] = counts[k] > 0 ? (float)(m->cfg.mtp_loss_scale / D / counts[k]) : 0.0f;
 
     bool backward = kind != PASS_SCORE;
+    WEFT_CHECK(!backward || !t->asleep, "internal: a gradient pass while the trainer sleeps");
     if (backward) reserve_activations(t, &local, docs);
     if (backward) weft_model_zero_grad(m);
     be->zero(be, t->head_sums, sizeof(double) * (2 * heads + 1));
@@ -441,6 +442,25 @@ weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, i
 }
 
 void weft_trainer_gather_gradients(weft_trainer *t) { weft_dp_gather_gradients(t->dp); }
+
+size_t weft_trainer_sleep(weft_trainer *t) {
+    WEFT_CHECK(!t->asleep && t->opt, "internal: weft_trainer_sleep on a trainer %s",
+               t->asleep ? "asleep" : "without an optimizer");
+    size_t bytes = weft_optimizer_state_bytes(t->opt) + weft_model_grad_bytes(t->model);
+    weft_optimizer_offload(t->opt);
+    weft_model_release_grad(t->model);
+    bytes += weft_dp_release_buffers(t->dp);
+    t->asleep = true;
+    return bytes;
+}
+
+void weft_trainer_wake(weft_trainer *t) {
+    WEFT_CHECK(t->asleep, "internal: weft_trainer_wake on a trainer awake");
+    weft_dp_restore_buffers(t->dp);
+    weft_model_restore_grad(t->model);
+    weft_optimizer_reload(t->opt);
+    t->asleep = false;
+}
 
 weft_memory_report weft_trainer_memory(const weft_trainer *t) {
     return (weft_memory_report){

@@ -26,9 +26,8 @@ import sys
 import numpy as np
 
 from reference import fixtures
-from reference.rl_loop import (command, environment, f32, make_tiny_model, metrics,
-                               reward_command, rl_args, rollouts, run_rl, without_timings,
-                               write_prompts, write_reward_script)
+from reference.rl_loop import (command, environment, f32, learning_setup, metrics, rl_args,
+                               rollouts, run_rl, without_timings)
 
 P, N = 4, 4  # prompts per step, samples per prompt
 COMMON = ["optim.lr=1e-2", "optim.min_lr=1e-2", "rl.use_kl_in_reward=true",
@@ -138,10 +137,7 @@ def bad_settings(weft, mdir, prompts, tmp, reward, failures):
 
 def cases(weft, tmp):
     failures = []
-    mdir, prompts = os.path.join(tmp, "model"), os.path.join(tmp, "prompts.jsonl")
-    make_tiny_model(mdir, seed=21, std=0.2)
-    write_prompts(prompts, [5, 12, 3, 20, 8, 15, 9, 11, 4, 7], seed=22)
-    reward = reward_command(write_reward_script(tmp))
+    mdir, prompts, reward = learning_setup(tmp)
     a = ADAPTIVE
     adaptive = [*reward, *COMMON, f"train.global_batch_size={P}", f"sampling.n={N}",
                 "rl.kl_ctrl=adaptive", f"rl.kl_coef={a['coef']}", f"rl.kl_target={a['target']}",

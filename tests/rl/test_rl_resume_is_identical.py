@@ -22,10 +22,9 @@ import time
 
 from reference import fixtures
 from reference.rl_loop import (checkpoint_problem, checkpoints, command, environment,
-                               kill_pid, make_tiny_model, metrics, reward_command, rl_args,
-                               run_rl, without_timings, write_prompts, write_reward_script)
+                               kill_pid, learning_setup, metrics, reward_command, rl_args,
+                               run_rl, without_timings)
 
-LENGTHS = [5, 12, 3, 20, 8, 15, 9, 11, 4, 7]
 P, N, EVAL = 2, 4, 2  # prompts per step, samples per prompt, held-out prompts
 SETTINGS = [f"train.global_batch_size={P}", f"sampling.n={N}", "sampling.max_tokens=8",
             "rl.ppo_mini_batch_size=1", "train.save_every=3", "rl.eval_every=3",
@@ -110,10 +109,7 @@ def killed_in_step_5(weft, args, out, tmp, failures):
 
 def cases(weft, tmp):
     failures = []
-    mdir, prompts = os.path.join(tmp, "model"), os.path.join(tmp, "prompts.jsonl")
-    make_tiny_model(mdir, seed=21, std=0.2)
-    write_prompts(prompts, LENGTHS, seed=22)
-    reward = reward_command(write_reward_script(tmp))
+    mdir, prompts, reward = learning_setup(tmp)
     straight, split, killed = (os.path.join(tmp, d) for d in ("straight", "split", "killed"))
     try:
         run_rl(weft, rl_args(mdir, prompts, straight, *SETTINGS, *reward, "train.steps=6"))
