@@ -179,6 +179,7 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
         doc.advantages = read_token_floats(at, root, "advantages", doc.len);
         doc.old_logprobs = read_token_floats(at, root, "old_logprobs", doc.len);
         doc.ref_logprobs = read_token_floats(at, root, "ref_logprobs", doc.len);
+        doc.rollout_logprobs = read_token_floats(at, root, "rollout_logprobs", doc.len);
     }
     json_decref(root);
     return doc;
@@ -261,6 +262,7 @@ void weft_document_set_free(weft_document_set *set) {
         weft_free(set->docs[i].advantages);
         weft_free(set->docs[i].old_logprobs);
         weft_free(set->docs[i].ref_logprobs);
+        weft_free(set->docs[i].rollout_logprobs);
     }
     weft_free(set->docs);
     weft_free(set);

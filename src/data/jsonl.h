@@ -12,8 +12,9 @@ typedef struct weft_document {
     float *logprob_weights;
     // Optional (NULL), per token, read where loss_mask[t] = 1: an RL row's advantage of token t,
     // and log p(token t | tokens before it) under the policy that sampled it (old) and under the
-    // reference policy (DESIGN.md section 12).
-    float *advantages, *old_logprobs, *ref_logprobs;
+    // reference policy (DESIGN.md section 12); and as the rollout engine recorded it (truncated
+    // importance sampling corrects for the difference from old).
+    float *advantages, *old_logprobs, *ref_logprobs, *rollout_logprobs;
     int len;
     int line; // the JSONL line it came from (1-based), a synthetic document's number; 0: neither
 } weft_document;
@@ -27,7 +28,8 @@ typedef struct weft_document_set {
 // skipped). loss_mask is optional: without it every token but the first is a target.
 // logprob_weights (numbers, one per token) is optional too: it makes the batch's objective
 // sum_t w_t log p(token t | tokens before it) over targets t instead of the cross-entropy; so are
-// an RL row's "advantages", "old_logprobs" and "ref_logprobs". loss_mask[0] is always treated as 0
+// an RL row's "advantages", "old_logprobs", "ref_logprobs" and "rollout_logprobs". loss_mask[0]
+// is always treated as 0
 // (token 0 of a document is never a target). Errors end in weft_fatal naming "<path>:<line>: ...":
 // malformed JSON, missing/non-array input_ids, non-integer ids, id outside [0, vocab_size), empty
 // input_ids, loss_mask length != input_ids length, loss_mask values other than 0/1; an empty file

@@ -40,6 +40,9 @@ void weft_rl_config_validate(const weft_rl_config *c) {
                "rl.kl_ctrl=adaptive needs rl.kl_target > 0 (now %g), rl.kl_horizon > 0 (now %g) "
                "and rl.kl_coef > 0 to start from (now %g): the coefficient is multiplied each "
                "step", c->kl_target, c->kl_horizon, c->kl_coef);
+    WEFT_CHECK(isfinite(c->tis_imp_ratio_cap) && c->tis_imp_ratio_cap >= 0,
+               "rl.tis_imp_ratio_cap = %g must be finite and not negative (0: off; verl's "
+               "examples use 2)", c->tis_imp_ratio_cap);
     WEFT_CHECK(isfinite(c->entropy_coeff), "rl.entropy_coeff = %g must be finite",
                c->entropy_coeff);
     WEFT_CHECK(isfinite(c->loss_scale_factor) && c->loss_scale_factor >= 0,

@@ -35,6 +35,10 @@ typedef struct weft_rl_config {
     double kl_loss_coef;     // 0: no KL term and no reference log-probs needed
     int kl_loss_type;        // weft_kl_type
     double entropy_coeff;    // weight of the entropy bonus
+    // Truncated importance sampling (verl's tis_imp_ratio_cap): each token's policy-gradient term
+    // times min(exp(old_logp - rollout_logp), cap), which corrects for the rollout engine's
+    // log-probs differing from the trainer's (bf16 on a GPU; 0 on the CPU). 0: off.
+    double tis_imp_ratio_cap;
     int loss_agg_mode;       // weft_loss_agg_mode
     // KL to the reference in the reward (verl's use_kl_in_reward): a sample's reward less
     // kl_coef times the sum over its response of kl_penalty(old logp, ref logp), before the

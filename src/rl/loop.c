@@ -202,8 +202,10 @@ static void job_close(rl_job *j) {
 // --------------------------------------------------------------------------- a step's data ----
 
 // Sample i of the step as a training document: its prompt and response, the response's tokens
-// the targets; old_logprobs are filled by the trainer, advantages once the rewards are final.
-static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_sample *s) {
+// the targets (with the rollout's log-probs when truncated importance sampling reads them);
+// old_logprobs are filled by the trainer, advantages once the rewards are final.
+static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_sample *s,
+                                     bool rollout_logprobs) {
     int len = p->len + s->len;
     weft_document d = {.len = len, .tokens = weft_alloc(sizeof(int32_t) * len),
                        .loss_mask = weft_alloc((size_t)len),
@@ -211,6 +213,11 @@ static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_samp
                        .old_logprobs = weft_alloc(sizeof(float) * len)};
     memcpy(d.tokens, p->tokens, sizeof(int32_t) * p->len);
     memcpy(d.tokens + p->len, s->tokens, sizeof(int32_t) * s->len);
+    if (rollout_logprobs) {
+        d.rollout_logprobs = weft_alloc(sizeof(float) * len);
+        memset(d.rollout_logprobs, 0, sizeof(float) * p->len);
+        memcpy(d.rollout_logprobs + p->len, s->logprobs, sizeof(float) * s->len);
+    }
     for (int t = 0; t < len; t++) {
         d.loss_mask[t] = t >= p->len;
         d.advantages[t] = 0.0f;
@@ -222,7 +229,8 @@ static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_samp
 static void free_documents(weft_document *docs, int n) {
     for (int i = 0; i < n; i++)
         weft_free(docs[i].tokens), weft_free(docs[i].loss_mask), weft_free(docs[i].advantages),
-            weft_free(docs[i].old_logprobs), weft_free(docs[i].ref_logprobs);
+            weft_free(docs[i].old_logprobs), weft_free(docs[i].ref_logprobs),
+            weft_free(docs[i].rollout_logprobs);
     weft_free(docs);
 }
 
@@ -309,6 +317,7 @@ static void add_metrics(weft_rl_metrics *acc, const weft_rl_metrics *m, double w
     acc->loss += w * m->loss, acc->pg_loss += w * m->pg_loss, acc->kl_loss += w * m->kl_loss;
     acc->entropy += w * m->entropy, acc->pg_clipfrac += w * m->pg_clipfrac;
     acc->pg_clipfrac_lower += w * m->pg_clipfrac_lower, acc->ppo_kl += w * m->ppo_kl;
+    acc->tis_weight += w * m->tis_weight, acc->tis_capped += w * m->tis_capped;
 }
 
 // rl.ppo_epochs passes over the step's samples in mini-batches of whole groups, one optimizer
@@ -505,7 +514,9 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
     if (N > 0) {
         sample_statistics(b.samples, b.rewards, N, &sm);
         weft_document *docs = weft_alloc(sizeof *docs * N);
-        for (int i = 0; i < N; i++) docs[i] = sample_document(b.prompts[i / n], &b.samples[i]);
+        for (int i = 0; i < N; i++)
+            docs[i] = sample_document(b.prompts[i / n], &b.samples[i],
+                                      c->rl.tis_imp_ratio_cap > 0);
         old_logprobs(j, docs, N, b.samples, b.prompts, n, &sm);
         if (j->ref) reference_logprobs(j, docs, N);
         double *kl = c->rl.use_kl_in_reward ? weft_alloc(sizeof(double) * N) : NULL;
@@ -537,6 +548,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"response_length_mean\": %.6g, \"response_length_max\": %.0f, "
             "\"response_clip_frac\": %.6g, \"loss\": %.9g, \"pg_loss\": %.9g, "
             "\"pg_clipfrac\": %.6g, \"pg_clipfrac_lower\": %.6g, \"ppo_kl\": %.9g, "
+            "\"tis_weight\": %.9g, \"tis_capped\": %.6g, "
             "\"kl_loss\": %.9g, \"entropy\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6g, "
             "\"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g, "
             "\"kv_bytes_freed\": %.0f, \"rollout_seconds\": %.4f, \"rollout_tokens\": %.0f, "
@@ -548,6 +560,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"offloaded_bytes\": %.0f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
+            l->tis_weight, l->tis_capped,
             l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
             m->mismatch_k3, m->rollout.pool_bytes, m->rollout_seconds, m->rollout_tokens,
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,

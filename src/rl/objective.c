@@ -4,7 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
-enum { SUM_PG, SUM_KL, SUM_ENTROPY, SUM_CLIPPED, SUM_DUAL_CLIPPED, SUM_PPO_KL, N_SUMS };
+enum {
+    SUM_PG, SUM_KL, SUM_ENTROPY, SUM_CLIPPED, SUM_DUAL_CLIPPED, SUM_PPO_KL, SUM_TIS, SUM_TIS_CAPPED,
+    N_SUMS
+};
 
 struct weft_rl_objective {
     weft_rl_config cfg;
@@ -24,7 +27,8 @@ struct weft_rl_objective {
 typedef struct token_loss {
     double value, d_logprob; // the per-token objective before aggregation, and its derivative
     double pg, kl;
-    bool clipped, dual_clipped;
+    double tis; // the truncated importance weight (1 without)
+    bool clipped, dual_clipped, tis_capped;
 } token_loss;
 
 // The clipped surrogate, given the ratio and its derivative with respect to logp: the larger of
@@ -73,8 +77,16 @@ static token_loss token_objective(const weft_rl_objective *o, int doc, int t, do
         ratio = exp(fmin(fmax(log_ratio, -20.0), 20.0));
         d_ratio = fabs(log_ratio) <= 20 ? ratio : 0.0;
     }
-    token_loss l = {0};
+    token_loss l = {.tis = 1.0};
     policy_term(c, A, ratio, d_ratio, &l);
+    if (c->tis_imp_ratio_cap > 0) {
+        // The rollout sampled from its own log-probs, not quite old's: a constant weight per
+        // token, capped, with no gradient through it.
+        double w = exp(d->old_logprobs[t] - d->rollout_logprobs[t]);
+        l.tis_capped = !(w < c->tis_imp_ratio_cap);
+        l.tis = l.tis_capped ? c->tis_imp_ratio_cap : w;
+        l.pg *= l.tis, l.d_logprob *= l.tis;
+    }
     l.value = l.pg;
     if (c->kl_loss_coef != 0) {
         double d_kl;
@@ -104,6 +116,8 @@ static void rl_weights(void *ctx, const weft_token_rows *rows, float *d_logprob,
         o->sums[SUM_CLIPPED] += l.clipped;
         o->sums[SUM_DUAL_CLIPPED] += l.dual_clipped;
         o->sums[SUM_PPO_KL] += o->docs[doc].old_logprobs[t] - logp;
+        o->sums[SUM_TIS] += l.tis;
+        o->sums[SUM_TIS_CAPPED] += l.tis_capped;
     }
 }
 
@@ -113,11 +127,14 @@ static void check_rows(const weft_rl_objective *o, const weft_document *docs, in
                               : !docs[i].old_logprobs ? "old_logprobs"
                               : !docs[i].ref_logprobs && o->cfg.kl_loss_coef != 0
                                   ? "ref_logprobs"
+                              : !docs[i].rollout_logprobs && o->cfg.tis_imp_ratio_cap > 0
+                                  ? "rollout_logprobs"
                                   : NULL;
         if (missing)
             weft_fatal("%s: document %d has no \"%s\"; RL rows need \"advantages\" and "
-                       "\"old_logprobs\" (and \"ref_logprobs\" when rl.kl_loss_coef is not 0), "
-                       "one number per token", o->source, i + 1, missing);
+                       "\"old_logprobs\" (and \"ref_logprobs\" when rl.kl_loss_coef is not 0, "
+                       "\"rollout_logprobs\" when rl.tis_imp_ratio_cap is), one number per token",
+                       o->source, i + 1, missing);
     }
 }
 
@@ -182,6 +199,8 @@ static double rl_end(void *ctx, weft_comm *world) {
     m->pg_clipfrac = o->sums[SUM_CLIPPED] / N;
     m->pg_clipfrac_lower = o->sums[SUM_DUAL_CLIPPED] / N;
     m->ppo_kl = o->sums[SUM_PPO_KL] / N;
+    m->tis_weight = o->sums[SUM_TIS] / N;
+    m->tis_capped = o->sums[SUM_TIS_CAPPED] / N;
     m->loss = m->pg_loss + o->cfg.kl_loss_coef * m->kl_loss - o->cfg.entropy_coeff * m->entropy;
     m->n_targets = o->n_targets, m->n_sequences = o->n_sequences;
     return m->loss;
@@ -214,9 +233,10 @@ const weft_token_objective *weft_rl_objective_hooks(weft_rl_objective *o) { retu
 weft_rl_metrics weft_rl_objective_metrics(const weft_rl_objective *o) { return o->last; }
 
 json_t *weft_rl_metrics_json(const weft_rl_metrics *m) {
-    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I}", "loss", m->loss, "pg_loss",
-                     m->pg_loss, "kl_loss", m->kl_loss, "entropy", m->entropy, "pg_clipfrac",
-                     m->pg_clipfrac, "pg_clipfrac_lower", m->pg_clipfrac_lower, "ppo_kl",
-                     m->ppo_kl, "n_targets", (json_int_t)m->n_targets, "n_sequences",
+    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I}", "loss", m->loss,
+                     "pg_loss", m->pg_loss, "kl_loss", m->kl_loss, "entropy", m->entropy,
+                     "pg_clipfrac", m->pg_clipfrac, "pg_clipfrac_lower", m->pg_clipfrac_lower,
+                     "ppo_kl", m->ppo_kl, "tis_weight", m->tis_weight, "tis_capped",
+                     m->tis_capped, "n_targets", (json_int_t)m->n_targets, "n_sequences",
                      (json_int_t)m->n_sequences);
 }

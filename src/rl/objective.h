@@ -15,6 +15,8 @@ typedef struct weft_rl_metrics {
     double pg_clipfrac;       // token mean: the clipped branch taken
     double pg_clipfrac_lower; // token mean: the dual clip taken (negative advantages)
     double ppo_kl;            // token mean of old_logp - logp
+    double tis_weight;        // token mean of the truncated importance weight (1 when off)
+    double tis_capped;        // token mean: the weight held at rl.tis_imp_ratio_cap
     long n_targets, n_sequences;
 } weft_rl_metrics;
 

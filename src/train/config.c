@@ -154,6 +154,9 @@ static const key_def KEYS[] = {
      "adaptive KL coefficient: the per-token KL it steers toward", NULL},
     {"rl.kl_horizon", KEY_REAL, F(rl.kl_horizon),
      "adaptive KL coefficient: a step of N samples moves it by at most 0.2 N / this", NULL},
+    {"rl.tis_imp_ratio_cap", KEY_REAL, F(rl.tis_imp_ratio_cap),
+     "truncated importance sampling: policy-gradient terms times min(exp(old - rollout logp), "
+     "this); 0: off", NULL},
     {"rl.entropy_coeff", KEY_REAL, F(rl.entropy_coeff), "weight of the entropy bonus", NULL},
     {"rl.loss_agg_mode", KEY_CHOICE, F(rl.loss_agg_mode),
      "how token losses become one number (global denominators)", AGG_MODES},

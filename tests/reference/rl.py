@@ -16,6 +16,8 @@ qwen2.py.
         KL    k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1,
               clamped to [-10, 10]
         H_t   entropy of the softmax that predicts token t
+        TIS   with tis_imp_ratio_cap = C > 0 and the rollout's log-prob roll: pg times the constant
+              (no gradient) w = min(exp(old - roll), C), after the clips
       per-token objective pg + kl_loss_coef kl - entropy_coeff H, aggregated over the whole batch:
         token-mean               sum / N                  (N targets of the batch)
         seq-mean-token-mean      (1/G) sum_i sum_t / n_i  (G sequences with a target)
@@ -24,7 +26,8 @@ qwen2.py.
       plus (lambda/D) sum_k L_k, the MTP cross-entropy losses, with MTP. Statistics: loss, pg_loss,
       kl_loss, entropy (each aggregated, without its coefficient), pg_clipfrac (token-mean of
       [pg2 > pg1]), pg_clipfrac_lower (token-mean of [A < 0 and max(pg1, pg2) > -A c], PPO with
-      dual clip; else 0), ppo_kl (token-mean of old - logp).
+      dual clip; else 0), ppo_kl (token-mean of old - logp), tis_weight (token-mean of w; 1
+      without TIS), tis_capped (token-mean of [w = C]).
 
 `/usr/bin/python3 tests/reference/rl.py` runs this reference's self-checks: the gradient of the
 objective with respect to each token's log-prob and entropy against derivatives written out by
@@ -55,11 +58,13 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mea
 KL_TYPES = ("k1", "k2", "k3")
 DEFAULTS = dict(policy_loss="ppo", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
                 kl_loss_coef=0.0, kl_loss_type="k3", entropy_coeff=0.0,
-                loss_agg_mode="token-mean", loss_scale_factor=16.0)
-STATS = ("loss", "pg_loss", "kl_loss", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
+                loss_agg_mode="token-mean", loss_scale_factor=16.0, tis_imp_ratio_cap=0.0)
+STATS = ("loss", "pg_loss", "kl_loss", "entropy", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl",
+         "tis_weight", "tis_capped")
 K3_CLAMP = 10.0
 # ref - logp where k3 reaches its clamp: exp(x) - x - 1 = 10.
 K3_EDGE = 2.6093
+TIS_CAP = 2.0  # the truncated importance weight's cap the fixtures keep their weights away from
 
 
 def settings(**over):
@@ -146,8 +151,10 @@ def make_rows(docs, logp, rng, policy, advantages, gspo_means=None, edges=None):
     targets() order). policy "ppo": per-token log-ratios from token_log_ratios; "gspo": document
     i's log-ratios have mean gspo_means[i % len] exactly (then spread per token).
     advantages "grpo": one value per document (cycling through positive, negative, zero);
-    "varying": per token, normal with some exact zeros. Returns [{"advantages", "old_logprobs",
-    "ref_logprobs"}] per document."""
+    "varying": per token, normal with some exact zeros. rollout_logprobs put old - rollout in
+    [-0.6, 1.2] (about a quarter above log(TIS_CAP)), none within 0.02 of log(TIS_CAP), from a
+    generator of their own (so rng's draws are what they were before the field). Returns
+    [{"advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs"}] per document."""
     edges = clip_edges() if edges is None else edges
     grpo = [1.3, -0.8, 0.6, -1.7, 0.0, 0.9, -0.4]
     rows = []
@@ -165,14 +172,27 @@ def make_rows(docs, logp, rng, policy, advantages, gspo_means=None, edges=None):
             a[rng.random(n) < 0.15] = 0.0
         kl = kl_offsets(rng, n)
         L = len(d["input_ids"])
-        row = {k: np.zeros(L) for k in ("advantages", "old_logprobs", "ref_logprobs")}
+        row = {k: np.zeros(L) for k in ("advantages", "old_logprobs", "ref_logprobs",
+                                         "rollout_logprobs")}
         lp = np.asarray(logp[i], dtype=np.float64)
+        sampler = rollout_offsets(np.random.default_rng(7919 + i), n)
         for j, t in enumerate(tt):
             row["advantages"][t] = a[j]
             row["old_logprobs"][t] = lp[j] - u[j]
             row["ref_logprobs"][t] = lp[j] + kl[j]
+            row["rollout_logprobs"][t] = lp[j] - u[j] - sampler[j]
         rows.append({k: f32(v) for k, v in row.items()})
     return rows
+
+
+def rollout_offsets(rng, n, margin=0.02):
+    """n values of old - rollout log-prob, none within `margin` of log(TIS_CAP)."""
+    edge, out = math.log(TIS_CAP), []
+    while len(out) < n:
+        x = rng.uniform(-0.6, 1.2)
+        if abs(x - edge) >= margin:
+            out.append(x)
+    return np.array(out)
 
 
 def write_rows(path, docs, rows, fields=("advantages", "old_logprobs", "ref_logprobs")):
@@ -230,7 +250,8 @@ def token_mean(values):
 def policy_terms(logp, row, tt, s):
     """pg per token of one document (targets tt), with the clip indicators. Returns (pg,
     clipped [pg2 > pg1], lower [dual clip bound applied], beyond_c [A < 0 and max(pg1, pg2) >
-    -A c, whatever the policy loss]) tensors."""
+    -A c, whatever the policy loss], the truncated importance weight w, capped [w = C])
+    tensors."""
     dtype = logp.dtype
     A = torch.tensor([row["advantages"][t] for t in tt], dtype=dtype)
     old = torch.tensor([row["old_logprobs"][t] for t in tt], dtype=dtype)
@@ -253,7 +274,14 @@ def policy_terms(logp, row, tt, s):
     if s["policy_loss"] == "ppo" and c > 1:
         lower = beyond_c
         pg = torch.where(A < 0, torch.minimum(pg, -A * c), pg)
-    return pg, clipped.detach(), lower.detach(), beyond_c.detach()
+    w, capped = torch.ones_like(pg), torch.zeros_like(pg)
+    if s["tis_imp_ratio_cap"] > 0:
+        roll = torch.tensor([row["rollout_logprobs"][t] for t in tt], dtype=dtype)
+        raw = torch.exp(old - roll)
+        capped = (raw >= s["tis_imp_ratio_cap"]).to(dtype)
+        w = torch.clamp(raw, max=s["tis_imp_ratio_cap"])
+        pg = pg * w
+    return pg, clipped.detach(), lower.detach(), beyond_c.detach(), w, capped
 
 
 def kl_term(logp, row, tt, kind):
@@ -273,11 +301,13 @@ def objective(logp, H, docs, rows, s):
     tensors. Returns (loss tensor, {stat: float}, {"clipped": [...], "lower": [...], "A": [...],
     "beyond_c": int, "k3_clamped": int}) the last for the tests' checks that clipping really
     happens."""
-    pg, kl, cl, lo, bc, ratio_terms, As = [], [], [], [], [], [], []
+    pg, kl, cl, lo, bc, ratio_terms, As, ws, caps = [], [], [], [], [], [], [], [], []
     k3_clamped = 0
     for lp, d, row in zip(logp, docs, rows):
         tt = targets(d)
-        p, c_, l_, b_ = policy_terms(lp, row, tt, s)
+        p, c_, l_, b_, w_, cap_ = policy_terms(lp, row, tt, s)
+        ws.append(w_)
+        caps.append(cap_)
         pg.append(p)
         bc.append(b_)
         cl.append(c_)
@@ -303,7 +333,8 @@ def objective(logp, H, docs, rows, s):
     stats = dict(loss=float(loss), pg_loss=float(pg_loss),
                  kl_loss=float(kl_loss) if kl_loss is not None else None,
                  entropy=float(ent), pg_clipfrac=float(token_mean(cl)),
-                 pg_clipfrac_lower=float(token_mean(lo)), ppo_kl=float(token_mean(ratio_terms)))
+                 pg_clipfrac_lower=float(token_mean(lo)), ppo_kl=float(token_mean(ratio_terms)),
+                 tis_weight=float(token_mean(ws)), tis_capped=float(token_mean(caps)))
     info = dict(clipped=[c.numpy() for c in cl], lower=[l.numpy() for l in lo],
                 beyond_c=int(sum(float(b.sum()) for b in bc)), A=As, k3_clamped=k3_clamped)
     return loss, stats, info
@@ -325,7 +356,8 @@ def stat_scales(logp, H, docs, rows, s):
         pg_s, kl_s, ent_s = (float(aggregate(v, mode, sf)) for v in (pg, kl, H))
     return dict(loss=pg_s + abs(s["kl_loss_coef"]) * kl_s + abs(s["entropy_coeff"]) * ent_s,
                 pg_loss=pg_s, kl_loss=kl_s, entropy=ent_s, pg_clipfrac=1.0,
-                pg_clipfrac_lower=1.0, ppo_kl=float(token_mean(ratio_terms)))
+                pg_clipfrac_lower=1.0, ppo_kl=float(token_mean(ratio_terms)), tis_weight=1.0,
+                tis_capped=1.0)
 
 
 def reference(params, cfg, docs, rows, s, dtype=torch.float64):
@@ -369,6 +401,9 @@ def _hand_derivatives(logp, docs, rows, s):
         A = np.array([row["advantages"][t] for t in tt])
         old = np.array([row["old_logprobs"][t] for t in tt])
         ref = np.array([row["ref_logprobs"][t] for t in tt])
+        roll = np.array([row["rollout_logprobs"][t] for t in tt])
+        cap = s["tis_imp_ratio_cap"]
+        tis = np.minimum(np.exp(old - roll), cap) if cap > 0 else np.ones(n)
         g = np.zeros(n)
         if s["policy_loss"] == "ppo":
             r = np.exp(lpv - old)
@@ -383,6 +418,7 @@ def _hand_derivatives(logp, docs, rows, s):
             if s["policy_loss"] == "ppo" and c > 1 and A[j] < 0 and \
                     max(-A[j] * r[j], -A[j] * min(max(r[j], 1 - low), 1 + high)) > -A[j] * c:
                 gj = 0.0
+            gj *= tis[j]
             if s["kl_loss_coef"] != 0:
                 x = ref[j] - lpv[j]
                 gk = {"k1": 1.0, "k2": lpv[j] - ref[j],
@@ -422,9 +458,10 @@ def _self_check():
         for (policy, adv), rows in batches.items():
             for mode in AGG_MODES:
                 for kl in KL_TYPES:
-                    for c in (3.0, 0.0):
+                    for c, tis in ((3.0, 0.0), (0.0, 0.0), (3.0, TIS_CAP)):
                         s = settings(policy_loss=policy, loss_agg_mode=mode, kl_loss_coef=0.3,
-                                     kl_loss_type=kl, entropy_coeff=0.05, clip_ratio_c=c)
+                                     kl_loss_type=kl, entropy_coeff=0.05, clip_ratio_c=c,
+                                     tis_imp_ratio_cap=tis)
                         lp = [torch.tensor(x, requires_grad=True) for x in lp64]
                         H = [torch.rand(len(x), dtype=torch.float64, requires_grad=True)
                              for x in lp64]
@@ -447,7 +484,9 @@ def _self_check():
             for s in (settings(loss_agg_mode="seq-mean-token-mean", kl_loss_coef=0.2,
                                entropy_coeff=0.1),
                       settings(loss_agg_mode="token-mean", kl_loss_coef=0.2, kl_loss_type="k2",
-                               clip_ratio_c=0.0, entropy_coeff=0.05)):
+                               clip_ratio_c=0.0, entropy_coeff=0.05),
+                      settings(loss_agg_mode="seq-mean-token-sum", kl_loss_coef=0.1,
+                               tis_imp_ratio_cap=TIS_CAP)):
                 _, grads, _, _, info, _ = reference(params, cfg, docs, rows, s)
 
                 def value(PP):

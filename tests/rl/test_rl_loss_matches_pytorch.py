@@ -16,7 +16,9 @@ A < 0 (GSPO has no dual clip: it must not bind there).
 
 Cases: ppo and gspo x the 4 aggregation modes with KL (k3) and entropy on and dual clip at 3;
 then variations: k1 and k2, KL off (rows without ref_logprobs), dual clip off and at 2.5, entropy
-off, clip-higher (clip_ratio_high 0.28), no rl.* key at all (the defaults), and MTP. Every case
+off, clip-higher (clip_ratio_high 0.28), truncated importance sampling (rl.tis_imp_ratio_cap 2,
+rows with rollout_logprobs whose weights fall on both sides of the cap), no rl.* key at all (the
+defaults), and MTP. Every case
 asserts from the reference that its clipping is not vacuous: the clipped fraction strictly
 between 0 and 1, PPO clipped on both sides of the range (A > 0 above, A < 0 below), the dual clip
 bound active on some tokens (for GSPO: tokens where it would bind if it were applied), k3's
@@ -79,7 +81,11 @@ def case_list():
                                   loss_agg_mode="token-mean")),
             ("ppo_varying", dict(clip_ratio_high=0.28, loss_agg_mode="seq-mean-token-mean")),
             ("gspo_grpo", dict(policy_loss="gspo", clip_ratio_high=0.28,
-                               loss_agg_mode="token-mean"))]:
+                               loss_agg_mode="token-mean")),
+            ("ppo_varying", dict(tis_imp_ratio_cap=rl.TIS_CAP,
+                                 loss_agg_mode="seq-mean-token-mean")),
+            ("gspo_grpo", dict(policy_loss="gspo", tis_imp_ratio_cap=rl.TIS_CAP,
+                               loss_agg_mode="seq-mean-token-sum"))]:
         cases.append((batch, rl.settings(**dict(BASE, **over)), True))
     cases.append(("ppo_varying", rl.settings(), False))  # no rl.* key: the defaults
     return cases
@@ -92,7 +98,7 @@ MTP_CASES = [("ppo_grpo", rl.settings(**BASE), True),
 
 def make_batches(mdir, params, cfg, docs):
     """The RL fields of each batch variant: {name: rows}, and their files with and without
-    ref_logprobs: {(name, with_ref): path}."""
+    ref_logprobs, with rollout_logprobs too: {(name, with_ref, with_rollout): path}."""
     lp64 = rl.model_logprobs(params, cfg, docs)
     rng = np.random.default_rng(SEED + 1000)
     rows = {}
@@ -102,9 +108,12 @@ def make_batches(mdir, params, cfg, docs):
                                                    gspo_means=GSPO_MEANS)
     paths = {}
     for name, r in rows.items():
-        paths[(name, True)] = rl.write_rows(os.path.join(mdir, f"{name}.jsonl"), docs, r)
-        paths[(name, False)] = rl.write_rows(os.path.join(mdir, f"{name}_noref.jsonl"), docs, r,
-                                             fields=("advantages", "old_logprobs"))
+        paths[(name, True, False)] = rl.write_rows(os.path.join(mdir, f"{name}.jsonl"), docs, r)
+        paths[(name, False, False)] = rl.write_rows(os.path.join(mdir, f"{name}_noref.jsonl"),
+                                                    docs, r, fields=("advantages", "old_logprobs"))
+        paths[(name, True, True)] = rl.write_rows(
+            os.path.join(mdir, f"{name}_rollout.jsonl"), docs, r,
+            fields=("advantages", "old_logprobs", "ref_logprobs", "rollout_logprobs"))
     return rows, paths
 
 
@@ -123,6 +132,9 @@ def not_vacuous(s, info, stats, N):
     if s["policy_loss"] == "gspo" and s["clip_ratio_c"] > 1 and not info["beyond_c"]:
         problems.append("no GSPO token with A < 0 beyond the dual clip bound (where PPO's dual "
                         "clip, which GSPO does not have, would bind)")
+    if s["tis_imp_ratio_cap"] > 0 and not 0 < stats["tis_capped"] < 1:
+        problems.append(f"importance weights capped on a fraction {stats['tis_capped']:.3f} of "
+                        "the tokens, not strictly in (0, 1)")
     if s["kl_loss_coef"] != 0 and s["kl_loss_type"] == "k3" and not 0 < info["k3_clamped"] < N:
         problems.append(f"k3 clamped on {info['k3_clamped']} of {N} tokens")
     return problems
@@ -172,7 +184,7 @@ def run_cases(weft, tmp, tag, cfg_over, cases, failures):
             failures.append(f"{name}: the fixture does not exercise clipping: "
                             + "; ".join(problems))
             continue
-        bpath = paths[(batch, s["kl_loss_coef"] != 0)]
+        bpath = paths[(batch, s["kl_loss_coef"] != 0, s["tis_imp_ratio_cap"] > 0)]
         out, stats = fixtures.try_grad(
             weft, fixtures.grad_args(mdir, bpath, *(rl.args(s) if explicit else [])), name,
             failures)
