@@ -273,6 +273,8 @@ void weft_model_release_grad(weft_model *m) {
     m->grad_buf = NULL;
 }
 
+size_t weft_model_release_activations(weft_model *m) { return weft_activations_release(m); }
+
 void weft_model_restore_grad(weft_model *m) {
     WEFT_CHECK(!m->grad_buf && !m->opt.forward_only,
                "internal: restoring a gradient buffer that was not released");

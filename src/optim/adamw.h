@@ -40,9 +40,9 @@ weft_optimizer *weft_optimizer_create(weft_backend *be, const weft_optim_config 
                                       const void *params);
 void weft_optimizer_free(weft_optimizer *o);
 size_t weft_optimizer_state_bytes(const weft_optimizer *o);
-// While rollout runs (rl.offload_optimizer) the state may wait in host memory: offload copies m, v
-// and master there and frees them on the device; reload brings them back bit for bit. Nothing
-// may step or read the state in between.
+// While rollout runs (rl.offload_training_state) the state may wait in host memory: offload
+// copies m, v and master there and frees them on the device; reload brings them back bit for
+// bit. Nothing may step or read the state in between.
 void weft_optimizer_offload(weft_optimizer *o);
 void weft_optimizer_reload(weft_optimizer *o);
 // Global-norm clipping factor for a squared norm summed over every gradient element:

@@ -68,9 +68,10 @@ typedef struct weft_rl_config {
     double overlong_penalty;
     bool save_rollouts; // each step's samples to <train.output_dir>/rollouts/step_NNNNNN.jsonl
     // While rollout runs, AdamW's state (m, v, the fp32 master) waits in host memory and the
-    // gradient buffers, which hold nothing between steps, are freed: the KV pool gets their device
-    // memory, at the cost of two copies of the state per step (verl's optimizer_offload).
-    bool offload_optimizer;
+    // gradient buffers and the training passes' activation memory, which hold nothing between
+    // steps, are freed: the KV pool gets their device memory, at the cost of two copies of the
+    // state per step (verl's optimizer_offload, with the gradients and activations too).
+    bool offload_training_state;
 } weft_rl_config;
 
 weft_rl_config weft_rl_config_default(void);

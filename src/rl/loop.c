@@ -71,7 +71,9 @@ typedef struct step_metrics {
     // Measured device bytes (the backend's live allocations): before the wake, the rollout
     // phase's peak, after the sleep, and the training phase's peak.
     double bytes_before_rollout, rollout_peak_bytes, bytes_after_sleep, training_peak_bytes;
-    double offloaded_bytes; // rl.offload_optimizer: device bytes the trainer gave up for rollout
+    // rl.offload_training_state: device bytes the trainer gave up for rollout, and those held
+    // when rollout began (after it did).
+    double offloaded_bytes, rollout_start_bytes;
 } step_metrics;
 
 // ------------------------------------------------------------------------------- start-up ----
@@ -345,14 +347,14 @@ static void policy_updates(rl_job *j, const weft_document *docs, int N, step_met
 
 // ------------------------------------------------------------------------------- the step ----
 
-// rl.offload_optimizer: the trainer's optimizer state and gradients leave device memory while
-// rollout runs; returns the bytes given back (0 when off).
+// rl.offload_training_state: the trainer's optimizer state, gradients and activations leave device
+// memory while rollout runs; returns the bytes given back (0 when off).
 static double trainer_sleep(rl_job *j) {
-    return j->cfg.rl.offload_optimizer ? (double)weft_trainer_sleep(j->t) : 0.0;
+    return j->cfg.rl.offload_training_state ? (double)weft_trainer_sleep(j->t) : 0.0;
 }
 
 static void trainer_wake(rl_job *j) {
-    if (j->cfg.rl.offload_optimizer) weft_trainer_wake(j->t);
+    if (j->cfg.rl.offload_training_state) weft_trainer_wake(j->t);
 }
 
 // Greedy answers to the held-out problems: the fraction rewarded.
@@ -504,6 +506,7 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
                        .bytes_before_rollout = (double)j->be->bytes_in_use};
     step_batch b;
     sm.offloaded_bytes = trainer_sleep(j);
+    sm.rollout_start_bytes = (double)j->be->bytes_in_use;
     weft_backend_reset_peak(j->be);
     generate_groups(j, order, step, &b, &sm);
     sm.rollout_peak_bytes = (double)j->be->peak_bytes;
@@ -557,7 +560,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
             "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
             "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f, "
-            "\"offloaded_bytes\": %.0f",
+            "\"offloaded_bytes\": %.0f, \"rollout_start_bytes\": %.0f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->tis_weight, l->tis_capped,
@@ -566,7 +569,8 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
-            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes);
+            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes,
+            m->rollout_start_bytes);
     if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
     if (m->reward_kl_coef >= 0)
         fprintf(f, ", \"reward_kl_penalty\": %.17g, \"reward_kl_penalty_coeff\": %.17g",
@@ -603,7 +607,7 @@ static void print_memory(const step_metrics *m) {
     weft_format_bytes(gone, sizeof gone, (size_t)m->offloaded_bytes);
     printf("memory (last step, measured): %s held between steps; rollout peak %s with a KV pool "
            "of %s, freed at sleep (%s held after it)%s%s%s; training peak %s\n", base, roll, pool,
-           after, m->offloaded_bytes > 0 ? ", optimizer state and gradients (" : "",
+           after, m->offloaded_bytes > 0 ? ", optimizer state, gradients and activations (" : "",
            m->offloaded_bytes > 0 ? gone : "", m->offloaded_bytes > 0 ? ") offloaded" : "", train);
 }
 

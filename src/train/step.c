@@ -446,12 +446,14 @@ void weft_trainer_gather_gradients(weft_trainer *t) { weft_dp_gather_gradients(t
 size_t weft_trainer_sleep(weft_trainer *t) {
     WEFT_CHECK(!t->asleep && t->opt, "internal: weft_trainer_sleep on a trainer %s",
                t->asleep ? "asleep" : "without an optimizer");
-    size_t bytes = weft_optimizer_state_bytes(t->opt) + weft_model_grad_bytes(t->model);
+    weft_backend *be = t->model->be;
+    size_t held = be->bytes_in_use; // the backend's own count: what the device got back
     weft_optimizer_offload(t->opt);
     weft_model_release_grad(t->model);
-    bytes += weft_dp_release_buffers(t->dp);
+    weft_dp_release_buffers(t->dp);
+    weft_model_release_activations(t->model); // the next gradient pass reserves again
     t->asleep = true;
-    return bytes;
+    return held - be->bytes_in_use;
 }
 
 void weft_trainer_wake(weft_trainer *t) {
