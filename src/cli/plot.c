@@ -20,15 +20,18 @@ static double field(json_t *r, const char *key) {
 }
 
 // The columns plotted: SFT "step loss accuracy lr"; RL (records with reward_mean) "step reward
-// accuracy eval_accuracy response_length entropy rollout_s logprob_s update_s" (NaN: absent).
+// accuracy eval_accuracy response_length entropy rollout_s logprob_s update_s reward_kl"
+// (NaN: absent).
 static const char *const SFT_COLUMNS[] = {"loss", "accuracy", "lr", NULL};
 static const char *const RL_COLUMNS[] = {"reward_mean", "accuracy", "eval_accuracy",
                                          "response_length_mean", "entropy", "rollout_seconds",
-                                         "old_logprob_seconds", "update_seconds", NULL};
+                                         "old_logprob_seconds", "update_seconds",
+                                         "reward_kl_penalty", NULL};
 
 typedef struct table_info {
     int rows;
     bool rl;                    // the metrics are an RL run's
+    bool kl_in_reward;          // ... with the KL to the reference in its rewards
     double loss_min, loss_max;  // over the rows, for the loss axis' scale
 } table_info;
 
@@ -46,6 +49,7 @@ static table_info write_table(const char *metrics, FILE *out) {
                    "%s:%ld: not a metrics record (%s); give the metrics.jsonl of a weft run",
                    metrics, lineno, r ? "no step/loss" : err.text);
         if (info.rows == 0) info.rl = json_object_get(r, "reward_mean") != NULL;
+        if (info.rows == 0) info.kl_in_reward = json_object_get(r, "reward_kl_penalty") != NULL;
         double loss = field(r, "loss");
         info.loss_min = fmin(info.loss_min, loss), info.loss_max = fmax(info.loss_max, loss);
         fprintf(out, "%lld", (long long)json_integer_value(json_object_get(r, "step")));
@@ -85,8 +89,9 @@ static void plot_sft(FILE *gp, const char *title, const char *table, bool log_sc
             title, log_scale ? "set logscale y\n" : "", table, table);
 }
 
-// Reward and accuracy (held-out points too), response length, entropy, and each phase's seconds.
-static void plot_rl(FILE *gp, const char *title, const char *table) {
+// Reward and accuracy (held-out points too), response length, entropy (and the KL to the
+// reference the rewards were charged, in the same nats per token), and each phase's seconds.
+static void plot_rl(FILE *gp, const char *title, const char *table, bool kl_in_reward) {
     fprintf(gp,
             "set datafile missing NaN\n"
             "set multiplot layout 2,2 title '%s'\n"
@@ -100,12 +105,16 @@ static void plot_rl(FILE *gp, const char *title, const char *table) {
             "set ylabel 'tokens'\n"
             "plot '%s' using 1:5 with lines lw 2 lc rgb '#9467bd' title 'response length (mean)'\n"
             "set ylabel 'nats'\n"
-            "plot '%s' using 1:6 with lines lw 2 lc rgb '#8c564b' title 'entropy'\n"
+            "plot '%s' using 1:6 with lines lw 2 lc rgb '#8c564b' title 'entropy'%s\n"
             "set ylabel 'seconds'\n"
             "plot '%s' using 1:7 with lines lw 2 title 'rollout', '' using 1:8 with lines lw 2 "
             "title 'old log-probs', '' using 1:9 with lines lw 2 title 'policy updates'\n"
             "unset multiplot\n",
-            title, table, table, table, table);
+            title, table, table, table,
+            kl_in_reward ? ", '' using 1:10 with lines dt 2 lc rgb '#17becf' title 'KL to "
+                           "reference (in the reward)'"
+                         : "",
+            table);
 }
 
 // The gnuplot terminal of the output's extension, after checking that the file can be written
@@ -170,7 +179,7 @@ int weft_cmd_plot(int argc, char **argv) {
     WEFT_CHECK(gp, "cannot run gnuplot; install Debian's gnuplot-nox");
     fprintf(gp, "set terminal %s size %d,%d font 'sans,11'\nset termoption noenhanced\n"
             "set output '%s'\n", term, info.rl ? 1200 : 1000, info.rl ? 800 : 640, tmp_out);
-    if (info.rl) plot_rl(gp, metrics, table);
+    if (info.rl) plot_rl(gp, metrics, table, info.kl_in_reward);
     else plot_sft(gp, metrics, table, log_scale);
     int status = pclose(gp);
     unlink(table);

@@ -586,13 +586,15 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
 }
 
 static void print_step(int step, int steps, const step_metrics *m) {
-    char eval[48] = "";
+    char eval[48] = "", kl[64] = "";
     if (m->eval_accuracy >= 0) snprintf(eval, sizeof eval, "  held-out %.3f", m->eval_accuracy);
-    printf("step %d/%d  reward %.3f  acc %.3f%s  len %.1f  pg %.4f  clip %.3f  entropy %.3f  "
+    if (m->reward_kl_coef >= 0)
+        snprintf(kl, sizeof kl, "  kl-in-reward %.3g x %.3g", m->reward_kl, m->reward_kl_coef);
+    printf("step %d/%d  reward %.3f  acc %.3f%s  len %.1f  pg %.4f  clip %.3f  entropy %.3f%s  "
            "gnorm %.3f  mismatch %.2g  %.1fs (rollout %.1f, logp %.1f, update %.1f)\n",
            step, steps, m->reward_mean, m->accuracy, eval, m->length_mean, m->loss.pg_loss,
-           m->loss.pg_clipfrac, m->loss.entropy, m->grad_norm, m->mismatch_max, m->step_seconds,
-           m->rollout_seconds, m->old_logprob_seconds, m->update_seconds);
+           m->loss.pg_clipfrac, m->loss.entropy, kl, m->grad_norm, m->mismatch_max,
+           m->step_seconds, m->rollout_seconds, m->old_logprob_seconds, m->update_seconds);
     fflush(stdout);
 }
 

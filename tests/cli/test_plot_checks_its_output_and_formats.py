@@ -6,7 +6,9 @@ Checked on hand-written metrics in a directory named with underscores: a missing
 unknown extension are each one clear error with nothing written and nothing on stdout; an SVG is
 an SVG whose title holds the path literally (gnuplot's enhanced text would turn "_r" into a
 subscript); loss from 5.5 down to 0.004 gets log-scale ticks (0.01, 0.1) and loss from 5 to 0.1
-linear ones, unless --log (then 0.1 and 10).
+linear ones, unless --log (then 0.1 and 10). RL metrics draw the KL to the reference that the
+rewards were charged (rl.use_kl_in_reward) beside the entropy when the records carry it, and no
+such curve when they do not.
 """
 import json
 import os
@@ -22,6 +24,17 @@ def write_metrics(path, losses):
     with open(path, "w") as f:
         for i, loss in enumerate(losses):
             f.write(json.dumps({"step": i + 1, "loss": loss, "accuracy": 0.5, "lr": 1e-3}) + "\n")
+
+
+def write_rl_metrics(path, kl_in_reward):
+    with open(path, "w") as f:
+        for i in range(20):
+            row = {"step": i + 1, "loss": 0.01, "reward_mean": 0.2 + 0.01 * i, "accuracy": 0.3,
+                   "response_length_mean": 20, "entropy": 0.2, "rollout_seconds": 0.5,
+                   "old_logprob_seconds": 0.2, "update_seconds": 0.8}
+            if kl_in_reward:
+                row.update(reward_kl_penalty=0.01 * i, reward_kl_penalty_coeff=0.001)
+            f.write(json.dumps(row) + "\n")
 
 
 def plot(weft, *args):
@@ -70,6 +83,13 @@ def main():
             failures.append("a loss from 5 to 0.1 was drawn on a log scale unasked")
         if not log_ticks(svg(narrow, "narrow_log.svg", "--log"), ("0.1", "10")):
             failures.append("--log did not draw the loss on a log scale")
+        for kl in (True, False):
+            rl = os.path.join(run, f"rl_{kl}.jsonl")
+            write_rl_metrics(rl, kl)
+            drawn = "KL to reference" in svg(rl, f"rl_{kl}.svg")
+            if drawn != kl:
+                failures.append(f"RL metrics {'with' if kl else 'without'} reward_kl_penalty: "
+                                f"the KL curve is {'missing' if kl else 'drawn'}")
         r = plot(weft, wide, "-o", os.path.join(tmp, "wide.png"))
         with open(os.path.join(tmp, "wide.png"), "rb") as f:
             if r.returncode != 0 or f.read(8) != b"\x89PNG\r\n\x1a\n":
