@@ -12,7 +12,7 @@ weft_rl_config weft_rl_config_default(void) {
                             .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
                             .ppo_epochs = 1, .min_terms = 2, .max_terms = 4, .term_below = 10,
                             .eval_prompts = 128, .eval_every = 5, .max_gen_batches = 10,
-                            .overlong_penalty = 1.0};
+                            .overlong_penalty = 1.0, .recompute_old_logprobs = true};
 }
 
 weft_reward_config weft_reward_config_default(void) {

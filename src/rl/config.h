@@ -67,6 +67,11 @@ typedef struct weft_rl_config {
     int overlong_buffer;
     double overlong_penalty;
     bool save_rollouts; // each step's samples to <train.output_dir>/rollouts/step_NNNNNN.jsonl
+    // true: the trainer scores the samples for the old log-probs and the job measures how far
+    // the rollout's were (DESIGN.md section 11); false: the rollout's recorded log-probs serve as
+    // old, a scoring pass fewer (the same bits on the CPU; within bf16 round-off on a GPU, there
+    // unmeasured).
+    bool recompute_old_logprobs;
     // While rollout runs, AdamW's state (m, v, the fp32 master) waits in host memory and the
     // gradient buffers and the training passes' activation memory, which hold nothing between
     // steps, are freed: the KV pool gets their device memory, at the cost of two copies of the

@@ -148,6 +148,10 @@ static void check_settings(const weft_job_config *c) {
                "rl.kl_horizon=%g with %d samples per step: the adaptive KL coefficient moves by "
                "up to 0.2 x samples / horizon per step, which would take it to 0 or below; raise "
                "rl.kl_horizon above %g", c->rl.kl_horizon, samples, 0.2 * samples);
+    WEFT_CHECK(c->rl.recompute_old_logprobs || c->rl.tis_imp_ratio_cap == 0,
+               "rl.tis_imp_ratio_cap=%g with rl.recompute_old_logprobs=false: the weights compare "
+               "the trainer's log-probs with the rollout's, and without the recomputation the two "
+               "are the same; recompute, or drop rl.tis_imp_ratio_cap", c->rl.tis_imp_ratio_cap);
     WEFT_CHECK(c->sampling.n <= WEFT_MAX_SAMPLES, "sampling.n=%d: weft rl takes at most %d "
                "samples per prompt", c->sampling.n, WEFT_MAX_SAMPLES);
     WEFT_CHECK(!(c->sampling.n == 1 && c->rl.adv_estimator == WEFT_ADV_RLOO),
@@ -262,10 +266,20 @@ static float *scored_logprobs(weft_trainer *t, const weft_document *docs, int N)
 }
 
 // The old log-probs, recomputed by the trainer in its own layout, into the documents; and how far
-// the rollout's were from them (0 on the CPU: the same ops in the same order).
+// the rollout's were from them (0 on the CPU: the same ops in the same order). Without
+// rl.recompute_old_logprobs, the rollout's own, and no mismatch measured (< 0).
 static void old_logprobs(rl_job *j, weft_document *docs, int N, const weft_rl_sample *samples,
                          const weft_rl_prompt *const *prompts, int n, step_metrics *sm) {
     double t0 = weft_now_seconds();
+    if (!j->cfg.rl.recompute_old_logprobs) {
+        for (int i = 0; i < N; i++) {
+            int P = prompts[i / n]->len;
+            memcpy(docs[i].old_logprobs + P, samples[i].logprobs, sizeof(float) * samples[i].len);
+        }
+        sm->mismatch_max = sm->mismatch_mean = sm->mismatch_k3 = -1;
+        sm->old_logprob_seconds = weft_now_seconds() - t0;
+        return;
+    }
     float *lp = scored_logprobs(j->t, docs, N);
     double most = 0, sum = 0, k3 = 0;
     long count = 0, at = 0;
@@ -553,7 +567,6 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"pg_clipfrac\": %.6g, \"pg_clipfrac_lower\": %.6g, \"ppo_kl\": %.9g, "
             "\"tis_weight\": %.9g, \"tis_capped\": %.6g, "
             "\"kl_loss\": %.9g, \"entropy\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6g, "
-            "\"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g, "
             "\"kv_bytes_freed\": %.0f, \"rollout_seconds\": %.4f, \"rollout_tokens\": %.0f, "
             "\"rollout_tokens_per_s\": %.1f, \"old_logprob_seconds\": %.4f, "
             "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d, "
@@ -564,13 +577,16 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->tis_weight, l->tis_capped,
-            l->kl_loss, l->entropy, m->grad_norm, m->lr, m->mismatch_max, m->mismatch_mean,
-            m->mismatch_k3, m->rollout.pool_bytes, m->rollout_seconds, m->rollout_tokens,
+            l->kl_loss, l->entropy, m->grad_norm, m->lr, m->rollout.pool_bytes, m->rollout_seconds,
+            m->rollout_tokens,
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
             m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes,
             m->rollout_start_bytes);
+    if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
+        fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
+                m->mismatch_max, m->mismatch_mean, m->mismatch_k3);
     if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
     if (m->reward_kl_coef >= 0)
         fprintf(f, ", \"reward_kl_penalty\": %.17g, \"reward_kl_penalty_coeff\": %.17g",
@@ -586,14 +602,15 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
 }
 
 static void print_step(int step, int steps, const step_metrics *m) {
-    char eval[48] = "", kl[64] = "";
+    char eval[48] = "", kl[64] = "", mismatch[32] = "-";
+    if (m->mismatch_max >= 0) snprintf(mismatch, sizeof mismatch, "%.2g", m->mismatch_max);
     if (m->eval_accuracy >= 0) snprintf(eval, sizeof eval, "  held-out %.3f", m->eval_accuracy);
     if (m->reward_kl_coef >= 0)
         snprintf(kl, sizeof kl, "  kl-in-reward %.3g x %.3g", m->reward_kl, m->reward_kl_coef);
     printf("step %d/%d  reward %.3f  acc %.3f%s  len %.1f  pg %.4f  clip %.3f  entropy %.3f%s  "
-           "gnorm %.3f  mismatch %.2g  %.1fs (rollout %.1f, logp %.1f, update %.1f)\n",
+           "gnorm %.3f  mismatch %s  %.1fs (rollout %.1f, logp %.1f, update %.1f)\n",
            step, steps, m->reward_mean, m->accuracy, eval, m->length_mean, m->loss.pg_loss,
-           m->loss.pg_clipfrac, m->loss.entropy, kl, m->grad_norm, m->mismatch_max,
+           m->loss.pg_clipfrac, m->loss.entropy, kl, m->grad_norm, mismatch,
            m->step_seconds, m->rollout_seconds, m->old_logprob_seconds, m->update_seconds);
     fflush(stdout);
 }

@@ -186,6 +186,9 @@ static const key_def KEYS[] = {
     {"rl.offload_training_state", KEY_BOOL, F(rl.offload_training_state),
      "while rollout runs, optimizer state in host memory, gradients and activations freed",
      NULL},
+    {"rl.recompute_old_logprobs", KEY_BOOL, F(rl.recompute_old_logprobs),
+     "the trainer scores the samples for old log-probs (the mismatch measured); false: the "
+     "rollout's serve", NULL},
     {"rl.save_rollouts", KEY_BOOL, F(rl.save_rollouts),
      "write each step's samples (tokens, log-probs, rewards, advantages) under rollouts/", NULL},
     {"reward.type", KEY_CHOICE, F(reward.type), "exact_match or command", REWARD_TYPES},

@@ -139,6 +139,21 @@ def learning_setup(tmp):
     return mdir, prompts, reward_command(write_reward_script(tmp))
 
 
+def on_cpu_and_cuda(weft, tmp, cpu_case, cuda_case, failures):
+    """learning_setup's job, then cpu_case(weft, mdir, prompts, reward, tmp, failures) and, where
+    fixtures.cuda_weft finds a GPU or weft_emulated, cuda_case(program, emulated, mdir, prompts,
+    reward, tmp, failures). Returns learning_setup's (mdir, prompts, reward)."""
+    from reference import fixtures
+    setup = learning_setup(tmp)
+    cpu_case(weft, *setup, tmp, failures)
+    program, emulated = fixtures.cuda_weft(weft, 1)
+    if program:
+        cuda_case(program, emulated, *setup, tmp, failures)
+    else:
+        print("device=cuda: skipped (no GPU listed and no weft_emulated beside weft)")
+    return setup
+
+
 def rl_args(mdir, prompts, out, *extra):
     """The arguments of `weft rl` (after the binary) on the model mdir and the prompt file,
     writing under out; BASE first, so `extra` overrides it."""

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from reference import fixtures
-from reference.rl_loop import (f32, learning_setup, metrics, rl_args, rollouts, run_rl,
+from reference.rl_loop import (f32, metrics, on_cpu_and_cuda, rl_args, rollouts, run_rl,
                                without_timings)
 
 SETTINGS = ["train.steps=2", "train.save_every=2", "rl.save_rollouts=true"]
@@ -87,13 +87,7 @@ def cuda_case(program, emulated, mdir, prompts, reward, tmp, failures):
 
 def cases(weft, tmp):
     failures = []
-    mdir, prompts, reward = learning_setup(tmp)
-    cpu_case(weft, mdir, prompts, reward, tmp, failures)
-    program, emulated = fixtures.cuda_weft(weft, 1)
-    if program:
-        cuda_case(program, emulated, mdir, prompts, reward, tmp, failures)
-    else:
-        print("device=cuda: skipped (no GPU listed and no weft_emulated beside weft)")
+    on_cpu_and_cuda(weft, tmp, cpu_case, cuda_case, failures)
     return failures
 
 
