@@ -11,6 +11,10 @@ static void group_advantages(const weft_rl_config *cfg, const double *r, int n, 
     double sum = 0;
     for (int s = 0; s < n; s++) sum += r[s];
     double mean = sum / n;
+    if (cfg->adv_estimator == WEFT_ADV_REINFORCE_PP_BASELINE) { // a group of one: no baseline
+        for (int s = 0; s < n; s++) a[s] = n > 1 ? r[s] - mean : r[s];
+        return;
+    }
     if (cfg->adv_estimator == WEFT_ADV_RLOO) {
         for (int s = 0; s < n; s++) a[s] = n > 1 ? n / (n - 1.0) * (r[s] - mean) : 0.0;
         return;
@@ -22,10 +26,26 @@ static void group_advantages(const weft_rl_config *cfg, const double *r, int n, 
         a[s] = cfg->norm_adv_by_std ? (r[s] - mean) / (std + STD_EPS) : r[s] - mean;
 }
 
-void weft_advantages(const weft_rl_config *cfg, const double *rewards, int n_groups, int n,
-                     double *advantages) {
+// REINFORCE++-baseline's second half (Hu et al. 2025, verl's reinforce_plus_plus_baseline): each
+// sample's value stands for every token of its response, and the batch's tokens are whitened:
+// minus their mean, over the square root of their unbiased variance plus 1e-8 (verl's
+// masked_whiten).
+static void whiten_over_tokens(const int *lengths, int N, double *a) {
+    double tokens = 0, sum = 0, var = 0;
+    for (int i = 0; i < N; i++) tokens += lengths[i], sum += lengths[i] * a[i];
+    double mean = tokens > 0 ? sum / tokens : 0.0;
+    for (int i = 0; i < N; i++) var += lengths[i] * (a[i] - mean) * (a[i] - mean);
+    var = tokens > 1 ? var / (tokens - 1) : 0.0;
+    double scale = 1.0 / sqrt(var + 1e-8);
+    for (int i = 0; i < N; i++) a[i] = (a[i] - mean) * scale;
+}
+
+void weft_advantages(const weft_rl_config *cfg, const double *rewards, const int *lengths,
+                     int n_groups, int n, double *advantages) {
     for (int g = 0; g < n_groups; g++)
         group_advantages(cfg, rewards + (size_t)g * n, n, advantages + (size_t)g * n);
+    if (cfg->adv_estimator == WEFT_ADV_REINFORCE_PP_BASELINE)
+        whiten_over_tokens(lengths, n_groups * n, advantages);
 }
 
 double weft_kl_penalty_sum(const weft_rl_config *cfg, const float *old_logprobs,

@@ -1,13 +1,15 @@
 // rl: advantages of a step's samples, per group of the n samples of one prompt (DESIGN.md
 // section 12): GRPO (reward minus the group mean, optionally over the group's std: Dr. GRPO
-// leaves it out) and RLOO (reward minus the mean of the other samples); and the rewards' KL
-// penalty with its coefficient's controller.
+// leaves it out), RLOO (reward minus the mean of the other samples) and REINFORCE++-baseline
+// (reward minus the group mean, then whitened over the batch's response tokens); and the
+// rewards' KL penalty with its coefficient's controller.
 #pragma once
 #include "rl/config.h"
 
-// rewards and advantages (n_groups * n), group g's samples at g * n ... g * n + n - 1.
-void weft_advantages(const weft_rl_config *cfg, const double *rewards, int n_groups, int n,
-                     double *advantages);
+// rewards, lengths and advantages (n_groups * n), group g's samples at g * n ... g * n + n - 1;
+// lengths: each response's tokens, by which REINFORCE++-baseline's whitening weighs a sample.
+void weft_advantages(const weft_rl_config *cfg, const double *rewards, const int *lengths,
+                     int n_groups, int n, double *advantages);
 
 // KL in the reward: the sum over a response's len tokens of kl_penalty(old_t, ref_t), the
 // log-probs of the rollout policy and of the reference (rl.kl_penalty: weft_rl_kl's types).

@@ -539,7 +539,10 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
         double *kl = c->rl.use_kl_in_reward ? weft_alloc(sizeof(double) * N) : NULL;
         if (kl) kl_in_reward(j, docs, b.prompts, b.samples, N, b.rewards, kl, &sm);
         double *adv = weft_alloc(sizeof(double) * N);
-        weft_advantages(&c->rl, b.rewards, G, n, adv);
+        int *lengths = weft_alloc(sizeof(int) * N);
+        for (int i = 0; i < N; i++) lengths[i] = b.samples[i].len;
+        weft_advantages(&c->rl, b.rewards, lengths, G, n, adv);
+        weft_free(lengths);
         for (int i = 0; i < N; i++)
             for (int t = 0; t < docs[i].len; t++) docs[i].advantages[t] = (float)adv[i];
         if (c->rl.save_rollouts) save_rollouts(j, step, b.prompts, b.samples, adv, kl, docs, N);
