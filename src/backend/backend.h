@@ -68,6 +68,13 @@ struct weft_backend {
     // Bytes the device could still allocate (host RAM the CPU backend could take), for sizing
     // caches as a fraction of what is free.
     size_t (*memory_available)(weft_backend *self);
+    // Optional (NULL: plain host memory serves). Host memory the device copies to and from at
+    // full speed (pinned, on CUDA), for buffers that cross often, as the RL loop's offloaded
+    // optimizer state does every step. An upload from it may still be in flight when to_device
+    // returns: leave it unchanged until the stream has passed the copy (a later download on the
+    // stream comes after it).
+    void *(*host_alloc)(weft_backend *self, size_t bytes);
+    void (*host_free)(weft_backend *self, void *p);
 
     // C (m, n) = alpha * op(A) op(B) + beta * C_in, row-major; op(A) is (m, k), op(B) is (k, n).
     // lda/ldb/ldc are row strides of the stored (untransposed) matrices; c_in (laid out like C)

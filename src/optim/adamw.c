@@ -48,7 +48,8 @@ void weft_optimizer_free(weft_optimizer *o) {
     o->be->free(o->be, o->m);
     o->be->free(o->be, o->v);
     if (o->master) o->be->free(o->be, o->master);
-    weft_free(o->offloaded);
+    if (o->host_state && o->be->host_free) o->be->host_free(o->be, o->host_state);
+    else weft_free(o->host_state);
     weft_free(o->ranges);
     weft_free(o);
 }
@@ -63,12 +64,15 @@ size_t weft_optimizer_state_bytes(const weft_optimizer *o) {
 void weft_optimizer_offload(weft_optimizer *o) {
     WEFT_CHECK(!o->offloaded, "internal: offloading an optimizer state that is offloaded");
     float **state[] = {&o->m, &o->v, &o->master};
-    o->offloaded = weft_alloc(weft_optimizer_state_bytes(o) + 1);
+    size_t bytes = weft_optimizer_state_bytes(o) + 1;
+    if (!o->host_state)
+        o->host_state = o->be->host_alloc ? o->be->host_alloc(o->be, bytes) : weft_alloc(bytes);
     for (int i = 0, count = state_count(o); i < count; i++) {
-        o->be->to_host(o->be, o->offloaded + i * o->numel, *state[i], o->numel * sizeof(float));
+        o->be->to_host(o->be, o->host_state + i * o->numel, *state[i], o->numel * sizeof(float));
         o->be->free(o->be, *state[i]);
         *state[i] = NULL;
     }
+    o->offloaded = true;
 }
 
 void weft_optimizer_reload(weft_optimizer *o) {
@@ -76,10 +80,9 @@ void weft_optimizer_reload(weft_optimizer *o) {
     float **state[] = {&o->m, &o->v, &o->master};
     for (int i = 0, count = state_count(o); i < count; i++) {
         *state[i] = o->be->alloc(o->be, o->numel * sizeof(float));
-        o->be->to_device(o->be, *state[i], o->offloaded + i * o->numel, o->numel * sizeof(float));
+        o->be->to_device(o->be, *state[i], o->host_state + i * o->numel, o->numel * sizeof(float));
     }
-    weft_free(o->offloaded);
-    o->offloaded = NULL;
+    o->offloaded = false;
 }
 
 double weft_clip_factor(const weft_optim_config *c, double grad_norm) {

@@ -29,7 +29,10 @@ typedef struct weft_optimizer {
     int n_ranges;
     size_t numel;             // their count: m, v and master hold them, range after range
     float *m, *v, *master;    // (numel) f32 each; master only when params are not f32
-    float *offloaded;         // while offloaded: m, v (and master) in host memory, else NULL
+    // m, v (and master) in host memory (the backend's host_alloc, pinned on CUDA): allocated at
+    // the first offload and kept, since the state leaves every RL step.
+    float *host_state;
+    bool offloaded;           // the state is in host_state, not on the device
     int step;
 } weft_optimizer;
 
@@ -42,7 +45,9 @@ void weft_optimizer_free(weft_optimizer *o);
 size_t weft_optimizer_state_bytes(const weft_optimizer *o);
 // While rollout runs (rl.offload_training_state) the state may wait in host memory: offload
 // copies m, v and master there and frees them on the device; reload brings them back bit for
-// bit. Nothing may step or read the state in between.
+// bit (its copies may still be in flight when it returns: the host copy is kept unchanged until
+// the next offload, which the stream orders after them). Nothing may step or read the state in
+// between.
 void weft_optimizer_offload(weft_optimizer *o);
 void weft_optimizer_reload(weft_optimizer *o);
 // Global-norm clipping factor for a squared norm summed over every gradient element:

@@ -99,6 +99,18 @@ cudaError_t cudaFree(void *p) {
     free(p);
     return cudaSuccess;
 }
+// Pinned host memory is host memory here: what matters to the emulation is only that it is not
+// the device's.
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    if (capturing()) return cudaErrorStreamCaptureUnsupported;
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) {
+    if (capturing()) return cudaErrorStreamCaptureUnsupported;
+    free(p);
+    return cudaSuccess;
+}
 // Device memory is what cudaMalloc handed out; anything else is unregistered host memory.
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *attr, const void *p) {
     memset(attr, 0, sizeof *attr);
