@@ -29,8 +29,8 @@ typedef struct weft_document_set {
 // logprob_weights (numbers, one per token) is optional too: it makes the batch's objective
 // sum_t w_t log p(token t | tokens before it) over targets t instead of the cross-entropy; so are
 // an RL row's "advantages", "old_logprobs", "ref_logprobs" and "rollout_logprobs". loss_mask[0]
-// is always treated as 0
-// (token 0 of a document is never a target). Errors end in weft_fatal naming "<path>:<line>: ...":
+// is always treated as 0 (token 0 of a document is never a target). Errors end in weft_fatal
+// naming "<path>:<line>: ...":
 // malformed JSON, missing/non-array input_ids, non-integer ids, id outside [0, vocab_size), empty
 // input_ids, loss_mask length != input_ids length, loss_mask values other than 0/1; an empty file
 // (no documents) is fatal too. Reads line by line, so the file may be larger than memory allows
