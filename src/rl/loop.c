@@ -361,10 +361,15 @@ static void policy_updates(rl_job *j, const weft_document *docs, int N, step_met
 
 // ------------------------------------------------------------------------------- the step ----
 
-// rl.offload_training_state: the trainer's optimizer state, gradients and activations leave device
-// memory while rollout runs; returns the bytes given back (0 when off).
+// rl.offload_training_state: the trainer's optimizer state, gradients and activations (and the
+// reference policy's activations) leave device memory while rollout runs; returns the bytes given
+// back, as the backend counts them (0 when off).
 static double trainer_sleep(rl_job *j) {
-    return j->cfg.rl.offload_training_state ? (double)weft_trainer_sleep(j->t) : 0.0;
+    if (!j->cfg.rl.offload_training_state) return 0.0;
+    size_t held = j->be->bytes_in_use;
+    weft_trainer_sleep(j->t);
+    if (j->ref_model) weft_model_release_activations(j->ref_model);
+    return (double)(held - j->be->bytes_in_use);
 }
 
 static void trainer_wake(rl_job *j) {

@@ -1,12 +1,13 @@
 """rl.offload_training_state (verl's optimizer_offload, and more): while rollout runs, the
 trainer's optimizer state (AdamW's m and v, and the fp32 master of bf16 parameters on a GPU) waits
 in host memory, and its gradient buffers (the model's, and the distributed optimizer's
-reduce-scatter slice) and the activation memory its training passes sized are freed, so the KV
-pool can have that memory; before the policy updates all of it comes back.
+reduce-scatter slice) and the activation memory its training passes sized are freed (and the
+reference policy's activations, with a KL term), so the KV pool can have that memory; before the
+policy updates all of it comes back.
 
 The same 3-step job (2 updates a step, held-out evaluation at the start and at step 2, a
-checkpoint at step 3) with the option off and on, on the CPU (1 and 2 ranks, the distributed
-optimizer) and on device=cuda (the GPU, else weft_emulated), read from metrics.jsonl (the
+checkpoint at step 3) with the option off and on, on the CPU (1 rank with a KL loss term, 2 ranks
+with the distributed optimizer) and on device=cuda (the GPU, else weft_emulated), read from metrics.jsonl (the
 backend's own count of live bytes: of the bytes asked for on device=cuda, of malloc's usable
 sizes on the CPU, so there within 1 KiB):
 
@@ -76,7 +77,7 @@ def compare(label, off, on, slack, failures):
 def cases(weft, tmp):
     failures = []
     mdir, prompts, reward = learning_setup(tmp)
-    runs = [("cpu, 1 rank", weft, 1, [], CPU_SLACK),
+    runs = [("cpu, 1 rank, KL loss", weft, 1, ["rl.kl_loss_coef=0.01"], CPU_SLACK),
             ("cpu, 2 ranks", weft, 2, ["parallel.use_distributed_optimizer=true"], CPU_SLACK)]
     program, emulated = fixtures.cuda_weft(weft, 1)
     if program:
