@@ -15,7 +15,12 @@ typedef enum {
     WEFT_AGG_SEQ_MEAN_TOKEN_SUM_NORM,
 } weft_loss_agg_mode;
 
-typedef enum { WEFT_ADV_GRPO, WEFT_ADV_RLOO, WEFT_ADV_REINFORCE_PP_BASELINE } weft_adv_estimator;
+typedef enum {
+    WEFT_ADV_GRPO,
+    WEFT_ADV_RLOO,
+    WEFT_ADV_REINFORCE_PP_BASELINE,
+    WEFT_ADV_REINFORCE_PP,
+} weft_adv_estimator;
 typedef enum { WEFT_KL_CTRL_FIXED, WEFT_KL_CTRL_ADAPTIVE } weft_kl_ctrl;
 typedef enum { WEFT_REWARD_EXACT_MATCH, WEFT_REWARD_COMMAND } weft_reward_type;
 enum { WEFT_REWARD_TEXT_MAX = 1024, WEFT_MAX_SAMPLES = 1024 };

@@ -207,6 +207,15 @@ static void job_close(rl_job *j) {
 
 // --------------------------------------------------------------------------- a step's data ----
 
+// A step's kept groups: prompts[g] and its samples at g * n ... g * n + n - 1, with their
+// rewards (the overlong penalty included).
+typedef struct step_batch {
+    const weft_rl_prompt **prompts;
+    weft_rl_sample *samples;
+    double *rewards;
+    int groups, rounds, dropped;
+} step_batch;
+
 // Sample i of the step as a training document: its prompt and response, the response's tokens
 // the targets (with the rollout's log-probs when truncated importance sampling reads them);
 // old_logprobs are filled by the trainer, advantages once the rewards are final.
@@ -230,6 +239,12 @@ static weft_document sample_document(const weft_rl_prompt *p, const weft_rl_samp
         d.old_logprobs[t] = 0.0f;
     }
     return d;
+}
+
+static double sum_of(const double *x, int n) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    return sum;
 }
 
 static void free_documents(weft_document *docs, int n) {
@@ -310,23 +325,50 @@ static void reference_logprobs(rl_job *j, weft_document *docs, int N) {
     weft_free(lp);
 }
 
-// KL in the reward: each reward less the coefficient times its response's summed KL from the old
-// log-probs to the reference's (kl: (N) those sums); then the controller sets the next step's
-// coefficient from the responses' mean per-token KL.
-static void kl_in_reward(rl_job *j, const weft_document *docs, const weft_rl_prompt *const *prompts,
-                         const weft_rl_sample *samples, int N, double *rewards, double *kl,
-                         step_metrics *sm) {
+// KL in the reward, per response token: kl(old log-prob, reference log-prob) into kl[i]
+// (samples[i].len); sm gets the responses' mean per-token KL and the coefficient charged, and the
+// controller sets the next step's. Returns the coefficient charged.
+static double reward_kl(rl_job *j, const weft_document *docs, const weft_rl_prompt *const *prompts,
+                        const weft_rl_sample *samples, int N, double **kl, step_metrics *sm) {
     const weft_rl_config *c = &j->cfg.rl;
     int n = j->cfg.sampling.n;
     double per_token = 0;
     for (int i = 0; i < N; i++) {
         int P = prompts[i / n]->len, len = samples[i].len;
-        kl[i] = weft_kl_penalty_sum(c, docs[i].old_logprobs + P, docs[i].ref_logprobs + P, len);
-        rewards[i] -= j->kl_coef * kl[i];
-        per_token += len > 0 ? kl[i] / len : 0.0;
+        kl[i] = weft_alloc(sizeof(double) * (len > 0 ? len : 1));
+        weft_kl_penalties(c, docs[i].old_logprobs + P, docs[i].ref_logprobs + P, len, kl[i]);
+        per_token += len > 0 ? sum_of(kl[i], len) / len : 0.0;
     }
     sm->reward_kl = per_token / N, sm->reward_kl_coef = j->kl_coef;
+    double charged = j->kl_coef;
     j->kl_coef = weft_kl_coef_next(c, j->kl_coef, sm->reward_kl, N);
+    return charged;
+}
+
+// The step's advantages into the documents' response tokens. Per sample (adv, N) for every
+// estimator but REINFORCE++ (adv NULL there: its advantages differ per token): of the rewards
+// less coef times each response's summed KL (kl NULL: no KL in the reward).
+static void assign_advantages(rl_job *j, weft_document *docs, const step_batch *b, int N,
+                              double *const *kl, double coef, double *adv) {
+    const weft_rl_config *c = &j->cfg.rl;
+    int n = j->cfg.sampling.n;
+    int *lengths = weft_alloc(sizeof(int) * N);
+    for (int i = 0; i < N; i++) lengths[i] = b->samples[i].len;
+    if (!adv) {
+        float **out = weft_alloc(sizeof(float *) * N);
+        for (int i = 0; i < N; i++) out[i] = docs[i].advantages + b->prompts[i / n]->len;
+        weft_reinforce_pp_advantages(b->rewards, (const double *const *)kl, coef, lengths, N, out);
+        weft_free(out);
+    } else {
+        double *shaped = weft_alloc(sizeof(double) * N);
+        for (int i = 0; i < N; i++)
+            shaped[i] = b->rewards[i] - (kl ? coef * sum_of(kl[i], lengths[i]) : 0.0);
+        weft_advantages(c, shaped, lengths, b->groups, n, adv);
+        for (int i = 0; i < N; i++)
+            for (int t = 0; t < docs[i].len; t++) docs[i].advantages[t] = (float)adv[i];
+        weft_free(shaped);
+    }
+    weft_free(lengths);
 }
 
 static void add_metrics(weft_rl_metrics *acc, const weft_rl_metrics *m, double w) {
@@ -395,10 +437,16 @@ static double evaluate(rl_job *j) {
     return P > 0 ? correct / P : 0.0;
 }
 
+static json_t *float_list(const float *x, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_real(x[i]));
+    return a;
+}
+
 // The step's samples as JSON lines (rank 0, atomically): prompt, response tokens and text-free
 // numbers, so runs on different layouts can be compared sample by sample.
 static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const *prompts,
-                          const weft_rl_sample *s, const double *adv, const double *kl,
+                          const weft_rl_sample *s, const double *adv, double *const *kl,
                           const weft_document *docs, int N) {
     if (!j->writer) return;
     int n = j->cfg.sampling.n;
@@ -418,12 +466,15 @@ static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const
             if (docs[i].ref_logprobs)
                 json_array_append_new(ref, json_real(docs[i].ref_logprobs[P + t]));
         }
-        json_t *row = json_pack("{s:s, s:i, s:o, s:o, s:o, s:f, s:f, s:b}", "prompt",
+        json_t *row = json_pack("{s:s, s:i, s:o, s:o, s:o, s:f, s:b}", "prompt",
                                 prompts[i / n]->name, "sample", i % n, "tokens", tokens,
                                 "logprobs", lp, "old_logprobs", old, "reward", s[i].reward,
-                                "advantage", adv[i], "truncated", s[i].truncated);
+                                "truncated", s[i].truncated);
+        if (adv) json_object_set_new(row, "advantage", json_real(adv[i]));
+        else json_object_set_new(row, "token_advantages", float_list(docs[i].advantages + P,
+                                                                     s[i].len));
         if (docs[i].ref_logprobs) json_object_set(row, "ref_logprobs", ref);
-        if (kl) json_object_set_new(row, "kl_penalty", json_real(kl[i]));
+        if (kl) json_object_set_new(row, "kl_penalty", json_real(sum_of(kl[i], s[i].len)));
         json_decref(ref);
         lines[i] = json_dumps(row, JSON_COMPACT | JSON_REAL_PRECISION(9));
         len += strlen(lines[i]) + 1;
@@ -435,15 +486,6 @@ static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const
     WEFT_CHECK(weft_write_file_atomic(path, text, len), "%s: cannot write (%s)", path, strerror(errno));
     weft_free(text);
 }
-
-// A step's kept groups: prompts[g] and its samples at g * n ... g * n + n - 1, with their
-// rewards (the overlong penalty included).
-typedef struct step_batch {
-    const weft_rl_prompt **prompts;
-    weft_rl_sample *samples;
-    double *rewards;
-    int groups, rounds, dropped;
-} step_batch;
 
 // DAPO's soft overlong punishment: 0 up to max_tokens - buffer tokens, then falling linearly to
 // -penalty at max_tokens.
@@ -541,19 +583,16 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
                                       c->rl.tis_imp_ratio_cap > 0);
         old_logprobs(j, docs, N, b.samples, b.prompts, n, &sm);
         if (j->ref) reference_logprobs(j, docs, N);
-        double *kl = c->rl.use_kl_in_reward ? weft_alloc(sizeof(double) * N) : NULL;
-        if (kl) kl_in_reward(j, docs, b.prompts, b.samples, N, b.rewards, kl, &sm);
-        double *adv = weft_alloc(sizeof(double) * N);
-        int *lengths = weft_alloc(sizeof(int) * N);
-        for (int i = 0; i < N; i++) lengths[i] = b.samples[i].len;
-        weft_advantages(&c->rl, b.rewards, lengths, G, n, adv);
-        weft_free(lengths);
-        for (int i = 0; i < N; i++)
-            for (int t = 0; t < docs[i].len; t++) docs[i].advantages[t] = (float)adv[i];
+        double **kl = c->rl.use_kl_in_reward ? weft_alloc(sizeof(double *) * N) : NULL;
+        double coef = kl ? reward_kl(j, docs, b.prompts, b.samples, N, kl, &sm) : 0.0;
+        double *adv = c->rl.adv_estimator == WEFT_ADV_REINFORCE_PP
+                          ? NULL : weft_alloc(sizeof(double) * N);
+        assign_advantages(j, docs, &b, N, kl, coef, adv);
         if (c->rl.save_rollouts) save_rollouts(j, step, b.prompts, b.samples, adv, kl, docs, N);
         trainer_wake(j);
         policy_updates(j, docs, N, &sm);
         free_documents(docs, N);
+        for (int i = 0; kl && i < N; i++) weft_free(kl[i]);
         weft_free(adv), weft_free(kl);
     } else {
         trainer_wake(j);

@@ -38,7 +38,7 @@ static const char *const POLICY_LOSSES[] = {"ppo", "gspo", NULL};             //
 static const char *const KL_TYPES[] = {"k1", "k2", "k3", NULL};               // weft_kl_type
 static const char *const KL_CTRLS[] = {"fixed", "adaptive", NULL};          // weft_kl_ctrl
 static const char *const ADV_ESTIMATORS[] = {"grpo", "rloo", "reinforce_plus_plus_baseline",
-                                             NULL}; // weft_adv_estimator
+                                             "reinforce_plus_plus", NULL}; // weft_adv_estimator
 static const char *const REWARD_TYPES[] = {"exact_match", "command", NULL}; // weft_reward_type
 static const char *const AGG_MODES[] = {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                         "seq-mean-token-sum-norm", NULL}; // weft_loss_agg_mode
@@ -164,7 +164,8 @@ static const key_def KEYS[] = {
     {"rl.loss_scale_factor", KEY_REAL, F(rl.loss_scale_factor),
      "seq-mean-token-sum-norm's divisor; 0: sampling.max_tokens", NULL},
     {"rl.adv_estimator", KEY_CHOICE, F(rl.adv_estimator),
-     "grpo, rloo, or reinforce_plus_plus_baseline (group mean off, whitened over the batch)",
+     "grpo, rloo, reinforce_plus_plus_baseline (group mean off, whitened over the batch) or "
+     "reinforce_plus_plus (per-token returns, whitened)",
      ADV_ESTIMATORS},
     {"rl.norm_adv_by_std", KEY_BOOL, F(rl.norm_adv_by_std),
      "grpo divides by the group's std (false: Dr. GRPO)", NULL},
