@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU session's one entry point, run THERE in the repo root (carry .devkit):
-#   bash scripts/device/session.sh all            # build ops parity rollout attention bench-small bench-1b generate speculative profile
+#   bash scripts/device/session.sh all            # build ops parity rollout rl attention bench-small bench-1b generate speculative profile
 #   bash scripts/device/session.sh ops parity     # or any steps by name
 # Each step's log goes to $OUT/<step>.log when $OUT is set, the benches' JSON beside them (all:
-# 10 logs + 4 JSON files, more than the 8 files the tool returns: name fewer steps when the JSON
+# 11 logs + 4 JSON files, more than the 8 files the tool returns: name fewer steps when the JSON
 # must come back). Steps go on after a failure; a summary table (step, exit code, seconds)
 # comes last. SESSION_BUDGET (default 570 s) caps the whole run so the summary always prints
 # inside the tool's 10 minutes; each step also has its own limit.
@@ -14,7 +14,7 @@ BUDGET=${SESSION_BUDGET:-570}
 START=$SECONDS
 LOGDIR=${OUT:-}
 [ -n "$LOGDIR" ] && mkdir -p "$LOGDIR"
-declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [rollout]=240 [attention]=120 [bench-small]=120 [bench-1b]=300 [generate]=300 [speculative]=300 [profile]=180 [mpi]=60)
+declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [rollout]=240 [rl]=240 [attention]=120 [bench-small]=120 [bench-1b]=300 [generate]=300 [speculative]=300 [profile]=180 [mpi]=60)
 
 info() {
   echo "== $(date -u +%FT%TZ) $(uname -srm); $(. /etc/os-release && echo "$PRETTY_NAME"); $(nproc) cores"
@@ -41,6 +41,16 @@ run_step() {
       local t rc=0
       for t in tests/rollout/test_graph_replayed_decode_equals_kernel_by_kernel.py \
                tests/rollout/test_generated_logprobs_equal_trainer_logprobs.py; do
+        PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 "$t" --weft build/weft || rc=1
+      done
+      return $rc ;;
+    rl) # the RL loop on the GPU: rollout/trainer log-prob mismatch, the trainer's memory
+      # offloaded during rollout (pinned host copies, exact byte accounting), TIS weights
+      ensure_env
+      local t rc=0
+      for t in tests/rl/test_rl_rollout_logprobs_equal_trainer_logprobs.py \
+               tests/rl/test_rl_offload_frees_training_state_during_rollout.py \
+               tests/rl/test_rl_truncated_importance_sampling_weighs_the_mismatch.py; do
         PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 "$t" --weft build/weft || rc=1
       done
       return $rc ;;
@@ -87,7 +97,7 @@ print(f"mpi: last loss 1 rank {a!r}, 2 ranks {b!r}"); sys.exit(abs(a - b) > 1e-6
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
-[ "${steps[*]}" = all ] && steps=(build ops parity rollout attention bench-small bench-1b generate speculative profile)
+[ "${steps[*]}" = all ] && steps=(build ops parity rollout rl attention bench-small bench-1b generate speculative profile)
 for s in "${steps[@]}"; do
   [ -n "${LIMIT[$s]:-}" ] || { echo "unknown step $s (all, ${!LIMIT[*]})" >&2; exit 2; }
 done
