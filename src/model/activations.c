@@ -158,13 +158,11 @@ size_t weft_activations_bytes(const weft_model *m, keep_mode keep, dims d, bool 
     return a.used;
 }
 
-size_t weft_activations_release(weft_model *m) {
+void weft_activations_release(weft_model *m) {
     weft_activations *a = m->acts;
-    if (!a || !a->arena) return 0;
-    size_t bytes = a->capacity;
+    if (!a || !a->arena) return;
     m->be->free(m->be, a->arena);
     a->arena = NULL, a->capacity = 0;
-    return bytes;
 }
 
 void weft_activations_free(weft_model *m) {

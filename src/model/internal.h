@@ -76,8 +76,8 @@ weft_activations *weft_activations_prepare(weft_model *m, keep_mode keep, dims d
 // Grows the arena to hold a pass of these sizes, without laying it out.
 void weft_activations_reserve(weft_model *m, keep_mode keep, dims d, bool provider);
 void weft_activations_free(weft_model *m);
-// Frees the arena (the next pass allocates what it needs; the peak stays); returns its bytes.
-size_t weft_activations_release(weft_model *m);
+// Frees the arena (the next pass allocates what it needs; the peak stays).
+void weft_activations_release(weft_model *m);
 // Bytes such a pass keeps (the arena's size for it).
 size_t weft_activations_bytes(const weft_model *m, keep_mode keep, dims d, bool provider);
 

@@ -273,13 +273,12 @@ void weft_model_release_grad(weft_model *m) {
     m->grad_buf = NULL;
 }
 
-size_t weft_model_release_activations(weft_model *m) { return weft_activations_release(m); }
+void weft_model_release_activations(weft_model *m) { weft_activations_release(m); }
 
 void weft_model_restore_grad(weft_model *m) {
     WEFT_CHECK(!m->grad_buf && !m->opt.forward_only,
                "internal: restoring a gradient buffer that was not released");
-    m->grad_buf = m->be->alloc(m->be, m->n_padded * sizeof(float));
-    weft_model_zero_grad(m);
+    m->grad_buf = m->be->alloc(m->be, m->n_padded * sizeof(float)); // zeroed
 }
 
 // "[8]", "[16, 32]", "[]": every dimension, none printed for a scalar.

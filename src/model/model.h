@@ -213,8 +213,8 @@ void weft_model_zero_grad(weft_model *m);
 void weft_model_release_grad(weft_model *m);
 void weft_model_restore_grad(weft_model *m);
 // Frees the activation memory, sized by the largest pass so far; the next pass allocates what it
-// needs (weft_model_peak_bytes keeps its record). Returns the bytes freed.
-size_t weft_model_release_activations(weft_model *m);
+// needs (weft_model_peak_bytes keeps its record).
+void weft_model_release_activations(weft_model *m);
 // Adds one tensor per parameter, named prefix + Hugging Face name, to a safetensors writer: the
 // parameters themselves when flat is NULL, else the f32 buffer `flat` laid out like the parameters
 // from element `base` on (gradients, optimizer moments, a shard of them).

@@ -64,7 +64,7 @@ size_t weft_optimizer_state_bytes(const weft_optimizer *o) {
 void weft_optimizer_offload(weft_optimizer *o) {
     WEFT_CHECK(!o->offloaded, "internal: offloading an optimizer state that is offloaded");
     float **state[] = {&o->m, &o->v, &o->master};
-    size_t bytes = weft_optimizer_state_bytes(o) + 1;
+    size_t bytes = weft_optimizer_state_bytes(o);
     if (!o->host_state)
         o->host_state = o->be->host_alloc ? o->be->host_alloc(o->be, bytes) : weft_alloc(bytes);
     for (int i = 0, count = state_count(o); i < count; i++) {

@@ -19,7 +19,6 @@ struct weft_dp {
     bucket *buckets;
     bool armed;
     float *shard_grad; // (n_padded / world) reduce-scatter targets, distributed optimizer only
-    bool shard_released; // shard_grad given back (weft_dp_release_buffers)
     weft_optim_range *owned; // this rank's elements, ascending: all (DDP) or a slice per bucket
     int n_owned;
 };
@@ -91,9 +90,15 @@ static void find_owned(weft_dp *dp) {
     }
 }
 
-// The distributed optimizer's slice of every bucket, one rank's share of the gradient.
+// The distributed optimizer's slice of every bucket, one rank's share of the gradient, where the
+// model has gradients to reduce (a forward-only model reduces nothing).
 static size_t shard_bytes(const weft_dp *dp) {
     return dp->model->n_padded / (size_t)weft_comm_size(dp->world) * sizeof(float);
+}
+
+static void alloc_shard(weft_dp *dp) {
+    if (dp->sharded && weft_model_grad_bytes(dp->model) > 0)
+        dp->shard_grad = dp->model->be->alloc(dp->model->be, shard_bytes(dp));
 }
 
 weft_dp *weft_dp_create(weft_comm *world, weft_model *m, const weft_parallel_config *cfg) {
@@ -107,8 +112,7 @@ weft_dp *weft_dp_create(weft_comm *world, weft_model *m, const weft_parallel_con
                "internal: model buffers are not padded for %d ranks", weft_comm_size(world));
     build_buckets(dp, (size_t)(cfg->bucket_mb > 0 ? cfg->bucket_mb : 16) << 20 >> 2);
     find_owned(dp);
-    if (dp->sharded && weft_model_grad_bytes(m) > 0) // a forward-only model reduces nothing
-        dp->shard_grad = m->be->alloc(m->be, shard_bytes(dp));
+    alloc_shard(dp);
     return dp;
 }
 
@@ -122,17 +126,14 @@ void weft_dp_free(weft_dp *dp) {
 
 bool weft_dp_is_sharded(const weft_dp *dp) { return dp->sharded; }
 
-size_t weft_dp_release_buffers(weft_dp *dp) {
-    if (!dp->shard_grad) return 0;
+void weft_dp_release_buffers(weft_dp *dp) {
     dp->model->be->free(dp->model->be, dp->shard_grad);
-    dp->shard_grad = NULL, dp->shard_released = true;
-    return shard_bytes(dp);
+    dp->shard_grad = NULL;
 }
 
 void weft_dp_restore_buffers(weft_dp *dp) {
-    if (!dp->shard_released) return;
-    dp->shard_grad = dp->model->be->alloc(dp->model->be, shard_bytes(dp));
-    dp->shard_released = false;
+    WEFT_CHECK(!dp->shard_grad, "internal: restoring reduce-scatter targets never released");
+    alloc_shard(dp);
 }
 
 weft_optimizer *weft_dp_create_optimizer(weft_dp *dp, const weft_optim_config *cfg) {

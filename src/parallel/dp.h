@@ -19,8 +19,9 @@ void weft_dp_free(weft_dp *dp);
 weft_optimizer *weft_dp_create_optimizer(weft_dp *dp, const weft_optim_config *cfg);
 bool weft_dp_is_sharded(const weft_dp *dp);
 // The distributed optimizer's reduce-scatter targets, given back while no backward runs (the RL
-// loop's rollout, weft_trainer_sleep) and allocated again after; returns the bytes released.
-size_t weft_dp_release_buffers(weft_dp *dp);
+// loop's rollout, weft_trainer_sleep) and allocated again after, once the model's gradient
+// buffer is back.
+void weft_dp_release_buffers(weft_dp *dp);
 void weft_dp_restore_buffers(weft_dp *dp);
 // Adds to *acc (one f64 in device memory) this rank's share of the squared gradient norm, which
 // summed over ranks is the whole norm: the sum over its owned elements, or (DDP, where every rank

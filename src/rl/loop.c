@@ -71,9 +71,7 @@ typedef struct step_metrics {
     // Measured device bytes (the backend's live allocations): before the wake, the rollout
     // phase's peak, after the sleep, and the training phase's peak.
     double bytes_before_rollout, rollout_peak_bytes, bytes_after_sleep, training_peak_bytes;
-    // rl.offload_training_state: device bytes the trainer gave up for rollout, and those held
-    // when rollout began (after it did).
-    double offloaded_bytes, rollout_start_bytes;
+    double offloaded_bytes; // rl.offload_training_state: device bytes given up for rollout
 } step_metrics;
 
 // ------------------------------------------------------------------------------- start-up ----
@@ -567,7 +565,6 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
                        .bytes_before_rollout = (double)j->be->bytes_in_use};
     step_batch b;
     sm.offloaded_bytes = trainer_sleep(j);
-    sm.rollout_start_bytes = (double)j->be->bytes_in_use;
     weft_backend_reset_peak(j->be);
     generate_groups(j, order, step, &b, &sm);
     sm.rollout_peak_bytes = (double)j->be->peak_bytes;
@@ -620,7 +617,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
             "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
             "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f, "
-            "\"offloaded_bytes\": %.0f, \"rollout_start_bytes\": %.0f",
+            "\"offloaded_bytes\": %.0f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->tis_weight, l->tis_capped,
@@ -629,8 +626,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
-            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes,
-            m->rollout_start_bytes);
+            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes);
     if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
         fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
                 m->mismatch_max, m->mismatch_mean, m->mismatch_k3);

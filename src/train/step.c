@@ -443,23 +443,20 @@ weft_step_result weft_trainer_step(weft_trainer *t, const weft_document *docs, i
 
 void weft_trainer_gather_gradients(weft_trainer *t) { weft_dp_gather_gradients(t->dp); }
 
-size_t weft_trainer_sleep(weft_trainer *t) {
+void weft_trainer_sleep(weft_trainer *t) {
     WEFT_CHECK(!t->asleep && t->opt, "internal: weft_trainer_sleep on a trainer %s",
                t->asleep ? "asleep" : "without an optimizer");
-    weft_backend *be = t->model->be;
-    size_t held = be->bytes_in_use; // the backend's own count: what the device got back
     weft_optimizer_offload(t->opt);
     weft_model_release_grad(t->model);
     weft_dp_release_buffers(t->dp);
     weft_model_release_activations(t->model); // the next gradient pass reserves again
     t->asleep = true;
-    return held - be->bytes_in_use;
 }
 
 void weft_trainer_wake(weft_trainer *t) {
     WEFT_CHECK(t->asleep, "internal: weft_trainer_wake on a trainer awake");
+    weft_model_restore_grad(t->model); // before the shard, which exists where gradients do
     weft_dp_restore_buffers(t->dp);
-    weft_model_restore_grad(t->model);
     weft_optimizer_reload(t->opt);
     t->asleep = false;
 }

@@ -116,9 +116,8 @@ void weft_trainer_gather_gradients(weft_trainer *t);
 weft_memory_report weft_trainer_memory(const weft_trainer *t);
 // The hybrid RL loop's rollout phase (rl.offload_training_state): the optimizer state moves to
 // host memory, the gradient buffers and the activation memory a training pass sized are freed, so
-// the KV pool can have their device memory; returns the device bytes given back (as the backend
-// counts them). Scoring still
-// runs (with activation memory of its own size); gradients and steps wait for weft_trainer_wake,
+// the KV pool can have their device memory. Scoring still runs (with activation memory of its own
+// size); gradients and steps wait for weft_trainer_wake,
 // which brings the state back bit for bit and the gradients zeroed.
-size_t weft_trainer_sleep(weft_trainer *t);
+void weft_trainer_sleep(weft_trainer *t);
 void weft_trainer_wake(weft_trainer *t);
