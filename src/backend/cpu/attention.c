@@ -157,52 +157,75 @@ static void pack_keys(const kv_rows *k, int n, int D, float *Kt) {
     for (int j = n; j < round_up(n, KEY_STEP); j++) pack_one_key(NULL, 1, j, D, Kt);
 }
 
-// S rows [0, R) x KEY_STEP keys, lanes k0 and k1 (element d at + d * kstride): scale * sum_d
-// q_d K_d, an FMA chain over d in order.
+// S rows [0, R) x NK * LANES keys, lane vector v's element d at k[v] + d * kstride: scale *
+// sum_d q_d K_d, an FMA chain over d in order. Each chain waits on its last FMA: R * NK chains
+// keep the pipes busy from 8 on, so one or two rows (a decode step's heads) take 4 vectors.
 static inline __attribute__((always_inline)) void score_block(const float *q, int ldq, int R,
-                                                              const float *k0, const float *k1,
+                                                              int NK, const float *const *k,
                                                               size_t kstride, int D, float scale,
                                                               float *S, int lds, int n) {
-    vlanes acc[ROW_BLOCK][2];
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = (vlanes){0};
+    vlanes acc[ROW_BLOCK][4];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NK; v++) acc[r][v] = (vlanes){0};
     for (int d = 0; d < D; d++) {
-        vlanes x0 = load_lanes(k0 + (size_t)d * kstride), x1 = load_lanes(k1 + (size_t)d * kstride);
+        vlanes x[4];
+        for (int v = 0; v < NK; v++) x[v] = load_lanes(k[v] + (size_t)d * kstride);
         for (int r = 0; r < R; r++) {
-            float x = q[(size_t)r * ldq + d];
-            acc[r][0] = fma_lanes(x, x0, acc[r][0]), acc[r][1] = fma_lanes(x, x1, acc[r][1]);
+            float qd = q[(size_t)r * ldq + d];
+            for (int v = 0; v < NK; v++) acc[r][v] = fma_lanes(qd, x[v], acc[r][v]);
         }
     }
     for (int r = 0; r < R; r++) {
-        float out[KEY_STEP];
-        vlanes a0 = acc[r][0] * scale, a1 = acc[r][1] * scale;
-        memcpy(out, &a0, sizeof a0), memcpy(out + LANES, &a1, sizeof a1);
+        float out[4 * LANES];
+        for (int v = 0; v < NK; v++) {
+            vlanes a = acc[r][v] * scale;
+            memcpy(out + v * LANES, &a, sizeof a);
+        }
         memcpy(S + (size_t)r * lds, out, sizeof(float) * n);
     }
 }
 
-// Asks for the block after the one holding key j, when j starts a block of a paged pool.
-static void prefetch_key_block(const kv_rows *c, int j, int keys, int D) {
-    if (!c->table || j % c->block_size != 0 || j + c->block_size >= keys) return;
-    const float *next = block_start(c, j / c->block_size + 1);
-    for (size_t i = 0; i < (size_t)D * c->block_size; i += LANES) __builtin_prefetch(next + i);
+// A paged sequence's blocks are anywhere in the pool, and one block's arithmetic takes a fraction
+// of a memory access: its keys and values are asked for this many blocks ahead.
+enum { BLOCKS_AHEAD = 4 };
+
+// When key j starts a block of a paged pool: asks for the keys BLOCKS_AHEAD blocks on (and at
+// the first block, those before), and for the values of j's own block, which weighted_values
+// reads once the scores are done.
+static void prefetch_key_block(const kv_rows *c, const kv_rows *v, int j, int keys, int D) {
+    if (!c->table || j % c->block_size != 0) return;
+    int b = j / c->block_size, last = (keys - 1) / c->block_size;
+    for (int a = b == 0 ? 1 : b + BLOCKS_AHEAD; a <= b + BLOCKS_AHEAD && a <= last; a++) {
+        const float *ahead = block_start(c, a);
+        for (size_t i = 0; i < (size_t)D * c->block_size; i += 16) __builtin_prefetch(ahead + i);
+    }
+    if (v) prefetch_block(v, b, D);
 }
 
 // S (rows, keys) = scale Q K^T, the keys read as columns c. Lanes past the last key are computed
-// on whatever the block holds there and dropped; a chunk wholly past it is not read.
-static void scores(const float *q, int ldq, int rows, const kv_rows *c, int keys, int D,
-                   float scale, float *S) {
-    for (int j0 = 0; j0 < keys; j0 += KEY_STEP) {
-        int n = keys - j0 < KEY_STEP ? keys - j0 : KEY_STEP, i = 0;
-        const float *k0 = key_lanes(c, j0), *k1 = n > LANES ? key_lanes(c, j0 + LANES) : k0;
+// on whatever the block holds there and dropped; a vector wholly past it is not read.
+static void scores(const float *q, int ldq, int rows, const kv_rows *c, const kv_rows *v,
+                   int keys, int D, float scale, float *S) {
+    int NK = rows <= 2 ? 4 : 2; // lane vectors a step
+    for (int j0 = 0; j0 < keys; j0 += NK * LANES) {
+        int n = keys - j0 < NK * LANES ? keys - j0 : NK * LANES, i = 0;
+        const float *k[4] = {NULL};
+        for (int l = 0; l < NK; l++) {
+            k[l] = j0 + l * LANES < keys ? key_lanes(c, j0 + l * LANES) : k[0];
+            if (j0 + l * LANES < keys) prefetch_key_block(c, v, j0 + l * LANES, keys, D);
+        }
         size_t ks = (size_t)c->block_size;
-        prefetch_key_block(c, j0, keys, D);
-        if (n > LANES) prefetch_key_block(c, j0 + LANES, keys, D);
-        for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
-            score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, k0, k1, ks, D, scale,
-                        S + (size_t)i * keys + j0, keys, n);
-        for (; i < rows; i++)
-            score_block(q + (size_t)i * ldq, ldq, 1, k0, k1, ks, D, scale,
-                        S + (size_t)i * keys + j0, keys, n);
+        float *Sj = S + j0;
+        if (rows == 2)
+            score_block(q, ldq, 2, 4, k, ks, D, scale, Sj, keys, n);
+        else if (rows == 1)
+            score_block(q, ldq, 1, 4, k, ks, D, scale, Sj, keys, n);
+        for (; rows > 2 && i + ROW_BLOCK <= rows; i += ROW_BLOCK)
+            score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, 2, k, ks, D, scale,
+                        Sj + (size_t)i * keys, keys, n);
+        for (; rows > 2 && i < rows; i++)
+            score_block(q + (size_t)i * ldq, ldq, 1, 2, k, ks, D, scale, Sj + (size_t)i * keys,
+                        keys, n);
     }
 }
 
@@ -219,7 +242,6 @@ static inline __attribute__((always_inline)) void value_block(const float *P, in
     for (int j0 = 0; j0 < keys; j0 += v->block_size) {
         const float *row = block_start(v, j0 / v->block_size) + c;
         int n = keys - j0 < v->block_size ? keys - j0 : v->block_size;
-        if (c == 0 && (long)j0 + v->block_size < keys) prefetch_block(v, j0 / v->block_size + 1, D);
         for (int o = 0; o < n; o++, row += v->ld)
             for (int h = 0; h < CH; h++) {
                 vlanes x = load_lanes(row + h * LANES);
@@ -306,7 +328,7 @@ static void attend_heads_as_rows(float *P, const kv_rows *kc, const float *q0, c
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < group; h++) at[h] = pos[i];
         size_t head0 = (size_t)i * ldq + (size_t)g * group * s->D;
-        scores(q0 + head0, s->D, group, kc, pos[i] + 1, s->D, s->scale, P);
+        scores(q0 + head0, s->D, group, kc, v, pos[i] + 1, s->D, s->scale, P);
         softmax_rows(P, at, group, pos[i] + 1, lse, NULL);
         weighted_values(P, group, pos[i] + 1, v, s->D, out0 + head0, s->D);
         for (int h = 0; h < group; h++) lse0[(size_t)(g * group + h) * Tq + i] = lse[h];
@@ -324,7 +346,7 @@ static void attend_group(float *P, const kv_rows *kc, const float *q0, const int
     for (int h = g * group; h < (g + 1) * group; h++)
         for (int r0 = 0; r0 < n; r0 += ATTN_TILE) {
             int rows = n - r0 < ATTN_TILE ? n - r0 : ATTN_TILE, tk = tile_keys(pos + r0, rows);
-            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, kc, tk, s->D, s->scale,
+            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, kc, v, tk, s->D, s->scale,
                    P);
             softmax_rows(P, pos + r0, rows, tk, lse0 + (size_t)h * Tq + r0, NULL);
             weighted_values(P, rows, tk, v, s->D, out0 + (size_t)r0 * ldq + (size_t)h * s->D,
@@ -401,7 +423,7 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                         const float *ot = out + (size_t)r0 * ldq + (size_t)h * D;
                         const float *dot = dout + (size_t)r0 * ldq + (size_t)h * D;
                         float *dqt = dq + (size_t)r0 * ldq + (size_t)h * D;
-                        scores(qt, ldq, rows, &kc, keys, D, s.scale, P);
+                        scores(qt, ldq, rows, &kc, NULL, keys, D, s.scale, P);
                         softmax_rows(P, pos, rows, keys, NULL, lse + (size_t)h * lay->Tq + r0);
                         // dV += P^T dO
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
