@@ -65,16 +65,22 @@ static void pack_panel(const float *b, int ldb, bool tb, int j0, int cols, int k
 // its stores were the bottleneck). A step of R rows and P panels is 4 R P vector operations on
 // the 4 floating-point pipes, and each accumulator's add waits 3 cycles for the previous one:
 // R P = 2 (one row, two panels) is latency-bound at 3 cycles, R P >= 3 runs at the pipes' rate.
+//
+// Each step also asks for one line (a PANEL row) of `ahead`, for the first `n_ahead` steps: the
+// weights a later call reads, on their way from memory while these rows compute (see
+// rows_against_panels).
 static inline __attribute__((always_inline)) void tile(const float *a, int lda, int R,
                                                        const float *panel, size_t next, int P,
                                                        int kb, float alpha, float *c, int ldc,
-                                                       int cols) {
+                                                       int cols, const float *ahead,
+                                                       int n_ahead) {
     __m256 acc[TILE_ROWS][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();
     for (int k = 0; k < kb; k++) {
+        if (k < n_ahead) __builtin_prefetch(ahead + (size_t)k * PANEL, 0, 2);
         __m256 w[4];
 #pragma GCC unroll 4
         for (int v = 0; v < 2 * P; v++) {
@@ -107,26 +113,42 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
         }
 }
 
+// Of kb lines shared `share` to a tile, how many tile t asks for.
+static int tail_lines(int kb, int t, int share) {
+    int left = kb - t * share;
+    return left < 0 ? 0 : left < share ? left : share;
+}
+
 // C columns [0, cols) of panel (and, with two_panels, cols - 16 more of the panel `next` floats
 // further) for all m rows, over K block kb: 1 or 2 rows (a decode step, a verification) take two
 // panels at a time, more rows 4 at a time on one panel, whose 24 KB stay in L1 while they pass.
+//
+// Packed weights are read in address order, and a decode step's weights come from memory (a
+// model's do not fit in the caches): with several row tiles the kb lines that follow the block
+// (the next block's) are asked for into L2 while its rows compute, spread over the tiles, so
+// that memory and arithmetic overlap instead of taking turns (the hardware prefetcher stops at
+// the block's end while the later tiles reread it from L1): 32 rows, 10-20% faster.
 static void rows_against_panels(const float *a, int lda, int m, const float *panel, size_t next,
                                 bool two_panels, int kb, float alpha, float *c, int ldc,
-                                int cols) {
-    if (two_panels) {
-        if (m == 2) tile(a, lda, 2, panel, next, 2, kb, alpha, c, ldc, cols);
-        else tile(a, lda, 1, panel, next, 2, kb, alpha, c, ldc, cols);
+                                int cols, bool prefetch) {
+    const float *ahead = panel + (size_t)kb * PANEL;
+    if (two_panels) { // one pass, streaming: the hardware prefetcher keeps up (asking slowed it)
+        if (m == 2) tile(a, lda, 2, panel, next, 2, kb, alpha, c, ldc, cols, ahead, 0);
+        else tile(a, lda, 1, panel, next, 2, kb, alpha, c, ldc, cols, ahead, 0);
         return;
     }
-    int i = 0;
-    for (; i + TILE_ROWS <= m; i += TILE_ROWS)
+    int tiles = (m + TILE_ROWS - 1) / TILE_ROWS, share = (kb + tiles - 1) / tiles, i = 0, t = 0;
+    if (!prefetch) share = 0;
+    for (; i + TILE_ROWS <= m; i += TILE_ROWS, t++)
         tile(a + (size_t)i * lda, lda, TILE_ROWS, panel, next, 1, kb, alpha, c + (size_t)i * ldc,
-             ldc, cols);
+             ldc, cols, ahead + (size_t)t * share * PANEL, tail_lines(kb, t, share));
     a += (size_t)i * lda, c += (size_t)i * ldc;
+    const float *pf = ahead + (size_t)t * share * PANEL;
+    int n = tail_lines(kb, t, share);
     switch (m - i) {
-    case 3: tile(a, lda, 3, panel, next, 1, kb, alpha, c, ldc, cols); break;
-    case 2: tile(a, lda, 2, panel, next, 1, kb, alpha, c, ldc, cols); break;
-    case 1: tile(a, lda, 1, panel, next, 1, kb, alpha, c, ldc, cols); break;
+    case 3: tile(a, lda, 3, panel, next, 1, kb, alpha, c, ldc, cols, pf, n); break;
+    case 2: tile(a, lda, 2, panel, next, 1, kb, alpha, c, ldc, cols, pf, n); break;
+    case 1: tile(a, lda, 1, panel, next, 1, kb, alpha, c, ldc, cols, pf, n); break;
     }
 }
 
@@ -160,7 +182,7 @@ void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const 
             const float *panel = panels ? panels + (size_t)j0 * k + (size_t)k0 * PANEL : here;
             if (!panels) pack_panel(b, ldb, tb, j0, cols, k0, kb, here);
             rows_against_panels(a + k0, lda, m, panel, (size_t)PANEL * k, cols > PANEL, kb, alpha,
-                                c + j0, ldc, cols);
+                                c + j0, ldc, cols, panels != NULL);
         }
     }
 }

@@ -204,6 +204,18 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         product_columns(self, tb, m, 0, n, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
         return;
     }
+    if (st->few_rows_own && m <= FEW_ROWS) {
+        // Slices handed out as threads come free: a decode step's products read the weights
+        // from memory, and a thread the machine slows would otherwise hold the other at the
+        // barrier (a third of the time both spent waiting there). few_rows.c reads A in place;
+        // an OpenBLAS call repacks it, so those keep one call per thread.
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        for (int sl = 0; sl < slices; sl++) {
+            int j0 = sl * COLUMN_ALIGN, j1 = j0 + COLUMN_ALIGN < n ? j0 + COLUMN_ALIGN : n;
+            product_columns(self, tb, m, j0, j1, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
+        }
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
