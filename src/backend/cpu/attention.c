@@ -189,9 +189,9 @@ static inline __attribute__((always_inline)) void score_block(const float *q, in
 // of a memory access: its keys and values are asked for this many blocks ahead.
 enum { BLOCKS_AHEAD = 4 };
 
-// When key j starts a block of a paged pool: asks for the keys BLOCKS_AHEAD blocks on (and at
-// the first block, those before), and for the values of j's own block, which weighted_values
-// reads once the scores are done.
+// When key j starts block b of a paged pool: asks for the keys of block b + BLOCKS_AHEAD (at
+// b = 0, of blocks 1 to BLOCKS_AHEAD), and for the values of block b, which weighted_values reads
+// once the scores are done.
 static void prefetch_key_block(const kv_rows *c, const kv_rows *v, int j, int keys, int D) {
     if (!c->table || j % c->block_size != 0) return;
     int b = j / c->block_size, last = (keys - 1) / c->block_size;
@@ -211,19 +211,24 @@ static void scores(const float *q, int ldq, int rows, const kv_rows *c, const kv
         int n = keys - j0 < NK * LANES ? keys - j0 : NK * LANES, i = 0;
         const float *k[4] = {NULL};
         for (int l = 0; l < NK; l++) {
-            k[l] = j0 + l * LANES < keys ? key_lanes(c, j0 + l * LANES) : k[0];
-            if (j0 + l * LANES < keys) prefetch_key_block(c, v, j0 + l * LANES, keys, D);
+            bool read = j0 + l * LANES < keys;
+            k[l] = read ? key_lanes(c, j0 + l * LANES) : k[0];
+            if (read) prefetch_key_block(c, v, j0 + l * LANES, keys, D);
         }
         size_t ks = (size_t)c->block_size;
         float *Sj = S + j0;
-        if (rows == 2)
+        if (rows == 2) {
             score_block(q, ldq, 2, 4, k, ks, D, scale, Sj, keys, n);
-        else if (rows == 1)
+            continue;
+        }
+        if (rows == 1) {
             score_block(q, ldq, 1, 4, k, ks, D, scale, Sj, keys, n);
-        for (; rows > 2 && i + ROW_BLOCK <= rows; i += ROW_BLOCK)
+            continue;
+        }
+        for (; i + ROW_BLOCK <= rows; i += ROW_BLOCK)
             score_block(q + (size_t)i * ldq, ldq, ROW_BLOCK, 2, k, ks, D, scale,
                         Sj + (size_t)i * keys, keys, n);
-        for (; rows > 2 && i < rows; i++)
+        for (; i < rows; i++)
             score_block(q + (size_t)i * ldq, ldq, 1, 2, k, ks, D, scale, Sj + (size_t)i * keys,
                         keys, n);
     }

@@ -131,12 +131,12 @@ static int tail_lines(int kb, int t, int share) {
 static void rows_against_panels(const float *a, int lda, int m, const float *panel, size_t next,
                                 bool two_panels, int kb, float alpha, float *c, int ldc,
                                 int cols, bool prefetch) {
-    const float *ahead = panel + (size_t)kb * PANEL;
     if (two_panels) { // one pass, streaming: the hardware prefetcher keeps up (asking slowed it)
-        if (m == 2) tile(a, lda, 2, panel, next, 2, kb, alpha, c, ldc, cols, ahead, 0);
-        else tile(a, lda, 1, panel, next, 2, kb, alpha, c, ldc, cols, ahead, 0);
+        if (m == 2) tile(a, lda, 2, panel, next, 2, kb, alpha, c, ldc, cols, NULL, 0);
+        else tile(a, lda, 1, panel, next, 2, kb, alpha, c, ldc, cols, NULL, 0);
         return;
     }
+    const float *ahead = panel + (size_t)kb * PANEL;
     int tiles = (m + TILE_ROWS - 1) / TILE_ROWS, share = (kb + tiles - 1) / tiles, i = 0, t = 0;
     if (!prefetch) share = 0;
     for (; i + TILE_ROWS <= m; i += TILE_ROWS, t++)

@@ -171,12 +171,13 @@ static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, 
     for (int i = 0; i < m; i++) memcpy(c + (size_t)i * ldc, cp + (size_t)i * n, sizeof(float) * n);
 }
 
-// Products whose rows are C's rows (A not transposed) run as one single-threaded OpenBLAS call
-// per thread, each on a slice of C's columns (multiples of COLUMN_ALIGN, so the calls tile C as
-// one call would). OpenBLAS threads a product only above about 262,144 multiply-adds, and its
-// threaded driver splits K otherwise than its single-threaded one (K = 688: 344 + 344 against
-// 352 + 336), so with 2+ threads a decoded row would get other bits than the same row in a
-// training batch. Single-threaded calls split K by K alone.
+// Products whose rows are C's rows (A not transposed) run on slices of C's columns (multiples of
+// COLUMN_ALIGN, so that single-threaded OpenBLAS calls on them tile C as one call would), through
+// few_rows.c or one single-threaded OpenBLAS call per run of slices. OpenBLAS threads a product
+// only above about 262,144 multiply-adds, and its threaded driver splits K otherwise than its
+// single-threaded one (K = 688: 344 + 344 against 352 + 336), so with 2+ threads a decoded row
+// would get other bits than the same row in a training batch. Single-threaded calls split K by
+// K alone.
 enum { COLUMN_ALIGN = 64 };
 
 static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
@@ -204,25 +205,16 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         product_columns(self, tb, m, 0, n, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
         return;
     }
-    if (st->few_rows_own && m <= FEW_ROWS) {
-        // Slices handed out as threads come free: a decode step's products read the weights
-        // from memory, and a thread the machine slows would otherwise hold the other at the
-        // barrier (a third of the time both spent waiting there). few_rows.c reads A in place;
-        // an OpenBLAS call repacks it, so those keep one call per thread.
+    // Runs of slices handed out as threads come free: few-row products (few_rows.c reads A in
+    // place) a slice at a time, since a decode step's products read the weights from memory and
+    // a thread the machine slows held the other at the barrier (the step's barrier spin halved);
+    // an OpenBLAS call repacks A, so those take one run a thread.
+    int run = st->few_rows_own && m <= FEW_ROWS ? 1 : (slices + threads - 1) / threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-        for (int sl = 0; sl < slices; sl++) {
-            int j0 = sl * COLUMN_ALIGN, j1 = j0 + COLUMN_ALIGN < n ? j0 + COLUMN_ALIGN : n;
-            product_columns(self, tb, m, j0, j1, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
-        }
-        return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int j0 = slices * t / nt * COLUMN_ALIGN, j1 = slices * (t + 1) / nt * COLUMN_ALIGN;
-        if (j1 > n) j1 = n;
-        if (j0 < j1)
-            product_columns(self, tb, m, j0, j1, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
+    for (int s0 = 0; s0 < slices; s0 += run) {
+        int j0 = s0 * COLUMN_ALIGN, j1 = (s0 + run) * COLUMN_ALIGN;
+        product_columns(self, tb, m, j0, j1 < n ? j1 : n, k, alpha, a, lda, b, ldb, panels, beta,
+                        c, ldc);
     }
 }
 
