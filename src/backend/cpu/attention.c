@@ -82,14 +82,6 @@ static const float *block_start(const kv_rows *r, int b) {
     return r->base + (size_t)(r->table ? r->table[b] : b) * r->block_stride;
 }
 
-// Asks for block b's rows (D floats each) ahead of use: a paged sequence's next block is
-// anywhere in the pool, where no hardware prefetcher looks.
-static void prefetch_block(const kv_rows *r, int b, int D) {
-    const float *row = block_start(r, b);
-    for (int o = 0; o < r->block_size; o++, row += r->ld)
-        for (int d = 0; d < D; d += 16) __builtin_prefetch(row + d);
-}
-
 // Keys j .. j + LANES of columns c (j a multiple of LANES, block_size too): element d at
 // the result + d * block_size.
 static const float *key_lanes(const kv_rows *c, int j) {
@@ -139,7 +131,6 @@ static void pack_keys(const kv_rows *k, int n, int D, float *Kt) {
     for (int j0 = 0; j0 < n; j0 += k->block_size) {
         const float *row = block_start(k, j0 / k->block_size);
         int rows = n - j0 < k->block_size ? n - j0 : k->block_size, o = 0;
-        if ((long)j0 + k->block_size < n) prefetch_block(k, j0 / k->block_size + 1, D);
 #ifdef __AVX__
         for (; D % 8 == 0 && o + 8 <= rows && (j0 + o) % 8 == 0; o += 8) {
             const float *r[8];
@@ -185,36 +176,16 @@ static inline __attribute__((always_inline)) void score_block(const float *q, in
     }
 }
 
-// A paged sequence's blocks are anywhere in the pool, and one block's arithmetic takes a fraction
-// of a memory access: its keys and values are asked for this many blocks ahead.
-enum { BLOCKS_AHEAD = 4 };
-
-// When key j starts block b of a paged pool: asks for the keys of block b + BLOCKS_AHEAD (at
-// b = 0, of blocks 1 to BLOCKS_AHEAD), and for the values of block b, which weighted_values reads
-// once the scores are done.
-static void prefetch_key_block(const kv_rows *c, const kv_rows *v, int j, int keys, int D) {
-    if (!c->table || j % c->block_size != 0) return;
-    int b = j / c->block_size, last = (keys - 1) / c->block_size;
-    for (int a = b == 0 ? 1 : b + BLOCKS_AHEAD; a <= b + BLOCKS_AHEAD && a <= last; a++) {
-        const float *ahead = block_start(c, a);
-        for (size_t i = 0; i < (size_t)D * c->block_size; i += 16) __builtin_prefetch(ahead + i);
-    }
-    if (v) prefetch_block(v, b, D);
-}
-
 // S (rows, keys) = scale Q K^T, the keys read as columns c. Lanes past the last key are computed
 // on whatever the block holds there and dropped; a vector wholly past it is not read.
-static void scores(const float *q, int ldq, int rows, const kv_rows *c, const kv_rows *v,
-                   int keys, int D, float scale, float *S) {
+static void scores(const float *q, int ldq, int rows, const kv_rows *c, int keys, int D,
+                   float scale, float *S) {
     int NK = rows <= 2 ? 4 : 2; // lane vectors a step
     for (int j0 = 0; j0 < keys; j0 += NK * LANES) {
         int n = keys - j0 < NK * LANES ? keys - j0 : NK * LANES, i = 0;
         const float *k[4] = {NULL};
-        for (int l = 0; l < NK; l++) {
-            bool read = j0 + l * LANES < keys;
-            k[l] = read ? key_lanes(c, j0 + l * LANES) : k[0];
-            if (read) prefetch_key_block(c, v, j0 + l * LANES, keys, D);
-        }
+        for (int l = 0; l < NK; l++)
+            k[l] = j0 + l * LANES < keys ? key_lanes(c, j0 + l * LANES) : k[0];
         size_t ks = (size_t)c->block_size;
         float *Sj = S + j0;
         if (rows == 2) {
@@ -333,7 +304,7 @@ static void attend_heads_as_rows(float *P, const kv_rows *kc, const float *q0, c
     for (int i = 0; i < n; i++) {
         for (int h = 0; h < group; h++) at[h] = pos[i];
         size_t head0 = (size_t)i * ldq + (size_t)g * group * s->D;
-        scores(q0 + head0, s->D, group, kc, v, pos[i] + 1, s->D, s->scale, P);
+        scores(q0 + head0, s->D, group, kc, pos[i] + 1, s->D, s->scale, P);
         softmax_rows(P, at, group, pos[i] + 1, lse, NULL);
         weighted_values(P, group, pos[i] + 1, v, s->D, out0 + head0, s->D);
         for (int h = 0; h < group; h++) lse0[(size_t)(g * group + h) * Tq + i] = lse[h];
@@ -351,7 +322,7 @@ static void attend_group(float *P, const kv_rows *kc, const float *q0, const int
     for (int h = g * group; h < (g + 1) * group; h++)
         for (int r0 = 0; r0 < n; r0 += ATTN_TILE) {
             int rows = n - r0 < ATTN_TILE ? n - r0 : ATTN_TILE, tk = tile_keys(pos + r0, rows);
-            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, kc, v, tk, s->D, s->scale,
+            scores(q0 + (size_t)r0 * ldq + (size_t)h * s->D, ldq, rows, kc, tk, s->D, s->scale,
                    P);
             softmax_rows(P, pos + r0, rows, tk, lse0 + (size_t)h * Tq + r0, NULL);
             weighted_values(P, rows, tk, v, s->D, out0 + (size_t)r0 * ldq + (size_t)h * s->D,
@@ -428,7 +399,7 @@ void weft_cpu_attention_backward(weft_backend *self, const void *qv, const void 
                         const float *ot = out + (size_t)r0 * ldq + (size_t)h * D;
                         const float *dot = dout + (size_t)r0 * ldq + (size_t)h * D;
                         float *dqt = dq + (size_t)r0 * ldq + (size_t)h * D;
-                        scores(qt, ldq, rows, &kc, NULL, keys, D, s.scale, P);
+                        scores(qt, ldq, rows, &kc, keys, D, s.scale, P);
                         softmax_rows(P, pos, rows, keys, NULL, lse + (size_t)h * lay->Tq + r0);
                         // dV += P^T dO
                         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, keys, D, rows, 1.0f,
