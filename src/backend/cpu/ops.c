@@ -2,8 +2,8 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
-#include <malloc.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -38,14 +38,38 @@ float *weft_cpu_scratch(weft_backend *self, int slot, size_t floats) {
     return st->scratch[t];
 }
 
+// Blocks of a megabyte or more are mapped from the kernel: its pages are zero and cost time and
+// memory only once written, so a KV pool sized for the worst case costs what its sequences use
+// (weft_alloc's memset touched all of it: half the free memory, by default, for a long prompt
+// file). A header before each block says where it came from.
+enum { MAPPED_FROM = 1 << 20, BLOCK_HEADER = 64 }; // the header keeps 64-byte alignment
+
+typedef struct block_header {
+    size_t bytes;  // header included
+    bool mapped;   // from mmap, else from weft_alloc
+} block_header;
+
 static void *cpu_alloc(weft_backend *self, size_t bytes) {
-    void *p = weft_alloc(bytes);
-    weft_backend_count_bytes(self, (long long)malloc_usable_size(p));
-    return p;
+    size_t total = bytes + BLOCK_HEADER;
+    bool mapped = total >= MAPPED_FROM;
+    char *base;
+    if (mapped) {
+        base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        WEFT_CHECK(base != MAP_FAILED, "out of host memory allocating %zu bytes", bytes);
+    } else {
+        base = weft_alloc(total);
+    }
+    *(block_header *)base = (block_header){total, mapped};
+    weft_backend_count_bytes(self, (long long)total);
+    return base + BLOCK_HEADER;
 }
 static void cpu_free(weft_backend *self, void *p) {
-    if (p) weft_backend_count_bytes(self, -(long long)malloc_usable_size(p));
-    weft_free(p);
+    if (!p) return;
+    char *base = (char *)p - BLOCK_HEADER;
+    block_header h = *(block_header *)base;
+    weft_backend_count_bytes(self, -(long long)h.bytes);
+    if (h.mapped) munmap(base, h.bytes);
+    else weft_free(base);
 }
 static void cpu_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
