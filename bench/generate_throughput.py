@@ -15,11 +15,14 @@ itself) and the OpenMP OpenBLAS that weft links, so both share one thread pool p
 Prints, per batch size, tokens/s of both and the ratio weft / transformers, the share of greedy
 tokens on which the two agree (a check that both did the same work; random weights leave near
 ties, so it need not be 100%), and how many cores other processes used meanwhile (trust a row
-only when that is near 0). Writes the table as JSON with --json.
+only when that is near 0). With --repeats N each row runs both engines N times, interleaved, and
+gives the median tokens/s of each, the median of the run-by-run ratios and their range (a shared
+machine's speed can swing by a fifth between runs). Writes the table as JSON with --json.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -116,21 +119,30 @@ def agreement(a, b):
 
 
 def measure(weft, name, mdir, B, tmp, a, env):
-    """One table row: both engines on B prompts."""
+    """One table row: both engines on B prompts, a.repeats times each, interleaved (weft, then
+    transformers): medians, and the median and range of the run-by-run ratios."""
     from reference.generation import random_prompts, write_prompts
     prompts = write_prompts(os.path.join(tmp, f"{name}_{B}.jsonl"),
                             random_prompts([PROMPT_LEN] * B, MODELS[name]["vocab_size"], B))
-    w = run_weft(weft, mdir, prompts, os.path.join(tmp, f"{name}_{B}.out.jsonl"), a.threads,
-                 a.new_tokens)
-    p = run_peer(mdir, prompts, a.threads, a.new_tokens, env)
+    runs = []
+    for _ in range(a.repeats):
+        w = run_weft(weft, mdir, prompts, os.path.join(tmp, f"{name}_{B}.out.jsonl"), a.threads,
+                     a.new_tokens)
+        p = run_peer(mdir, prompts, a.threads, a.new_tokens, env)
+        runs.append((w, p))
     n = B * a.new_tokens
-    row = dict(model=name, batch=B, weft_tokens_per_s=n / w["seconds"],
-               transformers_tokens_per_s=n / p["seconds"], ratio=p["seconds"] / w["seconds"],
-               agree=agreement(w["tokens"], p["tokens"]),
-               others=max(w["other"] or 0, p["other"] or 0))
+    ratios = [p["seconds"] / w["seconds"] for w, p in runs]
+    w, p = runs[-1]
+    row = dict(model=name, batch=B,
+               weft_tokens_per_s=n / statistics.median(w["seconds"] for w, _ in runs),
+               transformers_tokens_per_s=n / statistics.median(p["seconds"] for _, p in runs),
+               ratio=statistics.median(ratios), ratio_range=[min(ratios), max(ratios)],
+               runs=len(runs), agree=agreement(w["tokens"], p["tokens"]),
+               others=max(max(w["other"] or 0, p["other"] or 0) for w, p in runs))
+    spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(runs) > 1 else ""
     print(f"{name:>6} {B:5d} {row['weft_tokens_per_s']:11.0f} "
-          f"{row['transformers_tokens_per_s']:13.0f} {row['ratio']:5.2f}x {row['agree']:6.1%} "
-          f"{row['others']:7.2f}")
+          f"{row['transformers_tokens_per_s']:13.0f} {row['ratio']:5.2f}x{spread} "
+          f"{row['agree']:6.1%} {row['others']:7.2f}")
     return row
 
 
@@ -141,6 +153,9 @@ def main():
     ap.add_argument("--batches", default="1,32", help="comma-separated numbers of prompts")
     ap.add_argument("--models", default="small,medium", help="comma-separated: small,medium")
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each engine per row, interleaved; the row gives medians and "
+                         "the ratios' range (use 3 or more on a shared machine)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -170,7 +185,8 @@ def main():
                 rows.append(measure(weft, name, mdir, B, tmp, a, env))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(threads=a.threads, new_tokens=a.new_tokens, rows=rows), f, indent=2)
+            json.dump(dict(threads=a.threads, new_tokens=a.new_tokens, repeats=a.repeats,
+                           rows=rows), f, indent=2)
 
 
 if __name__ == "__main__":
