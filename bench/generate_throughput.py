@@ -132,12 +132,12 @@ def measure(weft, name, mdir, B, tmp, a, env):
         runs.append((w, p))
     n = B * a.new_tokens
     ratios = [p["seconds"] / w["seconds"] for w, p in runs]
-    w, p = runs[-1]
+    last_w, last_p = runs[-1]  # greedy: every run's tokens are the same
     row = dict(model=name, batch=B,
                weft_tokens_per_s=n / statistics.median(w["seconds"] for w, _ in runs),
                transformers_tokens_per_s=n / statistics.median(p["seconds"] for _, p in runs),
                ratio=statistics.median(ratios), ratio_range=[min(ratios), max(ratios)],
-               runs=len(runs), agree=agreement(w["tokens"], p["tokens"]),
+               runs=len(runs), agree=agreement(last_w["tokens"], last_p["tokens"]),
                others=max(max(w["other"] or 0, p["other"] or 0) for w, p in runs))
     spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(runs) > 1 else ""
     print(f"{name:>6} {B:5d} {row['weft_tokens_per_s']:11.0f} "

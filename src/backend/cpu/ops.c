@@ -39,9 +39,8 @@ float *weft_cpu_scratch(weft_backend *self, int slot, size_t floats) {
 }
 
 // Blocks of a megabyte or more are mapped from the kernel: its pages are zero and cost time and
-// memory only once written, so a KV pool sized for the worst case costs what its sequences use
-// (weft_alloc's memset touched all of it: half the free memory, by default, for a long prompt
-// file). A header before each block says where it came from.
+// memory only once written, so a KV pool sized for the worst case (by default up to half the
+// free memory) costs what its sequences use. A header before each block says where it came from.
 enum { MAPPED_FROM = 1 << 20, BLOCK_HEADER = 64 }; // the header keeps 64-byte alignment
 
 typedef struct block_header {
