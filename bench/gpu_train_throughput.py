@@ -296,8 +296,8 @@ def compile_unavailable(torch):
 
 
 def peer_main(a):
-    """One torch runner (a.peer: eager or compile) on one shape; prints one JSON line: seconds
-    and losses, or {"unavailable": reason} when it cannot run."""
+    """One torch runner (a.peer: eager or compile) on one shape; writes one JSON record to
+    a.result: seconds and losses, or {"unavailable": reason} when it cannot run."""
     try:
         import torch
         if not torch.cuda.is_available():
@@ -316,11 +316,21 @@ def peer_main(a):
         secs, losses = peer_steps(model, run, micro, n_targets, a.steps)
     except Exception as e:  # noqa: BLE001: any failure makes this runner unavailable, with why
         reason = (str(e).strip().splitlines() or [""])[0][:300]
-        print(json.dumps(dict(unavailable=f"{type(e).__name__}: {reason}")))
+        write_result(a.result, dict(unavailable=f"{type(e).__name__}: {reason}"))
         return 1
-    print(json.dumps(dict(seconds=secs, losses=losses, torch=torch.__version__,
-                          peak_memory=torch.cuda.max_memory_allocated())))
+    write_result(a.result, dict(seconds=secs, losses=losses, torch=torch.__version__,
+                                peak_memory=torch.cuda.max_memory_allocated()))
     return 0
+
+
+def write_result(path, record):
+    """The runner's one JSON record, into its own file: stdout is shared with whatever torch and
+    its libraries print (on the H100 the peers' last stdout line was not the record, and both
+    peers were reported unavailable after a run that had worked)."""
+    text = json.dumps(record)
+    print(text, flush=True)
+    with open(path, "w") as f:
+        f.write(text + "\n")
 
 
 # ------------------------------------------------------------------------------ the driver ----
@@ -379,16 +389,20 @@ def run_weft(a, mdir, batch, shape):
 
 def run_peer(a, mdir, batch, shape_name, mode):
     """A torch runner in its own process (its memory and compile caches go with it)."""
+    result = os.path.join(a.tmp, f"peer_{mode}_{shape_name}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--peer", mode, "--model-dir", mdir,
-           "--batch", batch, "--shape", shape_name, "--steps", str(a.steps)]
+           "--batch", batch, "--shape", shape_name, "--steps", str(a.steps), "--result", result]
     env = dict(os.environ)
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        return json.loads(last_line(r.stdout))
-    except ValueError:
-        print(f"torch {mode} failed:\n{r.stderr[-3000:]}")
-        return dict(unavailable=f"exit status {r.returncode}: {last_line(r.stderr)}")
+        with open(result) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        print(f"torch {mode} failed (exit status {r.returncode}); its stdout ends:\n"
+              f"{r.stdout[-1500:]}\nits stderr ends:\n{r.stderr[-3000:]}")
+        return dict(unavailable=f"exit status {r.returncode}: "
+                                f"{last_line(r.stderr + chr(10) + r.stdout)}")
 
 
 def report(results, tokens, flops, peak):
@@ -453,10 +467,11 @@ def main():
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--batch", help=argparse.SUPPRESS)
     p.add_argument("--shape", choices=sorted(SHAPES), help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.peer:
-        if not (a.model_dir and os.path.isdir(a.model_dir) and a.batch and a.shape):
-            p.error("--peer needs --model-dir DIR, --batch FILE and --shape")
+        if not (a.model_dir and os.path.isdir(a.model_dir) and a.batch and a.shape and a.result):
+            p.error("--peer needs --model-dir DIR, --batch FILE, --shape and --result FILE")
         return peer_main(a)
 
     cfg = MODELS[a.model]
