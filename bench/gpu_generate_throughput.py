@@ -20,9 +20,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   replay recorded CUDA graphs (rollout.cuda_graphs, the default); `--stats` says how many.
 - weft eager: the same with rollout.cuda_graphs=false (every kernel launched from the host):
   what the graphs save.
-- last, weft at --profile-batches (default 1) under WEFT_CUDA_PROFILE=1: the GPU time of every
-  op of the run (kernels launched one by one), printed and kept in the JSON: where a decode step
-  goes, for the kernel work that follows.
+- weft at --profile-batches (default 1) under WEFT_CUDA_PROFILE=1, before the static-cache
+  peer: the GPU time of every op of the run (kernels launched one by one), printed and kept in
+  the JSON: where a decode step goes, for the kernel work that follows.
 - transformers default: AutoModelForCausalLM in bf16 on the GPU (its default attention, SDPA
   on torch 2), generate(do_sample=False, min_new_tokens=max_new_tokens=N) with its default
   (dynamic) cache; one identical warm-up call first, then the timed call between
@@ -32,8 +32,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   compile the decode step with torch.compile; the warm-up call absorbs the compile).
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
-after another, each at every batch (weft, weft eager, then the default cache, then the static
-one), and the JSON is rewritten after each run, so a run cut off by a time limit keeps what it measured.
+after another, each at every batch (weft, weft eager, the default cache, weft's profile, then the
+static cache, whose compiles take longest), and the JSON is rewritten after each run, so a run
+cut off by a time limit keeps what it measured.
 
 Bound: the tokens/s at which the GPU could stream what each decode step must read, at its
 measured copy bandwidth (torch: a 1 GiB device-to-device copy, bytes read + written over the
@@ -374,6 +375,16 @@ def main():
         return run(a)
 
 
+def profile(a, doc):
+    """weft's GPU time per op at each of a.profile_batches: where a decode step goes."""
+    for batch in a.profile_batches if a.device == "cuda" else []:
+        print(f"weft's GPU time per op at batch {batch} (every kernel launched, no graphs):")
+        r = run_weft(a, prompts_file(a, batch), batch, graphs=False, profile=True)
+        doc.setdefault("profiles", {})[str(batch)] = r.get("profile") or r.get("unavailable")
+        print("\n".join(r.get("profile") or [r.get("unavailable", "")]), flush=True)
+        write_json(a, doc)
+
+
 def run(a):
     """The benchmark, in the temporary directory a.tmp (the model is 2.2 GB at 1b)."""
     a.mdir = os.path.join(a.tmp, "model")
@@ -392,22 +403,18 @@ def run(a):
                params=n_params, prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
                bandwidth=bandwidth, bandwidth_note=bw.get("unavailable"), torch=bw.get("torch"),
                cuda=bw.get("cuda"), weft=a.weft, commit=git_commit(), rows=[])
-    # Runner after runner, each at every batch: a run cut off by a time limit keeps weft's
-    # numbers and the default cache's, which take the least time.
+    # Runner after runner, each at every batch, the slowest last: a run cut off by a time limit
+    # keeps weft's numbers, the default cache's and weft's profile (on the H100 the static
+    # cache's compiles at batch 256 outlasted the session step's 300 s).
     runs = {batch: {} for batch in a.batches}
     for who in WEFT_RUNNERS + PEERS:
+        if who == PEERS[-1]:
+            profile(a, doc)
         for batch in a.batches:
             runs[batch][who] = run_one(a, who, batch)
             doc["rows"] = [make_row(a, b, runs[b], bandwidth) for b in a.batches]
             doc["transformers"] = doc.get("transformers") or runs[batch][who].get("transformers")
             write_json(a, doc)
-    # Last, as what matters least if a time limit cuts the run short: where a step's time goes.
-    for batch in a.profile_batches if a.device == "cuda" else []:
-        print(f"weft's GPU time per op at batch {batch} (every kernel launched, no graphs):")
-        r = run_weft(a, prompts_file(a, batch), batch, graphs=False, profile=True)
-        doc.setdefault("profiles", {})[str(batch)] = r.get("profile") or r.get("unavailable")
-        print("\n".join(r.get("profile") or [r.get("unavailable", "")]), flush=True)
-        write_json(a, doc)
     print(f"\n{HEAD}")
     for row in doc["rows"]:
         print(table_line(row))

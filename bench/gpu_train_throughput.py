@@ -483,11 +483,13 @@ def main():
     print(f"GPU: {name}; peak bf16 {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s")
     print(f"model {a.model}: {n_params / 1e9:.3f}e9 parameters; AdamW at a constant lr "
           f"{OPTIM['lr']:g}; step 1 warms up, the median of steps 2-{a.steps} is reported")
-    shapes = {s: run_shape(a, s, cfg, mdir, peak) for s in a.shapes}
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(dict(gpu=name, peak=peak, model=a.model, params=n_params, optim=OPTIM,
-                       steps=a.steps, shapes=shapes), f, indent=1)
+    shapes = {}
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    for s in a.shapes:  # rewritten after each shape: a run cut off by a time limit keeps these
+        shapes[s] = run_shape(a, s, cfg, mdir, peak)
+        with open(a.out, "w") as f:
+            json.dump(dict(gpu=name, peak=peak, model=a.model, params=n_params, optim=OPTIM,
+                           steps=a.steps, shapes=shapes), f, indent=1)
     print(f"wrote {a.out}")
     return 0
 

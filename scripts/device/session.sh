@@ -26,6 +26,10 @@ info() {
   cmake --version | head -1
 }
 
+# Where a bench writes its JSON: beside the logs when $OUT is set, so that what a bench wrote
+# before a step limit cut it off still comes back (the benches rewrite their JSON as they go).
+results() { echo "${LOGDIR:-runs}/$1"; }
+
 ensure_env() { # the kit's exports (each step is its own process; setup.sh is idempotent)
   source scripts/device/setup.sh >/dev/null || true
 }
@@ -56,29 +60,18 @@ run_step() {
       return $rc ;;
     bench-small|bench-1b)
       ensure_env
-      local m=${1#bench-} rc
-      python3 bench/gpu_train_throughput.py --weft build/weft --model "$m" --out "runs/gpu_train_throughput_$m.json"
-      rc=$?
-      [ -n "$LOGDIR" ] && [ -f "runs/gpu_train_throughput_$m.json" ] && cp "runs/gpu_train_throughput_$m.json" "$LOGDIR/"
-      return $rc ;;
+      local m=${1#bench-}
+      python3 bench/gpu_train_throughput.py --weft build/weft --model "$m" --out "$(results "gpu_train_throughput_$m.json")" ;;
     attention) # the attention kernels alone against PyTorch's SDPA, on the 1B bench's shape
       ensure_env
       python3 bench/gpu_attention.py --build build --out runs/gpu_attention.json ;;
     generate) # weft generate against transformers generate and the bandwidth bound, 1B model
       ensure_env
-      local rc
-      python3 bench/gpu_generate_throughput.py --weft build/weft --json runs/gpu_generate_throughput.json
-      rc=$?
-      [ -n "$LOGDIR" ] && [ -f runs/gpu_generate_throughput.json ] && cp runs/gpu_generate_throughput.json "$LOGDIR/"
-      return $rc ;;
+      python3 bench/gpu_generate_throughput.py --weft build/weft --json "$(results gpu_generate_throughput.json)" ;;
     speculative) # MTP speculative decoding on vs off on the GPU (issue 19's table): trains the
       # small MTP model on the GPU first (its own cache), fewer prompts and repeats than the CPU's
       ensure_env
-      local rc
-      python3 bench/speculative_decoding.py --weft build/weft --device cuda --prompts 32 --repeats 2 --json runs/gpu_speculative_decoding.json
-      rc=$?
-      [ -n "$LOGDIR" ] && [ -f runs/gpu_speculative_decoding.json ] && cp runs/gpu_speculative_decoding.json "$LOGDIR/"
-      return $rc ;;
+      python3 bench/speculative_decoding.py --weft build/weft --device cuda --prompts 32 --repeats 2 --json "$(results gpu_speculative_decoding.json)" ;;
     profile) # weft's GPU time per op on the 1B step (no PyTorch run): where the step goes
       ensure_env
       python3 bench/gpu_train_throughput.py --weft build/weft --model 1b --steps 3 --profile --out runs/gpu_profile_1b.json ;;
@@ -103,7 +96,7 @@ for s in "${steps[@]}"; do
 done
 rows=()
 built_ok=1
-export -f run_step info ensure_env
+export -f run_step info ensure_env results
 export LOGDIR
 for s in "${steps[@]}"; do
   left=$((BUDGET - (SECONDS - START)))
