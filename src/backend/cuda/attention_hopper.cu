@@ -105,6 +105,30 @@ __global__ void __launch_bounds__(THREADS, 1)
 } // namespace fa3
 } // namespace
 
+#if !defined(WEFT_CUDA_EMULATION)
+// 1 in the module compiled for sm_90a, 0 in any other (sm_80's, or PTX JIT-compiled for a newer
+// GPU): the loaded module's copy says whether these kernels can run on this device.
+__device__ int hopper_instructions_compiled =
+#if defined(WEFT_SM90A)
+    1;
+#else
+    0;
+#endif
+#endif
+
+extern "C" weft_cuda_hopper_code weft_cuda_attention_hopper_code(void) {
+#if defined(WEFT_CUDA_EMULATION)
+    return WEFT_HOPPER_EMULATED;
+#else
+    int compiled = 0;
+    return cudaMemcpyFromSymbol(&compiled, hopper_instructions_compiled, sizeof compiled) ==
+                       cudaSuccess &&
+                   compiled == 1
+               ? WEFT_HOPPER_BUILT
+               : WEFT_HOPPER_ABSENT;
+#endif
+}
+
 extern "C" bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args *a) {
     return (a->D == 64 || a->D == 128) && a->Tq > 0 && a->Tkv > 0;
 }

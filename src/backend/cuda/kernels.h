@@ -98,6 +98,11 @@ void weft_cuda_attention_forward_simt(weft_cuda_stream s, const weft_cuda_attent
 // TMA descriptors. Its lse is the mma one's, so either backward follows either forward; its
 // backward needs the mma one's partials.
 bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args *a);
+// Whether this family can run here: the plugin holds its sm_90a code for the current device
+// (BUILT), or the emulator runs it (EMULATED: only where WEFT_CUDA_ATTENTION=hopper names it, as
+// the op test does, since emulating it costs CI several times the mma kernels' time).
+typedef enum { WEFT_HOPPER_ABSENT, WEFT_HOPPER_BUILT, WEFT_HOPPER_EMULATED } weft_cuda_hopper_code;
+weft_cuda_hopper_code weft_cuda_attention_hopper_code(void);
 bool weft_cuda_attention_forward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                         const void *q, const void *k, const void *v, void *out,
                                         float *lse);
