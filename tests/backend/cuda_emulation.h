@@ -28,9 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <setjmp.h>
+#include <time.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <functional>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -327,22 +330,53 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
     end_block_hopper(b);
 }
 
-// A kernel launch: every block of `grid`, one at a time, checking the kernel stays inside the
-// dynamic shared memory it was launched with (the bytes past it are a canary).
+// The order in which a launch's blocks run: a GPU promises none, so neither does the emulator. It
+// walks the blocks with a stride coprime to their count from an offset, both drawn per launch
+// from a seed that differs from process to process (WEFT_EMULATED_BLOCK_SEED fixes it; 0 runs
+// them in index order). A kernel whose result depends on the order, as float atomics adding
+// into one place do, then gives different bits in two runs of the same job, as on a GPU.
+struct block_order {
+    uint64_t stride, offset;
+};
+
+inline uint64_t next_random(uint64_t &state) { // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+inline block_order draw_block_order(uint64_t blocks) {
+    static uint64_t state = []() -> uint64_t {
+        const char *fixed = getenv("WEFT_EMULATED_BLOCK_SEED");
+        if (fixed && *fixed) return strtoull(fixed, nullptr, 10);
+        return ((uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)time(nullptr)) | 1;
+    }();
+    if (state == 0 || blocks < 2) return {1, 0};
+    uint64_t stride = 1 + next_random(state) % blocks, offset = next_random(state) % blocks;
+    while (std::gcd(stride, blocks) != 1) stride = stride % blocks + 1;
+    return {stride, offset};
+}
+
+// A kernel launch: every block of `grid`, one at a time (in block_order's order), checking the
+// kernel stays inside the dynamic shared memory it was launched with (the bytes past it are a
+// canary).
 inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
                      const std::function<void()> &kernel) {
     constexpr size_t CANARY = 4096;
     if (smem_bytes + CANARY > sizeof weft_dynamic_smem)
         fail("shared memory larger than the emulator's");
     g_grid_dim = grid;
-    for (unsigned y = 0; y < grid.y; y++)
-        for (unsigned x = 0; x < grid.x; x++) {
-            memset(weft_dynamic_smem, 0xA5, smem_bytes + CANARY);
-            run_block(make_uint3(x, y, 0), (int)threads, kernel);
-            for (size_t i = smem_bytes; i < smem_bytes + CANARY; i++)
-                if (weft_dynamic_smem[i] != 0xA5)
-                    fail("kernel wrote past its dynamic shared memory");
-        }
+    uint64_t blocks = (uint64_t)grid.x * grid.y;
+    block_order order = draw_block_order(blocks);
+    for (uint64_t i = 0; i < blocks; i++) {
+        uint64_t b = (order.offset + i * order.stride) % blocks;
+        memset(weft_dynamic_smem, 0xA5, smem_bytes + CANARY);
+        run_block(make_uint3((unsigned)(b % grid.x), (unsigned)(b / grid.x), 0), (int)threads,
+                  kernel);
+        for (size_t k = smem_bytes; k < smem_bytes + CANARY; k++)
+            if (weft_dynamic_smem[k] != 0xA5) fail("kernel wrote past its dynamic shared memory");
+    }
 }
 
 inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, std::function<void()> kernel) {
@@ -422,6 +456,7 @@ inline int atomicMax(int *p, int x) {
     *p = x > old ? x : old;
     return old;
 }
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 inline float __expf(float x) { return expf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 // ldmatrix and cp.async (attention_mma.cuh's wrappers call these under emulation); see

@@ -72,8 +72,10 @@ const bf16 NAN_BF16 = __ushort_as_bfloat16(0x7fff);
 
 // ------------------------------------------------------------------------- small kernels ----
 
-void test_embedding() {
-    int T = 37, C = 300, V = 11;
+// T past one 256-token tile and C past one pass of 8 columns a thread exercise the backward's
+// loops over both.
+void test_embedding(int T, int C) {
+    int V = 11;
     std::vector<int32_t> ids(T);
     for (int t = 0; t < T; t++) ids[t] = (t * 7) % V; // repeated ids: the backward adds up
     std::vector<bf16> table = random_bf16((size_t)V * C), dout = random_bf16((size_t)T * C);
@@ -87,8 +89,9 @@ void test_embedding() {
         }
     weft_cuda_embedding_forward(nullptr, ids.data(), table.data(), out.data(), T, C);
     weft_cuda_embedding_backward(nullptr, ids.data(), dout.data(), dtable.data(), T, C);
-    compare("embedding out", out, want_out, 0.0);
-    compare("embedding dtable +=", dtable, want_dtable, F32_TOL);
+    std::string shape = " (" + std::to_string(T) + "x" + std::to_string(C) + ")";
+    compare("embedding out" + shape, out, want_out, 0.0);
+    compare("embedding dtable +=" + shape, dtable, want_dtable, F32_TOL);
 }
 
 // Sizes come in pairs: a multiple of 8 (the kernels' 16-byte vector path) and not (one at a time).
@@ -104,8 +107,14 @@ void expect_path(const char *what, size_t n, int width) {
     failures += width != want;
 }
 
-void test_rmsnorm(int C) { // 3 column blocks of 70 rows; C not a multiple of the block
-    int T = 70;
+// The column reductions' partials: the scratch the backend gives them.
+std::vector<float> column_partials(int T, int C) {
+    return std::vector<float>(weft_cuda_column_partials_bytes(T, C) / sizeof(float), NAN);
+}
+
+// T = 70: 5 column blocks of 16 rows, the last partial; T = 8300: 489 blocks of 17 rows (past
+// the block count at which rows per block grow). C not a multiple of the block.
+void test_rmsnorm(int C, int T) {
     float eps = 1e-5f;
     std::vector<bf16> x = random_bf16((size_t)T * C), w = random_bf16(C, 0.5f, 1.5f);
     std::vector<bf16> dout = random_bf16((size_t)T * C), dx = random_bf16((size_t)T * C);
@@ -135,14 +144,14 @@ void test_rmsnorm(int C) { // 3 column blocks of 70 rows; C not a multiple of th
     weft_cuda_rmsnorm_forward(nullptr, x.data(), w.data(), eps, out.data(), rstd.data(), T, C);
     compare(sized("rmsnorm out", C), out, want_out, BF16_TOL);
     compare(sized("rmsnorm rstd", C), rstd, want_rstd, F32_TOL);
+    std::vector<float> partials = column_partials(T, C);
     weft_cuda_rmsnorm_backward(nullptr, x.data(), w.data(), rstd.data(), dout.data(), dx.data(),
-                               dw.data(), T, C);
-    compare(sized("rmsnorm dx +=", C), dx, want_dx, BF16_TOL);
-    compare(sized("rmsnorm dw +=", C), dw, want_dw, F32_TOL);
+                               dw.data(), T, C, partials.data());
+    compare(sized("rmsnorm dx +=", C) + " T " + std::to_string(T), dx, want_dx, BF16_TOL);
+    compare(sized("rmsnorm dw +=", C) + " T " + std::to_string(T), dw, want_dw, F32_TOL);
 }
 
-void test_bias(int C) {
-    int T = 70;
+void test_bias(int C, int T) {
     std::vector<bf16> x = random_bf16((size_t)T * C), bias = random_bf16(C);
     std::vector<bf16> dout = random_bf16((size_t)T * C);
     std::vector<float> dbias = random_f32(C);
@@ -154,9 +163,10 @@ void test_bias(int C) {
         }
     expect_path("bias", C, vector_width(C, x.data(), bias.data()));
     weft_cuda_bias_forward(nullptr, x.data(), bias.data(), T, C);
-    weft_cuda_bias_backward(nullptr, dout.data(), dbias.data(), T, C);
-    compare(sized("bias x +=", C), x, want_x, BF16_TOL);
-    compare(sized("bias dbias +=", C), dbias, want_dbias, F32_TOL);
+    std::vector<float> partials = column_partials(T, C);
+    weft_cuda_bias_backward(nullptr, dout.data(), dbias.data(), T, C, partials.data());
+    compare(sized("bias x +=", C) + " T " + std::to_string(T), x, want_x, BF16_TOL);
+    compare(sized("bias dbias +=", C) + " T " + std::to_string(T), dbias, want_dbias, F32_TOL);
 }
 
 // RoPE from a frequency table: plain RoPE's, and an irregular one scaled by a YaRN-style factor.
@@ -225,10 +235,11 @@ void test_small_arithmetic(size_t N) { // ragged last blocks
     }
     expect_path("add_bf16", N, vector_width(N, y.data(), x.data()));
     weft_cuda_add_bf16(nullptr, y.data(), x.data(), N);
-    weft_cuda_sum_f32(nullptr, f.data(), N, false, 1.0, false, &got[0]);
-    weft_cuda_sum_f32(nullptr, f.data(), N, true, 1.0, false, &got[1]);
+    std::vector<double> partials(WEFT_CUDA_SUM_PARTIALS, NAN);
+    weft_cuda_sum_f32(nullptr, f.data(), N, false, 1.0, false, &got[0], partials.data());
+    weft_cuda_sum_f32(nullptr, f.data(), N, true, 1.0, false, &got[1], partials.data());
     std::vector<double> acc(1, 0.5), want_acc(1, 0.5 - 2.0 * sums[0]);
-    weft_cuda_sum_f32(nullptr, f.data(), N, false, -2.0, true, &acc[0]); // accumulates
+    weft_cuda_sum_f32(nullptr, f.data(), N, false, -2.0, true, &acc[0], partials.data());
     compare(sized("sum_f32 accumulated, scaled", N), acc, want_acc, 1e-12);
     weft_cuda_scale_f32(nullptr, f.data(), 0.37f, N);
     compare(sized("add_bf16 y +=", N), y, want_y, BF16_TOL);
@@ -708,11 +719,14 @@ void test_paged_attention(const paged_case &c, int split_keys, const char *note 
 } // namespace
 
 int main() {
-    test_embedding();
+    test_embedding(37, 300);
+    test_embedding(600, 2100);
     for (int C : {2056, 300}) { // a thread loops twice over 16-byte vectors at 2056
-        test_rmsnorm(C);
-        test_bias(C);
+        test_rmsnorm(C, 70);
+        test_bias(C, 70);
     }
+    test_rmsnorm(300, 8300);
+    test_bias(300, 8300);
     test_rope();
     for (size_t N : {1000, 1001}) test_swiglu(N);
     for (size_t N : {70000, 70001}) test_small_arithmetic(N);

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "backend/cuda/kernels.h"
+
 typedef __nv_bfloat16 bf16;
 
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
@@ -19,7 +21,8 @@ __device__ __forceinline__ size_t global_stride() { return (size_t)gridDim.x * b
 // few enough that each thread loops when N is large.
 static inline unsigned grid_for(size_t N) {
     size_t blocks = (N + 255) / 256;
-    return (unsigned)(blocks < 8192 ? blocks : 8192);
+    size_t most = WEFT_CUDA_SUM_PARTIALS; // sum_f32's partials hold one per block
+    return (unsigned)(blocks < most ? blocks : most);
 }
 
 // VEC consecutive bf16 as floats. Bandwidth-bound kernels move 8 at a time (one 16-byte access):
@@ -70,6 +73,17 @@ static inline int vector_width(size_t count, const void *a, const void *b = NULL
 template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// Bit i set where lane i's predicate holds, in every lane (the emulator builds it from shuffles).
+__device__ __forceinline__ unsigned warp_ballot(int predicate) {
+#if defined(WEFT_CUDA_EMULATION)
+    unsigned mask = predicate ? 1u << (threadIdx.x & 31) : 0u;
+    for (int o = 16; o > 0; o >>= 1) mask |= __shfl_xor_sync(0xffffffffu, mask, o);
+    return mask;
+#else
+    return __ballot_sync(0xffffffffu, predicate);
+#endif
 }
 
 template <typename T> __device__ __forceinline__ T warp_max(T v) {

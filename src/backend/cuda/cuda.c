@@ -32,6 +32,7 @@ typedef struct cuda_state {
     cublasLtHandle_t lt;
     void *workspace;
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
+    double *sum_partials;        // their blocks' sums (WEFT_CUDA_SUM_PARTIALS)
     float *scratch;              // attention's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
     bool attention_hopper;       // and on TMA and wgmma (WEFT_CUDA_ATTENTION=hopper)
@@ -331,7 +332,8 @@ static void cuda_rmsnorm_forward(weft_backend *self, const void *x, const void *
 static void cuda_rmsnorm_backward(weft_backend *self, const void *x, const void *w,
                                   const float *rstd, const void *dout, void *dx, float *dw, int T,
                                   int C) {
-    weft_cuda_rmsnorm_backward(STREAM(self), x, w, rstd, dout, dx, dw, T, C);
+    float *partials = scratch(self, weft_cuda_column_partials_bytes(T, C));
+    weft_cuda_rmsnorm_backward(STREAM(self), x, w, rstd, dout, dx, dw, T, C, partials);
     launched(self, "rmsnorm_backward");
 }
 
@@ -341,7 +343,8 @@ static void cuda_bias_forward(weft_backend *self, void *x, const void *bias, int
 }
 
 static void cuda_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
-    weft_cuda_bias_backward(STREAM(self), dout, dbias, T, C);
+    float *partials = scratch(self, weft_cuda_column_partials_bytes(T, C));
+    weft_cuda_bias_backward(STREAM(self), dout, dbias, T, C, partials);
     launched(self, "bias_backward");
 }
 
@@ -508,13 +511,13 @@ static void cuda_logits_backward(weft_backend *self, void *logits, const int32_t
 
 static void cuda_accumulate_f32(weft_backend *self, const float *x, size_t N, bool squares,
                                 double scale, double *acc) {
-    weft_cuda_sum_f32(STREAM(self), x, N, squares, scale, true, acc);
+    weft_cuda_sum_f32(STREAM(self), x, N, squares, scale, true, acc, state(self)->sum_partials);
     launched(self, "accumulate_f32");
 }
 
 static double reduce_f32(weft_backend *self, const float *x, size_t N, bool squares) {
     cuda_state *st = state(self);
-    weft_cuda_sum_f32(STREAM(self), x, N, squares, 1.0, false, st->sum_result);
+    weft_cuda_sum_f32(STREAM(self), x, N, squares, 1.0, false, st->sum_result, st->sum_partials);
     launched(self, "sum_f32");
     double result;
     cuda_to_host(self, &result, st->sum_result, sizeof result);
@@ -628,6 +631,7 @@ static void cuda_destroy(weft_backend *self) {
     for (int i = 0; i < MATMUL_CACHE; i++) destroy_plan(&st->plans[i]);
     cudaFree(st->scratch);
     cudaFree(st->sum_result);
+    cudaFree(st->sum_partials);
     cudaFree(st->workspace);
     cublasLtDestroy(st->lt);
     cudaStreamDestroy(st->stream);
@@ -687,6 +691,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     LT_CHECK(cublasLtCreate(&st->lt));
     CUDA_CHECK(cudaMalloc(&st->workspace, WORKSPACE_BYTES));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
+    CUDA_CHECK(cudaMalloc((void **)&st->sum_partials, sizeof(double) * WEFT_CUDA_SUM_PARTIALS));
     attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper);
     st->profile = weft_cuda_profile_create(st->stream);
 

@@ -18,6 +18,8 @@ enum { WEFT_CUDA_MAX_HEAD_DIM = 128 };
 // out (T, C) bf16 = table[ids] ; dtable (V, C) f32 += rows of dout (T, C) bf16
 void weft_cuda_embedding_forward(weft_cuda_stream s, const int32_t *ids, const void *table,
                                  void *out, int T, int C);
+// (the backward adds each table row's occurrences in token order, without atomics: the same bits
+// on every run)
 void weft_cuda_embedding_backward(weft_cuda_stream s, const int32_t *ids, const void *dout,
                                   float *dtable, int T, int C);
 
@@ -27,11 +29,15 @@ void weft_cuda_rmsnorm_forward(weft_cuda_stream s, const void *x, const void *w,
                                void *out, float *rstd, int T, int C);
 void weft_cuda_rmsnorm_backward(weft_cuda_stream s, const void *x, const void *w,
                                 const float *rstd, const void *dout, void *dx, float *dw, int T,
-                                int C);
+                                int C, float *partials);
 
 // x (T, C) bf16 += bias (C) bf16 ; dbias (C) f32 += column sums of dout (T, C) bf16
 void weft_cuda_bias_forward(weft_cuda_stream s, void *x, const void *bias, int T, int C);
-void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias, int T, int C);
+void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias, int T, int C,
+                             float *partials);
+// The device scratch the column reductions above (rmsnorm's dw, the bias's db) take: per-block
+// sums added in block order, with no atomics, so the gradients are the same bits on every run.
+size_t weft_cuda_column_partials_bytes(int T, int C);
 
 // Rotates pairs (i, i + D/2) of x (T, H, D) bf16 in place by sign * pos * inv_freq[i] (inv_freq
 // (D/2) f32 on the device) and scales both by scale.
@@ -48,9 +54,11 @@ void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void 
 void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N);
 void weft_cuda_scale_f32(weft_cuda_stream s, float *x, float scale, size_t N);
 // *result (device double) = sum of x, or of x squared, times scale; with accumulate it is added
-// to *result instead.
+// to *result instead. partials: WEFT_CUDA_SUM_PARTIALS doubles of device scratch (the blocks'
+// sums, added in a fixed order: the result is the same bits on every run).
+enum { WEFT_CUDA_SUM_PARTIALS = 8192 };
 void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, bool squares, double scale,
-                       bool accumulate, double *result);
+                       bool accumulate, double *result, double *partials);
 
 // AdamW over N elements with fp32 state; with master != NULL the fp32 master is updated and
 // param (bf16) is its rounding, else param is the fp32 tensor itself.
