@@ -38,7 +38,14 @@ run_step() {
   case $1 in
     build) info; bash scripts/device/build.sh ;;
     ops) ensure_env; ./build/tests/backend_test_cuda_ops_match_cpu build/weft ;;
-    parity) ensure_env; PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 tests/backend/test_cuda_matches_cpu_backend.py --weft build/weft ;;
+    parity) # device=cuda against device=cpu, and against itself: two runs of one job, every bit equal
+      ensure_env
+      local t rc=0
+      for t in tests/backend/test_cuda_matches_cpu_backend.py \
+               tests/backend/test_cuda_training_repeats_bit_for_bit.py; do
+        PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 "$t" --weft build/weft || rc=1
+      done
+      return $rc ;;
     rollout) # generation on the GPU: decode steps replayed from CUDA graphs equal launching every
       # kernel, and generated log-probs equal the trainer's (device draws, speculation included)
       ensure_env
