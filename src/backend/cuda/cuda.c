@@ -35,7 +35,8 @@ typedef struct cuda_state {
     double *sum_partials;        // their blocks' sums (WEFT_CUDA_SUM_PARTIALS)
     float *scratch;              // attention's delta and partials, grown on demand
     bool attention_mma;          // tensor-core attention where the head_dim allows it
-    bool attention_hopper;       // and on TMA and wgmma (WEFT_CUDA_ATTENTION=hopper)
+    bool attention_hopper;       // and on TMA and wgmma (the default on sm_90a)
+    bool attention_hopper_named; // by WEFT_CUDA_ATTENTION=hopper
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
@@ -384,16 +385,26 @@ static bool attention_on_tensor_cores(weft_backend *self, int D, const void *con
     return true;
 }
 
-// The hopper kernels were asked for by name: a refusal is an error, not a quiet fall-back that
-// benchmarks the mma kernels under the hopper label.
-static void hopper_launched(weft_backend *self, bool ok, bool backward,
+// Whether the hopper kernels ran (ok: the driver took their TMA descriptors). Asked for by name, a
+// refusal is an error, not a quiet fall-back that benchmarks the mma kernels under the hopper
+// label; as the default, the job says so once and goes on with the mma kernels.
+static bool hopper_launched(weft_backend *self, bool ok, bool backward,
                             const weft_cuda_attention_args *a) {
-    WEFT_CHECK(ok,
+    cuda_state *st = state(self);
+    WEFT_CHECK(ok || !st->attention_hopper_named,
                "WEFT_CUDA_ATTENTION=hopper: the CUDA driver refused the TMA descriptors of the "
                "attention %s (heads %d, kv heads %d, head_dim %d); update the driver (CUDA 12 or "
                "newer) or use WEFT_CUDA_ATTENTION=mma",
                backward ? "backward" : "forward", a->H, a->KV, a->D);
+    if (!ok) {
+        fprintf(stderr, "weft: warning: the CUDA driver refused the Hopper attention kernels' TMA "
+                        "descriptors; attention runs on the mma.sync kernels (update the driver "
+                        "to CUDA 12 or newer for the faster ones)\n");
+        st->attention_hopper = false;
+        return false;
+    }
     launched(self, backward ? "attention_backward (hopper)" : "attention_forward (hopper)");
+    return true;
 }
 
 static void cuda_attention_forward(weft_backend *self, const void *q, const void *k, const void *v,
@@ -403,12 +414,11 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     const void *tensors[] = {q, k, v, out};
     bool mma = attention_on_tensor_cores(self, D, tensors, 4);
-    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a)) {
+    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a) &&
         hopper_launched(self,
                         weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
-                        false, &a);
+                        false, &a))
         return;
-    }
     if (mma)
         weft_cuda_attention_forward_mma(STREAM(self), &a, q, k, v, out, lse);
     else
@@ -429,14 +439,13 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     size_t partial_bytes = mma ? weft_cuda_attention_partials_bytes(&a) : 0;
     float *delta = scratch(self, sizeof(float) * delta_floats + partial_bytes);
     weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
-    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a)) {
+    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a) &&
         hopper_launched(self,
                         weft_cuda_attention_backward_hopper(STREAM(self), &a, q, k, v, lse, dout,
                                                             delta, dq, dk, dv,
                                                             delta + delta_floats),
-                        true, &a);
+                        true, &a))
         return;
-    }
     if (mma)
         weft_cuda_attention_backward_mma(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv,
                                          delta + delta_floats);
@@ -644,7 +653,7 @@ static void cuda_destroy(weft_backend *self) {
 // the mma one's, forward+backward 1.2-1.8x, at 4K-32K tokens; mma, the tensor-core kernels of
 // compute capability 8.0 and up, the default elsewhere and the reference; simt, fp32, to compare
 // against.
-static void attention_kernel_choice(int device, bool *mma, bool *hopper) {
+static void attention_kernel_choice(int device, bool *mma, bool *hopper, bool *named) {
     int major = weft_cuda_compute_capability(device) / 10;
     weft_cuda_hopper_code code = major == 9 ? weft_cuda_attention_hopper_code() : WEFT_HOPPER_ABSENT;
     bool built = code == WEFT_HOPPER_BUILT;
@@ -665,6 +674,7 @@ static void attention_kernel_choice(int device, bool *mma, bool *hopper) {
                "code; rebuild with CMAKE_CUDA_ARCHITECTURES including 90a, or use mma");
     *mma = strcmp(choice, "simt") != 0;
     *hopper = !strcmp(choice, "hopper");
+    *named = *hopper && getenv("WEFT_CUDA_ATTENTION") != NULL;
 }
 
 int weft_cuda_device_count(void) {
@@ -692,7 +702,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     CUDA_CHECK(cudaMalloc(&st->workspace, WORKSPACE_BYTES));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_partials, sizeof(double) * WEFT_CUDA_SUM_PARTIALS));
-    attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper);
+    attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper,
+                            &st->attention_hopper_named);
     st->profile = weft_cuda_profile_create(st->stream);
 
     weft_backend *b = weft_alloc(sizeof *b);
