@@ -10,9 +10,10 @@ throughput benchmark (bench/gpu_train_throughput.py: 4096 packed tokens in docum
 and 128 (ten shapes), 32 query heads on 4 kv heads; --docs gives one set instead, --head-dim
 other head dims.
 
-weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "weft" is the
-default mma.sync kernels, "hopper" (on compute capability 9.x) the forward and backward on
-TMA and wgmma (src/backend/cuda/attention_hopper*.cu); --families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
+weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "weft mma" is the
+mma.sync kernels, "weft hopper" (on compute capability 9.x; weft's default there) the forward
+and backward on TMA and wgmma (src/backend/cuda/attention_hopper*.cu); --families picks others
+(simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
 on bf16 tensors, as the throughput benchmark's peer does, once restricted to each backend with
 torch.nn.attention.sdpa_kernel: flash (SDPBackend.FLASH_ATTENTION) and cuDNN
 (SDPBackend.CUDNN_ATTENTION). A backend that rejects enable_gqa is run on keys and values
@@ -125,17 +126,19 @@ def default_families():
 
 
 def weft_name(family):
-    return "weft" if family == "mma" else family
+    """A family's row label: weft's default is hopper on sm_90a and mma elsewhere, so neither is
+    plain "weft"."""
+    return f"weft {family}"
 
 
 def print_rows(results, fwd_flops):
     for who, r in results.items():
         if "unavailable" in r:
-            print(f"  {who:>6}: unavailable: {r['unavailable']}")  # compared with the others
+            print(f"  {who:>11}: unavailable: {r['unavailable']}")  # compared with the others
             continue
         f, fb = r["forward_ms"], r["forward_backward_ms"]
         note = "  (kv expanded)" if r.get("kv") == "expanded" else ""
-        print(f"  {who:>6}: forward {f:8.3f} ms ({fwd_flops / f / 1e9:6.1f} TFLOP/s)   "
+        print(f"  {who:>11}: forward {f:8.3f} ms ({fwd_flops / f / 1e9:6.1f} TFLOP/s)   "
               f"forward+backward {fb:8.3f} ms ({3 * fwd_flops / fb / 1e9:6.1f} TFLOP/s){note}")
 
 
