@@ -169,6 +169,57 @@ void test_bias(int C, int T) {
     compare(sized("bias dbias +=", C) + " T " + std::to_string(T), dbias, want_dbias, F32_TOL);
 }
 
+// The reductions across blocks (embedding, RMSNorm weight and bias gradients, sum_f32) give the
+// same bits when launched again: the emulator draws each launch's block order anew, as a GPU
+// runs blocks in no promised order. Rows are scaled by 2^-(t % 20), so that fp32 sums in another
+// order round differently (sums of a few bf16 values of one magnitude are exact in any order).
+std::vector<bf16> rows_of_many_magnitudes(int T, int C) {
+    std::vector<bf16> x = random_bf16((size_t)T * C);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            bf16 &e = x[(size_t)t * C + c];
+            e = __float2bfloat16_rn(__bfloat162float(e) * ldexpf(1.0f, -(t % 20)));
+        }
+    return x;
+}
+
+template <typename T> void expect_same_bits(const char *what, const std::vector<T> &a,
+                                            const std::vector<T> &b) {
+    bool same = a.size() == b.size() && memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0;
+    printf("%-76s %s\n", (std::string(what) + ": same bits launched again").c_str(),
+           same ? "ok" : "FAIL");
+    failures += !same;
+}
+
+void test_reductions_repeat_bit_for_bit() {
+    int T = 8300, C = 64, V = 3; // about 2,800 occurrences of each id; 489 column blocks
+    std::vector<int32_t> ids(T);
+    for (int t = 0; t < T; t++) ids[t] = (t * 7) % V;
+    std::vector<bf16> dout = rows_of_many_magnitudes(T, C), x = random_bf16((size_t)T * C);
+    std::vector<bf16> w = random_bf16(C, 0.5f, 1.5f), dx0 = random_bf16((size_t)T * C);
+    std::vector<float> rstd = random_f32(T, 0.5f, 2.0f), partials = column_partials(T, C);
+    std::vector<float> table0 = random_f32((size_t)V * C), grad0 = random_f32(C);
+    std::vector<double> sum_partials(WEFT_CUDA_SUM_PARTIALS);
+    std::vector<float> f((size_t)T * C);
+    for (size_t i = 0; i < f.size(); i++) f[i] = __bfloat162float(dout[i]);
+    std::vector<float> table[2], dw[2], db[2];
+    std::vector<double> sums[2];
+    for (int run = 0; run < 2; run++) {
+        std::vector<bf16> dx = dx0;
+        table[run] = table0, dw[run] = grad0, db[run] = grad0, sums[run] = {0.25};
+        weft_cuda_embedding_backward(nullptr, ids.data(), dout.data(), table[run].data(), T, C);
+        weft_cuda_rmsnorm_backward(nullptr, x.data(), w.data(), rstd.data(), dout.data(),
+                                   dx.data(), dw[run].data(), T, C, partials.data());
+        weft_cuda_bias_backward(nullptr, dout.data(), db[run].data(), T, C, partials.data());
+        weft_cuda_sum_f32(nullptr, f.data(), f.size(), true, 1.0, true, sums[run].data(),
+                          sum_partials.data());
+    }
+    expect_same_bits("embedding dtable", table[0], table[1]);
+    expect_same_bits("rmsnorm dw", dw[0], dw[1]);
+    expect_same_bits("bias dbias", db[0], db[1]);
+    expect_same_bits("sum_f32 of squares", sums[0], sums[1]);
+}
+
 // RoPE from a frequency table: plain RoPE's, and an irregular one scaled by a YaRN-style factor.
 void test_rope() {
     int T = 9, H = 3, D = 64;
@@ -727,6 +778,7 @@ int main() {
     }
     test_rmsnorm(300, 8300);
     test_bias(300, 8300);
+    test_reductions_repeat_bit_for_bit();
     test_rope();
     for (size_t N : {1000, 1001}) test_swiglu(N);
     for (size_t N : {70000, 70001}) test_small_arithmetic(N);
