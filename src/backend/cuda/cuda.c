@@ -657,8 +657,9 @@ static void attention_kernel_choice(int device, bool *mma, bool *hopper, bool *n
     int major = weft_cuda_compute_capability(device) / 10;
     weft_cuda_hopper_code code = major == 9 ? weft_cuda_attention_hopper_code() : WEFT_HOPPER_ABSENT;
     bool built = code == WEFT_HOPPER_BUILT;
-    const char *choice = getenv("WEFT_CUDA_ATTENTION");
-    if (!choice || !*choice) choice = built ? "hopper" : major >= 8 ? "mma" : "simt";
+    const char *env = getenv("WEFT_CUDA_ATTENTION");
+    bool from_env = env && *env;
+    const char *choice = from_env ? env : built ? "hopper" : major >= 8 ? "mma" : "simt";
     WEFT_CHECK(!strcmp(choice, "mma") || !strcmp(choice, "simt") || !strcmp(choice, "hopper"),
                "WEFT_CUDA_ATTENTION=%s: expected mma, simt or hopper", choice);
     WEFT_CHECK(!strcmp(choice, "simt") || major >= 8,
@@ -674,7 +675,7 @@ static void attention_kernel_choice(int device, bool *mma, bool *hopper, bool *n
                "code; rebuild with CMAKE_CUDA_ARCHITECTURES including 90a, or use mma");
     *mma = strcmp(choice, "simt") != 0;
     *hopper = !strcmp(choice, "hopper");
-    *named = *hopper && getenv("WEFT_CUDA_ATTENTION") != NULL;
+    *named = *hopper && from_env;
 }
 
 int weft_cuda_device_count(void) {
