@@ -30,6 +30,15 @@ info() {
 # before a step limit cut it off still comes back (the benches rewrite their JSON as they go).
 results() { echo "${LOGDIR:-runs}/$1"; }
 
+# Runs each Python test on build/weft; fails if any failed, after running them all.
+py_tests() {
+  local t rc=0
+  for t in "$@"; do
+    PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 "$t" --weft build/weft || rc=1
+  done
+  return $rc
+}
+
 ensure_env() { # the kit's exports (each step is its own process; setup.sh is idempotent)
   source scripts/device/setup.sh >/dev/null || true
 }
@@ -40,38 +49,26 @@ run_step() {
     ops) ensure_env; ./build/tests/backend_test_cuda_ops_match_cpu build/weft ;;
     parity) # device=cuda against device=cpu, and against itself: two runs of one job, every bit equal
       ensure_env
-      local t rc=0
-      for t in tests/backend/test_cuda_matches_cpu_backend.py \
-               tests/backend/test_cuda_training_repeats_bit_for_bit.py; do
-        PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 "$t" --weft build/weft || rc=1
-      done
-      return $rc ;;
+      py_tests tests/backend/test_cuda_matches_cpu_backend.py \
+               tests/backend/test_cuda_training_repeats_bit_for_bit.py ;;
     rollout) # generation on the GPU: decode steps replayed from CUDA graphs equal launching every
       # kernel, and generated log-probs equal the trainer's (device draws, speculation included)
       ensure_env
-      local t rc=0
-      for t in tests/rollout/test_graph_replayed_decode_equals_kernel_by_kernel.py \
-               tests/rollout/test_generated_logprobs_equal_trainer_logprobs.py; do
-        PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 "$t" --weft build/weft || rc=1
-      done
-      return $rc ;;
+      py_tests tests/rollout/test_graph_replayed_decode_equals_kernel_by_kernel.py \
+               tests/rollout/test_generated_logprobs_equal_trainer_logprobs.py ;;
     rl) # the RL loop on the GPU: rollout/trainer log-prob mismatch, the trainer's memory
       # offloaded during rollout (pinned host copies, exact byte accounting), TIS weights
       ensure_env
-      local t rc=0
-      for t in tests/rl/test_rl_rollout_logprobs_equal_trainer_logprobs.py \
+      py_tests tests/rl/test_rl_rollout_logprobs_equal_trainer_logprobs.py \
                tests/rl/test_rl_offload_frees_training_state_during_rollout.py \
-               tests/rl/test_rl_truncated_importance_sampling_weighs_the_mismatch.py; do
-        PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 "$t" --weft build/weft || rc=1
-      done
-      return $rc ;;
+               tests/rl/test_rl_truncated_importance_sampling_weighs_the_mismatch.py ;;
     bench-small|bench-1b)
       ensure_env
       local m=${1#bench-}
       python3 bench/gpu_train_throughput.py --weft build/weft --model "$m" --out "$(results "gpu_train_throughput_$m.json")" ;;
     attention) # the attention kernels alone against PyTorch's SDPA, on the 1B bench's shape
       ensure_env
-      python3 bench/gpu_attention.py --build build --out runs/gpu_attention.json ;;
+      python3 bench/gpu_attention.py --build build --out "$(results gpu_attention.json)" ;;
     generate) # weft generate against transformers generate and the bandwidth bound, 1B model;
       # a transformers run past 90 s (the static cache compiling at batch 256 was, on an H100) is
       # reported unavailable, so the step ends inside its limit with its table printed
@@ -105,7 +102,7 @@ for s in "${steps[@]}"; do
 done
 rows=()
 built_ok=1
-export -f run_step info ensure_env results
+export -f run_step info ensure_env results py_tests
 export LOGDIR
 for s in "${steps[@]}"; do
   left=$((BUDGET - (SECONDS - START)))
