@@ -17,9 +17,10 @@ namespace fa3 {
 constexpr int KEYS = 128; // keys per tile of the forward
 
 // A consumer warpgroup of the forward, run by run_pipeline: its 64 query rows against every key
-// tile the block walks (all of them, masked: skipping the tiles only the other warpgroup's rows
-// see would put the wgmma under a branch, which ptxas answers by serializing them). Tile j's
-// softmax runs while the previous tile's P V is on the tensor cores.
+// tile the block walks (all of them: skipping the tiles only the other warpgroup's rows see
+// would put the wgmma under a branch, which ptxas answers by serializing them; the elementwise
+// mask is skipped instead, under a branch of its own, where every row sees the whole tile).
+// Tile j's softmax runs while the previous tile's P V is on the tensor cores.
 template <int D> struct consumer {
     using B = query_block<D, KEYS, 1>;
     using L = typename B::L;
@@ -48,8 +49,8 @@ template <int D> struct consumer {
     }
     __device__ __forceinline__ void elementwise(int j, tile &t) {
         hopper::fence_registers<KEYS>(t.s);
-        mask_scores<NT>(t.s, b.key_lo + j * KEYS, lo, hi, scale_log2);
-        softmax_probabilities<NT>(t.s, m, l, t.corr);
+        mask_scores<1, NT>(&t.s, b.key_lo + j * KEYS, &lo, &hi);
+        softmax_probabilities<NT>(t.s, m, l, t.corr, scale_log2);
     }
     // No P V in flight: o rescaled for the tile, whose probabilities become p.
     __device__ __forceinline__ void take(const tile &t) {

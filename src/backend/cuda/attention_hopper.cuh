@@ -73,11 +73,12 @@ template <int D, int N>
 __device__ __forceinline__ void issue_a_bt(float (*acc)[4], const unsigned char *a, size_t a_atom,
                                            const unsigned char *b, size_t b_atom) {
     hopper::wgmma_fence();
+    uint64_t a0 = hopper::smem_descriptor(a, 16, SBO), b0 = hopper::smem_descriptor(b, 16, SBO);
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) { // 16 columns of head_dim: 32 bytes of a 128-byte row
-        size_t offset = (ks % 4) * 32;
-        uint64_t da = hopper::smem_descriptor(a + (ks / 4) * a_atom + offset, 16, SBO);
-        uint64_t db = hopper::smem_descriptor(b + (ks / 4) * b_atom + offset, 16, SBO);
+        uint32_t offset = (ks % 4) * 32;
+        uint64_t da = hopper::descriptor_plus(a0, (uint32_t)((ks / 4) * a_atom) + offset);
+        uint64_t db = hopper::descriptor_plus(b0, (uint32_t)((ks / 4) * b_atom) + offset);
         hopper::wgmma_ss<N>(acc, da, db, ks > 0);
     }
 }
@@ -89,10 +90,10 @@ template <int K, int N>
 __device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4],
                                           const unsigned char *b, size_t b_atom) {
     hopper::wgmma_fence();
+    uint64_t b0 = hopper::smem_descriptor(b, (uint32_t)b_atom, SBO);
 #pragma unroll
     for (int kc = 0; kc < K / 16; kc++) { // rows kc·16 .. + 15 of B: two 8-row groups
-        uint64_t db = hopper::smem_descriptor(b + kc * 16 * hopper::ATOM_ROW_BYTES,
-                                              (uint32_t)b_atom, SBO);
+        uint64_t db = hopper::descriptor_plus(b0, kc * 16 * hopper::ATOM_ROW_BYTES);
         hopper::wgmma_rs<N>(acc, a[kc], db, 1);
     }
 }
@@ -212,7 +213,7 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
         bar = {bars, bars + 1, bars + 1 + STAGES};
         row_lo = reinterpret_cast<int *>(smem + L::RANGES);
         row_hi = row_lo + ROWS;
-        r0 = blockIdx.x * ROWS, h = blockIdx.y, kvh = h / (a.H / a.KV);
+        r0 = query_tile_of_block() * ROWS, h = blockIdx.y, kvh = h / (a.H / a.KV);
         if (threadIdx.x == 0) init_barriers(bar, 1, CONSUMERS);
         if (threadIdx.x < ROWS)
             row_key_range(a, r0 + threadIdx.x, &row_lo[threadIdx.x], &row_hi[threadIdx.x]);

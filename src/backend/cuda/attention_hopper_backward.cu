@@ -58,8 +58,8 @@ template <int D> struct dq_consumer {
     __device__ __forceinline__ void elementwise(int j, tile &t) {
         hopper::fence_registers<DQ_KEYS>(t.s);
         hopper::fence_registers<DQ_KEYS>(t.dp);
-        mask_scores<NT>(t.s, b.key_lo + j * DQ_KEYS, lo, hi, scale_log2);
-        scores_to_ds<NT>(t.s, t.dp, lse, delta);
+        mask_scores<1, NT>(&t.s, b.key_lo + j * DQ_KEYS, &lo, &hi);
+        scores_to_ds<NT>(t.s, t.dp, lse, delta, scale_log2);
     }
     __device__ __forceinline__ void take(const tile &t) {
 #pragma unroll
@@ -181,6 +181,7 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
             m.rows.lse[at] = row ? lse[(size_t)b.h * a.Tq + i] * LOG2E : 0.0f;
             m.rows.delta[at] = row ? delta[(size_t)b.h * a.Tq + i] : 0.0f;
         }
+        step_common_keys<STEP, 2>(m.rows, lo, hi);
         // Every lane arrives once its share of meta is written; lane 0 with the tiles' bytes.
         if (lane == 0 && !end) {
             hopper::mbar_arrive_expect_tx(&b.bar.full[s], 2 * STEP * D * sizeof(bf16));
@@ -195,8 +196,8 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
 }
 
 // A consumer warpgroup of the dK/dV kernel, run by run_pipeline: its 64 keys against every step
-// the producer announces (all masked; see the forward's consumer for why nothing is skipped under
-// a branch); step n's P^T and dS^T are computed while the previous step's dV += P^T dO and
+// the producer announces (all of them; see the forward's consumer for why no product is skipped
+// under a branch; the mask is, where every row of the step sees all the keys); step n's P^T and dS^T are computed while the previous step's dV += P^T dO and
 // dK += dS^T Q run (at head_dim 64; one step at a time at 128).
 template <int D> struct dkdv_consumer {
     using L = dkdv_layout<D>;

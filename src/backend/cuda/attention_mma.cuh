@@ -28,6 +28,8 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
+#include <float.h>
+
 #include <limits.h>
 #include <math.h>
 
@@ -187,8 +189,8 @@ __device__ void stage_rows(bf16 *dst, const bf16 *src, size_t src_ld, int r0, in
 }
 
 // How many m-tiles (16 rows of the A operand) each warp of every kernel owns, by head_dim / 16:
-// two where the registers allow it without spilling (ptxas -v: 255 or fewer at head_dim 64 for
-// all three kernels), one otherwise.
+// two where the registers allow it (ptxas -v: 255 or fewer at head_dim 64 for all three kernels;
+// sm_80's forward spills one register, stored and loaded outside its key loop), one otherwise.
 __host__ __device__ constexpr int m_tiles(int DK) { return DK <= 4 ? 2 : 1; }
 // Query rows per forward / dQ block, keys per dK/dV block.
 __host__ __device__ constexpr int block_rows(int DK) { return WARPS * 16 * m_tiles(DK); }
@@ -219,19 +221,56 @@ __device__ void block_key_ranges(const weft_cuda_attention_args &a, int r0, int 
     }
 }
 
-// Scales a score tile (16 x 8·NT, keys from j0) into log2 units and masks it: the thread's rows
-// g and g+8 see keys [lo[0], hi[0]) and [lo[1], hi[1]).
+// The elementwise work between the products is what bounds these kernels, not the tensor cores:
+// one instruction issued per cycle per warp scheduler must cover the masking, the softmax and
+// the conversions of every score. So the tiles inside every row's key range skip the mask, the
+// scale rides in the exponent's FFMA, and the exponential is the special function unit's alone.
+
+// 2^x on the special function unit (ex2.approx.ftz: relative error about 2^-22, results below
+// 2^-126 flushed to zero, exp2(-inf) = 0), without the instructions exp2f adds at every call to
+// get subnormal results right: probabilities that small vanish in the row's sum anyway.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(WEFT_CUDA_EMULATION)
+    float y = exp2f(x);
+    return y < FLT_MIN ? 0.0f : y;
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+// Whether this thread's rows g and g + 8 (keys [lo[r], hi[r])) both see every key of [j0, j0 + keys).
+__device__ __forceinline__ bool rows_see_all(int j0, int keys, const int lo[2], const int hi[2]) {
+    return lo[0] <= j0 && j0 + keys <= hi[0] && lo[1] <= j0 && j0 + keys <= hi[1];
+}
+
+// Sets the scores of a tile (16 x 8·NT, keys from j0) that the thread's rows g and g + 8 do not
+// see (outside [lo[0], hi[0]) and [lo[1], hi[1])) to -inf.
 template <int NT>
-__device__ __forceinline__ void mask_scores(float (*s)[4], int j0, const int lo[2],
-                                            const int hi[2], float scale_log2) {
-    int t = threadIdx.x & 3;
+__device__ __forceinline__ void mask_unseen(float (*s)[4], int j0, const int lo[2], const int hi[2]) {
+    int first = j0 + 2 * (threadIdx.x & 3); // the key of column 0 of this thread's pairs
+    int from[2] = {lo[0] - first, lo[1] - first}, to[2] = {hi[0] - first, hi[1] - first};
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            int r = e >> 1, j = j0 + nt * 8 + 2 * t + (e & 1);
-            s[nt][e] = (j >= lo[r] && j < hi[r]) ? s[nt][e] * scale_log2 : -INFINITY;
+            int r = e >> 1, c = nt * 8 + (e & 1); // a constant: the compares take immediates
+            s[nt][e] = c >= from[r] && c < to[r] ? s[nt][e] : -INFINITY;
         }
+}
+
+// The MT m-tiles' score tiles s[mt] masked (mask_unseen), unless every row of the warp sees all
+// of the tile's keys: one decision for the warp.
+template <int MT, int NT>
+__device__ __forceinline__ void mask_scores(float (*s)[NT][4], int j0, const int (*lo)[2],
+                                            const int (*hi)[2]) {
+    bool inside = true;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) inside = inside && rows_see_all(j0, 8 * NT, lo[mt], hi[mt]);
+    if (!__any_sync(0xffffffffu, !inside)) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) mask_unseen<NT>(s[mt], j0, lo[mt], hi[mt]);
 }
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -246,29 +285,32 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // ------------------------------------------------------------------------------- forward ----
 
-// The online softmax of one masked score tile s (16 x 8·NT, log2 units) of one m-tile: updates
-// the running max m and sum l of this thread's rows g and g + 8 (partial over its columns), turns
-// s into probabilities and gives the factor corr by which the output so far must be rescaled.
+// The online softmax of one masked score tile s (16 x 8·NT, raw scores: log2 units once times
+// scale_log2) of one m-tile: updates the running max m (log2 units) and sum l of this thread's
+// rows g and g + 8 (partial over its columns), turns s into probabilities and gives the factor
+// corr by which the output so far must be rescaled. The max is taken over the raw scores and then
+// scaled, which rounds to the max of the scaled ones (the scale is positive).
 template <int NT>
 __device__ __forceinline__ void softmax_probabilities(float (*s)[4], float m[2], float l[2],
-                                                      float corr[2]) {
-    float row_sum[2] = {0.0f, 0.0f};
+                                                      float corr[2], float scale_log2) {
+    float row_sum[2] = {0.0f, 0.0f}, shift[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float tile_max = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
             tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        float m_new = fmaxf(m[r], quad_max(tile_max));
-        corr[r] = m_new == -INFINITY ? 1.0f : exp2f(m[r] - m_new); // nothing seen yet: keep 0s
+        float m_new = fmaxf(m[r], quad_max(tile_max) * scale_log2);
+        corr[r] = m_new == -INFINITY ? 1.0f : fast_exp2(m[r] - m_new); // nothing seen yet: keep 0s
         m[r] = m_new;
+        shift[r] = m_new == -INFINITY ? 0.0f : -m_new; // a row that saw nothing: exp2(-inf) = 0
     }
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = e >> 1;
-            float p = m[r] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[r]);
+            float p = fast_exp2(fmaf(s[nt][e], scale_log2, shift[r]));
             s[nt][e] = p;
             row_sum[r] += p;
         }
@@ -287,9 +329,9 @@ template <int NO> __device__ __forceinline__ void rescale_rows(float (*o)[4], co
 // Both at once, for an o that no MMA is writing.
 template <int NT, int NO>
 __device__ __forceinline__ void online_softmax(float (*s)[4], float m[2], float l[2],
-                                               float (*o)[4]) {
+                                               float (*o)[4], float scale_log2) {
     float corr[2];
-    softmax_probabilities<NT>(s, m, l, corr);
+    softmax_probabilities<NT>(s, m, l, corr, scale_log2);
     rescale_rows<NO>(o, corr);
 }
 
@@ -302,10 +344,10 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[DK][4], const b
     constexpr int D = 16 * DK, NT = BLOCK_KEYS / 8, NO = D / 8;
     float s[MT][NT][4];
     product_a_regs<MT, NT, DK>(s, qf, Ks, D + PAD);
+    mask_scores<MT, NT>(s, j0, lo, hi);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        mask_scores<NT>(s[mt], j0, lo[mt], hi[mt], scale_log2);
-        online_softmax<NT, NO>(s[mt], m[mt], l[mt], o[mt]);
+        online_softmax<NT, NO>(s[mt], m[mt], l[mt], o[mt], scale_log2);
     }
     accumulate_c_times<MT, BLOCK_KEYS / 16, NO>(o, s, Vs, D + PAD);
 }
@@ -329,8 +371,9 @@ template <int DK> struct query_block {
         t = threadIdx.x & 3;
         h = blockIdx.y;
         kvh = h / (a.H / a.KV);
-        block_key_ranges<ROWS, WARP_ROWS>(a, blockIdx.x * ROWS, row_lo, row_hi, &block, &warp);
-        first_row = blockIdx.x * ROWS + WARP_ROWS * w;
+        int r0 = query_tile_of_block() * ROWS;
+        block_key_ranges<ROWS, WARP_ROWS>(a, r0, row_lo, row_hi, &block, &warp);
+        first_row = r0 + WARP_ROWS * w;
         for (int mt = 0; mt < MT; mt++)
             for (int r = 0; r < 2; r++) {
                 lo[mt][r] = row_lo[WARP_ROWS * w + 16 * mt + g + 8 * r];
@@ -427,17 +470,18 @@ __global__ void __launch_bounds__(THREADS)
 
 // ------------------------------------------------------------------------------------ dQ ----
 
-// dS = P (dP - delta) with P = exp2(s - lse), in place of the masked scores s (16 x 8·NT, log2
-// units) of a thread's rows g and g + 8, whose lse (log2 units) and delta are given.
+// dS = P (dP - delta) with P = exp2(s scale_log2 - lse), in place of the masked raw scores s
+// (16 x 8·NT) of a thread's rows g and g + 8, whose lse (log2 units) and delta are given.
 template <int NT>
 __device__ __forceinline__ void scores_to_ds(float (*s)[4], const float (*dp)[4],
-                                             const float lse[2], const float delta[2]) {
+                                             const float lse[2], const float delta[2],
+                                             float scale_log2) {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = e >> 1;
-            float p = exp2f(s[nt][e] - lse[r]); // masked: exp2(-inf) = 0
+            float p = fast_exp2(fmaf(s[nt][e], scale_log2, -lse[r])); // masked: exp2(-inf) = 0
             s[nt][e] = p * (dp[nt][e] - delta[r]);
         }
 }
@@ -474,11 +518,10 @@ __global__ void __launch_bounds__(THREADS)
             float s[MT][NT][4], dp[MT][NT][4];
             product_a_regs<MT, NT, DK>(s, qf, Kp, D + PAD);
             product_a_regs<MT, NT, DK>(dp, dof, Vp, D + PAD);
+            mask_scores<MT, NT>(s, j0 + part, b.lo, b.hi);
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                mask_scores<NT>(s[mt], j0 + part, b.lo[mt], b.hi[mt], scale_log2);
-                scores_to_ds<NT>(s[mt], dp[mt], row_lse[mt], row_delta[mt]);
-            }
+            for (int mt = 0; mt < MT; mt++)
+                scores_to_ds<NT>(s[mt], dp[mt], row_lse[mt], row_delta[mt], scale_log2);
             accumulate_c_times<MT, PART_KEYS / 16, NO>(acc, s, Kp, D + PAD);
         }
     });
@@ -488,29 +531,58 @@ __global__ void __launch_bounds__(THREADS)
 // ---------------------------------------------------------------------------------- dK dV ----
 
 // One step's N query rows in a dK/dV kernel: the keys each sees, [lo, hi), and its lse (log2
-// units) and delta.
-template <int N> struct step_rows {
+// units) and delta; every row sees every key of [lo_max, hi_min) (empty where one row sees none).
+template <int N> struct alignas(16) step_rows { // lse, delta read in pairs
     int lo[N], hi[N];
     float lse[N], delta[N];
+    int lo_max, hi_min;
 };
 
-// For transposed tiles (keys as rows: this thread's keys key[0] and key[1], at C rows g and
-// g + 8; the step's 8·NT query rows m as columns): S^T (raw scores) becomes P^T = exp(S^T - lse),
-// masked, and dP^T becomes dS^T = P^T (dP^T - delta).
+// Sets m.lo_max and m.hi_min from the lanes' rows (keys [lo[r], hi[r]), r < R), which together are
+// the step's N rows (N = 32 R): by one warp, after which lane 0 writes them.
+template <int N, int R>
+__device__ __forceinline__ void step_common_keys(step_rows<N> &m, const int lo[R], const int hi[R]) {
+    int lo_max = lo[0], hi_min = hi[0];
+#pragma unroll
+    for (int r = 1; r < R; r++) lo_max = max(lo_max, lo[r]), hi_min = min(hi_min, hi[r]);
+    lo_max = warp_max(lo_max);
+    hi_min = -warp_max(-hi_min);
+    if ((threadIdx.x & 31) == 0) m.lo_max = lo_max, m.hi_min = hi_min;
+}
+
+// For transposed tiles (keys as rows: this thread's keys key[0] and key[1] = key[0] + 8, at C rows
+// g and g + 8; the step's 8·NT query rows m as columns): S^T (raw scores) becomes P^T = exp(S^T
+// scale_log2 - lse), masked where MASKED, and dP^T becomes dS^T = P^T (dP^T - delta).
+template <int NT, int N, bool MASKED>
+__device__ __forceinline__ void transposed_ds_tile(float (*st)[4], float (*dpt)[4],
+                                                   const int key[2], const step_rows<N> &m,
+                                                   float scale_log2) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        int i0 = nt * 8 + 2 * t; // this thread's columns i0 and i0 + 1: one 8-byte load each
+        float2 lse = *reinterpret_cast<const float2 *>(&m.lse[i0]);
+        float2 delta = *reinterpret_cast<const float2 *>(&m.delta[i0]);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int i = i0 + (e & 1), j = key[e >> 1];
+            float x = fmaf(st[nt][e], scale_log2, -((e & 1) ? lse.y : lse.x));
+            if (MASKED) x = j >= m.lo[i] && j < m.hi[i] ? x : -INFINITY;
+            float p = fast_exp2(x);
+            st[nt][e] = p;
+            dpt[nt][e] = p * (dpt[nt][e] - ((e & 1) ? delta.y : delta.x));
+        }
+    }
+}
+
+// The above, with the mask skipped where every row of the step sees all of the warp's keys.
 template <int NT, int N>
 __device__ __forceinline__ void transposed_ds(float (*st)[4], float (*dpt)[4], const int key[2],
                                               const step_rows<N> &m, float scale_log2) {
-    int t = threadIdx.x & 3;
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int i = nt * 8 + 2 * t + (e & 1), j = key[e >> 1];
-            bool valid = j >= m.lo[i] && j < m.hi[i];
-            float p = valid ? exp2f(st[nt][e] * scale_log2 - m.lse[i]) : 0.0f;
-            st[nt][e] = p;
-            dpt[nt][e] = p * (dpt[nt][e] - m.delta[i]);
-        }
+    if (__any_sync(0xffffffffu, !(m.lo_max <= key[0] && key[1] < m.hi_min)))
+        transposed_ds_tile<NT, N, true>(st, dpt, key, m, scale_log2);
+    else
+        transposed_ds_tile<NT, N, false>(st, dpt, key, m, scale_log2);
 }
 
 // Key j's rows of dK and dV from this thread's C fragments of them (half r: row g or g + 8):
@@ -600,6 +672,7 @@ __global__ void __launch_bounds__(THREADS)
                 m.hi[lane] = hi;
                 m.lse[lane] = i < rows_hi ? lse[(size_t)h * a.Tq + i] * LOG2E : 0.0f;
                 m.delta[lane] = i < rows_hi ? delta[(size_t)h * a.Tq + i] : 0.0f;
+                step_common_keys<STEP_ROWS, 1>(m, &lo, &hi);
             }
             pass++;
             bf16 *Qs = rows + 2 * buffer * ROWS_TILE;

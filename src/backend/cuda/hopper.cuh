@@ -155,6 +155,15 @@ __device__ __forceinline__ uint64_t smem_descriptor(const void *p, uint32_t lead
            1ull << 62;
 }
 
+// The descriptor `desc` moved `bytes` further into the same shared memory: only its start
+// address field (bits 0-13: the address / 16) changes, and as shared memory ends below 256 KB the
+// addition never carries out of the field, so it is one 32-bit add where smem_descriptor would
+// take four instructions (a wgmma sequence walks one tile in constant steps).
+__device__ __forceinline__ uint64_t descriptor_plus(uint64_t desc, uint32_t bytes) {
+    uint32_t start = (uint32_t)desc + (bytes >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | start;
+}
+
 // Orders this thread's register and shared-memory accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(WEFT_SM90A) && !defined(WEFT_CUDA_EMULATION)
