@@ -98,6 +98,29 @@ __device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4
     }
 }
 
+// FlashAttention-3's "ping-pong" of the two consumer warpgroups (where ON): each issues its
+// products only in its turn and hands the turn over once they are issued, so the tensor cores run
+// one warpgroup's products while the other computes its softmax, rather than both softmaxes
+// falling in the same cycles with the tensor cores idle. Consumer c waits at named barrier 1 + c
+// (256 threads: its own 128 wait, the other's 128 arrive); consumer 0 has the first turn. Both
+// take as many turns, one per tile, so only the last hand-over is never waited for.
+template <bool ON> struct turns {
+    int mine = 0, other = 0;
+    __device__ turns() {
+        if constexpr (ON) {
+            int c = threadIdx.x / 128 - 1;
+            mine = 1 + c, other = 2 - c;
+            if (c == 0) hopper::named_barrier_arrive(mine, 2 * 128);
+        }
+    }
+    __device__ __forceinline__ void begin() const {
+        if constexpr (ON) hopper::named_barrier_sync(mine, 2 * 128);
+    }
+    __device__ __forceinline__ void end() const {
+        if constexpr (ON) hopper::named_barrier_arrive(other, 2 * 128);
+    }
+};
+
 // FlashAttention-3's software pipeline over a consumer's tiles 0, 1, .. while c.more(j): tile j's
 // first products (c.first, into a fresh C::tile of registers) are issued, then the previous
 // tile's accumulation (c.second, from the bf16 fragments c.take kept), and tile j's elementwise
@@ -105,6 +128,7 @@ __device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4
 // are fresh each tile: writing into registers that a later wgmma reuses as its accumulators
 // makes ptxas serialize every wgmma of the kernel. c.more must be uniform over the warpgroup.
 // Where the registers do not allow two tiles' worth (C::OVERLAP false), each tile runs alone.
+// C::PINGPONG takes the issues in turns with the other consumer warpgroup (turns).
 template <typename C> __device__ __forceinline__ void run_serial(C &c) {
     for (int j = 0; c.more(j); j++) {
         typename C::tile t;
@@ -123,10 +147,13 @@ template <typename C> __device__ __forceinline__ void run_pipeline(C &c) {
         run_serial(c);
         return;
     }
+    turns<C::PINGPONG> turn;
     if (!c.more(0)) return;
     {
         typename C::tile t;
+        turn.begin();
         c.first(0, t);
+        turn.end();
         hopper::wgmma_wait<0>();
         c.elementwise(0, t);
         c.take(t);
@@ -134,8 +161,10 @@ template <typename C> __device__ __forceinline__ void run_pipeline(C &c) {
     int j = 1;
     for (; c.more(j); j++) {
         typename C::tile t;
+        turn.begin();
         c.first(j, t);
         c.second(j - 1);
+        turn.end();
         hopper::wgmma_wait<1>(); // tile j's products; the accumulation keeps running
         c.elementwise(j, t);
         hopper::wgmma_wait<0>();
