@@ -57,9 +57,8 @@ enum op_kind {
     OP_ANY,
     OP_MMA,
     OP_LDMATRIX,
-    OP_MBAR_WAIT,   // one thread waits for an mbarrier phase (cuda_emulation_hopper.h)
-    OP_WGMMA_WAIT,  // a warpgroup waits for its wgmma groups
-    OP_NAMED_SYNC   // a thread waits at a named barrier (bar.sync with an id and a count)
+    OP_MBAR_WAIT,  // one thread waits for an mbarrier phase (cuda_emulation_hopper.h)
+    OP_WGMMA_WAIT  // a warpgroup waits for its wgmma groups
 };
 
 struct wgmma_op; // cuda_emulation_hopper.h
@@ -92,7 +91,6 @@ struct thread_state {
     int wgmma_groups, wgmma_pending_allowed;
     uint32_t mbar;   // OP_MBAR_WAIT: the barrier's shared address and the phase parity awaited
     int mbar_parity;
-    int barrier_id; // OP_NAMED_SYNC: the named barrier's id
     std::vector<char> stack;
 };
 

@@ -25,10 +25,6 @@
 //   reads shared memory then (the latest the hardware may): a kernel that refills an operand's
 //   buffer too early, or reads or writes the accumulators or an A operand's registers before the
 //   wait, gets wrong numbers or an error here.
-// Named barriers (bar.sync / bar.arrive with an id 1-15 and a thread count, a multiple of 32):
-//   each executing thread counts one arrival; a phase completes when `count` threads have
-//   arrived, releasing the threads that wait in bar.sync; bar.arrive does not wait. Arrivals of a
-//   phase no thread ever waits for may remain when the block ends.
 #pragma once
 #include <map>
 
@@ -66,10 +62,6 @@ struct wgmma_op {
 
 inline std::map<uint32_t, mbarrier> g_mbarriers; // of the running block, by shared address
 inline std::vector<tma_copy> g_tma_copies;        // issued, not landed
-struct named_barrier {
-    int count, arrived; // the phase's thread count (0: none begun), arrivals so far
-};
-inline named_barrier g_named_barriers[16];
 
 inline uint32_t smem_offset(const void *p, size_t bytes = 1) {
     const unsigned char *c = static_cast<const unsigned char *>(p);
@@ -212,15 +204,6 @@ inline void resolve_wgmma_wait(thread_state *lanes) {
 // Releases the barrier waits that are over.
 inline bool resolve_hopper(block_state &b) {
     bool released = false;
-    for (int id = 1; id < 16; id++) {
-        named_barrier &nb = g_named_barriers[id];
-        if (nb.count == 0 || nb.arrived < nb.count) continue;
-        for (auto &t : b.threads)
-            if (t.op == OP_NAMED_SYNC && t.barrier_id == id) t.op = OP_RUNNABLE;
-        nb.arrived -= nb.count;
-        if (nb.arrived == 0) nb.count = 0;
-        released = true;
-    }
     for (auto &t : b.threads)
         if (t.op == OP_MBAR_WAIT && (barrier_at(t.mbar).phase & 1) != (uint32_t)t.mbar_parity) {
             t.op = OP_RUNNABLE;
@@ -248,7 +231,6 @@ inline bool resolve_wgmma_waits(block_state &b) {
 inline void start_block_hopper(block_state &b) {
     g_mbarriers.clear();
     g_tma_copies.clear();
-    for (named_barrier &nb : g_named_barriers) nb = {0, 0};
     for (auto &t : b.threads) {
         if (!t.wgmma) t.wgmma = new std::vector<wgmma_op>;
         t.wgmma->clear();
@@ -285,20 +267,6 @@ inline void weft_emulated_mbar_wait(uint64_t *bar, int parity) {
     t->mbar_parity = parity & 1;
     emu::barrier_at(t->mbar);
     emu::rendezvous(emu::OP_MBAR_WAIT);
-}
-
-// bar.sync (wait) or bar.arrive on named barrier `id` of `threads` threads.
-inline void weft_emulated_named_barrier(int id, int threads, bool wait) {
-    if (id < 1 || id > 15 || threads <= 0 || threads % 32 || threads > (int)emu::g_block_dim.x)
-        emu::fail("a named barrier with an id outside 1-15 or a count not a multiple of 32");
-    emu::named_barrier &nb = emu::g_named_barriers[id];
-    if (nb.count != 0 && nb.count != threads)
-        emu::fail("threads of one named-barrier phase give different counts");
-    nb.count = threads;
-    if (++nb.arrived > threads) emu::fail("more arrivals at a named barrier than its count");
-    if (!wait) return;
-    emu::self()->barrier_id = id;
-    emu::rendezvous(emu::OP_NAMED_SYNC);
 }
 
 inline void weft_emulated_tma_load_2d(void *dst, const emu::tensor_map *map, int x, int y,

@@ -36,15 +36,21 @@ __host__ __device__ constexpr size_t tile_bytes(int rows, int D) {
 
 struct barriers {
     uint64_t *once, *full, *empty; // once: what is loaded a single time; full, empty: [STAGES]
+    uint64_t *turn = nullptr;      // [CONSUMERS] where the block has them: see turns
 };
 
 // Initializes the barriers (thread 0): `once` and full[] complete on one arrival plus their
-// bytes, or on full_arrivals; empty[] on empty_arrivals.
+// bytes, or on full_arrivals; empty[] on empty_arrivals; turn[] on one arrival per warp of a
+// warpgroup, turn[0]'s first phase at once (consumer 0 has the first turn).
 __device__ __forceinline__ void init_barriers(barriers bar, int full_arrivals, int empty_arrivals) {
     hopper::mbar_init(bar.once, 1);
     for (int s = 0; s < STAGES; s++) {
         hopper::mbar_init(&bar.full[s], full_arrivals);
         hopper::mbar_init(&bar.empty[s], empty_arrivals);
+    }
+    if (bar.turn) {
+        for (int c = 0; c < CONSUMERS; c++) hopper::mbar_init(&bar.turn[c], 4);
+        for (int w = 0; w < 4; w++) hopper::mbar_arrive(&bar.turn[0]);
     }
     hopper::mbar_init_fence();
 }
@@ -101,23 +107,26 @@ __device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4
 // FlashAttention-3's "ping-pong" of the two consumer warpgroups (where ON): each issues its
 // products only in its turn and hands the turn over once they are issued, so the tensor cores run
 // one warpgroup's products while the other computes its softmax, rather than both softmaxes
-// falling in the same cycles with the tensor cores idle. Consumer c waits at named barrier 1 + c
-// (256 threads: its own 128 wait, the other's 128 arrive); consumer 0 has the first turn. Both
-// take as many turns, one per tile, so only the last hand-over is never waited for.
+// falling in the same cycles with the tensor cores idle. Consumer c's k-th turn is phase k of
+// mbarrier turn[c], which each warp of the other consumer arrives at after its issues (FA3 uses
+// named barriers; an mbarrier wait traps after seconds where a bar.sync would hang for good).
+// Consumer 0's first phase is complete from the start; the two alternate, so a consumer is never
+// two phases behind its barrier, and only the last hand-over is never waited for.
 template <bool ON> struct turns {
-    int mine = 0, other = 0;
-    __device__ turns() {
+    uint64_t *mine = nullptr, *other = nullptr;
+    int taken = 0;
+    __device__ explicit turns(uint64_t *turn) {
         if constexpr (ON) {
             int c = threadIdx.x / 128 - 1;
-            mine = 1 + c, other = 2 - c;
-            if (c == 0) hopper::named_barrier_arrive(mine, 2 * 128);
+            mine = turn + c, other = turn + (1 - c);
         }
     }
-    __device__ __forceinline__ void begin() const {
-        if constexpr (ON) hopper::named_barrier_sync(mine, 2 * 128);
+    __device__ __forceinline__ void begin() {
+        if constexpr (ON) hopper::mbar_wait(mine, taken++ & 1);
     }
     __device__ __forceinline__ void end() const {
-        if constexpr (ON) hopper::named_barrier_arrive(other, 2 * 128);
+        if constexpr (ON)
+            if ((threadIdx.x & 31) == 0) hopper::mbar_arrive(other);
     }
 };
 
@@ -147,7 +156,7 @@ template <typename C> __device__ __forceinline__ void run_pipeline(C &c) {
         run_serial(c);
         return;
     }
-    turns<C::PINGPONG> turn;
+    turns<C::PINGPONG> turn(c.b.bar.turn);
     if (!c.more(0)) return;
     {
         typename C::tile t;
@@ -212,8 +221,8 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
     static constexpr size_t ROW_ATOM = atom_bytes(ROWS), KEY_ATOM = atom_bytes(KEYS_);
     static constexpr size_t K = ROW_TENSORS * tile_bytes(ROWS, D);
     static constexpr size_t V = K + STAGES * tile_bytes(KEYS_, D);
-    static constexpr size_t BARRIERS = V + STAGES * tile_bytes(KEYS_, D); // once, full[], empty[]
-    static constexpr size_t RANGES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES);
+    static constexpr size_t BARRIERS = V + STAGES * tile_bytes(KEYS_, D); // once, full[], empty[], turn[]
+    static constexpr size_t RANGES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES + CONSUMERS);
     static constexpr size_t BYTES = RANGES + 2 * ROWS * sizeof(int) + 1024; // + alignment
     static_assert(BYTES <= MAX_SMEM, "a query block's tiles exceed shared memory");
     __host__ __device__ static constexpr size_t rows(int tensor) {
@@ -239,7 +248,7 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
     __device__ explicit query_block(const weft_cuda_attention_args &a) {
         smem = hopper::align_1024(dynamic_smem<unsigned char>());
         uint64_t *bars = reinterpret_cast<uint64_t *>(smem + L::BARRIERS);
-        bar = {bars, bars + 1, bars + 1 + STAGES};
+        bar = {bars, bars + 1, bars + 1 + STAGES, bars + 1 + 2 * STAGES};
         row_lo = reinterpret_cast<int *>(smem + L::RANGES);
         row_hi = row_lo + ROWS;
         r0 = query_tile_of_block() * ROWS, h = blockIdx.y, kvh = h / (a.H / a.KV);

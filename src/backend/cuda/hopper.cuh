@@ -112,24 +112,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity) {
 #endif
 }
 
-// Named barrier `id` (1-15: 0 is __syncthreads') of `threads` threads (a multiple of 32): sync
-// counts the calling warp in and waits for the phase to complete; arrive counts it in and goes on.
-// They order warpgroups among themselves, which mbarriers (for data in shared memory) need not.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-#if defined(WEFT_CUDA_EMULATION)
-    weft_emulated_named_barrier(id, threads, true);
-#else
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-#endif
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-#if defined(WEFT_CUDA_EMULATION)
-    weft_emulated_named_barrier(id, threads, false);
-#else
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-#endif
-}
-
 // ----------------------------------------------------------------------------------- TMA ----
 
 // The box at (x = column, y = row) of the 2-D tensor `map` into shared memory at dst (1024-byte
