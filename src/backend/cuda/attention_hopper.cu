@@ -22,7 +22,7 @@ constexpr int KEYS = 128; // keys per tile of the forward
 // would put the wgmma under a branch, which ptxas answers by serializing them; the elementwise
 // mask is skipped instead, under a branch of its own, where every row sees the whole tile).
 // Tile j's softmax runs while the previous tile's P V is on the tensor cores.
-template <int D> struct consumer {
+template <int D, int WG> struct consumer {
     using B = query_block<D, KEYS, 1>;
     using L = typename B::L;
     static constexpr int NT = KEYS / 8, NO = D / 8;
@@ -39,7 +39,7 @@ template <int D> struct consumer {
     // Waits for tile j and issues its scores s = Q K^T, committed.
     __device__ __forceinline__ void first(int j, tile &t) {
         b.wait_tile(j);
-        issue_a_bt<D, KEYS>(t.s, b.my_rows(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
+        issue_a_bt<D, KEYS>(t.s, b.template my_rows<WG>(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
                             L::KEY_ATOM);
         hopper::wgmma_commit();
     }
@@ -66,11 +66,11 @@ template <int D> struct consumer {
     }
 };
 
-template <int D>
+template <int D, int WG>
 __device__ void consume(const weft_cuda_attention_args &a, const query_block<D, KEYS, 1> &b,
                         bf16 *out, float *lse, float scale_log2) {
     int mine = b.my_row();
-    consumer<D> c = {b,          {b.row_lo[mine], b.row_lo[mine + 8]},
+    consumer<D, WG> c = {b,          {b.row_lo[mine], b.row_lo[mine + 8]},
                      {b.row_hi[mine], b.row_hi[mine + 8]},
                      scale_log2, {},
                      {-INFINITY, -INFINITY},
@@ -96,12 +96,13 @@ __global__ void __launch_bounds__(THREADS, 1)
                    const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
                    bf16 *out, float *lse, float scale_log2) {
     query_block<D, KEYS, 1> b(a);
-    if (take_role() == 0) { // the producer warpgroup: one thread issues every copy
+    int role = take_role();
+    if (role == 0) { // the producer warpgroup: one thread issues every copy
         const weft_tensor_map *rows[] = {&q_map};
         if (threadIdx.x == 0) b.produce(rows, &k_map, &v_map);
         return;
     }
-    consume<D>(a, b, out, lse, scale_log2);
+    as_consumer(role, [&](auto wg) { consume<D, decltype(wg)::value>(a, b, out, lse, scale_log2); });
 }
 
 } // namespace fa3

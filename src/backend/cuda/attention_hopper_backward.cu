@@ -26,7 +26,7 @@ constexpr int STEP = 64;                   // query rows per step of the dK/dV k
 
 // A consumer warpgroup of the dQ kernel, run by run_pipeline: its 64 query rows against every
 // key tile the block walks; tile j's dS is computed while the previous tile's dQ += dS K runs.
-template <int D> struct dq_consumer {
+template <int D, int WG> struct dq_consumer {
     using B = query_block<D, DQ_KEYS, 2>;
     using L = typename B::L;
     static constexpr int NT = DQ_KEYS / 8, NO = D / 8;
@@ -44,9 +44,9 @@ template <int D> struct dq_consumer {
     // Waits for tile j; issues S = Q K^T and dP = dO V^T as one group.
     __device__ __forceinline__ void first(int j, tile &t) {
         b.wait_tile(j);
-        issue_a_bt<D, DQ_KEYS>(t.s, b.my_rows(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
+        issue_a_bt<D, DQ_KEYS>(t.s, b.template my_rows<WG>(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
                                L::KEY_ATOM);
-        issue_a_bt<D, DQ_KEYS>(t.dp, b.my_rows(1), L::ROW_ATOM, b.smem + L::v_tile(j % STAGES),
+        issue_a_bt<D, DQ_KEYS>(t.dp, b.template my_rows<WG>(1), L::ROW_ATOM, b.smem + L::v_tile(j % STAGES),
                                L::KEY_ATOM);
         hopper::wgmma_commit();
     }
@@ -71,13 +71,13 @@ template <int D> struct dq_consumer {
     }
 };
 
-template <int D>
+template <int D, int WG>
 __device__ __forceinline__ void consume_dq(const weft_cuda_attention_args &a,
                                            const query_block<D, DQ_KEYS, 2> &b, const float *lse,
                                            const float *delta, bf16 *dq, float scale,
                                            float scale_log2) {
     int mine = b.my_row();
-    dq_consumer<D> c = {b, {}, {}, {}, {}, scale_log2, {}, {}};
+    dq_consumer<D, WG> c = {b, {}, {}, {}, {}, scale_log2, {}, {}};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         c.lo[r] = b.row_lo[mine + 8 * r], c.hi[r] = b.row_hi[mine + 8 * r];
@@ -99,12 +99,15 @@ __global__ void __launch_bounds__(THREADS, 1)
               const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
               const float *lse, const float *delta, bf16 *dq, float scale, float scale_log2) {
     query_block<D, DQ_KEYS, 2> b(a);
-    if (take_role() == 0) { // the producer warpgroup: one thread issues every copy
+    int role = take_role();
+    if (role == 0) { // the producer warpgroup: one thread issues every copy
         const weft_tensor_map *rows[] = {&q_map, &do_map};
         if (threadIdx.x == 0) b.produce(rows, &k_map, &v_map);
         return;
     }
-    consume_dq<D>(a, b, lse, delta, dq, scale, scale_log2);
+    as_consumer(role, [&](auto wg) {
+        consume_dq<D, decltype(wg)::value>(a, b, lse, delta, dq, scale, scale_log2);
+    });
 }
 
 // --------------------------------------------------------------------------------- dK dV ----
@@ -252,13 +255,13 @@ template <int D> struct dkdv_consumer {
     }
 };
 
-template <int D>
+template <int D, int WG>
 __device__ __forceinline__ void consume_steps(const weft_cuda_attention_args &a,
                                               const dkdv_block &b, bf16 *dk, bf16 *dv,
                                               float *dk_part, float *dv_part, float scale,
                                               float scale_log2) {
     using L = dkdv_layout<D>;
-    int first = 64 * (threadIdx.x / 128 - 1), w = (threadIdx.x >> 5) & 3;
+    int first = 64 * WG, w = (threadIdx.x >> 5) & 3;
     int key0 = b.j0 + first + 16 * w + (int)((threadIdx.x & 31) >> 2);
     dkdv_consumer<D> c = {b,
                           b.smem + L::K + (size_t)first * hopper::ATOM_ROW_BYTES,
@@ -291,11 +294,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     b.h = blockIdx.y, b.j0 = blockIdx.x * BLOCK_KEYS, b.j_end = min(b.j0 + BLOCK_KEYS, a.Tkv);
     if (threadIdx.x == 0) init_barriers(b.bar, 32, 4 * CONSUMERS); // full: the producer warp
     __syncthreads();
-    if (take_role() == 0) {
+    int role = take_role();
+    if (role == 0) {
         if (threadIdx.x < 32) produce_steps<D>(a, b, &q_map, &do_map, &k_map, &v_map, lse, delta);
         return;
     }
-    consume_steps<D>(a, b, dk, dv, dk_part, dv_part, scale, scale_log2);
+    as_consumer(role, [&](auto wg) {
+        consume_steps<D, decltype(wg)::value>(a, b, dk, dv, dk_part, dv_part, scale, scale_log2);
+    });
 }
 
 } // namespace fa3
