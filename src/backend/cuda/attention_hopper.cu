@@ -39,8 +39,8 @@ template <int D, int WG> struct consumer {
     // Waits for tile j and issues its scores s = Q K^T, committed.
     __device__ __forceinline__ void first(int j, tile &t) {
         b.wait_tile(j);
-        issue_a_bt<D, KEYS>(t.s, b.template my_rows<WG>(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
-                            L::KEY_ATOM);
+        issue_a_bt<D, KEYS>(t.s, b.template my_rows<WG>(0), L::ROW_ATOM,
+                            b.smem + L::k_tile(j % STAGES), L::KEY_ATOM);
         hopper::wgmma_commit();
     }
     // o += P V with tile j's values, committed.
@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (threadIdx.x == 0) b.produce(rows, &k_map, &v_map);
         return;
     }
-    as_consumer(role, [&](auto wg) { consume<D, decltype(wg)::value>(a, b, out, lse, scale_log2); });
+    as_consumer(role,
+                [&](auto wg) { consume<D, decltype(wg)::value>(a, b, out, lse, scale_log2); });
 }
 
 } // namespace fa3

@@ -236,7 +236,8 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
     static constexpr size_t ROW_ATOM = atom_bytes(ROWS), KEY_ATOM = atom_bytes(KEYS_);
     static constexpr size_t K = ROW_TENSORS * tile_bytes(ROWS, D);
     static constexpr size_t V = K + STAGES * tile_bytes(KEYS_, D);
-    static constexpr size_t BARRIERS = V + STAGES * tile_bytes(KEYS_, D); // once, full[], empty[], turn[]
+    // once, full[], empty[], turn[]
+    static constexpr size_t BARRIERS = V + STAGES * tile_bytes(KEYS_, D);
     static constexpr size_t RANGES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES + CONSUMERS);
     static constexpr size_t BYTES = RANGES + 2 * ROWS * sizeof(int) + 1024; // + alignment
     static_assert(BYTES <= MAX_SMEM, "a query block's tiles exceed shared memory");

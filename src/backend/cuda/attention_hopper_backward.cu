@@ -44,10 +44,10 @@ template <int D, int WG> struct dq_consumer {
     // Waits for tile j; issues S = Q K^T and dP = dO V^T as one group.
     __device__ __forceinline__ void first(int j, tile &t) {
         b.wait_tile(j);
-        issue_a_bt<D, DQ_KEYS>(t.s, b.template my_rows<WG>(0), L::ROW_ATOM, b.smem + L::k_tile(j % STAGES),
-                               L::KEY_ATOM);
-        issue_a_bt<D, DQ_KEYS>(t.dp, b.template my_rows<WG>(1), L::ROW_ATOM, b.smem + L::v_tile(j % STAGES),
-                               L::KEY_ATOM);
+        issue_a_bt<D, DQ_KEYS>(t.s, b.template my_rows<WG>(0), L::ROW_ATOM,
+                               b.smem + L::k_tile(j % STAGES), L::KEY_ATOM);
+        issue_a_bt<D, DQ_KEYS>(t.dp, b.template my_rows<WG>(1), L::ROW_ATOM,
+                               b.smem + L::v_tile(j % STAGES), L::KEY_ATOM);
         hopper::wgmma_commit();
     }
     // dQ += dS K with tile j's keys, committed.
@@ -200,8 +200,9 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
 
 // A consumer warpgroup of the dK/dV kernel, run by run_pipeline: its 64 keys against every step
 // the producer announces (all of them; see the forward's consumer for why no product is skipped
-// under a branch; the mask is, where every row of the step sees all the keys); step n's P^T and dS^T are computed while the previous step's dV += P^T dO and
-// dK += dS^T Q run (at head_dim 64; one step at a time at 128).
+// under a branch; the mask is, where every row of the step sees all the keys); step n's P^T and
+// dS^T are computed while the previous step's dV += P^T dO and dK += dS^T Q run (at head_dim 64;
+// one step at a time at 128).
 template <int D> struct dkdv_consumer {
     using L = dkdv_layout<D>;
     static constexpr int NT = STEP / 8, NO = D / 8;

@@ -240,7 +240,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
-// Whether this thread's rows g and g + 8 (keys [lo[r], hi[r])) both see every key of [j0, j0 + keys).
+// Whether this thread's rows g and g + 8 (keys [lo[r], hi[r])) see every key of [j0, j0 + keys).
 __device__ __forceinline__ bool rows_see_all(int j0, int keys, const int lo[2], const int hi[2]) {
     return lo[0] <= j0 && j0 + keys <= hi[0] && lo[1] <= j0 && j0 + keys <= hi[1];
 }
@@ -248,7 +248,8 @@ __device__ __forceinline__ bool rows_see_all(int j0, int keys, const int lo[2], 
 // Sets the scores of a tile (16 x 8·NT, keys from j0) that the thread's rows g and g + 8 do not
 // see (outside [lo[0], hi[0]) and [lo[1], hi[1])) to -inf.
 template <int NT>
-__device__ __forceinline__ void mask_unseen(float (*s)[4], int j0, const int lo[2], const int hi[2]) {
+__device__ __forceinline__ void mask_unseen(float (*s)[4], int j0, const int lo[2],
+                                            const int hi[2]) {
     int first = j0 + 2 * (threadIdx.x & 3); // the key of column 0 of this thread's pairs
     int from[2] = {lo[0] - first, lo[1] - first}, to[2] = {hi[0] - first, hi[1] - first};
 #pragma unroll
@@ -541,7 +542,8 @@ template <int N> struct alignas(16) step_rows { // lse, delta read in pairs
 // Sets m.lo_max and m.hi_min from the lanes' rows (keys [lo[r], hi[r]), r < R), which together are
 // the step's N rows (N = 32 R): by one warp, after which lane 0 writes them.
 template <int N, int R>
-__device__ __forceinline__ void step_common_keys(step_rows<N> &m, const int lo[R], const int hi[R]) {
+__device__ __forceinline__ void step_common_keys(step_rows<N> &m, const int lo[R],
+                                                 const int hi[R]) {
     int lo_max = lo[0], hi_min = hi[0];
 #pragma unroll
     for (int r = 1; r < R; r++) lo_max = max(lo_max, lo[r]), hi_min = min(hi_min, hi[r]);
