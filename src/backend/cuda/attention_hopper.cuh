@@ -41,17 +41,15 @@ struct barriers {
 
 // Initializes the barriers (thread 0): `once` and full[] complete on one arrival plus their
 // bytes, or on full_arrivals; empty[] on empty_arrivals; turn[] on one arrival per warp of a
-// warpgroup, turn[0]'s first phase at once (consumer 0 has the first turn).
+// warpgroup (turns).
 __device__ __forceinline__ void init_barriers(barriers bar, int full_arrivals, int empty_arrivals) {
     hopper::mbar_init(bar.once, 1);
     for (int s = 0; s < STAGES; s++) {
         hopper::mbar_init(&bar.full[s], full_arrivals);
         hopper::mbar_init(&bar.empty[s], empty_arrivals);
     }
-    if (bar.turn) {
+    if (bar.turn)
         for (int c = 0; c < CONSUMERS; c++) hopper::mbar_init(&bar.turn[c], 4);
-        for (int w = 0; w < 4; w++) hopper::mbar_arrive(&bar.turn[0]);
-    }
     hopper::mbar_init_fence();
 }
 
@@ -110,8 +108,9 @@ __device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4
 // falling in the same cycles with the tensor cores idle. Consumer c's k-th turn is phase k of
 // mbarrier turn[c], which each warp of the other consumer arrives at after its issues (FA3 uses
 // named barriers; an mbarrier wait traps after seconds where a bar.sync would hang for good).
-// Consumer 0's first phase is complete from the start; the two alternate, so a consumer is never
-// two phases behind its barrier, and only the last hand-over is never waited for.
+// Consumer 0 completes its own first phase (it has the first turn); the two alternate, so a
+// consumer is never two phases behind its barrier, and only the last hand-over is never waited
+// for. Blocks whose consumers do not take turns never touch the barriers.
 template <bool ON> struct turns {
     uint64_t *mine = nullptr, *other = nullptr;
     int taken = 0;
@@ -119,6 +118,7 @@ template <bool ON> struct turns {
         if constexpr (ON) {
             int c = threadIdx.x / 128 - 1;
             mine = turn + c, other = turn + (1 - c);
+            if (c == 0 && (threadIdx.x & 31) == 0) hopper::mbar_arrive(mine);
         }
     }
     __device__ __forceinline__ void begin() {
