@@ -4,9 +4,9 @@
 // warpgroups of 64 query rows each multiply on the tensor cores with warpgroup MMA (wgmma): the
 // scores S = Q K^T from shared memory, the online softmax in registers, then O += P V with P
 // straight from the score registers. The P V of tile j - 1 runs while the softmax of tile j
-// does, so the tensor cores work meanwhile; the two consumer warpgroups take turns issuing their
-// products (ping-pong, attention_hopper.cuh's turns), so that one's softmax overlaps the other's
-// products. Same contract and masking rule as the mma.sync kernels
+// does, so the tensor cores work meanwhile. (FlashAttention-3's ping-pong, the two consumer
+// warpgroups taking turns issuing their products, made it 2-7% slower on an H100 at single
+// documents of 4K-32K: bench/README.md.) Same contract and masking rule as the mma.sync kernels
 // (attention_mma.cuh), whose helpers for masking and the online softmax it shares: query row i
 // of document d sees keys cu_kv[d] + [0, q_pos[i]]. head_dim 64 or 128. The block's walk over the
 // key tiles (query_block) is the dQ kernel's too (attention_hopper_backward.cu).
@@ -26,7 +26,7 @@ template <int D, int WG> struct consumer {
     using B = query_block<D, KEYS, 1>;
     using L = typename B::L;
     static constexpr int NT = KEYS / 8, NO = D / 8;
-    static constexpr bool OVERLAP = true, PINGPONG = true;
+    static constexpr bool OVERLAP = true;
     struct tile {
         float s[NT][4], corr[2]; // scores, then probabilities; the factor for o
     };

@@ -36,20 +36,16 @@ __host__ __device__ constexpr size_t tile_bytes(int rows, int D) {
 
 struct barriers {
     uint64_t *once, *full, *empty; // once: what is loaded a single time; full, empty: [STAGES]
-    uint64_t *turn = nullptr;      // [CONSUMERS] where the block has them: see turns
 };
 
 // Initializes the barriers (thread 0): `once` and full[] complete on one arrival plus their
-// bytes, or on full_arrivals; empty[] on empty_arrivals; turn[] on one arrival per warp of a
-// warpgroup (turns).
+// bytes, or on full_arrivals; empty[] on empty_arrivals.
 __device__ __forceinline__ void init_barriers(barriers bar, int full_arrivals, int empty_arrivals) {
     hopper::mbar_init(bar.once, 1);
     for (int s = 0; s < STAGES; s++) {
         hopper::mbar_init(&bar.full[s], full_arrivals);
         hopper::mbar_init(&bar.empty[s], empty_arrivals);
     }
-    if (bar.turn)
-        for (int c = 0; c < CONSUMERS; c++) hopper::mbar_init(&bar.turn[c], 4);
     hopper::mbar_init_fence();
 }
 
@@ -102,34 +98,6 @@ __device__ __forceinline__ void issue_a_b(float (*acc)[4], const uint32_t (*a)[4
     }
 }
 
-// FlashAttention-3's "ping-pong" of the two consumer warpgroups (where ON): each issues its
-// products only in its turn and hands the turn over once they are issued, so the tensor cores run
-// one warpgroup's products while the other computes its softmax, rather than both softmaxes
-// falling in the same cycles with the tensor cores idle. Consumer c's k-th turn is phase k of
-// mbarrier turn[c], which each warp of the other consumer arrives at after its issues (FA3 uses
-// named barriers; an mbarrier wait traps after seconds where a bar.sync would hang for good).
-// Consumer 0 completes its own first phase (it has the first turn); the two alternate, so a
-// consumer is never two phases behind its barrier, and only the last hand-over is never waited
-// for. Blocks whose consumers do not take turns never touch the barriers.
-template <bool ON> struct turns {
-    uint64_t *mine = nullptr, *other = nullptr;
-    int taken = 0;
-    __device__ explicit turns(uint64_t *turn) {
-        if constexpr (ON) {
-            int c = threadIdx.x / 128 - 1;
-            mine = turn + c, other = turn + (1 - c);
-            if (c == 0 && (threadIdx.x & 31) == 0) hopper::mbar_arrive(mine);
-        }
-    }
-    __device__ __forceinline__ void begin() {
-        if constexpr (ON) hopper::mbar_wait(mine, taken++ & 1);
-    }
-    __device__ __forceinline__ void end() const {
-        if constexpr (ON)
-            if ((threadIdx.x & 31) == 0) hopper::mbar_arrive(other);
-    }
-};
-
 // FlashAttention-3's software pipeline over a consumer's tiles 0, 1, .. while c.more(j): tile j's
 // first products (c.first, into a fresh C::tile of registers) are issued, then the previous
 // tile's accumulation (c.second, from the bf16 fragments c.take kept), and tile j's elementwise
@@ -137,7 +105,6 @@ template <bool ON> struct turns {
 // are fresh each tile: writing into registers that a later wgmma reuses as its accumulators
 // makes ptxas serialize every wgmma of the kernel. c.more must be uniform over the warpgroup.
 // Where the registers do not allow two tiles' worth (C::OVERLAP false), each tile runs alone.
-// C::PINGPONG takes the issues in turns with the other consumer warpgroup (turns).
 template <typename C> __device__ __forceinline__ void run_serial(C &c) {
     for (int j = 0; c.more(j); j++) {
         typename C::tile t;
@@ -156,13 +123,10 @@ template <typename C> __device__ __forceinline__ void run_pipeline(C &c) {
         run_serial(c);
         return;
     }
-    turns<C::PINGPONG> turn(c.b.bar.turn);
     if (!c.more(0)) return;
     {
         typename C::tile t;
-        turn.begin();
         c.first(0, t);
-        turn.end();
         hopper::wgmma_wait<0>();
         c.elementwise(0, t);
         c.take(t);
@@ -170,10 +134,8 @@ template <typename C> __device__ __forceinline__ void run_pipeline(C &c) {
     int j = 1;
     for (; c.more(j); j++) {
         typename C::tile t;
-        turn.begin();
         c.first(j, t);
         c.second(j - 1);
-        turn.end();
         hopper::wgmma_wait<1>(); // tile j's products; the accumulation keeps running
         c.elementwise(j, t);
         hopper::wgmma_wait<0>();
@@ -236,9 +198,9 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
     static constexpr size_t ROW_ATOM = atom_bytes(ROWS), KEY_ATOM = atom_bytes(KEYS_);
     static constexpr size_t K = ROW_TENSORS * tile_bytes(ROWS, D);
     static constexpr size_t V = K + STAGES * tile_bytes(KEYS_, D);
-    // once, full[], empty[], turn[]
+    // once, full[], empty[]
     static constexpr size_t BARRIERS = V + STAGES * tile_bytes(KEYS_, D);
-    static constexpr size_t RANGES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES + CONSUMERS);
+    static constexpr size_t RANGES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES);
     static constexpr size_t BYTES = RANGES + 2 * ROWS * sizeof(int) + 1024; // + alignment
     static_assert(BYTES <= MAX_SMEM, "a query block's tiles exceed shared memory");
     __host__ __device__ static constexpr size_t rows(int tensor) {
@@ -264,7 +226,7 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
     __device__ explicit query_block(const weft_cuda_attention_args &a) {
         smem = hopper::align_1024(dynamic_smem<unsigned char>());
         uint64_t *bars = reinterpret_cast<uint64_t *>(smem + L::BARRIERS);
-        bar = {bars, bars + 1, bars + 1 + STAGES, bars + 1 + 2 * STAGES};
+        bar = {bars, bars + 1, bars + 1 + STAGES};
         row_lo = reinterpret_cast<int *>(smem + L::RANGES);
         row_hi = row_lo + ROWS;
         r0 = query_tile_of_block() * ROWS, h = blockIdx.y, kvh = h / (a.H / a.KV);

@@ -30,7 +30,7 @@ template <int D, int WG> struct dq_consumer {
     using B = query_block<D, DQ_KEYS, 2>;
     using L = typename B::L;
     static constexpr int NT = DQ_KEYS / 8, NO = D / 8;
-    static constexpr bool OVERLAP = true, PINGPONG = false;
+    static constexpr bool OVERLAP = true;
     struct tile {
         float s[NT][4], dp[NT][4]; // S (then dS) and dP
     };
@@ -207,7 +207,7 @@ template <int D> struct dkdv_consumer {
     using L = dkdv_layout<D>;
     static constexpr int NT = STEP / 8, NO = D / 8;
     // At head_dim 128 dK and dV alone take 128 registers: two steps' worth would spill.
-    static constexpr bool OVERLAP = D <= 64, PINGPONG = false;
+    static constexpr bool OVERLAP = D <= 64;
     struct tile {
         float st[NT][4], dpt[NT][4]; // S^T (then P^T) and dP^T (then dS^T)
     };
