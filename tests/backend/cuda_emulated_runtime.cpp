@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <chrono>
 #include <map>
 #include <vector>
 
@@ -171,21 +172,28 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
 }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; } // emulated launches cannot fail
 const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "error"; }
+// An event is the host clock when it was recorded: emulated work runs when it is queued, so that
+// is when everything before it finished, and a profile (WEFT_CUDA_PROFILE) times the emulator.
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
-    *e = reinterpret_cast<cudaEvent_t>(new int(0));
+    *e = reinterpret_cast<cudaEvent_t>(new double(0.0));
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int) { return cudaEventCreate(e); }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    using namespace std::chrono;
+    *reinterpret_cast<double *>(e) =
+        duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+    return cudaSuccess;
+}
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; } // all work is done at once
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) {
-    *ms = 0.0f;
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    *ms = (float)(*reinterpret_cast<double *>(end) - *reinterpret_cast<double *>(start));
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    delete reinterpret_cast<int *>(e);
+    delete reinterpret_cast<double *>(e);
     return cudaSuccess;
 }
 

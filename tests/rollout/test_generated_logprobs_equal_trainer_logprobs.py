@@ -20,6 +20,7 @@ modules and the prompts but the longest: every token, whether an accepted draft,
 rejection or a bonus token, has the trainer's log-prob (the statistics show drafts both accepted
 and rejected).
 """
+import json
 import os
 import sys
 
@@ -40,9 +41,11 @@ SPECULATIVE_LENGTHS = LENGTHS[:-1]  # the 300-token prompt's emulated MTP backwa
 
 
 def check_kernels(tag, profile, device_draws, failures):
-    """The CUDA profile's ops: new prompts take the training attention (attention_forward), the
-    cached rows the paged kernel; tokens are drawn on the device exactly when no filter is on."""
-    ops = {line.split()[0] for line in profile.splitlines() if line.startswith("  ")}
+    """The CUDA profile's ops (its JSON file): new prompts take the training attention
+    (attention_forward), the cached rows the paged kernel; tokens are drawn on the device exactly
+    when no filter is on."""
+    with open(profile) as f:
+        ops = {o["op"].split()[0] for o in json.load(f)["ops"]}
     want = {"attention_forward": True, "paged_attention": True, "sample_tokens": device_draws}
     for op, expected in want.items():
         if (op in ops) != expected:
@@ -59,12 +62,13 @@ def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
                             random_prompts(lengths, CFG["vocab_size"], 3))
     dev = [f"device={device}"]
-    profile = {"WEFT_CUDA_PROFILE": "1"} if device == "cuda" else {}
-    rows, stats, run = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{name}.jsonl"),
-                                *settings, *dev, f"rollout.speculative_tokens={speculative}",
-                                f"rollout.block_size={block_size}", env=profile)
-    if profile:
-        check_kernels(tag, run.stderr, settings is UNFILTERED and not speculative, failures)
+    profile = os.path.join(tmp, f"profile_{name}.json")
+    env = {"WEFT_CUDA_PROFILE": profile} if device == "cuda" else {}
+    rows, stats, _ = generate(weft, mdir, prompts, os.path.join(tmp, f"out_{name}.jsonl"),
+                              *settings, *dev, f"rollout.speculative_tokens={speculative}",
+                              f"rollout.block_size={block_size}", env=env)
+    if env:
+        check_kernels(tag, profile, settings is UNFILTERED and not speculative, failures)
     if speculative:
         spec = stats["speculative"]
         print(f"{tag}: drafts offered {spec['drafted']}, accepted {spec['accepted']}")

@@ -63,6 +63,12 @@ static cuda_state *state(weft_backend *b) { return b->impl; }
                    (int)st_);                                                                      \
     } while (0)
 
+// The stream, for an op about to queue its work on it: the profile (if on) marks the op's start.
+static cudaStream_t op_stream(weft_backend *self) {
+    weft_cuda_profile_start(state(self)->profile);
+    return state(self)->stream;
+}
+
 // After each op is queued: a bad launch configuration shows up here, named by the op, and the
 // profile (if on) marks the op's end.
 static void launched(weft_backend *self, const char *op) {
@@ -153,7 +159,7 @@ static void cuda_host_free(weft_backend *self, void *p) {
 static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_t bytes) {
     not_capturing(self, "an upload");
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, state(self)->stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, op_stream(self)));
     launched(self, "upload");
 }
 
@@ -161,7 +167,7 @@ static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_
 static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t bytes) {
     not_capturing(self, "a download");
     if (bytes == 0) return;
-    cudaStream_t s = state(self)->stream;
+    cudaStream_t s = op_stream(self);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
     launched(self, "download");
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -170,13 +176,13 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
 
 static void cuda_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes == 0 || dst == src) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, state(self)->stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, op_stream(self)));
     launched(self, "copy");
 }
 
 static void cuda_zero(weft_backend *self, void *dst, size_t bytes) {
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, state(self)->stream));
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, op_stream(self)));
     launched(self, "zero");
 }
 
@@ -291,10 +297,11 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
         WEFT_CHECK(beta == 0.0f || beta == 1.0f, "internal: empty GEMM with beta %g", beta);
         size_t esz = weft_dtype_size(types.c), pitch = (size_t)ldc * esz;
         if (beta == 0.0f)
-            CUDA_CHECK(cudaMemset2DAsync(c, pitch, 0, (size_t)n * esz, (size_t)m, st->stream));
+            CUDA_CHECK(cudaMemset2DAsync(c, pitch, 0, (size_t)n * esz, (size_t)m, op_stream(self)));
         else if (c_in != c)
             CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, (size_t)n * esz, (size_t)m,
-                                         cudaMemcpyDeviceToDevice, st->stream));
+                                         cudaMemcpyDeviceToDevice, op_stream(self)));
+        launched(self, "matmul (empty sum)");
         return;
     }
     // cuBLASLt's C (read) and D (written) may differ: the residual is read where it lies.
@@ -304,13 +311,13 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
                         .types = types};
     const matmul_plan *p = find_plan(st, &want);
     LT_CHECK(cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c_in, p->lc, c,
-                            p->lc, &p->algo, st->workspace, WORKSPACE_BYTES, st->stream));
+                            p->lc, &p->algo, st->workspace, WORKSPACE_BYTES, op_stream(self)));
     launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)" : "matmul");
 }
 
 // ------------------------------------------------------------------------- kernel ops ----
 
-#define STREAM(self) ((weft_cuda_stream)state(self)->stream)
+#define STREAM(self) ((weft_cuda_stream)op_stream(self))
 
 static void cuda_embedding_forward(weft_backend *self, const int32_t *ids, const void *table,
                                    void *out, int T, int C) {

@@ -1,14 +1,19 @@
-// Optional per-op GPU time for the CUDA backend, on with WEFT_CUDA_PROFILE=1: an event after every
-// op on the stream, the time between consecutive events summed per op name, a table on stderr
-// when the backend is destroyed. Idle time before an op (the host not keeping up, or waiting on a
-// download) counts against that op, so a launch-bound run shows where.
+// Optional per-op GPU time for the CUDA backend: WEFT_CUDA_PROFILE=1 prints a table on stderr
+// when the backend is destroyed, WEFT_CUDA_PROFILE=<file>.json also writes it to that file. Each
+// op gets an event where it starts (weft_cuda_profile_start, when it takes the stream) and one
+// where it ends: its own time runs from one to the other, and the GPU's idle time before it (the
+// host not keeping up, or waiting on a download) is counted apart, so a launch-bound run shows
+// as idle time rather than as slow kernels.
 #pragma once
 #include <cuda_runtime_api.h>
 
 typedef struct weft_cuda_profile weft_cuda_profile;
 
-// NULL (and every call below a no-op) unless WEFT_CUDA_PROFILE=1.
+// NULL (and every call below a no-op) unless WEFT_CUDA_PROFILE is set (and not 0).
 weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream);
+// Marks the start of the op being queued, before its first launch; later calls before its end
+// are no-ops (an op of several launches starts at its first).
+void weft_cuda_profile_start(weft_cuda_profile *p);
 // Marks the end of the op just queued; `name` must outlive the profile (a string literal).
 void weft_cuda_profile_op(weft_cuda_profile *p, const char *name);
 // Prints the table, with how often the host waited for the GPU, and frees the profile.
