@@ -423,22 +423,36 @@ def report(results, tokens, flops, peak):
               f"{r['mfu'] * 100:5.1f}% {ratio:>9}  {' '.join(f'{x:.4f}' for x in r['losses'])}")
 
 
-def run_shape(a, name, cfg, mdir, peak):
-    """Every runner on one step shape; returns the shape's JSON record."""
+def batch_path(a, name):
+    return os.path.join(a.tmp, f"batch_{name}.jsonl")
+
+
+def shape_header(name, record):
+    print(f"\nshape {name}: {record['tokens']} tokens per step in {record['micro_batches']} "
+          f"micro-batch(es) of {record['tokens'] // record['micro_batches']} (documents "
+          f"{', '.join(map(str, record['docs']))}); {record['flops'] / 1e12:.1f} TFLOP/step",
+          flush=True)
+
+
+def weft_on_shape(a, name, cfg, mdir, peak):
+    """weft on one step shape; returns the shape's JSON record, its results weft's alone."""
     shape = SHAPES[name]
-    micro, tokens = shape_tokens(shape)
-    flops = model_flops(cfg, shape)
-    docs = ", ".join(map(str, shape["docs"]))
-    print(f"\nshape {name}: {tokens} tokens per step in {shape['micro_batches']} micro-batch(es) "
-          f"of {micro} (documents {docs}); {flops / 1e12:.1f} TFLOP/step", flush=True)
-    batch = os.path.join(a.tmp, f"batch_{name}.jsonl")
-    write_batch(batch, cfg["vocab_size"], shape)
-    results = {"weft": run_weft(a, mdir, batch, shape)}
-    for mode in ([] if a.profile else PEERS):
-        results[f"torch {mode}"] = run_peer(a, mdir, batch, name, mode)
-    report(results, tokens, flops, peak)
-    return dict(docs=shape["docs"], micro_batches=shape["micro_batches"], tokens=tokens,
-                flops=flops, results=results)
+    _, tokens = shape_tokens(shape)
+    record = dict(docs=shape["docs"], micro_batches=shape["micro_batches"], tokens=tokens,
+                  flops=model_flops(cfg, shape))
+    shape_header(name, record)
+    write_batch(batch_path(a, name), cfg["vocab_size"], shape)
+    record["results"] = {"weft": run_weft(a, mdir, batch_path(a, name), shape)}
+    report(record["results"], tokens, record["flops"], peak)
+    return record
+
+
+def peers_on_shape(a, name, record, mdir, peak):
+    """The torch runners on a shape weft ran, then the shape's whole table again."""
+    shape_header(name, record)
+    for mode in PEERS:
+        record["results"][f"torch {mode}"] = run_peer(a, mdir, batch_path(a, name), name, mode)
+    report(record["results"], record["tokens"], record["flops"], peak)
 
 
 def shape_list(text):
@@ -485,11 +499,22 @@ def main():
           f"{OPTIM['lr']:g}; step 1 warms up, the median of steps 2-{a.steps} is reported")
     shapes = {}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    for s in a.shapes:  # rewritten after each shape: a run cut off by a time limit keeps these
-        shapes[s] = run_shape(a, s, cfg, mdir, peak)
+
+    def save():  # after each shape's runs: a run cut off by a time limit keeps what it measured
         with open(a.out, "w") as f:
             json.dump(dict(gpu=name, peak=peak, model=a.model, params=n_params, optim=OPTIM,
                            steps=a.steps, shapes=shapes), f, indent=1)
+
+    # weft on every shape first, then the peers (torch.compile's compiles take minutes), so a
+    # session's time limit cuts peers rather than weft's long-document shapes.
+    for s in a.shapes:
+        shapes[s] = weft_on_shape(a, s, cfg, mdir, peak)
+        save()
+    if not a.profile:
+        print("\nthe PyTorch peers on the same shapes:")
+        for s in a.shapes:
+            peers_on_shape(a, s, shapes[s], mdir, peak)
+            save()
     print(f"wrote {a.out}")
     return 0
 
