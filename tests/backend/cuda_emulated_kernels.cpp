@@ -7,6 +7,7 @@
 #include "backend/cuda/attention_hopper_backward.cu"
 #include "backend/cuda/attention_mma.cu"
 #include "backend/cuda/cross_entropy.cu"
+#include "backend/cuda/few_rows.cu"
 #include "backend/cuda/kernels.cu"
 #include "backend/cuda/paged.cu"
 #include "backend/cuda/sampling.cu"

@@ -121,6 +121,43 @@ static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
     release(&a), release(&b), release(&c), release(&r);
 }
 
+// The decode step's products of a few rows (few_rows.cu: x W^T, bf16), against the CPU; and each
+// row the same bits as that row multiplied alone, since a sequence's logits must not depend on
+// what else the batch holds.
+static void test_few_rows(int m, int n, int k, bool residual) {
+    int lda = k + 8, ldb = k + 16, ldc = n + 3;
+    size_t esz = sizeof(uint16_t);
+    twin a = act((size_t)m * lda, 1), b = act((size_t)n * ldb, 1);
+    twin c = residual ? zeros((size_t)m * ldc, WEFT_BF16) : act((size_t)m * ldc, 1);
+    twin r = residual ? act((size_t)m * ldc, 1) : zeros(1, WEFT_BF16);
+    twin alone = zeros((size_t)ldc, WEFT_BF16);
+    float beta = residual ? 1.0f : 0.0f;
+    weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32}, tg = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
+    cpu->matmul(cpu, false, true, m, n, k, 0.5f, a.c, lda, b.c, ldb, beta, residual ? r.c : NULL,
+                c.c, ldc, tc);
+    gpu->matmul(gpu, false, true, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL,
+                c.g, ldc, tg);
+    char name[96];
+    snprintf(name, sizeof name, "matmul few rows m=%d n=%d k=%d%s", m, n, k,
+             residual ? " + R" : "");
+    compare(name, &c, BF16_TOL);
+    uint16_t *batch = weft_alloc((size_t)m * ldc * esz), *row = weft_alloc((size_t)ldc * esz);
+    gpu->to_host(gpu, batch, c.g, (size_t)m * ldc * esz);
+    int differ = 0;
+    for (int i = 0; i < m; i++) {
+        const void *res = residual ? (const char *)r.g + (size_t)i * ldc * esz : NULL;
+        gpu->matmul(gpu, false, true, 1, n, k, 0.5f, (const char *)a.g + (size_t)i * lda * esz,
+                    lda, b.g, ldb, beta, res, alone.g, ldc, tg);
+        gpu->to_host(gpu, row, alone.g, (size_t)ldc * esz);
+        differ += memcmp(row, batch + (size_t)i * ldc, (size_t)n * esz) != 0;
+    }
+    printf("%-52s %d of %d rows differ from the row alone %s\n", name, differ, m,
+           differ ? "FAIL" : "ok");
+    failures += differ != 0;
+    weft_free(batch), weft_free(row);
+    release(&a), release(&b), release(&c), release(&r), release(&alone);
+}
+
 static void test_embedding(void) {
     int V = 50, C = 96, T = 40;
     int32_t id[40];
@@ -446,6 +483,12 @@ int main(void) {
         for (int tb = 0; tb < 2; tb++) test_matmul(ta, tb, false, false);
     test_matmul(true, false, true, false); // the dW product
     test_matmul(false, true, false, true); // a projection onto the residual stream
+    test_few_rows(1, 1030, 136, false);     // 4 columns a block
+    test_few_rows(3, 48, 72, false);        // one column a block, rows rounded up to 4
+    test_few_rows(2, 64, 4104, true);       // several chunks per thread; onto a residual
+    test_few_rows(5, 1100, 64, true);       // rows rounded up to 8, 2 columns a block
+    test_few_rows(8, 40, 264, false);
+    test_few_rows(4, 2048, 1024, false);    // the 1B model's q projection, 4 sequences
     test_embedding();
     test_rmsnorm();
     test_bias();

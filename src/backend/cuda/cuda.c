@@ -37,6 +37,7 @@ typedef struct cuda_state {
     bool attention_mma;          // tensor-core attention where the head_dim allows it
     bool attention_hopper;       // and on TMA and wgmma (the default on sm_90a)
     bool attention_hopper_named; // by WEFT_CUDA_ATTENTION=hopper
+    bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
@@ -302,6 +303,13 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
             CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, (size_t)n * esz, (size_t)m,
                                          cudaMemcpyDeviceToDevice, op_stream(self)));
         launched(self, "matmul (empty sum)");
+        return;
+    }
+    if (!ta && tb && types.c == WEFT_BF16 && st->few_rows &&
+        weft_cuda_few_rows_covers(m, k, a, lda, b, ldb)) {
+        weft_cuda_few_rows((weft_cuda_stream)op_stream(self), m, n, k, alpha, a, lda, b, ldb, beta,
+                           c_in, c, ldc);
+        launched(self, "matmul (few rows)");
         return;
     }
     // cuBLASLt's C (read) and D (written) may differ: the residual is read where it lies.
@@ -713,6 +721,13 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper,
                             &st->attention_hopper_named);
     st->profile = weft_cuda_profile_create(st->stream);
+    // WEFT_CUDA_FEW_ROWS=0 sends the few-row products to cuBLASLt too, to time one against the
+    // other.
+    const char *few = getenv("WEFT_CUDA_FEW_ROWS");
+    WEFT_CHECK(!few || !*few || !strcmp(few, "0") || !strcmp(few, "1"),
+               "WEFT_CUDA_FEW_ROWS=%s: expected 1 (the default) or 0 (cuBLASLt for every matmul)",
+               few);
+    st->few_rows = !few || strcmp(few, "0") != 0;
 
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){

@@ -44,6 +44,17 @@ size_t weft_cuda_column_partials_bytes(int T, int C);
 void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions, const float *inv_freq,
                     float scale, int T, int H, int D, float sign);
 
+// y (M, N) bf16 = alpha x (M, K) W^T + beta c_in (M, N), for M <= WEFT_CUDA_FEW_ROWS: x and W
+// (N, K) bf16 row-major with row strides ldx, ldw; y and c_in (which may be y) with ldc. The
+// decode step's projections, streaming W at bandwidth where a GEMM's tiles leave SMs idle; each
+// row's result is the same bits whatever rows come with it (few_rows.cu). covers: M in range,
+// K, ldx, ldw multiples of 8 and x, W 16-byte aligned; else use the GEMM.
+enum { WEFT_CUDA_FEW_ROWS = 8 };
+bool weft_cuda_few_rows_covers(int M, int K, const void *x, int ldx, const void *w, int ldw);
+void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
+                        int ldx, const void *w, int ldw, float beta, const void *c_in, void *y,
+                        int ldc);
+
 // out (N) = silu(gate) * up ; backward overwrites dgate, dup. All bf16.
 void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up, void *out,
                               size_t N);

@@ -1,0 +1,112 @@
+// y = alpha x W^T + beta c for a few rows of x: the decode step's projections (one row per
+// sequence, or per drafted token). A GEMM kernel tiles y in 128-wide column blocks, which at
+// N = 2048 is 16 blocks for the GPU's 132 SMs: too few to stream the weights at HBM bandwidth,
+// which is all a decode step at batch 1 has to do. Here a block of 256 threads owns R columns
+// (R rows of W), its threads walk K in 16-byte chunks (thread t takes chunks t, t + 256, ...),
+// each W chunk read once and multiplied into every row of x, and the block sums its threads in a
+// fixed order: warp shuffles, then the warps in turn. Row m's result depends on row m and K alone
+// (not on how many rows come with it, nor on R): the same bits whatever the batch holds.
+#include "backend/cuda/common.cuh"
+
+namespace {
+namespace few {
+
+constexpr int THREADS = 256, WARPS = THREADS / 32, CHUNK = 8; // bf16 per 16-byte chunk
+
+// The eight bf16 of a 16-byte chunk as floats.
+__device__ __forceinline__ void unpack(uint4 raw, float v[CHUNK]) {
+    const bf16 *h = reinterpret_cast<const bf16 *>(&raw);
+#pragma unroll
+    for (int k = 0; k < CHUNK; k++) v[k] = to_f32(h[k]);
+}
+
+// MR rows of x (the first `rows` real; the rest read the last real row and are not stored) times
+// R rows of W, from column n0 = blockIdx.x * R.
+template <int MR, int R>
+__global__ void __launch_bounds__(THREADS)
+    few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
+                    int K, int N, float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc,
+                    int rows) {
+    __shared__ float partial[WARPS][MR * R];
+    int n0 = blockIdx.x * R;
+    const bf16 *xr[MR], *wr[R];
+#pragma unroll
+    for (int m = 0; m < MR; m++) xr[m] = x + (size_t)min(m, rows - 1) * ldx;
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = w + (size_t)min(n0 + r, N - 1) * ldw;
+    float acc[MR][R] = {};
+    for (int c = threadIdx.x * CHUNK; c < K; c += THREADS * CHUNK) {
+        uint4 wraw[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) wraw[r] = *reinterpret_cast<const uint4 *>(wr[r] + c);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            float xv[CHUNK];
+            unpack(*reinterpret_cast<const uint4 *>(xr[m] + c), xv);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float wv[CHUNK];
+                unpack(wraw[r], wv);
+#pragma unroll
+                for (int k = 0; k < CHUNK; k++) acc[m][r] = fmaf(xv[k], wv[k], acc[m][r]);
+            }
+        }
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v = warp_sum(acc[m][r]);
+            if (lane == 0) partial[warp][m * R + r] = v;
+        }
+    __syncthreads();
+    int i = threadIdx.x, m = i / R, n = n0 + i % R;
+    if (i >= MR * R || m >= rows || n >= N) return;
+    float sum = 0.0f;
+    for (int v = 0; v < WARPS; v++) sum += partial[v][i];
+    float out = alpha * sum;
+    if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
+    y[(size_t)m * ldc + n] = to_bf16(out);
+}
+
+// Launches the kernel for rows rounded up to MR, R columns a block.
+template <int MR, int R>
+void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
+            float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
+    static constexpr auto kernel = few_rows_kernel<MR, R>;
+    WEFT_LAUNCH(kernel, (unsigned)((N + R - 1) / R), THREADS, 0, s, x, ldx, w, ldw, K, N, alpha,
+                beta, c_in, y, ldc, rows);
+}
+
+// Columns a block: 4 where that still leaves the GPU a few blocks per SM, one for the small
+// projections (k and v, N = 256 in the 1B model), fewer for many rows (registers: MR x R sums).
+template <int MR>
+void launch_rows(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
+                 float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
+    if (N < 1024) launch<MR, 1>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+    else if (MR <= 4) launch<MR, 4>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+    else launch<MR, 2>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+}
+
+} // namespace few
+} // namespace
+
+extern "C" bool weft_cuda_few_rows_covers(int M, int K, const void *x, int ldx, const void *w,
+                                          int ldw) {
+    uintptr_t bits = (uintptr_t)x | (uintptr_t)w;
+    return M >= 1 && M <= WEFT_CUDA_FEW_ROWS && K % few::CHUNK == 0 && ldx % few::CHUNK == 0 &&
+           ldw % few::CHUNK == 0 && bits % 16 == 0;
+}
+
+extern "C" void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha,
+                                   const void *x, int ldx, const void *w, int ldw, float beta,
+                                   const void *c_in, void *y, int ldc) {
+    if (M == 0 || N == 0) return;
+    const bf16 *xb = (const bf16 *)x, *wb = (const bf16 *)w, *cb = (const bf16 *)c_in;
+    bf16 *yb = (bf16 *)y;
+    if (M == 1) few::launch_rows<1>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    else if (M == 2) few::launch_rows<2>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    else if (M <= 4) few::launch_rows<4>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    else few::launch_rows<8>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+}
