@@ -84,9 +84,9 @@ void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, 
 template <int MR>
 void launch_rows(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
                  float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
+    constexpr int WIDE = MR <= 4 ? 4 : 2;
     if (N < 1024) launch<MR, 1>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
-    else if (MR <= 4) launch<MR, 4>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
-    else launch<MR, 2>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+    else launch<MR, WIDE>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
 }
 
 } // namespace few
