@@ -220,7 +220,8 @@ def run_weft(a, prompts, batch, graphs=True, profile=False, few_rows=True):
     out = os.path.join(a.tmp, f"weft_{batch}.out.jsonl")
     stats = out + ".stats.json"
     cmd = weft_command(a, prompts, out, stats, graphs)
-    env = dict(os.environ, **({"WEFT_CUDA_PROFILE": "1"} if profile else {}),
+    profile_json = os.path.join(a.tmp, f"profile_{batch}.json")
+    env = dict(os.environ, **({"WEFT_CUDA_PROFILE": profile_json} if profile else {}),
                **({} if few_rows else {"WEFT_CUDA_FEW_ROWS": "0"}))
     settings = " ".join(f"{k}={env[k]}" for k in ("WEFT_CUDA_PROFILE", "WEFT_CUDA_FEW_ROWS")
                         if k in env and k not in os.environ)
@@ -239,9 +240,13 @@ def run_weft(a, prompts, batch, graphs=True, profile=False, few_rows=True):
                     f"{a.new_tokens} tokens long")
     lines = r.stdout.splitlines()
     start = next((i for i, l in enumerate(lines) if l.startswith("cuda profile")), len(lines))
+    table = None
+    if profile:
+        with open(profile_json) as f:
+            table = dict(json.load(f), printed=lines[start:])
     return dict(seconds=st["generation_seconds"], tokens=tokens, stats_tokens=st["tokens"],
                 peak_batch=st.get("peak_batch"), forwards=st.get("forwards"),
-                graphs=st.get("graphs"), profile=lines[start:] if profile else None)
+                graphs=st.get("graphs"), profile=table)
 
 
 # ---------------------------------------------------------------------------------- driver ----
@@ -396,7 +401,8 @@ def profile(a, doc):
         print(f"weft's GPU time per op at batch {batch} (every kernel launched, no graphs):")
         r = run_weft(a, prompts_file(a, batch), batch, graphs=False, profile=True)
         doc.setdefault("profiles", {})[str(batch)] = r.get("profile") or r.get("unavailable")
-        print("\n".join(r.get("profile") or [r.get("unavailable", "")]), flush=True)
+        print("\n".join(r["profile"]["printed"] if r.get("profile") else
+                        [r.get("unavailable", "")]), flush=True)
         write_json(a, doc)
 
 
