@@ -1,17 +1,24 @@
 // y = alpha x W^T + beta c for a few rows of x: the decode step's projections (one row per
 // sequence, or per drafted token). A GEMM kernel tiles y in 128-wide column blocks, which at
 // N = 2048 is 16 blocks for the GPU's 132 SMs: too few to stream the weights at HBM bandwidth,
-// which is all a decode step at batch 1 has to do. Here a block of 256 threads owns R columns
-// (R rows of W), its threads walk K in 16-byte chunks (thread t takes chunks t, t + 256, ...),
-// each W chunk read once and multiplied into every row of x, and the block sums its threads in a
-// fixed order: warp shuffles, then the warps in turn. Row m's result depends on row m and K alone
-// (not on how many rows come with it, nor on R): the same bits whatever the batch holds.
+// which is all a decode step at batch 1 has to do. Here a block owns R columns (R rows of W) and
+// its T threads walk K in 16-byte chunks (thread t takes chunks t, t + T, ...; T is 256, or fewer
+// where K has fewer chunks: K alone fixes it), each W chunk read once and multiplied into every
+// row of x, and the block sums its threads in a fixed order: warp shuffles, then the warps in
+// turn. Row m's result depends on row m and K alone (not on how many rows come with it, nor on
+// R): the same bits whatever the batch holds.
 #include "backend/cuda/common.cuh"
 
 namespace {
 namespace few {
 
-constexpr int THREADS = 256, WARPS = THREADS / 32, CHUNK = 8; // bf16 per 16-byte chunk
+constexpr int MAX_THREADS = 256, CHUNK = 8; // bf16 per 16-byte chunk
+
+// Threads a block: one per chunk of a row of K, in whole warps, at most MAX_THREADS.
+inline int threads_for(int K) {
+    int warps = (K / CHUNK + 31) / 32;
+    return 32 * (warps < 1 ? 1 : warps > MAX_THREADS / 32 ? MAX_THREADS / 32 : warps);
+}
 
 // The eight bf16 of a 16-byte chunk as floats.
 __device__ __forceinline__ void unpack(uint4 raw, float v[CHUNK]) {
@@ -23,11 +30,11 @@ __device__ __forceinline__ void unpack(uint4 raw, float v[CHUNK]) {
 // MR rows of x (the first `rows` real; the rest read the last real row and are not stored) times
 // R rows of W, from column n0 = blockIdx.x * R.
 template <int MR, int R>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(MAX_THREADS)
     few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
                     int K, int N, float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc,
                     int rows) {
-    __shared__ float partial[WARPS][MR * R];
+    __shared__ float partial[MAX_THREADS / 32][MR * R];
     int n0 = blockIdx.x * R;
     const bf16 *xr[MR], *wr[R];
 #pragma unroll
@@ -35,7 +42,7 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int r = 0; r < R; r++) wr[r] = w + (size_t)min(n0 + r, N - 1) * ldw;
     float acc[MR][R] = {};
-    for (int c = threadIdx.x * CHUNK; c < K; c += THREADS * CHUNK) {
+    for (int c = threadIdx.x * CHUNK; c < K; c += blockDim.x * CHUNK) {
         uint4 wraw[R];
 #pragma unroll
         for (int r = 0; r < R; r++) wraw[r] = *reinterpret_cast<const uint4 *>(wr[r] + c);
@@ -64,7 +71,7 @@ __global__ void __launch_bounds__(THREADS)
     int i = threadIdx.x, m = i / R, n = n0 + i % R;
     if (i >= MR * R || m >= rows || n >= N) return;
     float sum = 0.0f;
-    for (int v = 0; v < WARPS; v++) sum += partial[v][i];
+    for (int v = 0; v < (int)blockDim.x / 32; v++) sum += partial[v][i];
     float out = alpha * sum;
     if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
     y[(size_t)m * ldc + n] = to_bf16(out);
@@ -75,8 +82,8 @@ template <int MR, int R>
 void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
             float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
     static constexpr auto kernel = few_rows_kernel<MR, R>;
-    WEFT_LAUNCH(kernel, (unsigned)((N + R - 1) / R), THREADS, 0, s, x, ldx, w, ldw, K, N, alpha,
-                beta, c_in, y, ldc, rows);
+    WEFT_LAUNCH(kernel, (unsigned)((N + R - 1) / R), threads_for(K), 0, s, x, ldx, w, ldw, K, N,
+                alpha, beta, c_in, y, ldc, rows);
 }
 
 // Columns a block: 4 where that still leaves the GPU a few blocks per SM, one for the small
