@@ -214,7 +214,7 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
     }
 };
 
-// A block of ROWS query rows of head blockIdx.y and its walk over the key tiles they see: set up
+// A block of ROWS query rows of one head (block_tile) and its walk over the key tiles they see: set up
 // by every thread; the producer loads, the consumers wait for and release the stages.
 template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
     using L = query_layout<D, KEYS_, ROW_TENSORS>;
@@ -229,7 +229,8 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
         bar = {bars, bars + 1, bars + 1 + STAGES};
         row_lo = reinterpret_cast<int *>(smem + L::RANGES);
         row_hi = row_lo + ROWS;
-        r0 = query_tile_of_block() * ROWS, h = blockIdx.y, kvh = h / (a.H / a.KV);
+        tile_of_head th = block_tile(true);
+        r0 = th.tile * ROWS, h = th.head, kvh = h / (a.H / a.KV);
         if (threadIdx.x == 0) init_barriers(bar, 1, CONSUMERS);
         if (threadIdx.x < ROWS)
             row_key_range(a, r0 + threadIdx.x, &row_lo[threadIdx.x], &row_hi[threadIdx.x]);

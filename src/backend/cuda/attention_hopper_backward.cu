@@ -292,7 +292,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint64_t *bars = reinterpret_cast<uint64_t *>(b.smem + L::BARRIERS);
     b.bar = {bars, bars + 1, bars + 1 + STAGES};
     b.meta = reinterpret_cast<step_meta *>(b.smem + L::META);
-    b.h = blockIdx.y, b.j0 = blockIdx.x * BLOCK_KEYS, b.j_end = min(b.j0 + BLOCK_KEYS, a.Tkv);
+    tile_of_head th = block_tile(false);
+    b.h = th.head, b.j0 = th.tile * BLOCK_KEYS, b.j_end = min(b.j0 + BLOCK_KEYS, a.Tkv);
     if (threadIdx.x == 0) init_barriers(b.bar, 32, 4 * CONSUMERS); // full: the producer warp
     __syncthreads();
     int role = take_role();

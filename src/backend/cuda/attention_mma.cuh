@@ -353,7 +353,7 @@ __device__ __forceinline__ void attend_tile(const uint32_t (*qf)[DK][4], const b
     accumulate_c_times<MT, BLOCK_KEYS / 16, NO>(o, s, Vs, D + PAD);
 }
 
-// What the forward and dQ kernels share: the block's ROWS query rows of head blockIdx.y (16·MT
+// What the forward and dQ kernels share: the block's ROWS query rows of one head (16·MT
 // per warp; this thread's rows in m-tile mt are g and g + 8 of it), the keys they see, and a walk
 // over those keys' tiles, double-buffered: tile j + 1 is in flight while tile j is used.
 template <int DK> struct query_block {
@@ -370,9 +370,10 @@ template <int DK> struct query_block {
         int w = threadIdx.x >> 5;
         g = (threadIdx.x & 31) >> 2;
         t = threadIdx.x & 3;
-        h = blockIdx.y;
+        tile_of_head th = block_tile(true);
+        h = th.head;
         kvh = h / (a.H / a.KV);
-        int r0 = query_tile_of_block() * ROWS;
+        int r0 = th.tile * ROWS;
         block_key_ranges<ROWS, WARP_ROWS>(a, r0, row_lo, row_hi, &block, &warp);
         first_row = r0 + WARP_ROWS * w;
         for (int mt = 0; mt < MT; mt++)
@@ -615,7 +616,7 @@ __device__ __forceinline__ void store_key_row(const weft_cuda_attention_args &a,
 
 // For one tile of keys of kv head `kvh`: transposed products, keys as the rows of A.
 //   S^T = K Q^T, dP^T = V dO^T, P^T = exp(S^T - lse), dS^T = P^T (dP^T - delta)
-//   dV += P^T dO, dK += scale * dS^T Q, for query head h = blockIdx.y.
+//   dV += P^T dO, dK += scale * dS^T Q, for one query head (block_tile).
 // Without grouping (H == KV) the results go to dk, dv (bf16); with it, to dk_part, dv_part
 // (Tkv, H, D) fp32, which group_sum_kernel adds up.
 template <int DK>
@@ -632,7 +633,8 @@ __global__ void __launch_bounds__(THREADS)
     int *seen = reinterpret_cast<int *>(meta + 2);                                // [2][WARPS]
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-    int h = blockIdx.y, kvh = h / (a.H / a.KV), j0 = blockIdx.x * KEYS;
+    tile_of_head th = block_tile(false);
+    int h = th.head, kvh = h / (a.H / a.KV), j0 = th.tile * KEYS;
     int j_end = min(j0 + KEYS, a.Tkv);
     size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;
     stage_rows<D, KEYS>(Ks, k + (size_t)kvh * D, kv_ld, j0, j_end);
