@@ -1,7 +1,8 @@
 // y = alpha x W^T + beta c for a few rows of x: the decode step's projections (one row per
-// sequence, or per drafted token). A GEMM kernel tiles y in 128-wide column blocks, which at
-// N = 2048 is 16 blocks for the GPU's 132 SMs: too few to stream the weights at HBM bandwidth,
-// which is all a decode step at batch 1 has to do. Here a block owns R columns (R rows of W) and
+// sequence, or per drafted token). A GEMM kernel tiles y in column blocks, typically 128 wide:
+// at N = 2048 that is 16 blocks for the GPU's 132 SMs unless it also splits K, too few to stream
+// the weights at HBM bandwidth, which is all a decode step at batch 1 has to do (on an H100 the
+// 1B model's batch-1 steps ran at a quarter of it). Here a block owns R columns (R rows of W) and
 // its T threads walk K in 16-byte chunks (thread t takes chunks t, t + T, ...; T is 256, or fewer
 // where K has fewer chunks: K alone fixes it), each W chunk read once and multiplied into every
 // row of x, and the block sums its threads in a fixed order: warp shuffles, then the warps in
