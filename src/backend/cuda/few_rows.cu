@@ -21,13 +21,6 @@ inline int threads_for(int K) {
     return 32 * (warps < 1 ? 1 : warps > MAX_THREADS / 32 ? MAX_THREADS / 32 : warps);
 }
 
-// The eight bf16 of a 16-byte chunk as floats.
-__device__ __forceinline__ void unpack(uint4 raw, float v[CHUNK]) {
-    const bf16 *h = reinterpret_cast<const bf16 *>(&raw);
-#pragma unroll
-    for (int k = 0; k < CHUNK; k++) v[k] = to_f32(h[k]);
-}
-
 // MR rows of x (the first `rows` real; the rest read the last real row and are not stored) times
 // R rows of W, from column n0 = blockIdx.x * R.
 template <int MR, int R>
@@ -44,20 +37,17 @@ __global__ void __launch_bounds__(MAX_THREADS)
     for (int r = 0; r < R; r++) wr[r] = w + (size_t)min(n0 + r, N - 1) * ldw;
     float acc[MR][R] = {};
     for (int c = threadIdx.x * CHUNK; c < K; c += blockDim.x * CHUNK) {
-        uint4 wraw[R];
+        bf16_vec<CHUNK> wv[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) wraw[r] = *reinterpret_cast<const uint4 *>(wr[r] + c);
+        for (int r = 0; r < R; r++) wv[r].load(wr[r] + c);
 #pragma unroll
         for (int m = 0; m < MR; m++) {
-            float xv[CHUNK];
-            unpack(*reinterpret_cast<const uint4 *>(xr[m] + c), xv);
+            bf16_vec<CHUNK> xv;
+            xv.load(xr[m] + c);
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                float wv[CHUNK];
-                unpack(wraw[r], wv);
+            for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int k = 0; k < CHUNK; k++) acc[m][r] = fmaf(xv[k], wv[k], acc[m][r]);
-            }
+                for (int k = 0; k < CHUNK; k++) acc[m][r] = fmaf(xv.x[k], wv[r].x[k], acc[m][r]);
         }
     }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
