@@ -26,24 +26,14 @@ struct weft_cuda_profile {
     op_total ops[MAX_OPS];
     int n_ops;
     double span_ms; // from the first mark to the last op's end: every op's own and idle time
-    char *json; // WEFT_CUDA_PROFILE=<file>.json, else NULL
+    // WEFT_CUDA_PROFILE=<file>.json (else NULL), written to json_tmp and renamed when whole, so
+    // a job that fails leaves no file.
+    char *json, *json_tmp;
 };
 
-// The JSON goes to <path>.tmp, renamed to <path> when whole: a job that fails leaves no file.
-typedef struct tmp_name {
-    char s[4096];
-} tmp_name;
-
-static tmp_name tmp_of(const char *path) {
-    tmp_name t;
-    WEFT_CHECK(snprintf(t.s, sizeof t.s, "%s.tmp", path) < (int)sizeof t.s,
-               "WEFT_CUDA_PROFILE: the file name is too long");
-    return t;
-}
-
-static FILE *open_json(const char *path) {
-    FILE *f = fopen(tmp_of(path).s, "w");
-    WEFT_CHECK(f, "WEFT_CUDA_PROFILE=%s: cannot write %s", path, tmp_of(path).s);
+static FILE *open_json(const weft_cuda_profile *p) {
+    FILE *f = fopen(p->json_tmp, "w");
+    WEFT_CHECK(f, "WEFT_CUDA_PROFILE=%s: cannot write %s", p->json, p->json_tmp);
     return f;
 }
 
@@ -57,9 +47,11 @@ weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream) {
                ".json (the table, and the same as JSON in that file)", on);
     weft_cuda_profile *p = weft_alloc(sizeof *p);
     if (to_json) { // tried now, so a path that cannot be written fails the job before it runs
-        fclose(open_json(on));
-        remove(tmp_of(on).s);
         p->json = weft_strdup(on);
+        p->json_tmp = weft_alloc(n + 5);
+        snprintf(p->json_tmp, n + 5, "%s.tmp", on);
+        fclose(open_json(p));
+        remove(p->json_tmp);
     }
     p->stream = stream;
     for (int i = 0; i <= RING; i++)
@@ -139,7 +131,7 @@ static void print_table(const weft_cuda_profile *p, double own, double idle, lon
 }
 
 static void write_json(const weft_cuda_profile *p, double own, double idle, long host_waits) {
-    FILE *f = open_json(p->json);
+    FILE *f = open_json(p);
     fprintf(f, "{\"span_ms\": %.6f, \"own_ms\": %.6f, \"idle_ms\": %.6f, \"host_waits\": %ld, "
             "\"ops\": [", p->span_ms, own, idle, host_waits);
     for (int i = 0; i < p->n_ops; i++) {
@@ -148,7 +140,7 @@ static void write_json(const weft_cuda_profile *p, double own, double idle, long
                 i ? "," : "", t->name, t->calls, t->own_ms, t->idle_ms);
     }
     fprintf(f, "\n]}\n");
-    WEFT_CHECK(fclose(f) == 0 && rename(tmp_of(p->json).s, p->json) == 0,
+    WEFT_CHECK(fclose(f) == 0 && rename(p->json_tmp, p->json) == 0,
                "WEFT_CUDA_PROFILE=%s: writing the profile failed", p->json);
 }
 
@@ -161,6 +153,6 @@ void weft_cuda_profile_finish(weft_cuda_profile *p, long host_waits) {
     print_table(p, own, idle, host_waits);
     if (p->json) write_json(p, own, idle, host_waits);
     for (int i = 0; i <= RING; i++) cudaEventDestroy(p->starts[i]), cudaEventDestroy(p->ends[i]);
-    weft_free(p->json);
+    weft_free(p->json), weft_free(p->json_tmp);
     weft_free(p);
 }
