@@ -221,12 +221,11 @@ def run_weft(a, prompts, batch, graphs=True, profile=False, few_rows=True):
     stats = out + ".stats.json"
     cmd = weft_command(a, prompts, out, stats, graphs)
     profile_json = os.path.join(a.tmp, f"profile_{batch}.json")
-    env = dict(os.environ, **({"WEFT_CUDA_PROFILE": profile_json} if profile else {}),
-               **({} if few_rows else {"WEFT_CUDA_FEW_ROWS": "0"}))
-    settings = " ".join(f"{k}={env[k]}" for k in ("WEFT_CUDA_PROFILE", "WEFT_CUDA_FEW_ROWS")
-                        if k in env and k not in os.environ)
-    print(f"$ {settings} " + " ".join(cmd) if settings else "$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    extra = dict(({"WEFT_CUDA_PROFILE": profile_json} if profile else {}),
+                 **({} if few_rows else {"WEFT_CUDA_FEW_ROWS": "0"}))
+    print("$ " + " ".join([f"{k}={v}" for k, v in extra.items()] + cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(os.environ, **extra))
     if r.returncode != 0:
         print(f"weft failed:\n{r.stdout[-3000:]}")
         return dict(unavailable=f"weft failed: {gtt.last_line(r.stdout)}")
