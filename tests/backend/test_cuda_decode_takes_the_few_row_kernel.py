@@ -1,0 +1,76 @@
+"""A decode step's products of up to 8 rows run on weft's few-row kernel (few_rows.cu), and
+WEFT_CUDA_FEW_ROWS=0 sends exactly those to cuBLASLt instead.
+
+test_cuda_ops_match_cpu checks the kernel's values and that each row is the same bits alone; this
+checks that decoding reaches it at all (a covers() that refused every call would leave that test
+passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON read back
+(WEFT_CUDA_PROFILE=<file>.json): every decode forward's projections and output head, 7 per layer
+and 1, and the prefill's output head (on its one last row) are "matmul (few rows)" calls, the
+prefill's 20-row projections are not; with the switch off there are none, and the products are
+the same number of cuBLASLt calls. Runs on weft_emulated (the CUDA backend on the CPU); skipped
+when built without the CUDA toolkit.
+"""
+import json
+import os
+import subprocess
+import sys
+
+from reference import files, fixtures, qwen2, runner
+from reference.generation import random_prompts, write_prompts
+
+CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+PROJECTIONS = 7  # q, k, v, o, gate, up, down
+
+
+def generate(emulated, mdir, prompts, tmp, name, few_rows):
+    """The profile's matmul calls {op: calls} and the run's statistics."""
+    prof, out = os.path.join(tmp, f"{name}.json"), os.path.join(tmp, f"{name}.jsonl")
+    env = dict(os.environ, OMP_NUM_THREADS="1", WEFT_CUDA_PROFILE=prof,
+               WEFT_CUDA_FEW_ROWS="1" if few_rows else "0")
+    cmd = [emulated, "generate", "--model", mdir, "--prompts", prompts, "--out", out,
+           "--stats", out + ".stats.json", "device=cuda", "sampling.max_tokens=6",
+           "sampling.stop_token_ids=[]"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
+    with open(prof) as f:
+        ops = {o["op"]: o["calls"] for o in json.load(f)["ops"] if o["op"].startswith("matmul")}
+    with open(out + ".stats.json") as f:
+        return ops, json.load(f)
+
+
+def cases(weft, tmp):
+    emulated = os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")
+    mdir = os.path.join(tmp, "model")
+    files.make_model(mdir, CFG, 5, std=0.05)
+    prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
+                            random_prompts([20], CFG["vocab_size"], 4))  # a prefill of 20 rows
+    on, stats = generate(emulated, mdir, prompts, tmp, "on", True)
+    off, _ = generate(emulated, mdir, prompts, tmp, "off", False)
+    decode_forwards = stats["forwards"] - 1
+    per_forward = PROJECTIONS * CFG["num_hidden_layers"] + 1
+    few = on.get("matmul (few rows)", 0)
+    print(f"default: {on}; WEFT_CUDA_FEW_ROWS=0: {off}; {decode_forwards} decode forwards of "
+          f"{per_forward} products")
+    failures = []
+    if few != decode_forwards * per_forward + 1:
+        failures.append(f"{few} few-row products, not the decode forwards' "
+                        f"{decode_forwards * per_forward} and the prefill's output head")
+    if "matmul (few rows)" in off:
+        failures.append("WEFT_CUDA_FEW_ROWS=0 still ran the few-row kernel")
+    if sum(on.values()) != sum(off.values()):
+        failures.append(f"{sum(on.values())} products by default, {sum(off.values())} without "
+                        "the few-row kernel")
+    return failures
+
+
+def main():
+    weft = runner.weft_path()
+    if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")):
+        print("built without CUDA (no weft_emulated beside weft): skipped")
+        return 77
+    return fixtures.run_test(cases, "weft_test_cuda_few_rows_", "checks failed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
