@@ -10,10 +10,12 @@ throughput benchmark (bench/gpu_train_throughput.py: 4096 packed tokens in docum
 and 128 (ten shapes), 32 query heads on 4 kv heads; --docs gives one set instead, --head-dim
 other head dims.
 
-weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "weft mma" is the
-mma.sync kernels, "weft hopper" (on compute capability 9.x; weft's default there) the forward
-and backward on TMA and wgmma (src/backend/cuda/attention_hopper*.cu); --families picks others
-(simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
+weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "weft hopper" (on
+compute capability 9.x; weft's default there) the forward and backward on TMA and wgmma
+(src/backend/cuda/attention_hopper*.cu), its backward summing dQ in the dK/dV kernel in a fixed
+order; "weft hopper-recompute" the same with dQ in a kernel of its own that recomputes S and dP
+(WEFT_CUDA_ATTENTION_DQ=recompute); "weft mma" the mma.sync kernels (the default below 9.x);
+--families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
 on bf16 tensors, as the throughput benchmark's peer does, once restricted to each backend with
 torch.nn.attention.sdpa_kernel: flash (SDPBackend.FLASH_ATTENTION) and cuDNN
 (SDPBackend.CUDNN_ATTENTION). A backend that rejects enable_gqa is run on keys and values
@@ -38,6 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DOC_SETS = ([2048, 1024, 512, 512], [4096], [8192], [16384], [32768])
 HEAD_DIMS = (64, 128)
 PEERS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}  # name: SDPBackend member
+# The environment of a family that is not simply WEFT_CUDA_ATTENTION=<family>.
+FAMILY_ENV = {"hopper-recompute": dict(WEFT_CUDA_ATTENTION="hopper",
+                                       WEFT_CUDA_ATTENTION_DQ="recompute")}
 
 
 def time_ms(run, iters):
@@ -109,8 +114,9 @@ def weft_times(a, docs, head_dim, family):
     exe = os.path.join(a.build, "bench_attention")
     cmd = [exe, str(a.heads), str(a.kv_heads), str(head_dim), *map(str, docs),
            "--iters", str(a.iters)]
-    print(f"$ WEFT_CUDA_ATTENTION={family} " + " ".join(cmd), flush=True)
-    env = dict(os.environ, WEFT_CUDA_ATTENTION=family)
+    extra = FAMILY_ENV.get(family, dict(WEFT_CUDA_ATTENTION=family))
+    print("$ " + " ".join(f"{k}={v}" for k, v in extra.items()) + " " + " ".join(cmd), flush=True)
+    env = dict(os.environ, **extra)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if r.returncode != 0:
         print(f"bench_attention failed:\n{r.stdout[-3000:]}")
@@ -122,7 +128,7 @@ def weft_times(a, docs, head_dim, family):
 def default_families():
     import torch
     major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
-    return ["mma", "hopper"] if major == 9 else ["mma"]
+    return ["hopper", "hopper-recompute"] if major == 9 else ["mma"]
 
 
 def weft_name(family):
@@ -134,11 +140,11 @@ def weft_name(family):
 def print_rows(results, fwd_flops):
     for who, r in results.items():
         if "unavailable" in r:
-            print(f"  {who:>11}: unavailable: {r['unavailable']}")  # compared with the others
+            print(f"  {who:>21}: unavailable: {r['unavailable']}")  # compared with the others
             continue
         f, fb = r["forward_ms"], r["forward_backward_ms"]
         note = "  (kv expanded)" if r.get("kv") == "expanded" else ""
-        print(f"  {who:>11}: forward {f:8.3f} ms ({fwd_flops / f / 1e9:6.1f} TFLOP/s)   "
+        print(f"  {who:>21}: forward {f:8.3f} ms ({fwd_flops / f / 1e9:6.1f} TFLOP/s)   "
               f"forward+backward {fb:8.3f} ms ({3 * fwd_flops / fb / 1e9:6.1f} TFLOP/s){note}")
 
 
@@ -191,8 +197,8 @@ def main():
                         "single documents of 4096, 8192, 16384 and 32768)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "runs",
                                                  "gpu_attention.json"))
-    p.add_argument("--families", help="weft's kernel families, comma-separated (default: mma, "
-                   "and hopper on compute capability 9.x)")
+    p.add_argument("--families", help="weft's kernel families, comma-separated (default: hopper "
+                   "and hopper-recompute on compute capability 9.x, else mma)")
     a = p.parse_args()
     a.families = a.families.split(",") if a.families else default_families()
     doc_sets = [a.docs] if a.docs else [list(s) for s in DOC_SETS]

@@ -58,7 +58,9 @@ enum op_kind {
     OP_MMA,
     OP_LDMATRIX,
     OP_MBAR_WAIT,  // one thread waits for an mbarrier phase (cuda_emulation_hopper.h)
-    OP_WGMMA_WAIT  // a warpgroup waits for its wgmma groups
+    OP_WGMMA_WAIT, // a warpgroup waits for its wgmma groups
+    OP_NAMED_BAR,  // bar.sync id, count: part of the block meets at barrier `id`
+    OP_COUNTER_WAIT // a thread spins until a global counter holds a value
 };
 
 struct wgmma_op; // cuda_emulation_hopper.h
@@ -91,6 +93,9 @@ struct thread_state {
     int wgmma_groups, wgmma_pending_allowed;
     uint32_t mbar;   // OP_MBAR_WAIT: the barrier's shared address and the phase parity awaited
     int mbar_parity;
+    int bar_id, bar_count;      // OP_NAMED_BAR
+    const int *counter;         // OP_COUNTER_WAIT: the counter and the value awaited
+    int counter_value;
     std::vector<char> stack;
 };
 
@@ -234,6 +239,27 @@ inline bool is_warp_op(op_kind op) {
 }
 inline bool is_block_op(op_kind op) { return op == OP_BLOCK_SYNC || op == OP_BLOCK_OR; }
 
+// bar.sync id, count: releases the threads at barrier `id` once `count` of them are there.
+inline bool resolve_named_barriers(block_state &b) {
+    bool released = false;
+    for (auto &first : b.threads) {
+        if (first.op != OP_NAMED_BAR) continue;
+        int there = 0;
+        for (auto &t : b.threads)
+            if (t.op == OP_NAMED_BAR && t.bar_id == first.bar_id) {
+                if (t.bar_count != first.bar_count) fail("bar.sync with different thread counts");
+                there++;
+            }
+        if (there > first.bar_count) fail("more threads at a named barrier than its count");
+        if (there < first.bar_count) continue;
+        int id = first.bar_id;
+        for (auto &t : b.threads)
+            if (t.op == OP_NAMED_BAR && t.bar_id == id) t.op = OP_RUNNABLE;
+        released = true;
+    }
+    return released;
+}
+
 // Releases whatever rendezvous is complete; false when nothing could be released.
 inline bool resolve(block_state &b) {
     bool released = false;
@@ -249,6 +275,13 @@ inline bool resolve(block_state &b) {
         }
     }
     released |= resolve_hopper(b);
+    released |= resolve_named_barriers(b);
+    for (auto &t : b.threads)
+        if (t.op == OP_COUNTER_WAIT && *t.counter >= t.counter_value) {
+            if (*t.counter > t.counter_value) fail("a counter passed the value a thread waits for");
+            t.op = OP_RUNNABLE;
+            released = true;
+        }
     for (auto &t : b.threads) {
         waiting_block += is_block_op(t.op);
         done += t.op == OP_DONE;
@@ -324,8 +357,13 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
         for (auto &t : b.threads) all_done = all_done && t.op == OP_DONE;
         if (all_done) break;
         // TMA copies land, then wgmma run, as late as they can: when nothing else moves.
-        if (!resolve(b) && !ran && !land_tma_copies() && !resolve_wgmma_waits(b))
+        if (!resolve(b) && !ran && !land_tma_copies() && !resolve_wgmma_waits(b)) {
+            for (auto &t : b.threads)
+                if (t.op == OP_COUNTER_WAIT)
+                    fail("a block waits for a count that no earlier block reached (on a GPU: "
+                         "a hang, or a wait on a block launched later)");
             fail("threads wait at a rendezvous that can never complete");
+        }
     }
     end_block_hopper(b);
 }
@@ -358,17 +396,20 @@ inline block_order draw_block_order(uint64_t blocks) {
     return {stride, offset};
 }
 
-// A kernel launch: every block of `grid`, one at a time (in block_order's order), checking the
+// A kernel launch: every block of `grid`, one at a time (in block_order's order, or in index
+// order for a kernel whose blocks wait for earlier ones: WEFT_LAUNCH_IN_ORDER), checking the
 // kernel stays inside the dynamic shared memory it was launched with (the bytes past it are a
-// canary).
+// canary). A GPU starts blocks in index order, so a block may wait for a lower-indexed one; in
+// index order here every such wait is met by blocks that already ran, and one that is not (a
+// wait for a later block, which could hang a GPU) fails.
 inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
-                     const std::function<void()> &kernel) {
+                     const std::function<void()> &kernel, bool in_order = false) {
     constexpr size_t CANARY = 4096;
     if (smem_bytes + CANARY > sizeof weft_dynamic_smem)
         fail("shared memory larger than the emulator's");
     g_grid_dim = grid;
     uint64_t blocks = (uint64_t)grid.x * grid.y;
-    block_order order = draw_block_order(blocks);
+    block_order order = in_order ? block_order{1, 0} : draw_block_order(blocks);
     for (uint64_t i = 0; i < blocks; i++) {
         uint64_t b = (order.offset + i * order.stride) % blocks;
         memset(weft_dynamic_smem, 0xA5, smem_bytes + CANARY);
@@ -379,17 +420,24 @@ inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
     }
 }
 
-inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, std::function<void()> kernel) {
-    stream_work([=] { run_grid(grid, threads, smem_bytes, kernel); });
+inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, std::function<void()> kernel,
+                   bool in_order = false) {
+    stream_work([=] { run_grid(grid, threads, smem_bytes, kernel, in_order); });
 }
 
 } // namespace emu
 
 // The arguments are evaluated at the launch, as on a GPU, and kept: a launch recorded in a graph
 // runs later, with them (not with what `*args` or a local points to by then).
-#define WEFT_LAUNCH(kernel, grid, threads, smem_bytes, stream, ...)                                \
+// The kernel may be a local pointer to one: it is captured with them.
+#define WEFT_LAUNCH_WITH_ORDER(in_order, kernel, grid, threads, smem_bytes, stream, ...)           \
     emu::launch(dim3(grid), (threads), (size_t)(smem_bytes),                                       \
-                [launch_args = std::make_tuple(__VA_ARGS__)] { std::apply(kernel, launch_args); })
+                [kernel_fn = (kernel), launch_args = std::make_tuple(__VA_ARGS__)] {               \
+                    std::apply(kernel_fn, launch_args);                                            \
+                },                                                                                 \
+                in_order)
+#define WEFT_LAUNCH(...) WEFT_LAUNCH_WITH_ORDER(false, __VA_ARGS__)
+#define WEFT_LAUNCH_IN_ORDER(...) WEFT_LAUNCH_WITH_ORDER(true, __VA_ARGS__)
 
 // Shared memory: `__shared__` variables are per block, and blocks run one at a time, so static
 // storage stands in for them; dynamic shared memory is the one buffer above.
@@ -439,6 +487,19 @@ inline void weft_emulated_mma(float c[4], const uint32_t a[4], uint32_t b0, uint
     memcpy(t->c, c, sizeof t->c);
     emu::rendezvous(emu::OP_MMA);
     memcpy(c, t->d, sizeof t->d);
+}
+inline void __threadfence() {} // threads switch only at rendezvous: every write is seen at once
+// bar.sync id, count (hopper.cuh's named_barrier).
+inline void weft_emulated_named_barrier(int id, int count) {
+    emu::self()->bar_id = id;
+    emu::self()->bar_count = count;
+    emu::rendezvous(emu::OP_NAMED_BAR);
+}
+// Spins until *counter == value (hopper.cuh's wait_counter).
+inline void weft_emulated_wait_counter(const int *counter, int value) {
+    emu::self()->counter = counter;
+    emu::self()->counter_value = value;
+    emu::rendezvous(emu::OP_COUNTER_WAIT);
 }
 // Threads switch only at the rendezvous points above, so a read-modify-write is atomic.
 inline float atomicAdd(float *p, float x) {

@@ -13,7 +13,7 @@
 //   16-byte chunk at shared address a goes to a ^ ((a >> 7) & 7) << 4. Copies land at issue
 //   (g_copies_land_at_issue) or as late as possible: only when no thread can run otherwise.
 // wgmma.mma_async m64nNk16, bf16 in, f32 accumulate: D (64 x N) = A (64 x 16) B (16 x N) (+ D).
-//   A from a descriptor (K-major) or from registers (warp w of the warpgroup gives rows 16w ..
+//   A from a descriptor (K-major, or transposed (imm-trans-a) MN-major) or from registers (warp w of the warpgroup gives rows 16w ..
 //   16w + 15 in the mma.m16n8k16 A fragment layout); B from a descriptor, K-major (N rows of 16)
 //   or, transposed (imm-trans-b), MN-major (16 rows of N). D: warp w holds rows 16w + g and
 //   16w + g + 8 at columns 8i + 2t, + 1 in d[4i .. 4i + 3], as mma's C fragment. Descriptor: bits
@@ -52,7 +52,7 @@ struct tma_copy {
 struct wgmma_op {
     float *d;
     int n;
-    bool a_in_registers, trans_b, accumulate;
+    bool a_in_registers, trans_a, trans_b, accumulate;
     uint32_t a[4];
     const uint32_t *a_registers; // where a came from: they must hold it until the wait
     uint64_t desc_a, desc_b;
@@ -145,7 +145,7 @@ inline void execute_wgmma(thread_state *lanes, size_t i) {
     for (int lane = 0; lane < 128; lane++) {
         const wgmma_op &mine = (*lanes[lane].wgmma)[i];
         if (mine.n != n || mine.a_in_registers != op.a_in_registers || mine.desc_a != op.desc_a ||
-            mine.desc_b != op.desc_b || mine.trans_b != op.trans_b ||
+            mine.desc_b != op.desc_b || mine.trans_a != op.trans_a || mine.trans_b != op.trans_b ||
             mine.accumulate != op.accumulate)
             fail("the threads of a warpgroup issued different wgmma");
         if (!op.a_in_registers) continue;
@@ -163,7 +163,7 @@ inline void execute_wgmma(thread_state *lanes, size_t i) {
     if (!op.a_in_registers)
         for (int m = 0; m < 64; m++)
             for (int k = 0; k < 16; k++)
-                A[m * 16 + k] = smem_bf16(operand_address(op.desc_a, false, m, k));
+                A[m * 16 + k] = smem_bf16(operand_address(op.desc_a, op.trans_a, m, k));
     for (int k = 0; k < 16; k++)
         for (int c = 0; c < n; c++)
             B[k * n + c] = smem_bf16(operand_address(op.desc_b, op.trans_b, c, k));
@@ -292,10 +292,11 @@ inline emu::tensor_map weft_emulated_tensor_map_2d(const void *base, uint64_t co
 }
 
 inline void weft_emulated_wgmma(float *d, int n, const uint32_t *a, uint64_t desc_a,
-                                uint64_t desc_b, int accumulate, bool trans_b) {
+                                uint64_t desc_b, int accumulate, bool trans_a, bool trans_b) {
     emu::thread_state *t = emu::self();
-    emu::wgmma_op op{d, n, a != nullptr, trans_b, accumulate != 0, {0, 0, 0, 0}, a,
-                     desc_a, desc_b, t->wgmma_groups, {}};
+    if (a && trans_a) emu::fail("wgmma: imm-trans-a with A in registers");
+    emu::wgmma_op op{d,     n,      a != nullptr, trans_a, trans_b, accumulate != 0, {0, 0, 0, 0},
+                     a,     desc_a, desc_b,       t->wgmma_groups, {}};
     if (a) memcpy(op.a, a, sizeof op.a);
     bool chained = false; // an earlier pending op writes the same accumulators
     for (const emu::wgmma_op &other : *t->wgmma) chained |= other.d == d;

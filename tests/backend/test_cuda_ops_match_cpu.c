@@ -98,6 +98,17 @@ static void compare(const char *what, const twin *t, double tol) {
     weft_free(b);
 }
 
+// Whether the GPU copies of a and b hold the same bits (bf16 and f32 both widen exactly).
+static bool same_bits(const twin *a, const twin *b) {
+    float *x = weft_alloc(a->n * sizeof(float) + 4), *y = weft_alloc(b->n * sizeof(float) + 4);
+    gpu->to_f32(gpu, x, a->g, a->type, a->n);
+    gpu->to_f32(gpu, y, b->g, b->type, b->n);
+    bool same = a->n == b->n && !memcmp(x, y, a->n * sizeof(float));
+    weft_free(x);
+    weft_free(y);
+    return same;
+}
+
 // ---------------------------------------------------------------------------------- tests ----
 
 // With a residual, C = 0.5 A B + R with R another buffer (C holding zeros before).
@@ -366,14 +377,23 @@ static void check_attention(const char *label, int H, int KV, int D, int n_docs,
         snprintf(name, sizeof name, "attention/%s %s %s", family, label, names[i]);
         compare(name, grads[i], BF16_TOL);
     }
+    // Run again: every gradient bit the same (no float atomics adding in a varying order).
+    twin dq2 = zeros(q.n, WEFT_BF16), dk2 = zeros(k.n, WEFT_BF16), dv2 = zeros(v.n, WEFT_BF16);
+    gpu->attention_backward(gpu, q.g, k.g, v.g, &lg, out.g, lse.g, dout.g, dq2.g, dk2.g, dv2.g,
+                            H, KV, D);
+    bool repeats = same_bits(&dq, &dq2) && same_bits(&dk, &dk2) && same_bits(&dv, &dv2);
+    printf("attention/%s %s backward repeats bit for bit: %s\n", family, label,
+           repeats ? "ok" : "FAIL");
+    failures += !repeats;
     release(&q), release(&k), release(&v), release(&out), release(&lse), release(&dout);
-    release(&dq), release(&dk), release(&dv);
+    release(&dq), release(&dk), release(&dv), release(&dq2), release(&dk2), release(&dv2);
     release_ints(&cq), release_ints(&ck), release_ints(&pos);
 }
 
 // Whole documents: queries and keys are the same rows, positions restart per document.
 static void attention_whole(const char *label, int H, int KV, int D, const int *lens, int n) {
-    int32_t cu[16] = {0}, pos[1024];
+    static int32_t pos[4200];
+    int32_t cu[16] = {0};
     for (int d = 0; d < n; d++) {
         for (int i = 0; i < lens[d]; i++) pos[cu[d] + i] = i;
         cu[d + 1] = cu[d] + lens[d];
@@ -472,6 +492,11 @@ static void test_paged(int H, int KV, int D, int bs) {
 }
 
 int main(void) {
+#if defined(WEFT_TEST_EMULATED) // the emulated backend (CMakeLists.txt): the long shapes take minutes
+    const bool emulated = true;
+#else
+    const bool emulated = false;
+#endif
     if (weft_cuda_device_count() == 0) {
         printf("no CUDA GPU visible: skipped\n");
         return 77;
@@ -502,15 +527,22 @@ int main(void) {
     test_paged(4, 4, 40, 16);
     weft_backend_destroy(gpu);
     // Every attention kernel family the GPU has, each on a backend of its own (hopper: 128-row,
-    // 128-key tiles, so the longer documents span several).
-    const char *families[] = {"mma", "simt", "hopper"};
-    int n_families = weft_cuda_compute_capability(0) / 10 == 9 ? 3 : 2;
+    // 128-key tiles, so the longer documents span several; its backward both ways).
+    const char *families[] = {"mma", "simt", "hopper", "hopper-recompute"};
+    bool hopper_gpu = weft_cuda_compute_capability(0) / 10 == 9;
+    int n_families = hopper_gpu ? 4 : 2;
     const int mixed[] = {1, 33, 5, 70, 2}, single[] = {100}, long_docs[] = {150, 7, 90};
-    const int tiles[] = {300, 7, 190};
+    const int tiles[] = {300, 7, 190}, long_ones[] = {3000, 1100};
     for (int f = 0; f < n_families; f++) {
         family = families[f];
-        setenv("WEFT_CUDA_ATTENTION", family, 1);
+        bool recompute = !strcmp(family, "hopper-recompute");
+        setenv("WEFT_CUDA_ATTENTION", recompute ? "hopper" : family, 1);
+        setenv("WEFT_CUDA_ATTENTION_DQ", recompute ? "recompute" : "ordered", 1);
         gpu = weft_backend_cuda_create(0);
+        if (f >= 2 && !emulated) { // blocks in many waves, taking turns at the same dQ rows
+            attention_whole("[3000,1100] H16 KV4 D128", 16, 4, 128, long_ones, 2);
+            attention_whole("[3000,1100] H16 KV4 D64", 16, 4, 64, long_ones, 2);
+        }
         attention_whole("[1,33,5,70,2] H4 KV2 D16", 4, 2, 16, mixed, 5);
         attention_whole("[1,33,5,70,2] H6 KV2 D64", 6, 2, 64, mixed, 5);
         attention_whole("[100] H2 KV1 D128", 2, 1, 128, single, 1);

@@ -1,8 +1,11 @@
-// Varlen causal attention backward for Hopper (sm_90a): the mma.sync backward's two kernels
-// (attention_mma.cuh), each in the forward's design (attention_hopper.cuh): a producer streams
-// tiles with TMA, two consumer warpgroups multiply with wgmma. As there, every output element has
-// one writer, no atomics, so runs are bit-reproducible; the price is that S and dP are computed
-// twice, once per kernel.
+// Varlen causal attention backward for Hopper (sm_90a), in the forward's design
+// (attention_hopper.cuh): a producer streams tiles with TMA, two consumer warpgroups multiply with
+// wgmma. Two ways to dQ, both bit-reproducible:
+//   ordered (the default): the dK/dV kernel below also computes each step's dQ share from the dS
+//     it has anyway and adds it into fp32 sums, the blocks taking turns in a fixed order (five
+//     products per tile, as FlashAttention-3's deterministic mode);
+//   recompute: the mma.sync backward's two kernels (attention_mma.cuh), in which every output
+//     element has one writer, at the price of computing S and dP twice, once per kernel (seven).
 //   dQ: a block of 128 query rows walks the key tiles its rows see, as the forward does, with dO
 //     loaded beside Q: S = Q K^T and dP = dO V^T (one wgmma group), dS = P (dP - delta) in
 //     registers, then dQ += dS K with dS straight from them.
@@ -113,20 +116,23 @@ __global__ void __launch_bounds__(THREADS, 1)
 // --------------------------------------------------------------------------------- dK dV ----
 
 // A step of the dK/dV kernel as the producer announces it: its first query row (-1: there are no
-// more) and its rows' key ranges, lse and delta.
+// more; a multiple of STEP, so that every block's steps are the same rows), its rows' key ranges,
+// lse and delta, and how many blocks of keys before this one add into its dQ (ORDERED).
 struct step_meta {
-    int i0;
+    int i0, order;
     step_rows<STEP> rows;
 };
 
 // Shared memory of a dK/dV block, from a 1024-byte aligned start: its K and V tiles (BLOCK_KEYS x
-// D), STAGES tiles of Q and of dO (STEP x D), STAGES step_meta, the barriers.
-template <int D> struct dkdv_layout {
+// D), STAGES tiles of Q and of dO (STEP x D), with ORDERED the step's dS^T (BLOCK_KEYS x STEP),
+// STAGES step_meta, the barriers.
+template <int D, bool ORDERED> struct dkdv_layout {
     static constexpr size_t KEY_ATOM = atom_bytes(BLOCK_KEYS), STEP_ATOM = atom_bytes(STEP);
     static constexpr size_t K = 0, V = tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t Q = 2 * tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t DO = Q + STAGES * tile_bytes(STEP, D);
-    static constexpr size_t META = DO + STAGES * tile_bytes(STEP, D);
+    static constexpr size_t DS = DO + STAGES * tile_bytes(STEP, D);
+    static constexpr size_t META = DS + (ORDERED ? tile_bytes(BLOCK_KEYS, STEP) : 0);
     static constexpr size_t BARRIERS = (META + STAGES * sizeof(step_meta) + 7) / 8 * 8;
     static constexpr size_t BYTES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES) + 1024;
     static_assert(BYTES <= MAX_SMEM, "a dK/dV block's tiles exceed shared memory");
@@ -138,21 +144,33 @@ template <int D> struct dkdv_layout {
     }
 };
 
+// Where the ORDERED kernel sums dQ: fp32 (Tq, H, D), and per query head and step a count of the
+// (block, consumer) pairs that have added theirs.
+struct dq_sums {
+    float *sums;
+    int *counts; // (H, steps)
+    int steps;   // STEP-row steps of Tq
+};
+
 struct dkdv_block {
     unsigned char *smem;
     barriers bar;
-    step_meta *meta; // [STAGES]
-    int h, j0, j_end; // query head, keys [j0, j_end)
+    step_meta *meta;        // [STAGES]
+    int h, tile, j0, j_end; // query head, tile of keys [j0, j_end)
+    dq_sums dq;
 };
 
-// The producer warp: K and V of the block once, then every step of query rows that sees a key
-// of the block (rows causally before all of them are skipped, never loaded), then the end.
-template <int D>
+// The producer warp: K and V of the block once, then every step of query rows that may see a key
+// of the block, then the end. A step's rows together see keys [first, last) (each row a prefix of
+// its document's): the blocks of keys that meet that span are the step's, every one of them
+// announces it (rows causally before all of its keys are skipped, never loaded), and this block's
+// place among them, counted from the first, orders its dQ.
+template <int D, bool ORDERED>
 __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_block &b,
                               const weft_tensor_map *q_map, const weft_tensor_map *do_map,
                               const weft_tensor_map *k_map, const weft_tensor_map *v_map,
                               const float *lse, const float *delta) {
-    using L = dkdv_layout<D>;
+    using L = dkdv_layout<D, ORDERED>;
     int lane = threadIdx.x & 31, kvh = b.h / (a.H / a.KV);
     if (lane == 0) {
         hopper::mbar_arrive_expect_tx(b.bar.once, 2 * BLOCK_KEYS * D * sizeof(bf16));
@@ -160,21 +178,23 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
         load_tile<BLOCK_KEYS, D>(b.smem + L::V, v_map, kvh * D, b.j0, b.bar.once);
     }
     // The rows that may see these keys: those of the documents the keys belong to.
-    int rows_lo = a.cu_q[find_doc(a.cu_kv, a.n_docs, b.j0)];
+    int rows_lo = a.cu_q[find_doc(a.cu_kv, a.n_docs, b.j0)] / STEP * STEP;
     int rows_hi = a.cu_q[find_doc(a.cu_kv, a.n_docs, b.j_end - 1) + 1];
     for (int i0 = rows_lo, n = 0;; i0 += STEP) {
-        bool end = i0 >= rows_hi, sees = false;
+        bool end = i0 >= rows_hi;
         int lo[2] = {0, 0}, hi[2] = {0, 0}; // lane's rows i0 + lane and i0 + lane + 32
+        int first = INT_MAX, last = 0;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            if (i0 + lane + 32 * r < rows_hi) row_key_range(a, i0 + lane + 32 * r, &lo[r], &hi[r]);
-            sees |= lo[r] < b.j_end && hi[r] > b.j0;
+            if (!end) row_key_range(a, i0 + lane + 32 * r, &lo[r], &hi[r]);
+            if (lo[r] < hi[r]) first = min(first, lo[r]), last = max(last, hi[r]);
         }
-        if (!end && !__any_sync(0xffffffffu, sees)) continue;
+        first = -warp_max(-first), last = warp_max(last);
+        if (!end && !(first < b.j_end && last > b.j0)) continue;
         int s = n % STAGES;
         hopper::mbar_wait(&b.bar.empty[s], ((n / STAGES) & 1) ^ 1); // first pass: all free
         step_meta &m = b.meta[s];
-        if (lane == 0) m.i0 = end ? -1 : i0;
+        if (lane == 0) m.i0 = end ? -1 : i0, m.order = end ? 0 : b.tile - first / BLOCK_KEYS;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             int at = lane + 32 * r, i = i0 + at;
@@ -203,16 +223,25 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
 // under a branch; the mask is, where every row of the step sees all the keys); step n's P^T and
 // dS^T are computed while the previous step's dV += P^T dO and dK += dS^T Q run (at head_dim 64;
 // one step at a time at 128).
-template <int D> struct dkdv_consumer {
-    using L = dkdv_layout<D>;
+// ORDERED, the step's dQ += dS K too: dS^T goes to shared memory (take), and once the step's
+// other products are done (release), dS (64 rows x the warpgroup's 64 keys, read transposed)
+// times its keys' K rows gives this warpgroup's share of the step's dQ, 64 columns at a time,
+// which it adds into the fp32 sums when its turn comes: after every warpgroup of every block of
+// keys before its own, and before the ones after. Blocks start in that order (block_tile), so the
+// wait ends, and a dQ element's terms are added in the same order in every run: bit-reproducible
+// like the rest, without computing S and dP a second time in a dQ kernel.
+template <int D, int WG, bool ORDERED> struct dkdv_consumer {
+    using L = dkdv_layout<D, ORDERED>;
     static constexpr int NT = STEP / 8, NO = D / 8;
     // At head_dim 128 dK and dV alone take 128 registers: two steps' worth would spill.
     static constexpr bool OVERLAP = D <= 64;
     struct tile {
         float st[NT][4], dpt[NT][4]; // S^T (then P^T) and dP^T (then dS^T)
     };
+    const weft_cuda_attention_args &a;
     const dkdv_block &b;
     const unsigned char *k_rows, *v_rows; // the warpgroup's 64 keys in the K and V tiles
+    unsigned char *ds_rows;               // ... and in the dS^T tile (ORDERED)
     int key[2];                           // this thread's keys: C rows g and g + 8
     float scale_log2, dk[NO][4], dv[NO][4];
     uint32_t pt[STEP / 16][4], dst[STEP / 16][4]; // the last step's P^T, dS^T as A fragments
@@ -247,28 +276,92 @@ template <int D> struct dkdv_consumer {
             c_to_a(pt[kc], t.st, kc);
             c_to_a(dst[kc], t.dpt, kc);
         }
+        if constexpr (ORDERED) store_ds(t);
     }
     // Every warp read the step's meta: each one releases the stage.
     __device__ __forceinline__ void release(int n) {
         hopper::fence_registers<D>(dv);
         hopper::fence_registers<D>(dk);
+        if constexpr (ORDERED) add_dq(b.meta[n % STAGES]);
         if ((threadIdx.x & 31) == 0) hopper::mbar_arrive(&b.bar.empty[n % STAGES]);
+    }
+
+    // dS^T (this thread's C fragments: keys g and g + 8 of its warp's 16, query rows 8nt + 2t and
+    // + 1) as bf16 into the warpgroup's 64 rows of the dS^T tile, query rows along a row.
+    __device__ __forceinline__ void store_ds(const tile &t) {
+        int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                uint32_t at = (16 * w + g + 8 * r) * hopper::ATOM_ROW_BYTES +
+                              (8 * nt + 2 * tq) * (uint32_t)sizeof(bf16);
+                *reinterpret_cast<uint32_t *>(ds_rows + hopper::swizzled(at)) =
+                    pack_bf16(t.dpt[nt][2 * r], t.dpt[nt][2 * r + 1]);
+            }
+    }
+    // Issues dq (64 x 64) = dS (the step's 64 rows x the warpgroup's 64 keys: the dS^T tile read
+    // MN-major) times columns 64c .. 64c + 63 of its keys' K rows (MN-major), uncommitted.
+    __device__ __forceinline__ void issue_dq(float (*dq)[4], int c) const {
+        hopper::wgmma_fence();
+        uint64_t da = hopper::smem_descriptor(ds_rows, (uint32_t)L::KEY_ATOM, SBO);
+        uint64_t db = hopper::smem_descriptor(k_rows + c * L::KEY_ATOM, (uint32_t)L::KEY_ATOM, SBO);
+#pragma unroll
+        for (int kc = 0; kc < 64 / 16; kc++) { // 16 keys: two 8-row groups of both tiles
+            uint32_t k16 = kc * 16 * hopper::ATOM_ROW_BYTES;
+            hopper::wgmma_ss<64, true, true>(dq, hopper::descriptor_plus(da, k16),
+                                             hopper::descriptor_plus(db, k16), kc > 0);
+        }
+    }
+    // The step's dQ share into the sums when its turn comes (see above), 64 columns at a time.
+    __device__ __forceinline__ void add_dq(const step_meta &m) {
+        int i0 = m.i0, lead = (threadIdx.x & 127) == 0;
+        int *count = b.dq.counts + (size_t)b.h * b.dq.steps + i0 / STEP;
+        if (lead) hopper::wait_counter(count, CONSUMERS * m.order + WG);
+        hopper::fence_proxy_async(); // store_ds's writes, before the wgmma read them
+        hopper::named_barrier(1 + WG, 128);
+        int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+#pragma unroll 1
+        for (int c = 0; c < D / 64; c++) {
+            float dq[8][4];
+            issue_dq(dq, c);
+            hopper::wgmma_commit();
+            hopper::wgmma_wait<0>();
+            hopper::fence_registers<64>(dq);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int row = i0 + 16 * w + g + 8 * r;
+                if (row >= a.Tq) continue;
+                float *sum = b.dq.sums + ((size_t)row * a.H + b.h) * D + 64 * c + 2 * tq;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    atomicAdd(sum + 8 * nt, dq[nt][2 * r]);
+                    atomicAdd(sum + 8 * nt + 1, dq[nt][2 * r + 1]);
+                }
+            }
+        }
+        __threadfence();
+        hopper::named_barrier(1 + WG, 128);
+        if (lead) hopper::signal_counter(count);
     }
 };
 
-template <int D, int WG>
+template <int D, int WG, bool ORDERED>
 __device__ __forceinline__ void consume_steps(const weft_cuda_attention_args &a,
                                               const dkdv_block &b, bf16 *dk, bf16 *dv,
                                               float *dk_part, float *dv_part, float scale,
                                               float scale_log2) {
-    using L = dkdv_layout<D>;
+    using L = dkdv_layout<D, ORDERED>;
     int first = 64 * WG, w = (threadIdx.x >> 5) & 3;
     int key0 = b.j0 + first + 16 * w + (int)((threadIdx.x & 31) >> 2);
-    dkdv_consumer<D> c = {b,
-                          b.smem + L::K + (size_t)first * hopper::ATOM_ROW_BYTES,
-                          b.smem + L::V + (size_t)first * hopper::ATOM_ROW_BYTES,
-                          {key0, key0 + 8},
-                          scale_log2, {}, {}, {}, {}};
+    size_t rows = (size_t)first * hopper::ATOM_ROW_BYTES;
+    dkdv_consumer<D, WG, ORDERED> c = {a,
+                                       b,
+                                       b.smem + L::K + rows,
+                                       b.smem + L::V + rows,
+                                       b.smem + L::DS + rows,
+                                       {key0, key0 + 8},
+                                       scale_log2, {}, {}, {}, {}};
     hopper::mbar_wait(b.bar.once, 0);
     run_pipeline(c);
 #pragma unroll
@@ -278,43 +371,75 @@ __device__ __forceinline__ void consume_steps(const weft_cuda_attention_args &a,
                                  dv_part);
 }
 
-template <int D>
+template <int D, bool ORDERED>
 __global__ void __launch_bounds__(THREADS, 1)
     dkdv_kernel(const __grid_constant__ weft_tensor_map q_map,
                 const __grid_constant__ weft_tensor_map do_map,
                 const __grid_constant__ weft_tensor_map k_map,
                 const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
                 const float *lse, const float *delta, bf16 *dk, bf16 *dv, float *dk_part,
-                float *dv_part, float scale, float scale_log2) {
-    using L = dkdv_layout<D>;
+                float *dv_part, dq_sums dq, float scale, float scale_log2) {
+    using L = dkdv_layout<D, ORDERED>;
     dkdv_block b;
     b.smem = hopper::align_1024(dynamic_smem<unsigned char>());
     uint64_t *bars = reinterpret_cast<uint64_t *>(b.smem + L::BARRIERS);
     b.bar = {bars, bars + 1, bars + 1 + STAGES};
     b.meta = reinterpret_cast<step_meta *>(b.smem + L::META);
-    tile_of_head th = block_tile(false);
-    b.h = th.head, b.j0 = th.tile * BLOCK_KEYS, b.j_end = min(b.j0 + BLOCK_KEYS, a.Tkv);
+    tile_of_head th = block_tile(false); // ORDERED relies on the order: see dkdv_consumer
+    b.h = th.head, b.tile = th.tile, b.j0 = th.tile * BLOCK_KEYS;
+    b.j_end = min(b.j0 + BLOCK_KEYS, a.Tkv);
+    b.dq = dq;
     if (threadIdx.x == 0) init_barriers(b.bar, 32, 4 * CONSUMERS); // full: the producer warp
     __syncthreads();
     int role = take_role();
     if (role == 0) {
-        if (threadIdx.x < 32) produce_steps<D>(a, b, &q_map, &do_map, &k_map, &v_map, lse, delta);
+        if (threadIdx.x < 32)
+            produce_steps<D, ORDERED>(a, b, &q_map, &do_map, &k_map, &v_map, lse, delta);
         return;
     }
     as_consumer(role, [&](auto wg) {
-        consume_steps<D, decltype(wg)::value>(a, b, dk, dv, dk_part, dv_part, scale, scale_log2);
+        consume_steps<D, decltype(wg)::value, ORDERED>(a, b, dk, dv, dk_part, dv_part, scale,
+                                                       scale_log2);
     });
+}
+
+// dq (Tq, H, D) bf16 = scale * the ordered kernel's sums, four elements a thread.
+__global__ void dq_from_sums_kernel(const float *sums, bf16 *dq, size_t quads, float scale) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= quads) return;
+    float4 x = reinterpret_cast<const float4 *>(sums)[i];
+    reinterpret_cast<uint2 *>(dq)[i] = {pack_bf16(x.x * scale, x.y * scale),
+                                        pack_bf16(x.z * scale, x.w * scale)};
+}
+
+// The ordered kernel's dq_sums: its bytes, and where they are within the scratch, after the mma
+// backward's partials.
+size_t dq_sums_bytes(const weft_cuda_attention_args *a) {
+    return sizeof(float) * (size_t)a->Tq * a->H * a->D +
+           sizeof(int) * (size_t)a->H * ((a->Tq + STEP - 1) / STEP);
+}
+dq_sums dq_sums_in(const weft_cuda_attention_args *a, float *scratch) {
+    dq_sums d;
+    d.sums = scratch + weft_cuda_attention_partials_bytes(a) / sizeof(float);
+    d.counts = reinterpret_cast<int *>(d.sums + (size_t)a->Tq * a->H * a->D);
+    d.steps = (a->Tq + STEP - 1) / STEP;
+    return d;
 }
 
 } // namespace fa3
 } // namespace
+
+extern "C" size_t weft_cuda_attention_hopper_scratch_bytes(const weft_cuda_attention_args *a,
+                                                           bool ordered_dq) {
+    return weft_cuda_attention_partials_bytes(a) + (ordered_dq ? fa3::dq_sums_bytes(a) : 0);
+}
 
 extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
                                                     const weft_cuda_attention_args *a,
                                                     const void *q, const void *k, const void *v,
                                                     const float *lse, const void *dout,
                                                     const float *delta, void *dq, void *dk,
-                                                    void *dv, float *partials) {
+                                                    void *dv, float *scratch, bool ordered_dq) {
     // Boxes: the dQ kernel reads rows in blocks and keys in tiles, the dK/dV kernel the reverse.
     fa3::qkv_maps dq_maps, dkdv_maps;
     weft_tensor_map do_block, do_step;
@@ -326,23 +451,39 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
         return false;
     float scale = 1.0f / sqrtf((float)a->D), scale_log2 = scale * LOG2E;
     bool grouped = a->H != a->KV;
-    float *dk_part = grouped ? partials : NULL;
-    float *dv_part = grouped ? partials + (size_t)a->Tkv * a->H * a->D : NULL;
+    float *dk_part = grouped ? scratch : NULL;
+    float *dv_part = grouped ? scratch + (size_t)a->Tkv * a->H * a->D : NULL;
+    fa3::dq_sums sums = fa3::dq_sums_in(a, scratch);
+    size_t quads = (size_t)a->Tq * HD / 4;
+    if (ordered_dq) cudaMemsetAsync(sums.sums, 0, fa3::dq_sums_bytes(a), s);
     dim3 grid_q((a->Tq + fa3::ROWS - 1) / fa3::ROWS, a->H);
     dim3 grid_kv((a->Tkv + fa3::BLOCK_KEYS - 1) / fa3::BLOCK_KEYS, a->H);
-#define LAUNCH(D)                                                                                  \
-    WEFT_LAUNCH(fa3::dq_kernel<D>, grid_q, fa3::THREADS,                                           \
-                (fa3::query_layout<D, fa3::DQ_KEYS, 2>::BYTES), s, dq_maps.q, do_block,            \
-                dq_maps.k, dq_maps.v, *a, lse, delta, (bf16 *)dq, scale, scale_log2);              \
-    WEFT_LAUNCH(fa3::dkdv_kernel<D>, grid_kv, fa3::THREADS, fa3::dkdv_layout<D>::BYTES, s,         \
-                dkdv_maps.q, do_step, dkdv_maps.k, dkdv_maps.v, *a, lse, delta, (bf16 *)dk,       \
-                (bf16 *)dv, dk_part, dv_part, scale, scale_log2)
-    if (a->D == 64) {
-        LAUNCH(64);
-    } else {
-        LAUNCH(128);
+#define DKDV(D, ORDERED, LAUNCH)                                                                   \
+    do {                                                                                           \
+        auto *kernel = fa3::dkdv_kernel<D, ORDERED>;                                               \
+        size_t smem = fa3::dkdv_layout<D, ORDERED>::BYTES;                                         \
+        LAUNCH(kernel, grid_kv, fa3::THREADS, smem, s, dkdv_maps.q, do_step, dkdv_maps.k,          \
+               dkdv_maps.v, *a, lse, delta, (bf16 *)dk, (bf16 *)dv, dk_part, dv_part, sums, scale, \
+               scale_log2);                                                                        \
+    } while (0)
+#define RUN(D)                                                                                     \
+    if (ordered_dq) {                                                                              \
+        DKDV(D, true, WEFT_LAUNCH_IN_ORDER);                                                       \
+        WEFT_LAUNCH(fa3::dq_from_sums_kernel, (unsigned)((quads + 255) / 256), 256, 0, s,          \
+                    (const float *)sums.sums, (bf16 *)dq, quads, scale);                           \
+    } else {                                                                                       \
+        WEFT_LAUNCH(fa3::dq_kernel<D>, grid_q, fa3::THREADS,                                       \
+                    (fa3::query_layout<D, fa3::DQ_KEYS, 2>::BYTES), s, dq_maps.q, do_block,        \
+                    dq_maps.k, dq_maps.v, *a, lse, delta, (bf16 *)dq, scale, scale_log2);          \
+        DKDV(D, false, WEFT_LAUNCH);                                                               \
     }
-#undef LAUNCH
-    if (grouped) sum_groups(s, a, partials, dk, dv);
+    if (a->D == 64) {
+        RUN(64);
+    } else {
+        RUN(128);
+    }
+#undef RUN
+#undef DKDV
+    if (grouped) sum_groups(s, a, scratch, dk, dv);
     return true;
 }

@@ -155,4 +155,7 @@ template <typename T> __device__ __forceinline__ T *dynamic_smem() {
                                  (int)(smem));                                                     \
         kernel<<<grid, threads, smem, stream>>>(__VA_ARGS__);                                      \
     } while (0)
+// The same, for a kernel whose blocks wait for lower-indexed ones: a GPU starts blocks in index
+// order, so those have started and the wait ends; the emulator then runs the blocks in that order.
+#define WEFT_LAUNCH_IN_ORDER WEFT_LAUNCH
 #endif

@@ -37,6 +37,7 @@ typedef struct cuda_state {
     bool attention_mma;          // tensor-core attention where the head_dim allows it
     bool attention_hopper;       // and on TMA and wgmma (the default on sm_90a)
     bool attention_hopper_named; // by WEFT_CUDA_ATTENTION=hopper
+    bool attention_ordered_dq;   // the hopper backward's dQ in its dK/dV kernel (ordered sums)
     bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
@@ -449,17 +450,20 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     const void *tensors[] = {q, k, v, dout, dq, dk, dv};
     bool mma = attention_on_tensor_cores(self, D, tensors, 7);
-    // Scratch: delta (H, Tq), then the mma kernels' per-head dK/dV partials.
+    // Scratch: delta (H, Tq), then the kernels' own: per-head dK/dV partials, dQ sums.
+    cuda_state *st = state(self);
+    bool hopper = mma && st->attention_hopper && weft_cuda_attention_hopper_covers(&a);
     size_t delta_floats = ((size_t)H * layout->Tq + 63) / 64 * 64; // partials 256-byte aligned
-    size_t partial_bytes = mma ? weft_cuda_attention_partials_bytes(&a) : 0;
-    float *delta = scratch(self, sizeof(float) * delta_floats + partial_bytes);
+    size_t own_bytes = hopper ? weft_cuda_attention_hopper_scratch_bytes(&a, st->attention_ordered_dq)
+                       : mma  ? weft_cuda_attention_partials_bytes(&a)
+                              : 0;
+    float *delta = scratch(self, sizeof(float) * delta_floats + own_bytes);
     weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
-    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a) &&
-        hopper_launched(self,
-                        weft_cuda_attention_backward_hopper(STREAM(self), &a, q, k, v, lse, dout,
-                                                            delta, dq, dk, dv,
-                                                            delta + delta_floats),
-                        true, &a))
+    if (hopper && hopper_launched(self,
+                                  weft_cuda_attention_backward_hopper(
+                                      STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv,
+                                      delta + delta_floats, st->attention_ordered_dq),
+                                  true, &a))
         return;
     if (mma)
         weft_cuda_attention_backward_mma(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv,
@@ -728,6 +732,12 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
                "WEFT_CUDA_FEW_ROWS=%s: expected 1 (the default) or 0 (cuBLASLt for every matmul)",
                few);
     st->few_rows = !few || strcmp(few, "0") != 0;
+    // WEFT_CUDA_ATTENTION_DQ=recompute gives the hopper backward's dQ a kernel of its own again,
+    // to time one against the other.
+    const char *dq = getenv("WEFT_CUDA_ATTENTION_DQ");
+    WEFT_CHECK(!dq || !*dq || !strcmp(dq, "ordered") || !strcmp(dq, "recompute"),
+               "WEFT_CUDA_ATTENTION_DQ=%s: expected ordered (the default) or recompute", dq);
+    st->attention_ordered_dq = !dq || strcmp(dq, "recompute") != 0;
 
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){

@@ -38,6 +38,11 @@ __device__ __forceinline__ uint32_t smem_address(const void *p) {
 #endif
 }
 
+// Where byte `offset` of a 128-byte-swizzled tile (from a 1024-byte aligned start) is stored.
+__host__ __device__ constexpr uint32_t swizzled(uint32_t offset) {
+    return offset ^ ((offset >> 7) & 7) << 4;
+}
+
 // The first 1024-byte aligned address at or after p (the swizzle pattern's period).
 __device__ __forceinline__ unsigned char *align_1024(unsigned char *p) {
     return p + ((1024 - smem_address(p) % 1024) % 1024);
@@ -140,6 +145,63 @@ template <int REGISTERS> __device__ __forceinline__ void registers_decrease_to()
 template <int REGISTERS> __device__ __forceinline__ void registers_increase_to() {
 #if defined(WEFT_SM90A) && !defined(WEFT_CUDA_EMULATION)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGISTERS));
+#endif
+}
+
+// ------------------------------------------------------- part of a block; other blocks ----
+
+// bar.sync: the `threads` threads (whole warps) that reach barrier `id` (1-15; 0 is
+// __syncthreads) wait for each other, the rest of the block goes on.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_named_barrier(id, threads);
+#else
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
+// Makes this thread's ordinary writes to shared memory visible to the async proxy: to the wgmma
+// that read them after a barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(WEFT_SM90A) && !defined(WEFT_CUDA_EMULATION)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Spins until the global counter holds `value` (acquire: what its writers wrote before raising it
+// is seen after). Another block raises it, so the wait is bounded as mbar_wait's is: a count
+// that never comes traps after about 2^35 cycles instead of hanging the GPU.
+__device__ __forceinline__ void wait_counter(const int *counter, int value) {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_wait_counter(counter, value);
+#elif defined(WEFT_SM90A)
+    asm volatile("{\n.reg .pred p;\n.reg .u64 t0, t1;\n.reg .s32 v;\n"
+                 "mov.u64 t0, %%clock64;\n"
+                 "SPIN:\n"
+                 "ld.acquire.gpu.global.s32 v, [%0];\n"
+                 "setp.eq.s32 p, v, %1;\n"
+                 "@p bra READY;\n"
+                 "mov.u64 t1, %%clock64;\n"
+                 "sub.u64 t1, t1, t0;\n"
+                 "setp.lt.u64 p, t1, 34359738368;\n" // 2^35 cycles
+                 "@p bra SPIN;\n"
+                 "trap;\n"
+                 "READY:\n}\n" ::"l"(counter),
+                 "r"(value)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+
+// Raises the counter by one, after (release) every write this thread made or saw before.
+__device__ __forceinline__ void signal_counter(int *counter) {
+#if defined(WEFT_CUDA_EMULATION)
+    (*counter)++;
+#elif defined(WEFT_SM90A)
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+#else
+    __trap();
 #endif
 }
 

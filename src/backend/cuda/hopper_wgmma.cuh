@@ -27,14 +27,14 @@ namespace hopper {
 
 // d (64 x N) (+)= A B, A (64 x 16) from the shared-memory descriptor A (operand %A) or from
 // registers "{%A, .., %A+3}" (RS), B (16 x N) from descriptor B, accumulating where operand P is
-// nonzero. imm-trans-b is 0 for SS (B K-major: N rows of 16) and 1 for RS (B MN-major: 16 rows
-// of N).
-#define WEFT_WGMMA_SS(N, A, B, P)                                                                  \
+// nonzero. SS: imm-trans-a, imm-trans-b are operands TA, TB (0: K-major, 1: MN-major); RS: B is
+// MN-major (16 rows of N).
+#define WEFT_WGMMA_SS(N, A, B, P, TA, TB)                                                          \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                  \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 " WEFT_REGS_N##N        \
-                 ", %" #A ", %" #B ", p, 1, 1, 0, 0;\n}\n"                                         \
+                 ", %" #A ", %" #B ", p, 1, 1, %" #TA ", %" #TB ";\n}\n"                            \
                  : WEFT_ACC_N##N                                                                   \
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"((int)TRANS_A), "n"((int)TRANS_B))
 #define WEFT_WGMMA_RS(N, A0, A1, A2, A3, B, P)                                                     \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P ", 0;\n"                                  \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 " WEFT_REGS_N##N        \
@@ -42,16 +42,17 @@ namespace hopper {
                  : WEFT_ACC_N##N                                                                   \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
 
-// d (64 x N) (+)= A (64 x 16, K-major in shared memory) B (16 x N, K-major: N rows of 16)
-template <int N>
+// d (64 x N) (+)= A (64 x 16) B (16 x N), both in shared memory: A K-major (64 rows of 16), or
+// MN-major (TRANS_A: 16 rows of 64); B K-major (N rows of 16), or MN-major (TRANS_B: 16 rows of N).
+template <int N, bool TRANS_A = false, bool TRANS_B = false>
 __device__ __forceinline__ void wgmma_ss(float (*d)[4], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
     static_assert(N == 64 || N == 128, "wgmma shapes: n64, n128");
 #if defined(WEFT_CUDA_EMULATION)
-    weft_emulated_wgmma(&d[0][0], N, nullptr, desc_a, desc_b, accumulate, false);
+    weft_emulated_wgmma(&d[0][0], N, nullptr, desc_a, desc_b, accumulate, TRANS_A, TRANS_B);
 #elif defined(WEFT_SM90A)
-    if constexpr (N == 64) WEFT_WGMMA_SS(64, 32, 33, 34);
-    else WEFT_WGMMA_SS(128, 64, 65, 66);
+    if constexpr (N == 64) WEFT_WGMMA_SS(64, 32, 33, 34, 35, 36);
+    else WEFT_WGMMA_SS(128, 64, 65, 66, 67, 68);
 #else
     __trap();
 #endif
@@ -64,7 +65,7 @@ __device__ __forceinline__ void wgmma_rs(float (*d)[4], const uint32_t a[4], uin
                                          int accumulate) {
     static_assert(N == 64 || N == 128, "wgmma shapes: n64, n128");
 #if defined(WEFT_CUDA_EMULATION)
-    weft_emulated_wgmma(&d[0][0], N, a, 0, desc_b, accumulate, true);
+    weft_emulated_wgmma(&d[0][0], N, a, 0, desc_b, accumulate, false, true);
 #elif defined(WEFT_SM90A)
     if constexpr (N == 64) WEFT_WGMMA_RS(64, 32, 33, 34, 35, 36, 37);
     else WEFT_WGMMA_RS(128, 64, 65, 66, 67, 68, 69);

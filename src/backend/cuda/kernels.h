@@ -114,8 +114,7 @@ void weft_cuda_attention_forward_simt(weft_cuda_stream s, const weft_cuda_attent
 // A third family, "hopper", for sm_90a (TMA, mbarriers, wgmma; attention_hopper*.cu). It covers
 // head_dim 64 or 128 with at least one query and one key row (the caller runs the mma kernels on
 // the rest); on those it returns false, with nothing launched, only where the driver refuses its
-// TMA descriptors. Its lse is the mma one's, so either backward follows either forward; its
-// backward needs the mma one's partials.
+// TMA descriptors. Its lse is the mma one's, so either backward follows either forward.
 bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args *a);
 // Whether this family can run here: the plugin holds its sm_90a code for the current device
 // (BUILT), or the emulator runs it (EMULATED: only where WEFT_CUDA_ATTENTION=hopper names it, as
@@ -125,10 +124,15 @@ weft_cuda_hopper_code weft_cuda_attention_hopper_code(void);
 bool weft_cuda_attention_forward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                         const void *q, const void *k, const void *v, void *out,
                                         float *lse);
+// The backward computes dQ in the dK/dV kernel, summed in a fixed order, where ordered_dq, else in
+// a kernel of its own (attention_hopper_backward.cu); its scratch is as many bytes as the function
+// below says (the mma backward's partials, then with ordered_dq the fp32 sums).
+size_t weft_cuda_attention_hopper_scratch_bytes(const weft_cuda_attention_args *a, bool ordered_dq);
 bool weft_cuda_attention_backward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                          const void *q, const void *k, const void *v,
                                          const float *lse, const void *dout, const float *delta,
-                                         void *dq, void *dk, void *dv, float *partials);
+                                         void *dq, void *dk, void *dv, float *scratch,
+                                         bool ordered_dq);
 // delta (H, Tq) f32 = rowsum(dout * out), the backward's first pass.
 void weft_cuda_attention_delta(weft_cuda_stream s, const void *out, const void *dout,
                                float *delta, int Tq, int H, int D);
