@@ -334,13 +334,12 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
                 if (row >= a.Tq) continue;
                 float *sum = b.dq.sums + ((size_t)row * a.H + b.h) * D + 64 * c + 2 * tq;
 #pragma unroll
-                for (int nt = 0; nt < 8; nt++) {
-                    atomicAdd(sum + 8 * nt, dq[nt][2 * r]);
-                    atomicAdd(sum + 8 * nt + 1, dq[nt][2 * r + 1]);
-                }
+                for (int nt = 0; nt < 8; nt++)
+                    hopper::add_pair(sum + 8 * nt, dq[nt][2 * r], dq[nt][2 * r + 1]);
             }
         }
-        __threadfence();
+        // The warpgroup's adds are ordered before the lead's release by the barrier (as in a
+        // cooperative grid sync), so the next one to add sees them.
         hopper::named_barrier(1 + WG, 128);
         if (lead) hopper::signal_counter(count);
     }

@@ -194,14 +194,28 @@ __device__ __forceinline__ void wait_counter(const int *counter, int value) {
 #endif
 }
 
-// Raises the counter by one, after (release) every write this thread made or saw before.
+// Raises the counter by one, after (release) every write this thread made or saw before: its
+// block's threads' too where a barrier ordered them before this.
 __device__ __forceinline__ void signal_counter(int *counter) {
 #if defined(WEFT_CUDA_EMULATION)
     (*counter)++;
 #elif defined(WEFT_SM90A)
+    __threadfence();
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 #else
     __trap();
+#endif
+}
+
+// p[0] += x, p[1] += y in global memory, atomically (p 8-byte aligned): one vector reduction on
+// sm_90. The adds' order is the caller's to fix (wait_counter): atomics alone would not.
+__device__ __forceinline__ void add_pair(float *p, float x, float y) {
+#if defined(WEFT_SM90A) && !defined(WEFT_CUDA_EMULATION)
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y)
+                 : "memory");
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
 #endif
 }
 
