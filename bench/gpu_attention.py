@@ -12,9 +12,9 @@ other head dims.
 
 weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "weft hopper" (on
 compute capability 9.x; weft's default there) the forward and backward on TMA and wgmma
-(src/backend/cuda/attention_hopper*.cu), its backward summing dQ in the dK/dV kernel in a fixed
-order; "weft hopper-recompute" the same with dQ in a kernel of its own that recomputes S and dP
-(WEFT_CUDA_ATTENTION_DQ=recompute); "weft mma" the mma.sync kernels (the default below 9.x);
+(src/backend/cuda/attention_hopper*.cu), dQ in a kernel of its own that recomputes S and dP;
+"weft hopper-ordered" the same with dQ summed in the dK/dV kernel in a fixed order
+(WEFT_CUDA_ATTENTION_DQ=ordered); "weft mma" the mma.sync kernels (the default below 9.x);
 --families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
 on bf16 tensors, as the throughput benchmark's peer does, once restricted to each backend with
 torch.nn.attention.sdpa_kernel: flash (SDPBackend.FLASH_ATTENTION) and cuDNN
@@ -41,8 +41,7 @@ DOC_SETS = ([2048, 1024, 512, 512], [4096], [8192], [16384], [32768])
 HEAD_DIMS = (64, 128)
 PEERS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}  # name: SDPBackend member
 # The environment of a family that is not simply WEFT_CUDA_ATTENTION=<family>.
-FAMILY_ENV = {"hopper-recompute": dict(WEFT_CUDA_ATTENTION="hopper",
-                                       WEFT_CUDA_ATTENTION_DQ="recompute")}
+FAMILY_ENV = {"hopper-ordered": dict(WEFT_CUDA_ATTENTION="hopper", WEFT_CUDA_ATTENTION_DQ="ordered")}
 
 
 def time_ms(run, iters):
@@ -128,7 +127,7 @@ def weft_times(a, docs, head_dim, family):
 def default_families():
     import torch
     major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
-    return ["hopper", "hopper-recompute"] if major == 9 else ["mma"]
+    return ["hopper", "hopper-ordered"] if major == 9 else ["mma"]
 
 
 def weft_name(family):
@@ -198,7 +197,7 @@ def main():
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "runs",
                                                  "gpu_attention.json"))
     p.add_argument("--families", help="weft's kernel families, comma-separated (default: hopper "
-                   "and hopper-recompute on compute capability 9.x, else mma)")
+                   "and hopper-ordered on compute capability 9.x, else mma)")
     a = p.parse_args()
     a.families = a.families.split(",") if a.families else default_families()
     doc_sets = [a.docs] if a.docs else [list(s) for s in DOC_SETS]

@@ -562,9 +562,9 @@ attention_ref attend(const layout &l, const std::vector<double> &q, const std::v
 }
 
 // The attention kernel families: fp32, tensor-core mma.sync, and Hopper's (TMA, wgmma), whose
-// backward sums dQ in its dK/dV kernel in a fixed order (HOPPER) or recomputes it in a kernel of
-// its own (HOPPER_RECOMPUTE).
-enum attention_kind { SIMT, MMA, HOPPER, HOPPER_RECOMPUTE };
+// backward recomputes dQ in a kernel of its own (HOPPER) or sums it in its dK/dV kernel in a
+// fixed order (HOPPER_ORDERED).
+enum attention_kind { SIMT, MMA, HOPPER, HOPPER_ORDERED };
 
 // One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
 void test_attention(const layout &l, attention_kind kind, const char *note = "") {
@@ -577,13 +577,13 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
     std::vector<bf16> out(q.size(), NAN_BF16), dq(q.size(), NAN_BF16);
     std::vector<bf16> dk(k.size(), NAN_BF16), dv(v.size(), NAN_BF16);
     std::vector<float> lse((size_t)H * Tq, NAN), delta((size_t)H * Tq, NAN);
-    bool hopper = kind == HOPPER || kind == HOPPER_RECOMPUTE, ordered = kind == HOPPER;
+    bool hopper = kind == HOPPER || kind == HOPPER_ORDERED, ordered = kind == HOPPER_ORDERED;
     size_t scratch_bytes = hopper ? weft_cuda_attention_hopper_scratch_bytes(&a, ordered)
                                   : weft_cuda_attention_partials_bytes(&a);
     std::vector<float> partials(scratch_bytes / sizeof(float), NAN);
     const char *family = kind == SIMT ? "simt   " : kind == MMA ? "mma    " : "hopper ";
     std::string name = std::string("attention/") + family + l.label + note +
-                       (kind == HOPPER_RECOMPUTE ? " (dq recomputed)" : "");
+                       (ordered ? " (ordered dq)" : "");
     if (hopper) {
         if (!weft_cuda_attention_hopper_covers(&a) ||
             !weft_cuda_attention_forward_hopper(nullptr, &a, q.data(), k.data(), v.data(),
@@ -821,7 +821,7 @@ int main() {
         const char *when = early ? " (copies land early)" : "";
         for (const layout &l : layouts) test_attention(l, MMA, when);
         for (const layout &l : hopper_layouts) test_attention(l, HOPPER, when);
-        for (const layout &l : hopper_layouts) test_attention(l, HOPPER_RECOMPUTE, when);
+        for (const layout &l : hopper_layouts) test_attention(l, HOPPER_ORDERED, when);
     }
     test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), SIMT); // simt only
     for (int width : {1032, 300}) test_kv_store(width); // the threads of a row loop twice

@@ -528,16 +528,16 @@ int main(void) {
     weft_backend_destroy(gpu);
     // Every attention kernel family the GPU has, each on a backend of its own (hopper: 128-row,
     // 128-key tiles, so the longer documents span several; its backward both ways).
-    const char *families[] = {"mma", "simt", "hopper", "hopper-recompute"};
+    const char *families[] = {"mma", "simt", "hopper", "hopper-ordered"};
     bool hopper_gpu = weft_cuda_compute_capability(0) / 10 == 9;
     int n_families = hopper_gpu ? 4 : 2;
     const int mixed[] = {1, 33, 5, 70, 2}, single[] = {100}, long_docs[] = {150, 7, 90};
     const int tiles[] = {300, 7, 190}, long_ones[] = {3000, 1100};
     for (int f = 0; f < n_families; f++) {
         family = families[f];
-        bool recompute = !strcmp(family, "hopper-recompute");
-        setenv("WEFT_CUDA_ATTENTION", recompute ? "hopper" : family, 1);
-        setenv("WEFT_CUDA_ATTENTION_DQ", recompute ? "recompute" : "ordered", 1);
+        bool ordered = !strcmp(family, "hopper-ordered");
+        setenv("WEFT_CUDA_ATTENTION", ordered ? "hopper" : family, 1);
+        setenv("WEFT_CUDA_ATTENTION_DQ", ordered ? "ordered" : "recompute", 1);
         gpu = weft_backend_cuda_create(0);
         if (f >= 2 && !emulated) { // blocks in many waves, taking turns at the same dQ rows
             attention_whole("[3000,1100] H16 KV4 D128", 16, 4, 128, long_ones, 2);

@@ -14,18 +14,24 @@ __device__ __forceinline__ int find_doc(const int32_t *cu, int n_docs, int row) 
 }
 
 // The tile and head a block of a grid (tiles, heads) takes. Blocks start in launch order (x, then
-// y), which here runs over the heads fastest and over the tiles heaviest first: the query tiles
-// last-first (under the causal mask a document's later rows see more keys), the key tiles
-// first-first (its earlier keys are seen by more rows). So every head's longest blocks start
-// before any shorter one and the short ones fill the last wave's gaps; taking the heads one after
-// another left the last heads' longest blocks for the end (a tail simulated at 12% of the time at
-// one 4K document, 5% at 8K, 18% at 2048 + 1024 + 512 + 512: bench/README.md).
+// y), and the tiles go heaviest first: the query tiles last-first (under the causal mask a
+// document's later rows see more keys), the key tiles first-first (its earlier keys are seen by
+// more rows), so the short blocks fill the last wave's gaps.
+// heads_fastest (the forward): every head's longest blocks start before any shorter one; taking
+// the heads one after another left the last heads' longest blocks for the end (a tail simulated
+// at 12% of a 4K document's time, 5% at 8K, 18% at 2048 + 1024 + 512 + 512: bench/README.md;
+// measured on an H100, the forward gained 10%, 4%, 0% at 4K, 8K, 16K and 10% on the packed set).
+// Otherwise (the backward) one head after another: the backward's blocks in flight then all read
+// one head's Q and dO (dK/dV) or K and V (dQ), which stay in L2; with the heads fastest they read
+// 32 heads' at once and the backward lost 3%, 8%, 23% and 29% at 4K, 8K, 16K and 32K.
 struct tile_of_head {
     int tile, head;
 };
-__device__ __forceinline__ tile_of_head block_tile(bool last_first) {
-    int linear = blockIdx.x + blockIdx.y * gridDim.x, heads = gridDim.y, rank = linear / heads;
-    return {last_first ? (int)gridDim.x - 1 - rank : rank, linear % heads};
+__device__ __forceinline__ tile_of_head block_tile(bool last_first, bool heads_fastest) {
+    int tiles = (int)gridDim.x, heads = (int)gridDim.y, linear = blockIdx.x + blockIdx.y * tiles;
+    int rank = heads_fastest ? linear / heads : linear % tiles;
+    int head = heads_fastest ? linear % heads : linear / tiles;
+    return {last_first ? tiles - 1 - rank : rank, head};
 }
 
 // The keys query row `row` sees, [*lo, *hi): cu_kv[d] + [0, q_pos[row]] for its document d; empty

@@ -214,8 +214,9 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
     }
 };
 
-// A block of ROWS query rows of one head (block_tile) and its walk over the key tiles they see: set up
-// by every thread; the producer loads, the consumers wait for and release the stages.
+// A block of ROWS query rows of one head (block_tile: the heads fastest in the forward, not in
+// the dQ kernel) and its walk over the key tiles they see: set up by every thread; the producer
+// loads, the consumers wait for and release the stages.
 template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
     using L = query_layout<D, KEYS_, ROW_TENSORS>;
     unsigned char *smem;
@@ -223,13 +224,13 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
     int *row_lo, *row_hi; // the keys each row sees, [row_lo, row_hi)
     int r0, h, kvh, key_lo, tiles;
 
-    __device__ explicit query_block(const weft_cuda_attention_args &a) {
+    __device__ query_block(const weft_cuda_attention_args &a, bool heads_fastest) {
         smem = hopper::align_1024(dynamic_smem<unsigned char>());
         uint64_t *bars = reinterpret_cast<uint64_t *>(smem + L::BARRIERS);
         bar = {bars, bars + 1, bars + 1 + STAGES};
         row_lo = reinterpret_cast<int *>(smem + L::RANGES);
         row_hi = row_lo + ROWS;
-        tile_of_head th = block_tile(true);
+        tile_of_head th = block_tile(true, heads_fastest);
         r0 = th.tile * ROWS, h = th.head, kvh = h / (a.H / a.KV);
         if (threadIdx.x == 0) init_barriers(bar, 1, CONSUMERS);
         if (threadIdx.x < ROWS)

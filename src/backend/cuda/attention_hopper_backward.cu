@@ -1,11 +1,14 @@
 // Varlen causal attention backward for Hopper (sm_90a), in the forward's design
 // (attention_hopper.cuh): a producer streams tiles with TMA, two consumer warpgroups multiply with
 // wgmma. Two ways to dQ, both bit-reproducible:
-//   ordered (the default): the dK/dV kernel below also computes each step's dQ share from the dS
-//     it has anyway and adds it into fp32 sums, the blocks taking turns in a fixed order (five
-//     products per tile, as FlashAttention-3's deterministic mode);
-//   recompute: the mma.sync backward's two kernels (attention_mma.cuh), in which every output
-//     element has one writer, at the price of computing S and dP twice, once per kernel (seven).
+//   recompute (the default): the mma.sync backward's two kernels (attention_mma.cuh), in which
+//     every output element has one writer, at the price of computing S and dP twice, once per
+//     kernel (seven products per tile);
+//   ordered: the dK/dV kernel below also computes each step's dQ share from the dS it has anyway
+//     and adds it into fp32 sums, the blocks taking turns in a fixed order (five products, as
+//     FlashAttention-3's deterministic mode). On an H100 it was 1.4-1.8x slower: each consumer
+//     waits for its turn, adds and signals between its steps, where FlashAttention-3 hands the
+//     dQ tile to a warp of its own through shared memory (bench/README.md).
 //   dQ: a block of 128 query rows walks the key tiles its rows see, as the forward does, with dO
 //     loaded beside Q: S = Q K^T and dP = dO V^T (one wgmma group), dS = P (dP - delta) in
 //     registers, then dQ += dS K with dS straight from them.
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(THREADS, 1)
               const __grid_constant__ weft_tensor_map k_map,
               const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
               const float *lse, const float *delta, bf16 *dq, float scale, float scale_log2) {
-    query_block<D, DQ_KEYS, 2> b(a);
+    query_block<D, DQ_KEYS, 2> b(a, false);
     int role = take_role();
     if (role == 0) { // the producer warpgroup: one thread issues every copy
         const weft_tensor_map *rows[] = {&q_map, &do_map};
@@ -160,11 +163,11 @@ struct dkdv_block {
     dq_sums dq;
 };
 
-// The producer warp: K and V of the block once, then every step of query rows that may see a key
-// of the block, then the end. A step's rows together see keys [first, last) (each row a prefix of
-// its document's): the blocks of keys that meet that span are the step's, every one of them
-// announces it (rows causally before all of its keys are skipped, never loaded), and this block's
-// place among them, counted from the first, orders its dQ.
+// The producer warp: K and V of the block once, then every step of query rows of which a row sees
+// a key of the block (rows causally before all of them are skipped, never loaded), then the end.
+// ORDERED, a step's rows together see keys [first, last) (each row a prefix of its document's):
+// the blocks of keys that meet that span are the step's, every one of them announces it, and this
+// block's place among them, counted from the first, orders its dQ.
 template <int D, bool ORDERED>
 __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_block &b,
                               const weft_tensor_map *q_map, const weft_tensor_map *do_map,
@@ -177,20 +180,30 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
         load_tile<BLOCK_KEYS, D>(b.smem + L::K, k_map, kvh * D, b.j0, b.bar.once);
         load_tile<BLOCK_KEYS, D>(b.smem + L::V, v_map, kvh * D, b.j0, b.bar.once);
     }
-    // The rows that may see these keys: those of the documents the keys belong to.
-    int rows_lo = a.cu_q[find_doc(a.cu_kv, a.n_docs, b.j0)] / STEP * STEP;
+    // The rows that may see these keys: those of the documents the keys belong to (ORDERED: in
+    // steps that start at multiples of STEP, so that every block's steps are the same rows).
+    int rows_lo = a.cu_q[find_doc(a.cu_kv, a.n_docs, b.j0)];
     int rows_hi = a.cu_q[find_doc(a.cu_kv, a.n_docs, b.j_end - 1) + 1];
+    if (ORDERED) rows_lo = rows_lo / STEP * STEP;
     for (int i0 = rows_lo, n = 0;; i0 += STEP) {
-        bool end = i0 >= rows_hi;
+        bool end = i0 >= rows_hi, sees = false;
         int lo[2] = {0, 0}, hi[2] = {0, 0}; // lane's rows i0 + lane and i0 + lane + 32
         int first = INT_MAX, last = 0;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            if (!end) row_key_range(a, i0 + lane + 32 * r, &lo[r], &hi[r]);
+            if (!end && (ORDERED || i0 + lane + 32 * r < rows_hi))
+                row_key_range(a, i0 + lane + 32 * r, &lo[r], &hi[r]);
+            sees |= lo[r] < b.j_end && hi[r] > b.j0;
             if (lo[r] < hi[r]) first = min(first, lo[r]), last = max(last, hi[r]);
         }
-        first = -warp_max(-first), last = warp_max(last);
-        if (!end && !(first < b.j_end && last > b.j0)) continue;
+        bool announce;
+        if constexpr (ORDERED) {
+            first = -warp_max(-first), last = warp_max(last);
+            announce = first < b.j_end && last > b.j0;
+        } else {
+            announce = __any_sync(0xffffffffu, sees);
+        }
+        if (!end && !announce) continue;
         int s = n % STAGES;
         hopper::mbar_wait(&b.bar.empty[s], ((n / STAGES) & 1) ^ 1); // first pass: all free
         step_meta &m = b.meta[s];
@@ -384,7 +397,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint64_t *bars = reinterpret_cast<uint64_t *>(b.smem + L::BARRIERS);
     b.bar = {bars, bars + 1, bars + 1 + STAGES};
     b.meta = reinterpret_cast<step_meta *>(b.smem + L::META);
-    tile_of_head th = block_tile(false); // ORDERED relies on the order: see dkdv_consumer
+    tile_of_head th = block_tile(false, false); // ORDERED relies on the order: dkdv_consumer
     b.h = th.head, b.tile = th.tile, b.j0 = th.tile * BLOCK_KEYS;
     b.j_end = min(b.j0 + BLOCK_KEYS, a.Tkv);
     b.dq = dq;

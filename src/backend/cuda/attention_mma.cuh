@@ -364,13 +364,13 @@ template <int DK> struct query_block {
     int g, t, h, kvh, first_row, lo[MT][2], hi[MT][2];
     key_span block, warp;
 
-    __device__ explicit query_block(const weft_cuda_attention_args &args) : a(args) {
+    __device__ query_block(const weft_cuda_attention_args &args, bool heads_fastest) : a(args) {
         tiles = dynamic_smem<bf16>();
         int *row_lo = reinterpret_cast<int *>(tiles + 4 * TILE), *row_hi = row_lo + ROWS;
         int w = threadIdx.x >> 5;
         g = (threadIdx.x & 31) >> 2;
         t = threadIdx.x & 3;
-        tile_of_head th = block_tile(true);
+        tile_of_head th = block_tile(true, heads_fastest);
         h = th.head;
         kvh = h / (a.H / a.KV);
         int r0 = th.tile * ROWS;
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(THREADS)
     forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *out, float *lse, float scale_log2) {
     constexpr int MT = m_tiles(DK);
-    query_block<DK> b(a);
+    query_block<DK> b(a, true);
     uint32_t qf[MT][DK][4];
     b.load_rows(qf, q);
     float o[MT][2 * DK][4] = {}, m[MT][2], l[MT][2];
@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(THREADS)
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
     constexpr int MT = m_tiles(DK), D = 16 * DK, NT = PART_KEYS / 8, NO = D / 8;
-    query_block<DK> b(a);
+    query_block<DK> b(a, false);
     uint32_t qf[MT][DK][4], dof[MT][DK][4];
     b.load_rows(qf, q);
     b.load_rows(dof, dout);
@@ -633,7 +633,7 @@ __global__ void __launch_bounds__(THREADS)
     int *seen = reinterpret_cast<int *>(meta + 2);                                // [2][WARPS]
 
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
-    tile_of_head th = block_tile(false);
+    tile_of_head th = block_tile(false, false);
     int h = th.head, kvh = h / (a.H / a.KV), j0 = th.tile * KEYS;
     int j_end = min(j0 + KEYS, a.Tkv);
     size_t q_ld = (size_t)a.H * D, kv_ld = (size_t)a.KV * D;

@@ -732,12 +732,13 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
                "WEFT_CUDA_FEW_ROWS=%s: expected 1 (the default) or 0 (cuBLASLt for every matmul)",
                few);
     st->few_rows = !few || strcmp(few, "0") != 0;
-    // WEFT_CUDA_ATTENTION_DQ=recompute gives the hopper backward's dQ a kernel of its own again,
-    // to time one against the other.
+    // WEFT_CUDA_ATTENTION_DQ=ordered sums the hopper backward's dQ in its dK/dV kernel, in turns;
+    // recompute, the default, gives dQ a kernel of its own, which on an H100 was 1.4-1.8x faster
+    // (the turns stall the consumers: bench/README.md).
     const char *dq = getenv("WEFT_CUDA_ATTENTION_DQ");
     WEFT_CHECK(!dq || !*dq || !strcmp(dq, "ordered") || !strcmp(dq, "recompute"),
-               "WEFT_CUDA_ATTENTION_DQ=%s: expected ordered (the default) or recompute", dq);
-    st->attention_ordered_dq = !dq || strcmp(dq, "recompute") != 0;
+               "WEFT_CUDA_ATTENTION_DQ=%s: expected recompute (the default) or ordered", dq);
+    st->attention_ordered_dq = dq && !strcmp(dq, "ordered");
 
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){
