@@ -119,25 +119,38 @@ __global__ void __launch_bounds__(THREADS, 1)
 // --------------------------------------------------------------------------------- dK dV ----
 
 // A step of the dK/dV kernel as the producer announces it: its first query row (-1: there are no
-// more; a multiple of STEP, so that every block's steps are the same rows), its rows' key ranges,
-// lse and delta, and how many blocks of keys before this one add into its dQ (ORDERED).
+// more; ORDERED, a multiple of STEP, so that every block's steps are the same rows), its rows' key
+// ranges, lse and delta, and how many blocks of keys after this one add into its dQ before it
+// (ORDERED).
 struct step_meta {
     int i0, order;
     step_rows<STEP> rows;
 };
 
+// ORDERED: the step whose dQ shares are in shared memory, as the consumers hand it to the writer.
+struct dq_header {
+    int i0, order;
+};
+constexpr int DQ_PAD = 8; // floats after each row of a dQ share: its float2 stores conflict-free
+
 // Shared memory of a dK/dV block, from a 1024-byte aligned start: its K and V tiles (BLOCK_KEYS x
-// D), STAGES tiles of Q and of dO (STEP x D), with ORDERED the step's dS^T (BLOCK_KEYS x STEP),
-// STAGES step_meta, the barriers.
+// D), STAGES tiles of Q and of dO (STEP x D); ORDERED, the step's dS^T (BLOCK_KEYS x STEP), each
+// consumer's share of its dQ (STEP x D fp32, rows DQ_PAD apart) and their header; STAGES
+// step_meta; the barriers (once, full[], empty[]; ORDERED, dq_full and dq_empty).
 template <int D, bool ORDERED> struct dkdv_layout {
+    // Steps in flight: at head_dim 128 the dQ shares leave room for two.
+    static constexpr int STAGES = ORDERED && D > 64 ? 2 : fa3::STAGES;
     static constexpr size_t KEY_ATOM = atom_bytes(BLOCK_KEYS), STEP_ATOM = atom_bytes(STEP);
     static constexpr size_t K = 0, V = tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t Q = 2 * tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t DO = Q + STAGES * tile_bytes(STEP, D);
     static constexpr size_t DS = DO + STAGES * tile_bytes(STEP, D);
-    static constexpr size_t META = DS + (ORDERED ? tile_bytes(BLOCK_KEYS, STEP) : 0);
+    static constexpr size_t DQ_ROW = (D + DQ_PAD) * sizeof(float), DQ_SHARE = STEP * DQ_ROW;
+    static constexpr size_t DQ = DS + (ORDERED ? tile_bytes(BLOCK_KEYS, STEP) : 0);
+    static constexpr size_t DQ_HEADER = DQ + (ORDERED ? CONSUMERS * DQ_SHARE : 0);
+    static constexpr size_t META = DQ_HEADER + (ORDERED ? 16 : 0);
     static constexpr size_t BARRIERS = (META + STAGES * sizeof(step_meta) + 7) / 8 * 8;
-    static constexpr size_t BYTES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES) + 1024;
+    static constexpr size_t BYTES = BARRIERS + sizeof(uint64_t) * (3 + 2 * fa3::STAGES) + 1024;
     static_assert(BYTES <= MAX_SMEM, "a dK/dV block's tiles exceed shared memory");
     __host__ __device__ static constexpr size_t q_tile(int stage) {
         return Q + stage * tile_bytes(STEP, D);
@@ -148,7 +161,7 @@ template <int D, bool ORDERED> struct dkdv_layout {
 };
 
 // Where the ORDERED kernel sums dQ: fp32 (Tq, H, D), and per query head and step a count of the
-// (block, consumer) pairs that have added theirs.
+// blocks that have added theirs.
 struct dq_sums {
     float *sums;
     int *counts; // (H, steps)
@@ -161,13 +174,16 @@ struct dkdv_block {
     step_meta *meta;        // [STAGES]
     int h, tile, j0, j_end; // query head, tile of keys [j0, j_end)
     dq_sums dq;
+    float *dq_share;              // ORDERED: [CONSUMERS] shares, DQ_SHARE bytes apart
+    dq_header *dq_head;           // ... the step they are of
+    uint64_t *dq_full, *dq_empty; // ... written by both consumers; added by the writer
 };
 
 // The producer warp: K and V of the block once, then every step of query rows of which a row sees
 // a key of the block (rows causally before all of them are skipped, never loaded), then the end.
 // ORDERED, a step's rows together see keys [first, last) (each row a prefix of its document's):
-// the blocks of keys that meet that span are the step's, every one of them announces it, and this
-// block's place among them, counted from the first, orders its dQ.
+// the blocks of keys that meet that span are the step's, every one of them announces it, and the
+// number of them after this block orders its dQ.
 template <int D, bool ORDERED>
 __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_block &b,
                               const weft_tensor_map *q_map, const weft_tensor_map *do_map,
@@ -204,10 +220,10 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
             announce = __any_sync(0xffffffffu, sees);
         }
         if (!end && !announce) continue;
-        int s = n % STAGES;
-        hopper::mbar_wait(&b.bar.empty[s], ((n / STAGES) & 1) ^ 1); // first pass: all free
+        int s = n % L::STAGES;
+        hopper::mbar_wait(&b.bar.empty[s], ((n / L::STAGES) & 1) ^ 1); // first pass: all free
         step_meta &m = b.meta[s];
-        if (lane == 0) m.i0 = end ? -1 : i0, m.order = end ? 0 : b.tile - first / BLOCK_KEYS;
+        if (lane == 0) m.i0 = end ? -1 : i0, m.order = end ? 0 : (last - 1) / BLOCK_KEYS - b.tile;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             int at = lane + 32 * r, i = i0 + at;
@@ -231,38 +247,72 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
     }
 }
 
+// ORDERED: the writer warp adds each step's dQ, the two consumers' shares summed, into the fp32
+// sums once every block of keys after this one that adds into the step has (wait_counter), then
+// counts itself in and frees the shares. Those blocks start first (block_tile, keys last-first),
+// so the wait ends; and being further down the diagonal they reach any row first, so in the
+// steady state there is nothing to wait for. A dQ element's terms are added in the same order in
+// every run: bit-reproducible, without computing S and dP a second time in a dQ kernel.
+template <int D>
+__device__ void write_dq(const weft_cuda_attention_args &a, const dkdv_block &b) {
+    // A lane's float4 column of the shares, its first row, the rows a pass of the warp covers:
+    // few registers, as the producer's warpgroup has 24 (take_role).
+    constexpr int QUADS = D / 4, PER = 32 / QUADS, ROW = D + DQ_PAD;
+    int lane = threadIdx.x & 31, c = 4 * (lane % QUADS), r0 = lane / QUADS;
+    for (int n = 0;; n++) {
+        hopper::mbar_wait(b.dq_full, n & 1);
+        dq_header step = *b.dq_head;
+        if (step.i0 < 0) return;
+        int *count = b.dq.counts + (size_t)b.h * b.dq.steps + step.i0 / STEP;
+        hopper::wait_counter(count, step.order);
+        int rows = min(STEP, a.Tq - step.i0);
+        const float *x = b.dq_share + r0 * ROW + c; // the first consumer's; the other's after it
+        float *sum = b.dq.sums + ((size_t)(step.i0 + r0) * a.H + b.h) * D + c;
+#pragma unroll 1
+        for (int r = r0; r < rows; r += PER, x += PER * ROW, sum += (size_t)PER * a.H * D) {
+            float4 u = *reinterpret_cast<const float4 *>(x);
+            float4 v = *reinterpret_cast<const float4 *>(x + STEP * ROW);
+            hopper::add_quad(sum, u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+        }
+        __syncwarp(); // the warp's adds, before lane 0's release
+        if (lane == 0) {
+            hopper::signal_counter(count);
+            hopper::mbar_arrive(b.dq_empty);
+        }
+    }
+}
+
 // A consumer warpgroup of the dK/dV kernel, run by run_pipeline: its 64 keys against every step
 // the producer announces (all of them; see the forward's consumer for why no product is skipped
 // under a branch; the mask is, where every row of the step sees all the keys); step n's P^T and
 // dS^T are computed while the previous step's dV += P^T dO and dK += dS^T Q run (at head_dim 64;
 // one step at a time at 128).
-// ORDERED, the step's dQ += dS K too: dS^T goes to shared memory (take), and once the step's
-// other products are done (release), dS (64 rows x the warpgroup's 64 keys, read transposed)
-// times its keys' K rows gives this warpgroup's share of the step's dQ, 64 columns at a time,
-// which it adds into the fp32 sums when its turn comes: after every warpgroup of every block of
-// keys before its own, and before the ones after. Blocks start in that order (block_tile), so the
-// wait ends, and a dQ element's terms are added in the same order in every run: bit-reproducible
-// like the rest, without computing S and dP a second time in a dQ kernel.
+// ORDERED, the step's dQ share too: dS^T goes to shared memory (take), and once the step's other
+// products are done (release), dS (64 rows x the warpgroup's 64 keys, read transposed) times its
+// keys' K rows gives its share of the step's dQ, 64 columns at a time, which it hands to the
+// writer warp (write_dq) through shared memory.
 template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     using L = dkdv_layout<D, ORDERED>;
-    static constexpr int NT = STEP / 8, NO = D / 8;
+    static constexpr int NT = STEP / 8, NO = D / 8, STAGES = L::STAGES;
     // At head_dim 128 dK and dV alone take 128 registers: two steps' worth would spill.
     static constexpr bool OVERLAP = D <= 64;
     struct tile {
         float st[NT][4], dpt[NT][4]; // S^T (then P^T) and dP^T (then dS^T)
     };
-    const weft_cuda_attention_args &a;
     const dkdv_block &b;
     const unsigned char *k_rows, *v_rows; // the warpgroup's 64 keys in the K and V tiles
     unsigned char *ds_rows;               // ... and in the dS^T tile (ORDERED)
     int key[2];                           // this thread's keys: C rows g and g + 8
     float scale_log2, dk[NO][4], dv[NO][4];
     uint32_t pt[STEP / 16][4], dst[STEP / 16][4]; // the last step's P^T, dS^T as A fragments
+    int steps;                                    // how many there were, once more() said no
 
     // Waits for step n's stage; false at the producer's end mark.
-    __device__ __forceinline__ bool more(int n) const {
+    __device__ __forceinline__ bool more(int n) {
         hopper::mbar_wait(&b.bar.full[n % STAGES], (n / STAGES) & 1);
-        return __shfl_sync(0xffffffffu, b.meta[n % STAGES].i0, 0) >= 0; // uniform, see take_role
+        bool go = __shfl_sync(0xffffffffu, b.meta[n % STAGES].i0, 0) >= 0; // uniform: take_role
+        if (!go) steps = n;
+        return go;
     }
     // S^T = K Q^T and dP^T = V dO^T of step n as one group.
     __device__ __forceinline__ void first(int n, tile &t) {
@@ -295,7 +345,7 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     __device__ __forceinline__ void release(int n) {
         hopper::fence_registers<D>(dv);
         hopper::fence_registers<D>(dk);
-        if constexpr (ORDERED) add_dq(b.meta[n % STAGES]);
+        if constexpr (ORDERED) share_dq(n, b.meta[n % STAGES]);
         if ((threadIdx.x & 31) == 0) hopper::mbar_arrive(&b.bar.empty[n % STAGES]);
     }
 
@@ -326,13 +376,13 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
                                              hopper::descriptor_plus(db, k16), kc > 0);
         }
     }
-    // The step's dQ share into the sums when its turn comes (see above), 64 columns at a time.
-    __device__ __forceinline__ void add_dq(const step_meta &m) {
-        int i0 = m.i0, lead = (threadIdx.x & 127) == 0;
-        int *count = b.dq.counts + (size_t)b.h * b.dq.steps + i0 / STEP;
-        if (lead) hopper::wait_counter(count, CONSUMERS * m.order + WG);
+    // Step n's dQ share into this warpgroup's buffer, once the writer is done with step n - 1's
+    // (dq_empty), 64 columns at a time; then handed over (dq_full), with the step (header).
+    __device__ __forceinline__ void share_dq(int n, const step_meta &m) {
         hopper::fence_proxy_async(); // store_ds's writes, before the wgmma read them
         hopper::named_barrier(1 + WG, 128);
+        hopper::mbar_wait(b.dq_empty, (n & 1) ^ 1); // first pass: free
+        float *share = b.dq_share + (size_t)WG * STEP * (D + DQ_PAD);
         int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
 #pragma unroll 1
         for (int c = 0; c < D / 64; c++) {
@@ -343,18 +393,22 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
             hopper::fence_registers<64>(dq);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                int row = i0 + 16 * w + g + 8 * r;
-                if (row >= a.Tq) continue;
-                float *sum = b.dq.sums + ((size_t)row * a.H + b.h) * D + 64 * c + 2 * tq;
+                float *row = share + (16 * w + g + 8 * r) * (D + DQ_PAD) + 64 * c + 2 * tq;
 #pragma unroll
                 for (int nt = 0; nt < 8; nt++)
-                    hopper::add_pair(sum + 8 * nt, dq[nt][2 * r], dq[nt][2 * r + 1]);
+                    *reinterpret_cast<float2 *>(row + 8 * nt) = {dq[nt][2 * r], dq[nt][2 * r + 1]};
             }
         }
-        // The warpgroup's adds are ordered before the lead's release by the barrier (as in a
-        // cooperative grid sync), so the next one to add sees them.
-        hopper::named_barrier(1 + WG, 128);
-        if (lead) hopper::signal_counter(count);
+        if (WG == 0 && (threadIdx.x & 127) == 0) *b.dq_head = {m.i0, m.order};
+        hopper::mbar_arrive(b.dq_full);
+    }
+    // After the last step: the end mark for the writer, once it is done with that step.
+    __device__ __forceinline__ void finish() {
+        if constexpr (ORDERED) {
+            hopper::mbar_wait(b.dq_empty, (steps & 1) ^ 1);
+            if (WG == 0 && (threadIdx.x & 127) == 0) b.dq_head->i0 = -1;
+            hopper::mbar_arrive(b.dq_full);
+        }
     }
 };
 
@@ -367,15 +421,15 @@ __device__ __forceinline__ void consume_steps(const weft_cuda_attention_args &a,
     int first = 64 * WG, w = (threadIdx.x >> 5) & 3;
     int key0 = b.j0 + first + 16 * w + (int)((threadIdx.x & 31) >> 2);
     size_t rows = (size_t)first * hopper::ATOM_ROW_BYTES;
-    dkdv_consumer<D, WG, ORDERED> c = {a,
-                                       b,
+    dkdv_consumer<D, WG, ORDERED> c = {b,
                                        b.smem + L::K + rows,
                                        b.smem + L::V + rows,
                                        b.smem + L::DS + rows,
                                        {key0, key0 + 8},
-                                       scale_log2, {}, {}, {}, {}};
+                                       scale_log2, {}, {}, {}, {}, 0};
     hopper::mbar_wait(b.bar.once, 0);
     run_pipeline(c);
+    c.finish();
 #pragma unroll
     for (int r = 0; r < 2; r++)
         if (c.key[r] < b.j_end)
@@ -397,16 +451,29 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint64_t *bars = reinterpret_cast<uint64_t *>(b.smem + L::BARRIERS);
     b.bar = {bars, bars + 1, bars + 1 + STAGES};
     b.meta = reinterpret_cast<step_meta *>(b.smem + L::META);
-    tile_of_head th = block_tile(false, false); // ORDERED relies on the order: dkdv_consumer
+    b.dq_share = reinterpret_cast<float *>(b.smem + L::DQ);
+    b.dq_head = reinterpret_cast<dq_header *>(b.smem + L::DQ_HEADER);
+    b.dq_full = bars + 1 + 2 * STAGES, b.dq_empty = b.dq_full + 1;
+    // ORDERED waits for the blocks of later keys: they start first (see write_dq).
+    tile_of_head th = block_tile(ORDERED, false);
     b.h = th.head, b.tile = th.tile, b.j0 = th.tile * BLOCK_KEYS;
     b.j_end = min(b.j0 + BLOCK_KEYS, a.Tkv);
     b.dq = dq;
-    if (threadIdx.x == 0) init_barriers(b.bar, 32, 4 * CONSUMERS); // full: the producer warp
+    if (threadIdx.x == 0) {
+        init_barriers(b.bar, 32, 4 * CONSUMERS); // full: the producer warp
+        if (ORDERED) {
+            hopper::mbar_init(b.dq_full, 128 * CONSUMERS);
+            hopper::mbar_init(b.dq_empty, 1);
+            hopper::mbar_init_fence();
+        }
+    }
     __syncthreads();
     int role = take_role();
     if (role == 0) {
         if (threadIdx.x < 32)
             produce_steps<D, ORDERED>(a, b, &q_map, &do_map, &k_map, &v_map, lse, delta);
+        else if (ORDERED && threadIdx.x < 64)
+            write_dq<D>(a, b);
         return;
     }
     as_consumer(role, [&](auto wg) {

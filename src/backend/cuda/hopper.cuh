@@ -207,15 +207,18 @@ __device__ __forceinline__ void signal_counter(int *counter) {
 #endif
 }
 
-// p[0] += x, p[1] += y in global memory, atomically (p 8-byte aligned): one vector reduction on
+// p[0..3] += x, y, z, w in global memory, atomically (p 16-byte aligned): one vector reduction on
 // sm_90. The adds' order is the caller's to fix (wait_counter): atomics alone would not.
-__device__ __forceinline__ void add_pair(float *p, float x, float y) {
+__device__ __forceinline__ void add_quad(float *p, float x, float y, float z, float w) {
 #if defined(WEFT_SM90A) && !defined(WEFT_CUDA_EMULATION)
-    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y)
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(x),
+                 "f"(y), "f"(z), "f"(w)
                  : "memory");
 #else
     atomicAdd(p, x);
     atomicAdd(p + 1, y);
+    atomicAdd(p + 2, z);
+    atomicAdd(p + 3, w);
 #endif
 }
 
