@@ -63,6 +63,19 @@ struct wgmma_op {
 inline std::map<uint32_t, mbarrier> g_mbarriers; // of the running block, by shared address
 inline std::vector<tma_copy> g_tma_copies;        // issued, not landed
 
+// A bulk reduction (cp.reduce.async.bulk .add.f32) in flight: its source is read (snapshot) at
+// the thread's wait_group.read, its sums land at its wait_group; both as late as allowed.
+struct bulk_reduction {
+    const thread_state *thread;
+    float *dst;
+    const float *src;
+    uint32_t floats;
+    int group;
+    std::vector<float> snapshot;
+};
+inline std::vector<bulk_reduction> g_bulk_reductions;
+inline std::map<const thread_state *, int> g_bulk_groups; // committed groups per thread
+
 inline uint32_t smem_offset(const void *p, size_t bytes = 1) {
     const unsigned char *c = static_cast<const unsigned char *>(p);
     if (c < weft_dynamic_smem || c + bytes > weft_dynamic_smem + sizeof weft_dynamic_smem)
@@ -231,6 +244,8 @@ inline bool resolve_wgmma_waits(block_state &b) {
 inline void start_block_hopper(block_state &b) {
     g_mbarriers.clear();
     g_tma_copies.clear();
+    g_bulk_reductions.clear();
+    g_bulk_groups.clear();
     for (auto &t : b.threads) {
         if (!t.wgmma) t.wgmma = new std::vector<wgmma_op>;
         t.wgmma->clear();
@@ -240,6 +255,7 @@ inline void start_block_hopper(block_state &b) {
 
 inline void end_block_hopper(block_state &b) {
     if (!g_tma_copies.empty()) fail("a block ended with TMA copies in flight");
+    if (!g_bulk_reductions.empty()) fail("a block ended with bulk reductions never waited for");
     for (auto &t : b.threads)
         if (!t.wgmma->empty()) fail("a thread ended with wgmma never waited for");
 }
@@ -312,4 +328,35 @@ inline void weft_emulated_wgmma_wait(int pending_groups) {
     if ((t->index.x & ~127u) + 128 > emu::g_block_dim.x)
         emu::fail("wgmma.wait_group in a block that is not whole warpgroups");
     emu::rendezvous(emu::OP_WGMMA_WAIT);
+}
+
+// cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 and its group instructions.
+inline void weft_emulated_bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
+    emu::smem_offset(src, bytes);
+    if (bytes % 16 || (uintptr_t)dst % 16 || emu::smem_offset(src) % 16)
+        emu::fail("cp.reduce.async.bulk: size and addresses must be multiples of 16 bytes");
+    const emu::thread_state *t = emu::self();
+    emu::g_bulk_reductions.push_back(
+        {t, dst, static_cast<const float *>(src), bytes / 4, emu::g_bulk_groups[t], {}});
+}
+inline void weft_emulated_bulk_commit() { emu::g_bulk_groups[emu::self()]++; }
+// Waits until at most `pending` of this thread's groups are in flight (read_only: have not yet
+// read their source).
+inline void weft_emulated_bulk_wait(int pending, bool read_only) {
+    const emu::thread_state *t = emu::self();
+    int older_than = emu::g_bulk_groups[t] - pending;
+    std::vector<emu::bulk_reduction> later;
+    for (emu::bulk_reduction &r : emu::g_bulk_reductions) {
+        if (r.thread != t || r.group >= older_than) {
+            later.push_back(std::move(r));
+            continue;
+        }
+        if (r.snapshot.empty()) r.snapshot.assign(r.src, r.src + r.floats);
+        if (read_only) {
+            later.push_back(std::move(r));
+            continue;
+        }
+        for (uint32_t i = 0; i < r.floats; i++) r.dst[i] += r.snapshot[i];
+    }
+    emu::g_bulk_reductions.swap(later);
 }

@@ -4,11 +4,11 @@
 //   recompute (the default): the mma.sync backward's two kernels (attention_mma.cuh), in which
 //     every output element has one writer, at the price of computing S and dP twice, once per
 //     kernel (seven products per tile);
-//   ordered: the dK/dV kernel below also computes each step's dQ share from the dS it has anyway
-//     and adds it into fp32 sums, the blocks taking turns in a fixed order (five products, as
-//     FlashAttention-3's deterministic mode). On an H100 it was 1.4-1.8x slower: each consumer
-//     waits for its turn, adds and signals between its steps, where FlashAttention-3 hands the
-//     dQ tile to a warp of its own through shared memory (bench/README.md).
+//   ordered: the dK/dV kernel below also computes each step's dQ from the dS it has anyway and
+//     adds it into fp32 sums with a TMA bulk reduction, the blocks taking turns in a fixed order
+//     (five products, as FlashAttention-3's deterministic mode). Two earlier versions, adding
+//     with per-thread reductions, were 1.6-1.9x slower than recomputing on an H100; this one is
+//     not yet timed (bench/README.md).
 //   dQ: a block of 128 query rows walks the key tiles its rows see, as the forward does, with dO
 //     loaded beside Q: S = Q K^T and dP = dO V^T (one wgmma group), dS = P (dP - delta) in
 //     registers, then dQ += dS K with dS straight from them.
@@ -127,27 +127,35 @@ struct step_meta {
     step_rows<STEP> rows;
 };
 
-// ORDERED: the step whose dQ shares are in shared memory, as the consumers hand it to the writer.
+// ORDERED: the step whose dQ is in shared memory, as the consumers hand it to the writer.
 struct dq_header {
     int i0, order;
 };
-constexpr int DQ_PAD = 8; // floats after each row of a dQ share: its float2 stores conflict-free
+
+// Where element (row, col) of a step's dQ (STEP x D) is, in floats, in the ORDERED kernel's
+// shared and global tiles: in the order the consumers' C fragments hold it (share_dq), float4 q
+// of thread T of column atom c at ((c·8 + q)·128 + T)·4, so that a warp's float4 stores are one
+// contiguous run. Thread T = 32w + 4g + t holds rows 16w + g + 8r, columns 64c + 8nt + 2t + e, as
+// float4 q = 4r + nt/2, element 2(nt % 2) + e.
+__host__ __device__ constexpr int dq_tile_offset(int row, int col) {
+    int w = row / 16, g = row % 8, r = row % 16 / 8, c = col / 64, nt = col % 64 / 8;
+    int T = 32 * w + 4 * g + col % 8 / 2, q = 4 * r + nt / 2;
+    return ((c * 8 + q) * 128 + T) * 4 + 2 * (nt % 2) + col % 2;
+}
 
 // Shared memory of a dK/dV block, from a 1024-byte aligned start: its K and V tiles (BLOCK_KEYS x
-// D), STAGES tiles of Q and of dO (STEP x D); ORDERED, the step's dS^T (BLOCK_KEYS x STEP), each
-// consumer's share of its dQ (STEP x D fp32, rows DQ_PAD apart) and their header; STAGES
-// step_meta; the barriers (once, full[], empty[]; ORDERED, dq_full and dq_empty).
+// D), STAGES tiles of Q and of dO (STEP x D); ORDERED, the step's dS^T (BLOCK_KEYS x STEP), its
+// dQ (STEP x D fp32, dq_tile_offset's order) and their header; STAGES step_meta; the barriers
+// (once, full[], empty[]; ORDERED, dq_full and dq_empty).
 template <int D, bool ORDERED> struct dkdv_layout {
-    // Steps in flight: at head_dim 128 the dQ shares leave room for two.
-    static constexpr int STAGES = ORDERED && D > 64 ? 2 : fa3::STAGES;
     static constexpr size_t KEY_ATOM = atom_bytes(BLOCK_KEYS), STEP_ATOM = atom_bytes(STEP);
     static constexpr size_t K = 0, V = tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t Q = 2 * tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t DO = Q + STAGES * tile_bytes(STEP, D);
     static constexpr size_t DS = DO + STAGES * tile_bytes(STEP, D);
-    static constexpr size_t DQ_ROW = (D + DQ_PAD) * sizeof(float), DQ_SHARE = STEP * DQ_ROW;
+    static constexpr size_t DQ_SHARE = STEP * D * sizeof(float);
     static constexpr size_t DQ = DS + (ORDERED ? tile_bytes(BLOCK_KEYS, STEP) : 0);
-    static constexpr size_t DQ_HEADER = DQ + (ORDERED ? CONSUMERS * DQ_SHARE : 0);
+    static constexpr size_t DQ_HEADER = DQ + (ORDERED ? DQ_SHARE : 0);
     static constexpr size_t META = DQ_HEADER + (ORDERED ? 16 : 0);
     static constexpr size_t BARRIERS = (META + STAGES * sizeof(step_meta) + 7) / 8 * 8;
     static constexpr size_t BYTES = BARRIERS + sizeof(uint64_t) * (3 + 2 * fa3::STAGES) + 1024;
@@ -160,8 +168,9 @@ template <int D, bool ORDERED> struct dkdv_layout {
     }
 };
 
-// Where the ORDERED kernel sums dQ: fp32 (Tq, H, D), and per query head and step a count of the
-// blocks that have added theirs.
+// Where the ORDERED kernel sums dQ: fp32 (H, steps, STEP x D), each step's tile in
+// dq_tile_offset's order, and per query head and step a count of the blocks that have added
+// theirs.
 struct dq_sums {
     float *sums;
     int *counts; // (H, steps)
@@ -174,9 +183,9 @@ struct dkdv_block {
     step_meta *meta;        // [STAGES]
     int h, tile, j0, j_end; // query head, tile of keys [j0, j_end)
     dq_sums dq;
-    float *dq_share;              // ORDERED: [CONSUMERS] shares, DQ_SHARE bytes apart
-    dq_header *dq_head;           // ... the step they are of
-    uint64_t *dq_full, *dq_empty; // ... written by both consumers; added by the writer
+    float *dq_share;              // ORDERED: the step's dQ (both consumers' shares summed)
+    dq_header *dq_head;           // ... the step it is of
+    uint64_t *dq_full, *dq_empty; // ... written by the consumers; read by the writer's reduction
 };
 
 // The producer warp: K and V of the block once, then every step of query rows of which a row sees
@@ -220,8 +229,8 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
             announce = __any_sync(0xffffffffu, sees);
         }
         if (!end && !announce) continue;
-        int s = n % L::STAGES;
-        hopper::mbar_wait(&b.bar.empty[s], ((n / L::STAGES) & 1) ^ 1); // first pass: all free
+        int s = n % STAGES;
+        hopper::mbar_wait(&b.bar.empty[s], ((n / STAGES) & 1) ^ 1); // first pass: all free
         step_meta &m = b.meta[s];
         if (lane == 0) m.i0 = end ? -1 : i0, m.order = end ? 0 : (last - 1) / BLOCK_KEYS - b.tile;
 #pragma unroll
@@ -247,38 +256,38 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
     }
 }
 
-// ORDERED: the writer warp adds each step's dQ, the two consumers' shares summed, into the fp32
-// sums once every block of keys after this one that adds into the step has (wait_counter), then
-// counts itself in and frees the shares. Those blocks start first (block_tile, keys last-first),
-// so the wait ends; and being further down the diagonal they reach any row first, so in the
-// steady state there is nothing to wait for. A dQ element's terms are added in the same order in
-// every run: bit-reproducible, without computing S and dP a second time in a dQ kernel.
-template <int D>
-__device__ void write_dq(const weft_cuda_attention_args &a, const dkdv_block &b) {
-    // A lane's float4 column of the shares, its first row, the rows a pass of the warp covers:
-    // few registers, as the producer's warpgroup has 24 (take_role).
-    constexpr int QUADS = D / 4, PER = 32 / QUADS, ROW = D + DQ_PAD;
-    int lane = threadIdx.x & 31, c = 4 * (lane % QUADS), r0 = lane / QUADS;
+// ORDERED: the writer (one thread) adds each step's dQ tile into the fp32 sums with one bulk
+// reduction once every block of keys after this one that adds into the step has (wait_counter),
+// frees the tile as soon as the reduction has read it, and counts itself in once its sums have
+// landed (checked a step later, so that the next step's reduction is under way meanwhile). The
+// blocks of later keys start first (block_tile, keys last-first), so the wait ends; and being
+// further down the diagonal they reach any row first, so in the steady state there is nothing to
+// wait for. A dQ element's terms are added in the same order in every run: bit-reproducible,
+// without computing S and dP a second time in a dQ kernel.
+template <int D> __device__ void write_dq(const dkdv_block &b) {
+    int *landing = nullptr; // the count of the step whose sums are still on their way
     for (int n = 0;; n++) {
         hopper::mbar_wait(b.dq_full, n & 1);
         dq_header step = *b.dq_head;
-        if (step.i0 < 0) return;
-        int *count = b.dq.counts + (size_t)b.h * b.dq.steps + step.i0 / STEP;
-        hopper::wait_counter(count, step.order);
-        int rows = min(STEP, a.Tq - step.i0);
-        const float *x = b.dq_share + r0 * ROW + c; // the first consumer's; the other's after it
-        float *sum = b.dq.sums + ((size_t)(step.i0 + r0) * a.H + b.h) * D + c;
-#pragma unroll 1
-        for (int r = r0; r < rows; r += PER, x += PER * ROW, sum += (size_t)PER * a.H * D) {
-            float4 u = *reinterpret_cast<const float4 *>(x);
-            float4 v = *reinterpret_cast<const float4 *>(x + STEP * ROW);
-            hopper::add_quad(sum, u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+        if (step.i0 < 0) break;
+        size_t at = (size_t)b.h * b.dq.steps + step.i0 / STEP;
+        hopper::wait_counter(b.dq.counts + at, step.order);
+        hopper::fence_proxy_async_global(); // the turn, before the reduction's adds
+        hopper::bulk_reduce_add(b.dq.sums + at * STEP * D, b.dq_share, STEP * D * sizeof(float));
+        hopper::bulk_commit();
+        hopper::bulk_wait<0, true>(); // read: the consumers may write the next step's
+        hopper::mbar_arrive(b.dq_empty);
+        if (landing) {
+            hopper::bulk_wait<1, false>(); // the step before's sums are in
+            hopper::fence_proxy_async_global();
+            hopper::signal_counter(landing);
         }
-        __syncwarp(); // the warp's adds, before lane 0's release
-        if (lane == 0) {
-            hopper::signal_counter(count);
-            hopper::mbar_arrive(b.dq_empty);
-        }
+        landing = b.dq.counts + at;
+    }
+    if (landing) {
+        hopper::bulk_wait<0, false>();
+        hopper::fence_proxy_async_global();
+        hopper::signal_counter(landing);
     }
 }
 
@@ -287,13 +296,13 @@ __device__ void write_dq(const weft_cuda_attention_args &a, const dkdv_block &b)
 // under a branch; the mask is, where every row of the step sees all the keys); step n's P^T and
 // dS^T are computed while the previous step's dV += P^T dO and dK += dS^T Q run (at head_dim 64;
 // one step at a time at 128).
-// ORDERED, the step's dQ share too: dS^T goes to shared memory (take), and once the step's other
+// ORDERED, the step's dQ too: dS^T goes to shared memory (take), and once the step's other
 // products are done (release), dS (64 rows x the warpgroup's 64 keys, read transposed) times its
-// keys' K rows gives its share of the step's dQ, 64 columns at a time, which it hands to the
-// writer warp (write_dq) through shared memory.
+// keys' K rows gives its share of the step's dQ, 64 columns at a time; the first consumer stores
+// its share in the dQ tile, the second adds its own, and the tile goes to the writer (write_dq).
 template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     using L = dkdv_layout<D, ORDERED>;
-    static constexpr int NT = STEP / 8, NO = D / 8, STAGES = L::STAGES;
+    static constexpr int NT = STEP / 8, NO = D / 8;
     // At head_dim 128 dK and dV alone take 128 registers: two steps' worth would spill.
     static constexpr bool OVERLAP = D <= 64;
     struct tile {
@@ -376,14 +385,17 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
                                              hopper::descriptor_plus(db, k16), kc > 0);
         }
     }
-    // Step n's dQ share into this warpgroup's buffer, once the writer is done with step n - 1's
-    // (dq_empty), 64 columns at a time; then handed over (dq_full), with the step (header).
+    // Step n's dQ into the tile, once the writer's reduction has read step n - 1's (dq_empty):
+    // 64 columns at a time, the first consumer's share stored, then the second's added (a named
+    // barrier between); then handed to the writer (dq_full), with the step (header).
     __device__ __forceinline__ void share_dq(int n, const step_meta &m) {
         hopper::fence_proxy_async(); // store_ds's writes, before the wgmma read them
         hopper::named_barrier(1 + WG, 128);
-        hopper::mbar_wait(b.dq_empty, (n & 1) ^ 1); // first pass: free
-        float *share = b.dq_share + (size_t)WG * STEP * (D + DQ_PAD);
-        int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+        int T = threadIdx.x & 127;
+        if (WG == 0) {
+            hopper::mbar_wait(b.dq_empty, (n & 1) ^ 1); // first pass: free
+            if (T == 0) *b.dq_head = {m.i0, m.order};
+        }
 #pragma unroll 1
         for (int c = 0; c < D / 64; c++) {
             float dq[8][4];
@@ -391,23 +403,39 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
             hopper::wgmma_commit();
             hopper::wgmma_wait<0>();
             hopper::fence_registers<64>(dq);
+            float4 *tile = reinterpret_cast<float4 *>(b.dq_share) + (size_t)c * 8 * 128 + T;
+            if (WG == 0) {
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float *row = share + (16 * w + g + 8 * r) * (D + DQ_PAD) + 64 * c + 2 * tq;
+                for (int q = 0; q < 8; q++) tile[q * 128] = fragment_quad(dq, q);
+            }
+            hopper::named_barrier(3, 256); // both consumers
+            if (WG == 1) {
 #pragma unroll
-                for (int nt = 0; nt < 8; nt++)
-                    *reinterpret_cast<float2 *>(row + 8 * nt) = {dq[nt][2 * r], dq[nt][2 * r + 1]};
+                for (int q = 0; q < 8; q++) {
+                    float4 x = tile[q * 128], y = fragment_quad(dq, q);
+                    tile[q * 128] = {x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w};
+                }
             }
         }
-        if (WG == 0 && (threadIdx.x & 127) == 0) *b.dq_head = {m.i0, m.order};
-        hopper::mbar_arrive(b.dq_full);
+        if (WG == 1) {
+            hopper::fence_proxy_async(); // the tile, before the writer's reduction reads it
+            hopper::mbar_arrive(b.dq_full);
+        }
+    }
+    // Float4 q of this thread's C fragments of a 64 x 64 product (dq_tile_offset's order).
+    __device__ __forceinline__ static float4 fragment_quad(const float (*dq)[4], int q) {
+        int r = q / 4, nt = 2 * (q % 4);
+        return {dq[nt][2 * r], dq[nt][2 * r + 1], dq[nt + 1][2 * r], dq[nt + 1][2 * r + 1]};
     }
     // After the last step: the end mark for the writer, once it is done with that step.
     __device__ __forceinline__ void finish() {
         if constexpr (ORDERED) {
-            hopper::mbar_wait(b.dq_empty, (steps & 1) ^ 1);
-            if (WG == 0 && (threadIdx.x & 127) == 0) b.dq_head->i0 = -1;
-            hopper::mbar_arrive(b.dq_full);
+            if (WG == 0) {
+                hopper::mbar_wait(b.dq_empty, (steps & 1) ^ 1);
+                if ((threadIdx.x & 127) == 0) b.dq_head->i0 = -1;
+            }
+            hopper::named_barrier(3, 256);
+            if (WG == 1) hopper::mbar_arrive(b.dq_full);
         }
     }
 };
@@ -462,7 +490,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         init_barriers(b.bar, 32, 4 * CONSUMERS); // full: the producer warp
         if (ORDERED) {
-            hopper::mbar_init(b.dq_full, 128 * CONSUMERS);
+            hopper::mbar_init(b.dq_full, 128); // the second consumer
             hopper::mbar_init(b.dq_empty, 1);
             hopper::mbar_init_fence();
         }
@@ -472,8 +500,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (role == 0) {
         if (threadIdx.x < 32)
             produce_steps<D, ORDERED>(a, b, &q_map, &do_map, &k_map, &v_map, lse, delta);
-        else if (ORDERED && threadIdx.x < 64)
-            write_dq<D>(a, b);
+        else if (ORDERED && threadIdx.x == 32)
+            write_dq<D>(b);
         return;
     }
     as_consumer(role, [&](auto wg) {
@@ -482,26 +510,28 @@ __global__ void __launch_bounds__(THREADS, 1)
     });
 }
 
-// dq (Tq, H, D) bf16 = scale * the ordered kernel's sums, four elements a thread.
-__global__ void dq_from_sums_kernel(const float *sums, bf16 *dq, size_t quads, float scale) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= quads) return;
-    float4 x = reinterpret_cast<const float4 *>(sums)[i];
-    reinterpret_cast<uint2 *>(dq)[i] = {pack_bf16(x.x * scale, x.y * scale),
-                                        pack_bf16(x.z * scale, x.w * scale)};
+// dq (Tq, H, D) bf16 = scale * the ordered kernel's sums, two elements a thread.
+__global__ void dq_from_sums_kernel(const float *sums, bf16 *dq, int Tq, int H, int D, int steps,
+                                    float scale) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, pairs = (size_t)Tq * H * D / 2;
+    if (i >= pairs) return;
+    int col = 2 * (int)(i % (D / 2)), h = (int)(i / (D / 2) % H), row = (int)(i / (D / 2) / H);
+    const float *tile = sums + ((size_t)h * steps + row / STEP) * STEP * D;
+    float2 x = *reinterpret_cast<const float2 *>(tile + dq_tile_offset(row % STEP, col));
+    *reinterpret_cast<uint32_t *>(dq + 2 * i) = pack_bf16(x.x * scale, x.y * scale);
 }
 
 // The ordered kernel's dq_sums: its bytes, and where they are within the scratch, after the mma
 // backward's partials.
 size_t dq_sums_bytes(const weft_cuda_attention_args *a) {
-    return sizeof(float) * (size_t)a->Tq * a->H * a->D +
-           sizeof(int) * (size_t)a->H * ((a->Tq + STEP - 1) / STEP);
+    size_t steps = (a->Tq + STEP - 1) / STEP;
+    return (sizeof(float) * STEP * a->D + sizeof(int)) * a->H * steps;
 }
 dq_sums dq_sums_in(const weft_cuda_attention_args *a, float *scratch) {
     dq_sums d;
-    d.sums = scratch + weft_cuda_attention_partials_bytes(a) / sizeof(float);
-    d.counts = reinterpret_cast<int *>(d.sums + (size_t)a->Tq * a->H * a->D);
     d.steps = (a->Tq + STEP - 1) / STEP;
+    d.sums = scratch + weft_cuda_attention_partials_bytes(a) / sizeof(float);
+    d.counts = reinterpret_cast<int *>(d.sums + (size_t)a->H * d.steps * STEP * a->D);
     return d;
 }
 
@@ -533,7 +563,8 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
     float *dk_part = grouped ? scratch : NULL;
     float *dv_part = grouped ? scratch + (size_t)a->Tkv * a->H * a->D : NULL;
     fa3::dq_sums sums = fa3::dq_sums_in(a, scratch);
-    size_t quads = (size_t)a->Tq * HD / 4;
+    size_t pairs = (size_t)a->Tq * HD / 2;
+    int Tq = a->Tq, H = a->H, head_dim = a->D; // (RUN's parameter is named D)
     if (ordered_dq) cudaMemsetAsync(sums.sums, 0, fa3::dq_sums_bytes(a), s);
     dim3 grid_q((a->Tq + fa3::ROWS - 1) / fa3::ROWS, a->H);
     dim3 grid_kv((a->Tkv + fa3::BLOCK_KEYS - 1) / fa3::BLOCK_KEYS, a->H);
@@ -548,8 +579,8 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
 #define RUN(D)                                                                                     \
     if (ordered_dq) {                                                                              \
         DKDV(D, true, WEFT_LAUNCH_IN_ORDER);                                                       \
-        WEFT_LAUNCH(fa3::dq_from_sums_kernel, (unsigned)((quads + 255) / 256), 256, 0, s,          \
-                    (const float *)sums.sums, (bf16 *)dq, quads, scale);                           \
+        WEFT_LAUNCH(fa3::dq_from_sums_kernel, (unsigned)((pairs + 255) / 256), 256, 0, s,          \
+                    (const float *)sums.sums, (bf16 *)dq, Tq, H, head_dim, sums.steps, scale);     \
     } else {                                                                                       \
         WEFT_LAUNCH(fa3::dq_kernel<D>, grid_q, fa3::THREADS,                                       \
                     (fa3::query_layout<D, fa3::DQ_KEYS, 2>::BYTES), s, dq_maps.q, do_block,        \

@@ -733,8 +733,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
                few);
     st->few_rows = !few || strcmp(few, "0") != 0;
     // WEFT_CUDA_ATTENTION_DQ=ordered sums the hopper backward's dQ in its dK/dV kernel, in turns;
-    // recompute, the default, gives dQ a kernel of its own, which on an H100 was 1.4-1.8x faster
-    // (the turns stall the consumers: bench/README.md).
+    // recompute, the default, gives dQ a kernel of its own, which on an H100 was 1.6-1.9x faster
+    // than the ordered dQ's first two versions (bench/README.md).
     const char *dq = getenv("WEFT_CUDA_ATTENTION_DQ");
     WEFT_CHECK(!dq || !*dq || !strcmp(dq, "ordered") || !strcmp(dq, "recompute"),
                "WEFT_CUDA_ATTENTION_DQ=%s: expected recompute (the default) or ordered", dq);

@@ -207,18 +207,43 @@ __device__ __forceinline__ void signal_counter(int *counter) {
 #endif
 }
 
-// p[0..3] += x, y, z, w in global memory, atomically (p 16-byte aligned): one vector reduction on
-// sm_90. The adds' order is the caller's to fix (wait_counter): atomics alone would not.
-__device__ __forceinline__ void add_quad(float *p, float x, float y, float z, float w) {
-#if defined(WEFT_SM90A) && !defined(WEFT_CUDA_EMULATION)
-    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(x),
-                 "f"(y), "f"(z), "f"(w)
+// dst[0 .. bytes/4) += src (shared memory) in global memory, asynchronously (TMA's bulk
+// reduction: the L2 adds whole lines); bytes and both addresses multiples of 16. In the current
+// bulk group of this thread (bulk_commit closes it; bulk_wait waits for groups).
+__device__ __forceinline__ void bulk_reduce_add(float *dst, const float *src, uint32_t bytes) {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_bulk_reduce_add(dst, src, bytes);
+#elif defined(WEFT_SM90A)
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                     dst),
+                 "r"(smem_address(src)), "r"(bytes)
                  : "memory");
 #else
-    atomicAdd(p, x);
-    atomicAdd(p + 1, y);
-    atomicAdd(p + 2, z);
-    atomicAdd(p + 3, w);
+    __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_bulk_commit();
+#elif defined(WEFT_SM90A)
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most PENDING of this thread's bulk groups are in flight; READ: only until they
+// have read their sources (which may then be overwritten), not until their writes are done.
+template <int PENDING, bool READ> __device__ __forceinline__ void bulk_wait() {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_bulk_wait(PENDING, READ);
+#elif defined(WEFT_SM90A)
+    if constexpr (READ) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(PENDING) : "memory");
+    else asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(PENDING) : "memory");
+#endif
+}
+// Orders global memory accesses of the async proxy (bulk reductions) with this thread's ordinary
+// ones (a counter's acquire before, its release after).
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(WEFT_SM90A) && !defined(WEFT_CUDA_EMULATION)
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
 }
 
