@@ -3,8 +3,9 @@
 // synchronization mistakes show up in CI. One block at a time: its threads are coroutines
 // (started by ucontext, then switched by _setjmp/_longjmp, which unlike swapcontext make no
 // system call to save the signal mask) that the scheduler runs until each reaches a rendezvous
-// (__syncthreads, a warp shuffle or vote, mma.sync, ldmatrix); when every participant is there,
-// the scheduler computes all results at once and releases them. A warp primitive reached by only part of a warp, or a
+// (__syncthreads, a named barrier, a warp shuffle or vote, mma.sync, ldmatrix, a spin on a global
+// counter); when every participant is there, the scheduler computes all results at once and
+// releases them. Blocks that wait for other blocks run in launch order (run_grid). A warp primitive reached by only part of a warp, or a
 // barrier that can never complete, is reported as the hang it would be on a GPU. cp.async copies
 // land at the wait or at issue (g_copies_land_at_issue), the two ends of what hardware allows.
 //

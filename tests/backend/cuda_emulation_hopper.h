@@ -25,6 +25,11 @@
 //   reads shared memory then (the latest the hardware may): a kernel that refills an operand's
 //   buffer too early, or reads or writes the accumulators or an A operand's registers before the
 //   wait, gets wrong numbers or an error here.
+// Bulk reductions (cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32): bytes of fp32 from
+//   shared memory added into global memory, in bulk groups (commit_group); the source is read at
+//   the thread's cp.async.bulk.wait_group.read and the sums land at its wait_group, the latest
+//   each may happen: a kernel that refills the source or counts the sums as landed too early gets
+//   wrong numbers here.
 #pragma once
 #include <map>
 
