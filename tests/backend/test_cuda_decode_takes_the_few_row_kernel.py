@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from reference import files, fixtures, qwen2, runner
+from reference import files, fixtures, qwen2
 from reference.generation import random_prompts, write_prompts
 
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
@@ -39,8 +39,7 @@ def generate(emulated, mdir, prompts, tmp, name, few_rows):
         return ops, json.load(f)
 
 
-def cases(weft, tmp):
-    emulated = os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")
+def cases(emulated, tmp):
     mdir = os.path.join(tmp, "model")
     files.make_model(mdir, CFG, 5, std=0.05)
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
@@ -64,13 +63,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    weft = runner.weft_path()
-    if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")):
-        print("built without CUDA (no weft_emulated beside weft): skipped")
-        return 77
-    return fixtures.run_test(cases, "weft_test_cuda_few_rows_", "checks failed")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_emulated_cuda_test(cases, "weft_test_cuda_few_rows_"))

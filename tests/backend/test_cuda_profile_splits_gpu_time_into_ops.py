@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from reference import files, fixtures, qwen2, runner
+from reference import files, fixtures, qwen2
 
 LAYERS = qwen2.SMALL_CFG["num_hidden_layers"]
 MTP = 1
@@ -29,8 +29,7 @@ def op_calls(doc, prefix):
     return sum(o["calls"] for o in doc["ops"] if o["op"].startswith(prefix))
 
 
-def cases(weft, tmp):
-    emulated = os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")
+def cases(emulated, tmp):
     mdir = os.path.join(tmp, "model")
     cfg, _ = files.make_model(mdir, dict(qwen2.SMALL_CFG, num_nextn_predict_layers=MTP), 7,
                               std=0.05)
@@ -76,13 +75,5 @@ def cases(weft, tmp):
     return failures
 
 
-def main():
-    weft = runner.weft_path()
-    if not os.path.exists(os.path.join(os.path.dirname(os.path.abspath(weft)), "weft_emulated")):
-        print("built without CUDA (no weft_emulated beside weft): skipped")
-        return 77
-    return fixtures.run_test(cases, "weft_test_cuda_profile_", "checks failed")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fixtures.run_emulated_cuda_test(cases, "weft_test_cuda_profile_"))

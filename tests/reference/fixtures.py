@@ -152,6 +152,17 @@ def run_cuda_test(body, tmp_prefix, summary="checks failed", gpus=1):
     return run_test(lambda weft, tmp: body(weft, program, emulated, tmp), tmp_prefix, summary)
 
 
+def run_emulated_cuda_test(body, tmp_prefix, summary="checks failed"):
+    """run_test for a test of the CUDA backend on its CPU emulation alone (what it checks needs
+    no GPU and must run in CI): body(emulated, tmp) with weft_emulated beside weft, or the skip
+    status 77 where weft was built without the CUDA toolkit."""
+    emulated = os.path.join(os.path.dirname(os.path.abspath(runner.weft_path())), "weft_emulated")
+    if not os.path.exists(emulated):
+        print("built without CUDA (no weft_emulated beside weft): skipped")
+        return 77
+    return run_test(lambda weft, tmp: body(emulated, tmp), tmp_prefix, summary)
+
+
 def one_clear_error(name, cmd, must_contain, wrote=lambda: False, timeout=120):
     """Runs cmd, which must fail with one clear error: a non-zero exit, one stderr line that
     starts "weft: error:" and holds every string of must_contain, and nothing written (wrote()
