@@ -489,7 +489,6 @@ inline void weft_emulated_mma(float c[4], const uint32_t a[4], uint32_t b0, uint
     emu::rendezvous(emu::OP_MMA);
     memcpy(c, t->d, sizeof t->d);
 }
-inline void __threadfence() {} // threads switch only at rendezvous: every write is seen at once
 // bar.sync id, count (hopper.cuh's named_barrier).
 inline void weft_emulated_named_barrier(int id, int count) {
     emu::self()->bar_id = id;

@@ -27,6 +27,9 @@ namespace fa3 {
 constexpr int DQ_KEYS = 64; // keys per tile of the dQ kernel: S, dP and dQ all fit in registers
 constexpr int BLOCK_KEYS = 64 * CONSUMERS; // keys per dK/dV block
 constexpr int STEP = 64;                   // query rows per step of the dK/dV kernel
+// Named barriers of the ORDERED dK/dV kernel (0 is __syncthreads): one consumer's own (+ its
+// index), both consumers'.
+constexpr int BAR_CONSUMER = 1, BAR_CONSUMERS = 1 + CONSUMERS;
 
 // ------------------------------------------------------------------------------------ dQ ----
 
@@ -390,7 +393,7 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     // barrier between); then handed to the writer (dq_full), with the step (header).
     __device__ __forceinline__ void share_dq(int n, const step_meta &m) {
         hopper::fence_proxy_async(); // store_ds's writes, before the wgmma read them
-        hopper::named_barrier(1 + WG, 128);
+        hopper::named_barrier(BAR_CONSUMER + WG, 128);
         int T = threadIdx.x & 127;
         if (WG == 0) {
             hopper::mbar_wait(b.dq_empty, (n & 1) ^ 1); // first pass: free
@@ -408,7 +411,7 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
 #pragma unroll
                 for (int q = 0; q < 8; q++) tile[q * 128] = fragment_quad(dq, q);
             }
-            hopper::named_barrier(3, 256); // both consumers
+            hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
             if (WG == 1) {
 #pragma unroll
                 for (int q = 0; q < 8; q++) {
@@ -434,7 +437,7 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
                 hopper::mbar_wait(b.dq_empty, (steps & 1) ^ 1);
                 if ((threadIdx.x & 127) == 0) b.dq_head->i0 = -1;
             }
-            hopper::named_barrier(3, 256);
+            hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
             if (WG == 1) hopper::mbar_arrive(b.dq_full);
         }
     }
@@ -553,10 +556,10 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
     fa3::qkv_maps dq_maps, dkdv_maps;
     weft_tensor_map do_block, do_step;
     int HD = a->H * a->D;
-    if (!fa3::make_qkv_maps(&dq_maps, a, q, k, v, fa3::ROWS, fa3::DQ_KEYS) ||
-        !fa3::make_qkv_maps(&dkdv_maps, a, q, k, v, fa3::STEP, fa3::BLOCK_KEYS) ||
-        !fa3::tensor_map_2d(&do_block, dout, HD, a->Tq, fa3::ROWS) ||
-        !fa3::tensor_map_2d(&do_step, dout, HD, a->Tq, fa3::STEP))
+    if (!fa3::make_qkv_maps(&dkdv_maps, a, q, k, v, fa3::STEP, fa3::BLOCK_KEYS) ||
+        !fa3::tensor_map_2d(&do_step, dout, HD, a->Tq, fa3::STEP) ||
+        (!ordered_dq && (!fa3::make_qkv_maps(&dq_maps, a, q, k, v, fa3::ROWS, fa3::DQ_KEYS) ||
+                         !fa3::tensor_map_2d(&do_block, dout, HD, a->Tq, fa3::ROWS))))
         return false;
     float scale = 1.0f / sqrtf((float)a->D), scale_log2 = scale * LOG2E;
     bool grouped = a->H != a->KV;
@@ -564,28 +567,27 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
     float *dv_part = grouped ? scratch + (size_t)a->Tkv * a->H * a->D : NULL;
     fa3::dq_sums sums = fa3::dq_sums_in(a, scratch);
     size_t pairs = (size_t)a->Tq * HD / 2;
-    int Tq = a->Tq, H = a->H, head_dim = a->D; // (RUN's parameter is named D)
     if (ordered_dq) cudaMemsetAsync(sums.sums, 0, fa3::dq_sums_bytes(a), s);
     dim3 grid_q((a->Tq + fa3::ROWS - 1) / fa3::ROWS, a->H);
     dim3 grid_kv((a->Tkv + fa3::BLOCK_KEYS - 1) / fa3::BLOCK_KEYS, a->H);
-#define DKDV(D, ORDERED, LAUNCH)                                                                   \
+#define DKDV(DIM, ORDERED, LAUNCH)                                                                 \
     do {                                                                                           \
-        auto *kernel = fa3::dkdv_kernel<D, ORDERED>;                                               \
-        size_t smem = fa3::dkdv_layout<D, ORDERED>::BYTES;                                         \
+        auto *kernel = fa3::dkdv_kernel<DIM, ORDERED>;                                             \
+        size_t smem = fa3::dkdv_layout<DIM, ORDERED>::BYTES;                                       \
         LAUNCH(kernel, grid_kv, fa3::THREADS, smem, s, dkdv_maps.q, do_step, dkdv_maps.k,          \
                dkdv_maps.v, *a, lse, delta, (bf16 *)dk, (bf16 *)dv, dk_part, dv_part, sums, scale, \
                scale_log2);                                                                        \
     } while (0)
-#define RUN(D)                                                                                     \
+#define RUN(DIM)                                                                                   \
     if (ordered_dq) {                                                                              \
-        DKDV(D, true, WEFT_LAUNCH_IN_ORDER);                                                       \
+        DKDV(DIM, true, WEFT_LAUNCH_IN_ORDER);                                                     \
         WEFT_LAUNCH(fa3::dq_from_sums_kernel, (unsigned)((pairs + 255) / 256), 256, 0, s,          \
-                    (const float *)sums.sums, (bf16 *)dq, Tq, H, head_dim, sums.steps, scale);     \
+                    (const float *)sums.sums, (bf16 *)dq, a->Tq, a->H, a->D, sums.steps, scale);   \
     } else {                                                                                       \
-        WEFT_LAUNCH(fa3::dq_kernel<D>, grid_q, fa3::THREADS,                                       \
-                    (fa3::query_layout<D, fa3::DQ_KEYS, 2>::BYTES), s, dq_maps.q, do_block,        \
+        WEFT_LAUNCH(fa3::dq_kernel<DIM>, grid_q, fa3::THREADS,                                     \
+                    (fa3::query_layout<DIM, fa3::DQ_KEYS, 2>::BYTES), s, dq_maps.q, do_block,      \
                     dq_maps.k, dq_maps.v, *a, lse, delta, (bf16 *)dq, scale, scale_log2);          \
-        DKDV(D, false, WEFT_LAUNCH);                                                               \
+        DKDV(DIM, false, WEFT_LAUNCH);                                                             \
     }
     if (a->D == 64) {
         RUN(64);

@@ -125,8 +125,9 @@ bool weft_cuda_attention_forward_hopper(weft_cuda_stream s, const weft_cuda_atte
                                         const void *q, const void *k, const void *v, void *out,
                                         float *lse);
 // The backward computes dQ in the dK/dV kernel, summed in a fixed order, where ordered_dq, else
-// (faster, the backend's default) in a kernel of its own (attention_hopper_backward.cu); its scratch is as many bytes as the function
-// below says (the mma backward's partials, then with ordered_dq the fp32 sums).
+// (faster so far, the backend's default) in a kernel of its own (attention_hopper_backward.cu);
+// its scratch is as many bytes as the function below says (the mma backward's partials, then with
+// ordered_dq the fp32 sums).
 size_t weft_cuda_attention_hopper_scratch_bytes(const weft_cuda_attention_args *a, bool ordered_dq);
 bool weft_cuda_attention_backward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                          const void *q, const void *k, const void *v,
