@@ -1,26 +1,25 @@
 // The CPU backend's own kernel for products of a few rows (backend/cpu/few_rows.c, a decode step's
-// matmuls) gives the bits of OpenBLAS's single-threaded call, element for element, on the shapes
-// of the tests' and benchmarks' models: K of one block, of 384 to 768 (split in two) and of many
-// blocks, N in whole and partial 16-column panels, 1 to 64 rows, B either way, alpha and beta
-// other than 1 and 0; B's panels packed per call and packed ahead. That is what keeps a decoded
-// token's log-prob equal to the trainer's. Where OpenBLAS runs other kernels than the Sandybridge
-// ones (AVX-512 CPUs) the kernel is not used and the test is skipped (exit 77), as in a build
-// without AVX.
-#include <cblas.h>
+// matmuls) gives the bits of OpenBLAS's regular kernel on one thread, element for element, on the
+// shapes of the tests' and benchmarks' models: K of one block, of Q to 2Q (split in two) and of
+// many blocks, N in whole and partial 16-column panels, 1 to 64 rows, B either way (x W^T only
+// where OpenBLAS runs its SkylakeX kernels), alpha and beta other than 1 and 0; B's panels packed
+// per call and packed ahead. That is what keeps a decoded token's log-prob equal to the trainer's.
+// Where OpenBLAS runs kernels whose order the kernel does not know, or in a build without AVX, it
+// is not used and the test is skipped (exit 77).
 #include <omp.h>
 
 #include "backend/cpu/blas_setup.h"
 #include "backend/cpu/internal.h"
 #include "finite_difference.h"
 
-// OpenBLAS on one thread (inside a parallel region it never threads): the driver whose K blocks
-// few_rows.c reproduces. Its threaded driver splits K otherwise, which is why weft never uses it.
+// OpenBLAS's regular kernel on one thread (inside a parallel region it never threads), padded
+// past its small-matrix kernels: what few_rows.c replaces. Its threaded driver splits K
+// otherwise, which is why weft never uses it.
 static void openblas_one_thread(bool tb, int m, int n, int k, float alpha, const float *a,
                                 const float *b, float beta, float *c) {
 #pragma omp parallel num_threads(2)
 #pragma omp single
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, k,
-                b, tb ? k : n, beta, c, n);
+    weft_cpu_openblas_product(B, tb, m, n, k, alpha, a, k, b, tb ? k : n, beta, c, n);
 }
 
 static size_t elements_differing(const float *x, const float *y, size_t n) {
@@ -29,7 +28,8 @@ static size_t elements_differing(const float *x, const float *y, size_t n) {
     return d;
 }
 
-static void check_shape(int n, int k, bool tb, float alpha, float beta) {
+static void check_shape(const weft_cpu_few_rows_kind *kind, int n, int k, bool tb, float alpha,
+                        float beta) {
     const int rows[] = {1, 2, 3, 4, 5, 7, 12, 33, 64};
     enum { ROW_COUNTS = sizeof rows / sizeof *rows, MAX_ROWS = 64 };
     float *a = host_normal((size_t)MAX_ROWS * k, 0, 1), *b = host_normal((size_t)n * k, 0, 1);
@@ -42,18 +42,18 @@ static void check_shape(int n, int k, bool tb, float alpha, float beta) {
         size_t nc = (size_t)rows[i] * n;
         memcpy(want, c0, sizeof(float) * nc), memcpy(got, c0, sizeof(float) * nc);
         openblas_one_thread(tb, rows[i], n, k, alpha, a, b, beta, want);
-        weft_cpu_few_rows_product(tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, NULL, beta, got,
-                                  n);
+        weft_cpu_few_rows_product(kind, tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, NULL, beta,
+                                  got, n);
         differing += elements_differing(got, want, nc);
         memcpy(got, c0, sizeof(float) * nc); // and from panels packed ahead
-        weft_cpu_few_rows_product(tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, panels, beta, got,
-                                  n);
+        weft_cpu_few_rows_product(kind, tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, panels,
+                                  beta, got, n);
         differing += elements_differing(got, want, nc);
     }
-    char what[192];
-    snprintf(what, sizeof what, "few-row product (panels packed per call, and ahead) vs OpenBLAS, "
-             "1-64 rows, N=%d K=%d trans_b=%d alpha=%g beta=%g: elements differing", n, k, tb,
-             alpha, beta);
+    char what[224];
+    snprintf(what, sizeof what, "few-row product (panels packed per call, and ahead) vs OpenBLAS "
+             "%s, 1-64 rows, N=%d K=%d trans_b=%d alpha=%g beta=%g: elements differing",
+             weft_blas_corename(), n, k, tb, alpha, beta);
     report(what, (double)differing, 0);
     weft_free(a), weft_free(b), weft_free(c0), weft_free(want), weft_free(got), weft_free(panels);
 }
@@ -61,24 +61,22 @@ static void check_shape(int n, int k, bool tb, float alpha, float beta) {
 int main(void) {
     fd_begin();
     double t0 = weft_now_seconds();
-    if (!weft_blas_rows_stable_unpadded()) {
-        printf("OpenBLAS runs its %s kernels here, not the Sandybridge ones the kernel reproduces: "
-               "skipped\n", weft_blas_corename());
+    weft_cpu_few_rows_kind kind = weft_cpu_few_rows_kind_for(weft_blas_corename());
+    if (!kind.available) {
+        printf("OpenBLAS runs its %s kernels here, whose order few_rows.c does not reproduce (or "
+               "this build has no AVX): the backend leaves these products to OpenBLAS; skipped\n",
+               weft_blas_corename());
         weft_backend_destroy(B);
         return 77;
     }
-#ifndef __AVX__
-    printf("built without AVX (the kernel is AVX code; the backend then leaves these products to "
-           "OpenBLAS): skipped\n");
-    weft_backend_destroy(B);
-    return 77;
-#endif
-    report("start-up agreement check (weft_cpu_few_rows_agree) says no", !weft_cpu_few_rows_agree(), 0);
+    report("start-up agreement check (weft_cpu_few_rows_agree) says no",
+           !weft_cpu_few_rows_agree(B, &kind), 0);
     const int shapes[][2] = {{64, 128}, {257, 128}, {256, 688}, {688, 256}, {1408, 512},
-                             {512, 1408}, {2048, 256}, {96, 3000}};
+                             {512, 1408}, {2048, 256}, {96, 3000}, {80, 900}};
+    int last_tb = kind.untransposed_b ? 0 : 1;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        for (int tb = 1; tb >= 0; tb--) check_shape(shapes[s][0], shapes[s][1], tb, 1.0f, 0.0f);
-    check_shape(257, 688, true, 0.5f, 1.0f);
-    check_shape(257, 688, false, -2.0f, 0.75f);
+        for (int tb = 1; tb >= last_tb; tb--) check_shape(&kind, shapes[s][0], shapes[s][1], tb, 1.0f, 0.0f);
+    check_shape(&kind, 257, 688, true, 0.5f, 1.0f);
+    check_shape(&kind, 257, 688, !kind.untransposed_b, -2.0f, 0.75f);
     return fd_end(t0);
 }

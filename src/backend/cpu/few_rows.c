@@ -1,37 +1,93 @@
-// Products of a few rows (a decode step's tokens) with the bits of OpenBLAS's Sandybridge sgemm,
-// without its cost. A single-threaded OpenBLAS call repacks its whole B operand (the weights) with
-// scalar copies before the kernel reads it: for one to a few dozen rows that copy takes longer
-// than the arithmetic, and the packed block (768 x 384 floats) does not stay in L2. Here each
-// 16-column panel of the weights is packed into L1 (8 x 8 register transposes) and every row is
-// multiplied against it at once; while the caller holds the parameters fixed (backend.h
-// params_fixed: the rollout engine, for a whole generate call) ops.c packs each weight's panels
-// once and passes them in.
+// Products of a few rows (a decode step's tokens) with the bits of OpenBLAS's own sgemm, without
+// its cost. A single-threaded OpenBLAS call repacks its whole B operand (the weights) with scalar
+// copies before the kernel reads it: for one to a few dozen rows that copy takes longer than the
+// arithmetic, and the packed block does not stay in L2. Here each 16-column panel of the weights
+// is packed into L1 (8 x 8 register transposes) and every row is multiplied against it at once;
+// while the caller holds the parameters fixed (backend.h params_fixed: the rollout engine, for a
+// whole generate call) ops.c packs each weight's panels once and passes them in.
 //
 // The bits are OpenBLAS's own, which is what keeps a decoded row equal to the same row in a
-// training batch (DESIGN.md section 9): its driver (driver/level3/level3.c, single-threaded) sums
-// K in blocks of at most Q = 384, a remainder between Q and 2Q split in two halves rounded up to
-// 16, and its kernel (sgemm_kernel_16x4_sandy.S) sums each block from zero in order, a multiply
-// then an add (no FMA), then adds alpha times the block's sum to C, which beta has scaled first
-// (zeroed for beta = 0, left for beta = 1). This file is compiled with -ffp-contract=off so the
-// multiply and the add stay two roundings. weft_cpu_few_rows_agree checks the claim against the
-// library at start-up; tests/backend checks it on the test shapes.
+// training batch (DESIGN.md section 9). Its driver (driver/level3/level3.c, single-threaded) sums
+// K in blocks of at most Q, a remainder between Q and 2Q split in two halves rounded up to 16, and
+// its kernel sums each block from zero in order, then adds alpha times the block's sum to C, which
+// beta has scaled first (zeroed for beta = 0, left for beta = 1). The two kernels weft runs differ
+// in how (weft_cpu_few_rows_kind): the Sandybridge one (sgemm_kernel_16x4_sandy.S, Q = 384)
+// multiplies then adds, two roundings, alpha times the sum then plus C; the SkylakeX one
+// (sgemm_kernel_16x4_skylakex_3.c, Q = 448, or 320 as Cooperlake and Sapphire Rapids set it)
+// fuses both, and C + alpha times the sum too. This file is compiled with -ffp-contract=off so
+// that the unfused order stays two roundings; the fused one is written as FMAs. Vectors are as
+// wide as the CPU's registers: either order gives the same bits at any width.
+// weft_cpu_few_rows_agree checks the claim against the library at start-up; tests/backend checks
+// it on the test shapes.
 #include <cblas.h>
 #include <stdbool.h>
 #include <string.h>
+#include <strings.h>
 #ifdef __AVX__
 #include <immintrin.h>
 #endif
 
 #include "backend/cpu/internal.h"
 
+weft_cpu_few_rows_kind weft_cpu_few_rows_kind_for(const char *corename) {
+    weft_cpu_few_rows_kind none = {0};
+#ifdef __AVX__
+    if (!corename) return none;
+    if (!strcasecmp(corename, "sandybridge"))
+        return (weft_cpu_few_rows_kind){.available = true, .fused = false, .q = 384,
+                                        .untransposed_b = true};
+#if defined(__FMA__)
+    // SkylakeX's sgemm also has a "direct" kernel for untransposed products, taken by size and by
+    // whether the call runs inside a parallel region: only x W^T (every forward product) is ours.
+    if (!strcasecmp(corename, "skylakex"))
+        return (weft_cpu_few_rows_kind){.available = true, .fused = true, .q = 448};
+    if (!strcasecmp(corename, "cooperlake") || !strcasecmp(corename, "sapphirerapids"))
+        return (weft_cpu_few_rows_kind){.available = true, .fused = true, .q = 320};
+#endif
+#endif
+    (void)corename;
+    return none;
+}
+
 #ifdef __AVX__
 
-enum { PANEL = 16, SANDY_Q = 384, SANDY_UNROLL_M = 16, TILE_ROWS = 4 };
+#ifdef __AVX512F__
+typedef __m512 vec;
+enum { W = 16 };
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, x) _mm512_storeu_ps(p, x)
+#define VSET1(x) _mm512_set1_ps(x)
+#define VMUL(x, y) _mm512_mul_ps(x, y)
+#define VADD(x, y) _mm512_add_ps(x, y)
+#define VFMA(x, y, z) _mm512_fmadd_ps(x, y, z)
+#else
+typedef __m256 vec;
+enum { W = 8 };
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, x) _mm256_storeu_ps(p, x)
+#define VSET1(x) _mm256_set1_ps(x)
+#define VMUL(x, y) _mm256_mul_ps(x, y)
+#define VADD(x, y) _mm256_add_ps(x, y)
+#ifdef __FMA__
+#define VFMA(x, y, z) _mm256_fmadd_ps(x, y, z)
+#else
+#define VFMA(x, y, z) VADD(VMUL(x, y), z) // never taken: without FMA no kind is fused
+#endif
+#endif
+
+// A panel row is V vectors; a tile keeps 8 accumulators busy (4 cycles of latency on 2 pipes):
+// TILE_ROWS rows against one panel, or one or two rows against STREAM_PANELS panels.
+enum {
+    PANEL = 16, MAX_Q = 448, UNROLL_M = 16, V = PANEL / W, TILE_ROWS = 8 / V,
+    STREAM_PANELS = 4 / V, MAX_VECS = 4
+};
 
 // The length of the K block starting where `left` products remain (level3.c's min_l).
-static int k_block(int left) {
-    if (left >= 2 * SANDY_Q) return SANDY_Q;
-    if (left > SANDY_Q) return (left / 2 + SANDY_UNROLL_M - 1) / SANDY_UNROLL_M * SANDY_UNROLL_M;
+static int k_block(int left, int q) {
+    if (left >= 2 * q) return q;
+    if (left > q) return (left / 2 + UNROLL_M - 1) / UNROLL_M * UNROLL_M;
     return left;
 }
 
@@ -62,55 +118,91 @@ static void pack_panel(const float *b, int ldb, bool tb, int j0, int cols, int k
 // C rows [0, R) x columns [0, cols) += alpha * (A rows . panels) over kb, the kernel's order, for
 // P consecutive panels (`next` floats apart). R and P are constants once inlined, so that the
 // accumulators are registers (with a variable count GCC keeps a copy of them on the stack, and
-// its stores were the bottleneck). A step of R rows and P panels is 4 R P vector operations on
-// the 4 floating-point pipes, and each accumulator's add waits 3 cycles for the previous one:
-// R P = 2 (one row, two panels) is latency-bound at 3 cycles, R P >= 3 runs at the pipes' rate.
+// its stores were the bottleneck). With 8 accumulators (R P V = 8) a step keeps the pipes busy;
+// one row against one panel waits on its adds' latency.
 //
 // Each step also asks for one line (a PANEL row) of `ahead`, for the first `n_ahead` steps: the
 // weights a later call reads, on their way from memory while these rows compute (see
 // rows_against_panels).
 static inline __attribute__((always_inline)) void tile(const float *a, int lda, int R,
                                                        const float *panel, size_t next, int P,
-                                                       int kb, float alpha, float *c, int ldc,
-                                                       int cols, const float *ahead,
+                                                       int kb, bool fused, float alpha, float *c,
+                                                       int ldc, int cols, const float *ahead,
                                                        int n_ahead) {
-    __m256 acc[TILE_ROWS][4];
-#pragma GCC unroll 4
+    vec acc[TILE_ROWS][MAX_VECS];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 2 * P; v++) acc[r][v] = _mm256_setzero_ps();
+        for (int v = 0; v < P * V; v++) acc[r][v] = VZERO();
     for (int k = 0; k < kb; k++) {
         if (k < n_ahead) __builtin_prefetch(ahead + (size_t)k * PANEL, 0, 2);
-        __m256 w[4];
+        vec w[MAX_VECS];
 #pragma GCC unroll 4
-        for (int v = 0; v < 2 * P; v++) {
-            w[v] = _mm256_loadu_ps(panel + (v / 2) * next + k * PANEL + (v % 2) * 8);
+        for (int v = 0; v < P * V; v++) {
+            w[v] = VLOAD(panel + (v / V) * next + k * PANEL + (v % V) * W);
             // Held in registers: GCC would reload them for every row, and loads, not arithmetic,
             // then bound the loop (12 loads a step against 6).
             __asm__("" : "+x"(w[v]));
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            __m256 xr = _mm256_broadcast_ss(a + (size_t)r * lda + k);
+            vec xr = VSET1(a[(size_t)r * lda + k]);
 #pragma GCC unroll 4
-            for (int v = 0; v < 2 * P; v++)
-                acc[r][v] = _mm256_add_ps(acc[r][v], _mm256_mul_ps(xr, w[v]));
+            for (int v = 0; v < P * V; v++)
+                acc[r][v] = fused ? VFMA(xr, w[v], acc[r][v]) : VADD(acc[r][v], VMUL(xr, w[v]));
         }
     }
-    __m256 al = _mm256_set1_ps(alpha);
-#pragma GCC unroll 4
+    vec al = VSET1(alpha);
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 2 * P; v++) {
-            __m256 sum = _mm256_mul_ps(al, acc[r][v]);
-            float *cv = c + (size_t)r * ldc + 8 * v, part[8];
-            if (8 * v + 8 <= cols) {
-                _mm256_storeu_ps(cv, _mm256_add_ps(sum, _mm256_loadu_ps(cv)));
+        for (int v = 0; v < P * V; v++) {
+            float *cv = c + (size_t)r * ldc + W * v, part[W];
+            if (W * v + W <= cols) {
+                vec old = VLOAD(cv);
+                VSTORE(cv, fused ? VFMA(acc[r][v], al, old) : VADD(VMUL(al, acc[r][v]), old));
             } else { // the columns of a partial panel
-                _mm256_storeu_ps(part, sum);
-                for (int j = 0; j < cols - 8 * v; j++) cv[j] = part[j] + cv[j];
+                VSTORE(part, acc[r][v]);
+                for (int j = 0; j < cols - W * v; j++)
+                    cv[j] = fused ? __builtin_fmaf(part[j], alpha, cv[j]) : alpha * part[j] + cv[j];
             }
         }
+}
+
+// One tile of R rows (a power of two up to TILE_ROWS) against one panel: tile's R made constant.
+static void rows_tile(const float *a, int lda, int R, const float *panel, int kb, bool fused,
+                      float alpha, float *c, int ldc, int cols, const float *ahead, int n_ahead) {
+#define ROWS_TILE(r, f) tile(a, lda, r, panel, 0, 1, kb, f, alpha, c, ldc, cols, ahead, n_ahead)
+#define ROWS_TILES(f)                                                                          \
+    do {                                                                                       \
+        if (TILE_ROWS >= 8 && R == 8) ROWS_TILE(8, f);                                         \
+        else if (R == 4) ROWS_TILE(4, f);                                                      \
+        else if (R == 2) ROWS_TILE(2, f);                                                      \
+        else ROWS_TILE(1, f);                                                                  \
+    } while (0)
+    if (fused) ROWS_TILES(true);
+    else ROWS_TILES(false);
+#undef ROWS_TILES
+#undef ROWS_TILE
+}
+
+// One or two rows against the P (1 to STREAM_PANELS) panels a step of packed weights covers.
+static void stream_tile(const float *a, int lda, int m, const float *panel, size_t next, int P,
+                        int kb, bool fused, float alpha, float *c, int ldc, int cols) {
+#define STREAM_TILE(r, p, f) tile(a, lda, r, panel, next, p, kb, f, alpha, c, ldc, cols, NULL, 0)
+#define STREAM_ROWS(r, f)                                                                      \
+    do {                                                                                       \
+        if (STREAM_PANELS >= 4 && P == 4) STREAM_TILE(r, 4, f);                                \
+        else if (STREAM_PANELS >= 4 && P == 3) STREAM_TILE(r, 3, f);                           \
+        else if (P == 2) STREAM_TILE(r, 2, f);                                                 \
+        else STREAM_TILE(r, 1, f);                                                             \
+    } while (0)
+    if (fused && m == 2) STREAM_ROWS(2, true);
+    else if (fused) STREAM_ROWS(1, true);
+    else if (m == 2) STREAM_ROWS(2, false);
+    else STREAM_ROWS(1, false);
+#undef STREAM_ROWS
+#undef STREAM_TILE
 }
 
 // Of kb lines shared `share` to a tile, how many tile t asks for.
@@ -119,9 +211,10 @@ static int tail_lines(int kb, int t, int share) {
     return left < 0 ? 0 : left < share ? left : share;
 }
 
-// C columns [0, cols) of panel (and, with two_panels, cols - 16 more of the panel `next` floats
-// further) for all m rows, over K block kb: 1 or 2 rows (a decode step, a verification) take two
-// panels at a time, more rows 4 at a time on one panel, whose 24 KB stay in L1 while they pass.
+// C columns [0, cols) of the P panels from `panel` for all m rows, over K block kb: 1 or 2 rows
+// (a decode step, a verification) take all P panels in one pass, streaming; more rows take
+// TILE_ROWS at a time (then halves of it for the rest) on one panel (P = 1), whose lines stay in
+// L1 while they pass.
 //
 // Packed weights are read in address order, and a decode step's weights come from memory (a
 // model's do not fit in the caches): with several row tiles the kb lines that follow the block
@@ -129,26 +222,21 @@ static int tail_lines(int kb, int t, int share) {
 // that memory and arithmetic overlap instead of taking turns (the hardware prefetcher stops at
 // the block's end while the later tiles reread it from L1): 32 rows, 10-20% faster.
 static void rows_against_panels(const float *a, int lda, int m, const float *panel, size_t next,
-                                bool two_panels, int kb, float alpha, float *c, int ldc,
+                                int P, int kb, bool fused, float alpha, float *c, int ldc,
                                 int cols, bool prefetch) {
-    if (two_panels) { // one pass, streaming: the hardware prefetcher keeps up (asking slowed it)
-        if (m == 2) tile(a, lda, 2, panel, next, 2, kb, alpha, c, ldc, cols, NULL, 0);
-        else tile(a, lda, 1, panel, next, 2, kb, alpha, c, ldc, cols, NULL, 0);
+    if (m <= 2) { // one pass, streaming: the hardware prefetcher keeps up (asking slowed it)
+        stream_tile(a, lda, m, panel, next, P, kb, fused, alpha, c, ldc, cols);
         return;
     }
+    int tiles = m / TILE_ROWS + __builtin_popcount(m % TILE_ROWS);
+    int share = prefetch ? (kb + tiles - 1) / tiles : 0;
     const float *ahead = panel + (size_t)kb * PANEL;
-    int tiles = (m + TILE_ROWS - 1) / TILE_ROWS, share = (kb + tiles - 1) / tiles, i = 0, t = 0;
-    if (!prefetch) share = 0;
-    for (; i + TILE_ROWS <= m; i += TILE_ROWS, t++)
-        tile(a + (size_t)i * lda, lda, TILE_ROWS, panel, next, 1, kb, alpha, c + (size_t)i * ldc,
-             ldc, cols, ahead + (size_t)t * share * PANEL, tail_lines(kb, t, share));
-    a += (size_t)i * lda, c += (size_t)i * ldc;
-    const float *pf = ahead + (size_t)t * share * PANEL;
-    int n = tail_lines(kb, t, share);
-    switch (m - i) {
-    case 3: tile(a, lda, 3, panel, next, 1, kb, alpha, c, ldc, cols, pf, n); break;
-    case 2: tile(a, lda, 2, panel, next, 1, kb, alpha, c, ldc, cols, pf, n); break;
-    case 1: tile(a, lda, 1, panel, next, 1, kb, alpha, c, ldc, cols, pf, n); break;
+    for (int i = 0, t = 0; i < m; t++) {
+        int R = TILE_ROWS;
+        while (R > m - i) R /= 2;
+        rows_tile(a + (size_t)i * lda, lda, R, panel, kb, fused, alpha, c + (size_t)i * ldc, ldc,
+                  cols, ahead + (size_t)t * share * PANEL, tail_lines(kb, t, share));
+        i += R;
     }
 }
 
@@ -162,9 +250,9 @@ void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, floa
         pack_panel(b, ldb, tb, j0, n - j0 < PANEL ? n - j0 : PANEL, 0, k, panels + (size_t)j0 * k);
 }
 
-void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                               const float *b, int ldb, const float *panels, float beta, float *c,
-                               int ldc) {
+void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int m, int n, int k,
+                               float alpha, const float *a, int lda, const float *b, int ldb,
+                               const float *panels, float beta, float *c, int ldc) {
     if (beta != 1.0f)
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) {
@@ -172,31 +260,33 @@ void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const 
                 *e = beta == 0.0f ? 0.0f : beta * *e;
             }
     if (alpha == 0.0f) return;
-    float here[SANDY_Q * PANEL] __attribute__((aligned(32))); // 24 KB: stays in L1
-    // Packed panels go two at a time for 1 or 2 rows (rows_against_panels).
-    int step = panels && m <= 2 ? 2 * PANEL : PANEL;
+    float here[MAX_Q * PANEL] __attribute__((aligned(64))); // 28 KB at most: stays in L1
+    WEFT_CHECK(kind->q <= MAX_Q, "internal: a K block longer than few_rows.c holds");
+    // Packed panels go STREAM_PANELS at a time for 1 or 2 rows (rows_against_panels).
+    int step = panels && m <= 2 ? STREAM_PANELS * PANEL : PANEL;
     for (int j0 = 0; j0 < n; j0 += step) {
-        int cols = n - j0 < step ? n - j0 : step;
+        int cols = n - j0 < step ? n - j0 : step, P = (cols + PANEL - 1) / PANEL;
         for (int k0 = 0, kb; k0 < k; k0 += kb) {
-            kb = k_block(k - k0);
+            kb = k_block(k - k0, kind->q);
             const float *panel = panels ? panels + (size_t)j0 * k + (size_t)k0 * PANEL : here;
             if (!panels) pack_panel(b, ldb, tb, j0, cols, k0, kb, here);
-            rows_against_panels(a + k0, lda, m, panel, (size_t)PANEL * k, cols > PANEL, kb, alpha,
-                                c + j0, ldc, cols, panels != NULL);
+            rows_against_panels(a + k0, lda, m, panel, (size_t)PANEL * k, P, kb, kind->fused,
+                                alpha, c + j0, ldc, cols, panels != NULL);
         }
     }
 }
 
-// Products small enough that OpenBLAS runs them on one thread (M N K under 262,144), both ways:
-// K of one block, of Q to 2Q (split in halves rounded to 16) and of many blocks, columns in whole
-// and partial panels, every row-tile size, B either way, alpha and beta other than 1 and 0.
-bool weft_cpu_few_rows_agree(void) {
-    enum { CASES = 5 };
-    const int shape[CASES][3] = {{7, 40, 100}, {3, 33, 688}, {4, 40, 1000}, {2, 17, 3000}, {1, 64, 1408}};
-    bool same = true;
+// Products of few rows, both ways: K of one block, of Q to 2Q (split in halves rounded to 16) and of many blocks for either Q,
+// columns in whole and partial panels, every row-tile size, B either way where the kind takes
+// both, alpha and beta other than 1 and 0; against the product path few_rows.c replaces.
+bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *kind) {
+    enum { CASES = 6 };
+    const int shape[CASES][3] = {{7, 40, 100},  {3, 33, 688},  {4, 40, 1000},
+                                 {2, 17, 3000}, {1, 64, 1408}, {13, 70, 700}};
+    bool same = kind->available;
     unsigned state = 12345;
     for (int s = 0; s < CASES && same; s++)
-        for (int tb = 0; tb < 2 && same; tb++) {
+        for (int tb = 1; tb >= (kind->untransposed_b ? 0 : 1) && same; tb--) {
             int m = shape[s][0], n = shape[s][1], k = shape[s][2];
             float alpha = s == 2 ? 0.5f : 1.0f, beta = s == 3 ? 1.0f : s == 4 ? 0.75f : 0.0f;
             size_t na = (size_t)m * k, nb = (size_t)n * k, nc = (size_t)m * n;
@@ -207,9 +297,14 @@ bool weft_cpu_few_rows_agree(void) {
             }
             float *a = x, *b = x + na, *want = b + nb, *got = want + nc;
             memcpy(got, want, sizeof(float) * nc);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha,
-                        a, k, b, tb ? k : n, beta, want, n);
-            weft_cpu_few_rows_product(tb, m, n, k, alpha, a, k, b, tb ? k : n, NULL, beta, got, n);
+            // Inside a parallel region OpenBLAS never threads (its threaded driver splits K
+            // otherwise); the padding can take a product past its threshold.
+#pragma omp parallel num_threads(2)
+#pragma omp master
+            weft_cpu_openblas_product(self, tb, m, n, k, alpha, a, k, b, tb ? k : n, beta, want,
+                                      n);
+            weft_cpu_few_rows_product(kind, tb, m, n, k, alpha, a, k, b, tb ? k : n, NULL, beta,
+                                      got, n);
             same = memcmp(want, got, sizeof(float) * nc) == 0;
             weft_free(x);
         }
@@ -218,7 +313,9 @@ bool weft_cpu_few_rows_agree(void) {
 
 #else
 
-bool weft_cpu_few_rows_agree(void) { return false; }
+bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *kind) {
+    return false;
+}
 
 size_t weft_cpu_few_rows_panel_floats(int n, int k) { return 0; }
 
@@ -226,9 +323,9 @@ void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, floa
     WEFT_CHECK(false, "internal: few-row products need AVX (weft_cpu_few_rows_agree said no)");
 }
 
-void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                               const float *b, int ldb, const float *panels, float beta, float *c,
-                               int ldc) {
+void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int m, int n, int k,
+                               float alpha, const float *a, int lda, const float *b, int ldb,
+                               const float *panels, float beta, float *c, int ldc) {
     WEFT_CHECK(false, "internal: few-row products need AVX (weft_cpu_few_rows_agree said no)");
 }
 

@@ -77,15 +77,29 @@ static inline void weft_cpu_transpose8(const float *const r[8], float *out, size
 }
 #endif
 
+// C (m, n) = alpha A op(B) + beta C for rows of A (not transposed) by OpenBLAS's regular kernel
+// on this thread, rows padded where OpenBLAS would take a small-matrix kernel (ops.c): a row's bits
+// then depend on that row alone, and they are what few_rows.c must reproduce.
+void weft_cpu_openblas_product(weft_backend *self, bool tb, int m, int n, int k, float alpha,
+                               const float *a, int lda, const float *b, int ldb, float beta,
+                               float *c, int ldc);
+
 // few_rows.c: C (m, n) = alpha A op(B) + beta C for a few rows of A (not transposed), with the
-// bits OpenBLAS's Sandybridge kernels give in a single-threaded call, which
-// weft_cpu_few_rows_agree checks on this machine's library (false where they differ or the CPU has
-// no AVX: then OpenBLAS does the product). B's columns go through 16-column panels, packed per
-// call, or read from `panels` (NULL: pack here) that weft_cpu_few_rows_pack made from the same B,
-// weft_cpu_few_rows_panel_floats(n, k) floats.
-void weft_cpu_few_rows_product(bool tb, int m, int n, int k, float alpha, const float *a, int lda,
-                               const float *b, int ldb, const float *panels, float beta, float *c,
-                               int ldc);
+// bits of weft_cpu_openblas_product, for the OpenBLAS kernels whose order it knows (`kind`, from
+// the core OpenBLAS runs), which weft_cpu_few_rows_agree checks on this machine's library (false
+// where they differ or the CPU has no AVX: then OpenBLAS does the product). B's columns go
+// through 16-column panels, packed per call, or read from `panels` (NULL: pack here) that
+// weft_cpu_few_rows_pack made from the same B, weft_cpu_few_rows_panel_floats(n, k) floats.
+typedef struct weft_cpu_few_rows_kind {
+    bool available;      // an OpenBLAS kernel few_rows.c reproduces
+    bool fused;          // the kernel's multiply-adds are FMAs (SkylakeX), else two roundings
+    int q;               // its K block (GEMM_Q)
+    bool untransposed_b; // products with B as stored too, not only x W^T
+} weft_cpu_few_rows_kind;
+weft_cpu_few_rows_kind weft_cpu_few_rows_kind_for(const char *openblas_corename);
+void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int m, int n, int k,
+                               float alpha, const float *a, int lda, const float *b, int ldb,
+                               const float *panels, float beta, float *c, int ldc);
 size_t weft_cpu_few_rows_panel_floats(int n, int k);
 void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, float *panels);
-bool weft_cpu_few_rows_agree(void);
+bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *kind);

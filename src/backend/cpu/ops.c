@@ -17,7 +17,7 @@
 typedef struct cpu_state {
     int n_threads;
     bool pad_small_products; // see rows_for_regular_kernel
-    bool few_rows_own;       // products of up to FEW_ROWS rows through few_rows.c
+    weft_cpu_few_rows_kind few_rows; // products of up to FEW_ROWS rows through few_rows.c
     const char *fixed_lo, *fixed_hi; // the parameters params_fixed holds, or NULL
     struct packed_weight *packed;    // (n_packed) weights in them, packed for few_rows.c
     int n_packed, cap_packed;
@@ -114,7 +114,7 @@ static int rows_for_regular_kernel(bool tb, int n, int k) {
 }
 
 // Up to this many rows a product goes through few_rows.c where that has OpenBLAS's bits: its
-// operand of A rows (FEW_ROWS x 384 floats, 96 KB) stays in L2 while every panel of B passes.
+// operand of A rows (FEW_ROWS x Q floats, 96 to 112 KB) stays in L2 while every panel of B passes.
 enum { FEW_ROWS = 64 };
 
 // A weight of the fixed parameters, packed into few_rows.c's panels on its first use.
@@ -162,21 +162,16 @@ static void cpu_params_fixed(weft_backend *self, const void *params, size_t byte
     st->fixed_lo = params, st->fixed_hi = (const char *)params + bytes;
 }
 
-// C columns [j0, j1) of one product on this thread: few rows through few_rows.c (B's packed
-// panels from `panels` when it has them), the rest in one single-threaded OpenBLAS call, small
-// calls padded.
-static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, int k,
-                            float alpha, const float *a, int lda, const float *b, int ldb,
-                            const float *panels, float beta, float *c, int ldc) {
-    int n = j1 - j0;
-    b += tb ? (size_t)j0 * ldb : (size_t)j0, c += j0;
+// Whether a product of m rows goes through few_rows.c.
+static bool few_rows_take(const cpu_state *st, bool tb, int m) {
+    return st->few_rows.available && m <= FEW_ROWS && (tb || st->few_rows.untransposed_b);
+}
+
+void weft_cpu_openblas_product(weft_backend *self, bool tb, int m, int n, int k, float alpha,
+                               const float *a, int lda, const float *b, int ldb, float beta,
+                               float *c, int ldc) {
     CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
     cpu_state *st = self->impl;
-    if (st->few_rows_own && m <= FEW_ROWS) {
-        weft_cpu_few_rows_product(tb, m, n, k, alpha, a, lda, b, ldb,
-                                  panels ? panels + (size_t)j0 * k : NULL, beta, c, ldc);
-        return;
-    }
     int padded = st->pad_small_products ? rows_for_regular_kernel(tb, n, k) : m;
     if (m >= padded) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, opb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -192,6 +187,22 @@ static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, 
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, opb, padded, n, k, alpha, ap, k, b, ldb, beta, cp, n);
     for (int i = 0; i < m; i++) memcpy(c + (size_t)i * ldc, cp + (size_t)i * n, sizeof(float) * n);
+}
+
+// C columns [j0, j1) of one product on this thread: few rows through few_rows.c (B's packed
+// panels from `panels` when it has them), the rest in one single-threaded OpenBLAS call.
+static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, int k,
+                            float alpha, const float *a, int lda, const float *b, int ldb,
+                            const float *panels, float beta, float *c, int ldc) {
+    int n = j1 - j0;
+    b += tb ? (size_t)j0 * ldb : (size_t)j0, c += j0;
+    cpu_state *st = self->impl;
+    if (few_rows_take(st, tb, m)) {
+        weft_cpu_few_rows_product(&st->few_rows, tb, m, n, k, alpha, a, lda, b, ldb,
+                                  panels ? panels + (size_t)j0 * k : NULL, beta, c, ldc);
+        return;
+    }
+    weft_cpu_openblas_product(self, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // Products whose rows are C's rows (A not transposed) run on slices of C's columns (multiples of
@@ -219,8 +230,7 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         return;
     }
     cpu_state *st = self->impl;
-    const float *panels = st->few_rows_own && m <= FEW_ROWS ? held_panels(self, tb, n, k, b, ldb)
-                                                             : NULL;
+    const float *panels = few_rows_take(st, tb, m) ? held_panels(self, tb, n, k, b, ldb) : NULL;
     int slices = (n + COLUMN_ALIGN - 1) / COLUMN_ALIGN, threads = omp_get_max_threads();
     if (threads > slices) threads = slices;
     if (!weft_cpu_on_team((size_t)m * n * k)) threads = 1;
@@ -232,7 +242,7 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
     // place) a slice at a time, since a decode step's products read the weights from memory and
     // a thread the machine slows held the other at the barrier (the step's barrier spin halved);
     // an OpenBLAS call repacks A, so those take one run a thread.
-    int run = st->few_rows_own && m <= FEW_ROWS ? 1 : (slices + threads - 1) / threads;
+    int run = few_rows_take(st, tb, m) ? 1 : (slices + threads - 1) / threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int s0 = 0; s0 < slices; s0 += run) {
         int j0 = s0 * COLUMN_ALIGN, j1 = (s0 + run) * COLUMN_ALIGN;
@@ -608,7 +618,7 @@ weft_backend *weft_backend_cpu_create(void) {
     cpu_state *st = weft_alloc(sizeof *st);
     st->n_threads = omp_get_max_threads();
     st->pad_small_products = !weft_blas_rows_stable_unpadded();
-    st->few_rows_own = !st->pad_small_products && weft_cpu_few_rows_agree();
+    weft_cpu_few_rows_kind kind = weft_cpu_few_rows_kind_for(weft_blas_corename());
     st->scratch = weft_alloc(sizeof(float *) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     st->capacity = weft_alloc(sizeof(size_t) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     weft_backend *b = weft_alloc(sizeof *b);
@@ -655,5 +665,6 @@ weft_backend *weft_backend_cpu_create(void) {
         .destroy = cpu_destroy,
         .impl = st,
     };
+    if (weft_cpu_few_rows_agree(b, &kind)) st->few_rows = kind;
     return b;
 }
