@@ -77,11 +77,14 @@ enum { W = 8 };
 #endif
 #endif
 
-// A panel row is V vectors; a tile keeps 8 accumulators busy (4 cycles of latency on 2 pipes):
-// TILE_ROWS rows against one panel, or one or two rows against STREAM_PANELS panels.
+// A panel row is V vectors. With AVX (16 registers) a tile keeps 8 accumulators busy (3-4
+// cycles of latency on 2 pipes): TILE_ROWS rows against one panel, or one or two rows against
+// STREAM_PANELS panels. AVX-512's 32 registers hold 24: more rows (WIDE_ROWS) take all
+// STREAM_PANELS panels at once where the weights are packed, each broadcast of an x value then
+// feeding 4 FMAs (32 rows: 73 against 62 billion multiply-adds a second on a Xeon core).
 enum {
     PANEL = 16, MAX_Q = 448, UNROLL_M = 16, V = PANEL / W, TILE_ROWS = 8 / V,
-    STREAM_PANELS = 4 / V, MAX_VECS = 4
+    STREAM_PANELS = 4 / V, WIDE_ROWS = V == 1 ? 6 : 0, MAX_ROWS = 8, MAX_VECS = 4
 };
 
 // The length of the K block starting where `left` products remain (level3.c's min_l).
@@ -129,7 +132,7 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
                                                        int kb, bool fused, float alpha, float *c,
                                                        int ldc, int cols, const float *ahead,
                                                        int n_ahead) {
-    vec acc[TILE_ROWS][MAX_VECS];
+    vec acc[MAX_ROWS][MAX_VECS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -186,23 +189,30 @@ static void rows_tile(const float *a, int lda, int R, const float *panel, int kb
 #undef ROWS_TILE
 }
 
-// One or two rows against the P (1 to STREAM_PANELS) panels a step of packed weights covers.
-static void stream_tile(const float *a, int lda, int m, const float *panel, size_t next, int P,
+// R rows (1 or 2, or WIDE_ROWS and the powers of two below it) against the P (1 to
+// STREAM_PANELS) panels a step of packed weights covers: tile's R and P made constant.
+static void panels_tile(const float *a, int lda, int R, const float *panel, size_t next, int P,
                         int kb, bool fused, float alpha, float *c, int ldc, int cols) {
-#define STREAM_TILE(r, p, f) tile(a, lda, r, panel, next, p, kb, f, alpha, c, ldc, cols, NULL, 0)
-#define STREAM_ROWS(r, f)                                                                      \
+#define PANELS_TILE(r, p, f) tile(a, lda, r, panel, next, p, kb, f, alpha, c, ldc, cols, NULL, 0)
+#define PANELS(r, f)                                                                           \
     do {                                                                                       \
-        if (STREAM_PANELS >= 4 && P == 4) STREAM_TILE(r, 4, f);                                \
-        else if (STREAM_PANELS >= 4 && P == 3) STREAM_TILE(r, 3, f);                           \
-        else if (P == 2) STREAM_TILE(r, 2, f);                                                 \
-        else STREAM_TILE(r, 1, f);                                                             \
+        if (STREAM_PANELS >= 4 && P == 4) PANELS_TILE(r, 4, f);                                \
+        else if (STREAM_PANELS >= 4 && P == 3) PANELS_TILE(r, 3, f);                           \
+        else if (P == 2) PANELS_TILE(r, 2, f);                                                 \
+        else PANELS_TILE(r, 1, f);                                                             \
     } while (0)
-    if (fused && m == 2) STREAM_ROWS(2, true);
-    else if (fused) STREAM_ROWS(1, true);
-    else if (m == 2) STREAM_ROWS(2, false);
-    else STREAM_ROWS(1, false);
-#undef STREAM_ROWS
-#undef STREAM_TILE
+#define ROWS(f)                                                                                \
+    do {                                                                                       \
+        if (WIDE_ROWS == 6 && R == 6) PANELS(6, f);                                            \
+        else if (WIDE_ROWS >= 4 && R == 4) PANELS(4, f);                                       \
+        else if (R == 2) PANELS(2, f);                                                         \
+        else PANELS(1, f);                                                                     \
+    } while (0)
+    if (fused) ROWS(true);
+    else ROWS(false);
+#undef ROWS
+#undef PANELS
+#undef PANELS_TILE
 }
 
 // Of kb lines shared `share` to a tile, how many tile t asks for.
@@ -213,19 +223,26 @@ static int tail_lines(int kb, int t, int share) {
 
 // C columns [0, cols) of the P panels from `panel` for all m rows, over K block kb: 1 or 2 rows
 // (a decode step, a verification) take all P panels in one pass, streaming; more rows take
-// TILE_ROWS at a time (then halves of it for the rest) on one panel (P = 1), whose lines stay in
-// L1 while they pass.
+// WIDE_ROWS at a time against all P panels (AVX-512), or TILE_ROWS at a time on one panel
+// (P = 1), whose lines stay in L1 while they pass; the rest in halves of those.
 //
 // Packed weights are read in address order, and a decode step's weights come from memory (a
-// model's do not fit in the caches): with several row tiles the kb lines that follow the block
-// (the next block's) are asked for into L2 while its rows compute, spread over the tiles, so
-// that memory and arithmetic overlap instead of taking turns (the hardware prefetcher stops at
-// the block's end while the later tiles reread it from L1): 32 rows, 10-20% faster.
+// model's do not fit in the caches): with several row tiles on one panel the kb lines that follow
+// the block (the next block's) are asked for into L2 while its rows compute, spread over the
+// tiles, so that memory and arithmetic overlap instead of taking turns (the hardware prefetcher
+// stops at the block's end while the later tiles reread it from L1): 32 rows, 10-20% faster on a
+// Zen 3.
 static void rows_against_panels(const float *a, int lda, int m, const float *panel, size_t next,
                                 int P, int kb, bool fused, float alpha, float *c, int ldc,
                                 int cols, bool prefetch) {
-    if (m <= 2) { // one pass, streaming: the hardware prefetcher keeps up (asking slowed it)
-        stream_tile(a, lda, m, panel, next, P, kb, fused, alpha, c, ldc, cols);
+    if (m <= 2 || (WIDE_ROWS && P > 1)) { // streaming: the hardware prefetcher keeps up
+        for (int i = 0; i < m;) {
+            int R = m <= 2 ? m : WIDE_ROWS;
+            while (R > m - i) R = R == 6 ? 4 : R / 2;
+            panels_tile(a + (size_t)i * lda, lda, R, panel, next, P, kb, fused, alpha,
+                        c + (size_t)i * ldc, ldc, cols);
+            i += R;
+        }
         return;
     }
     int tiles = m / TILE_ROWS + __builtin_popcount(m % TILE_ROWS);
@@ -262,8 +279,9 @@ void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int 
     if (alpha == 0.0f) return;
     float here[MAX_Q * PANEL] __attribute__((aligned(64))); // 28 KB at most: stays in L1
     WEFT_CHECK(kind->q <= MAX_Q, "internal: a K block longer than few_rows.c holds");
-    // Packed panels go STREAM_PANELS at a time for 1 or 2 rows (rows_against_panels).
-    int step = panels && m <= 2 ? STREAM_PANELS * PANEL : PANEL;
+    // Packed panels go STREAM_PANELS at a time for 1 or 2 rows, and for more with AVX-512
+    // (rows_against_panels).
+    int step = panels && (m <= 2 || WIDE_ROWS) ? STREAM_PANELS * PANEL : PANEL;
     for (int j0 = 0; j0 < n; j0 += step) {
         int cols = n - j0 < step ? n - j0 : step, P = (cols + PANEL - 1) / PANEL;
         for (int k0 = 0, kb; k0 < k; k0 += kb) {
