@@ -189,7 +189,7 @@ static void rows_tile(const float *a, int lda, int R, const float *panel, int kb
 #undef ROWS_TILE
 }
 
-// R rows (1 or 2, or WIDE_ROWS and the powers of two below it) against the P (1 to
+// R rows (1 or 2, or up to WIDE_ROWS) against the P (1 to
 // STREAM_PANELS) panels a step of packed weights covers: tile's R and P made constant.
 static void panels_tile(const float *a, int lda, int R, const float *panel, size_t next, int P,
                         int kb, bool fused, float alpha, float *c, int ldc, int cols) {
@@ -204,7 +204,9 @@ static void panels_tile(const float *a, int lda, int R, const float *panel, size
 #define ROWS(f)                                                                                \
     do {                                                                                       \
         if (WIDE_ROWS == 6 && R == 6) PANELS(6, f);                                            \
-        else if (WIDE_ROWS >= 4 && R == 4) PANELS(4, f);                                       \
+        else if (WIDE_ROWS == 6 && R == 5) PANELS(5, f);                                       \
+        else if (WIDE_ROWS == 6 && R == 4) PANELS(4, f);                                       \
+        else if (WIDE_ROWS == 6 && R == 3) PANELS(3, f);                                       \
         else if (R == 2) PANELS(2, f);                                                         \
         else PANELS(1, f);                                                                     \
     } while (0)
@@ -223,8 +225,8 @@ static int tail_lines(int kb, int t, int share) {
 
 // C columns [0, cols) of the P panels from `panel` for all m rows, over K block kb: 1 or 2 rows
 // (a decode step, a verification) take all P panels in one pass, streaming; more rows take
-// WIDE_ROWS at a time against all P panels (AVX-512), or TILE_ROWS at a time on one panel
-// (P = 1), whose lines stay in L1 while they pass; the rest in halves of those.
+// WIDE_ROWS at a time against all P panels (AVX-512: the rest as one tile), or TILE_ROWS at a time
+// on one panel (P = 1), whose lines stay in L1 while they pass (the rest in halves of those).
 //
 // Packed weights are read in address order, and a decode step's weights come from memory (a
 // model's do not fit in the caches): with several row tiles on one panel the kb lines that follow
@@ -237,8 +239,7 @@ static void rows_against_panels(const float *a, int lda, int m, const float *pan
                                 int cols, bool prefetch) {
     if (m <= 2 || (WIDE_ROWS && P > 1)) { // streaming: the hardware prefetcher keeps up
         for (int i = 0; i < m;) {
-            int R = m <= 2 ? m : WIDE_ROWS;
-            while (R > m - i) R = R == 6 ? 4 : R / 2;
+            int R = m - i < WIDE_ROWS || m <= 2 ? m - i : WIDE_ROWS;
             panels_tile(a + (size_t)i * lda, lda, R, panel, next, P, kb, fused, alpha,
                         c + (size_t)i * ldc, ldc, cols);
             i += R;
