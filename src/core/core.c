@@ -23,7 +23,7 @@ static void (*end_job)(void);
 void weft_set_error_rank(int rank, void (*end)(void)) { error_rank = rank, end_job = end; }
 
 noreturn void weft_fatal(const char *fmt, ...) {
-    if (error_rank > 0) sleep(1);
+    if (error_rank > 0) sleep(3); // core.h: rank 0 ends the job first
     va_list ap;
     va_start(ap, fmt);
     fputs("weft: error: ", stderr);

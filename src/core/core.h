@@ -15,9 +15,10 @@ void weft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // and the next input runs in the same process. Must not return into weft_fatal's caller.
 void weft_set_fatal_hook(void (*hook)(void));
 // In an MPI job (comm sets it): this process's rank and how to end the whole job. weft_fatal then
-// ends the job after its message, and on a rank other than 0 waits a second before printing: an
+// ends the job after its message, and on a rank other than 0 waits 3 seconds before printing: an
 // error every rank hits (a bad file, a bad setting) is printed once, by rank 0, whose end of the
-// job comes first; an error of one rank alone still prints.
+// job comes first; an error of one rank alone still prints. (With one second, a CI run on two
+// busy cores printed twice: rank 0 started late, or its abort took that long to reach the rest.)
 void weft_set_error_rank(int rank, void (*end_job)(void));
 
 #define WEFT_CHECK(cond, ...)                                                                      \

@@ -1,6 +1,6 @@
 """Under mpirun an error every rank hits is printed once, and an error of one rank alone is still
 printed (issue 23, item 6). weft_fatal ends the whole job (MPI_Abort) after its message, and a
-rank other than 0 waits a second before printing, so rank 0's end of the job comes first when
+rank other than 0 waits 3 seconds before printing, so rank 0's end of the job comes first when
 rank 0 fails too. Before, every rank printed the same error (4 ranks: 4 lines).
 
 Checked: a missing data.source on 2 and 4 ranks gives exactly one "weft: error:" line and a
