@@ -172,16 +172,22 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
         }
 }
 
-// One tile of R rows (a power of two up to TILE_ROWS) against one panel: tile's R made constant.
+// One tile of R rows (up to TILE_ROWS) against one panel: tile's R made constant.
 static void rows_tile(const float *a, int lda, int R, const float *panel, int kb, bool fused,
                       float alpha, float *c, int ldc, int cols, const float *ahead, int n_ahead) {
 #define ROWS_TILE(r, f) tile(a, lda, r, panel, 0, 1, kb, f, alpha, c, ldc, cols, ahead, n_ahead)
 #define ROWS_TILES(f)                                                                          \
     do {                                                                                       \
-        if (TILE_ROWS >= 8 && R == 8) ROWS_TILE(8, f);                                         \
-        else if (R == 4) ROWS_TILE(4, f);                                                      \
-        else if (R == 2) ROWS_TILE(2, f);                                                      \
-        else ROWS_TILE(1, f);                                                                  \
+        switch (TILE_ROWS >= 8 ? R : R > 4 ? 4 : R) {                                          \
+        case 8: ROWS_TILE(8, f); break;                                                        \
+        case 7: ROWS_TILE(7, f); break;                                                        \
+        case 6: ROWS_TILE(6, f); break;                                                        \
+        case 5: ROWS_TILE(5, f); break;                                                        \
+        case 4: ROWS_TILE(4, f); break;                                                        \
+        case 3: ROWS_TILE(3, f); break;                                                        \
+        case 2: ROWS_TILE(2, f); break;                                                        \
+        default: ROWS_TILE(1, f);                                                              \
+        }                                                                                      \
     } while (0)
     if (fused) ROWS_TILES(true);
     else ROWS_TILES(false);
@@ -226,7 +232,7 @@ static int tail_lines(int kb, int t, int share) {
 // C columns [0, cols) of the P panels from `panel` for all m rows, over K block kb: 1 or 2 rows
 // (a decode step, a verification) take all P panels in one pass, streaming; more rows take
 // WIDE_ROWS at a time against all P panels (AVX-512: the rest as one tile), or TILE_ROWS at a time
-// on one panel (P = 1), whose lines stay in L1 while they pass (the rest in halves of those).
+// on one panel (P = 1), whose lines stay in L1 while they pass.
 //
 // Packed weights are read in address order, and a decode step's weights come from memory (a
 // model's do not fit in the caches): with several row tiles on one panel the kb lines that follow
@@ -246,12 +252,11 @@ static void rows_against_panels(const float *a, int lda, int m, const float *pan
         }
         return;
     }
-    int tiles = m / TILE_ROWS + __builtin_popcount(m % TILE_ROWS);
+    int tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
     int share = prefetch ? (kb + tiles - 1) / tiles : 0;
     const float *ahead = panel + (size_t)kb * PANEL;
     for (int i = 0, t = 0; i < m; t++) {
-        int R = TILE_ROWS;
-        while (R > m - i) R /= 2;
+        int R = m - i < TILE_ROWS ? m - i : TILE_ROWS;
         rows_tile(a + (size_t)i * lda, lda, R, panel, kb, fused, alpha, c + (size_t)i * ldc, ldc,
                   cols, ahead + (size_t)t * share * PANEL, tail_lines(kb, t, share));
         i += R;
