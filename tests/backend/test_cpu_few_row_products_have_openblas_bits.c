@@ -14,11 +14,12 @@
 
 // OpenBLAS's regular kernel on one thread (inside a parallel region it never threads), padded
 // past its small-matrix kernels: what few_rows.c replaces. Its threaded driver splits K
-// otherwise, which is why weft never uses it.
+// otherwise, which is why weft never uses it. On thread 0: the padding uses the backend's
+// per-thread scratch, of which there are OMP_NUM_THREADS.
 static void openblas_one_thread(bool tb, int m, int n, int k, float alpha, const float *a,
                                 const float *b, float beta, float *c) {
 #pragma omp parallel num_threads(2)
-#pragma omp single
+#pragma omp master
     weft_cpu_openblas_product(B, tb, m, n, k, alpha, a, k, b, tb ? k : n, beta, c, n);
 }
 
