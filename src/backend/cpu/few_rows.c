@@ -322,8 +322,9 @@ bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *k
             float *a = x, *b = x + na, *want = b + nb, *got = want + nc;
             memcpy(got, want, sizeof(float) * nc);
             // Inside a parallel region OpenBLAS never threads (its threaded driver splits K
-            // otherwise); the padding can take a product past its threshold.
-#pragma omp parallel num_threads(2)
+            // otherwise); the padding can take a product past its threshold. With one OpenMP
+            // thread OpenBLAS has one too, and no second thread is started for this.
+#pragma omp parallel num_threads(2) if (omp_get_max_threads() > 1)
 #pragma omp master
             weft_cpu_openblas_product(self, tb, m, n, k, alpha, a, k, b, tb ? k : n, beta, want,
                                       n);
