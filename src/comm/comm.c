@@ -133,13 +133,12 @@ void weft_comm_configure(weft_comm *c, bool debug, double timeout) {
 }
 
 static noreturn void comm_abort(weft_comm *c, const char *fmt, ...) {
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "weft: error: rank %d: ", c->world_rank);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "weft: error: rank %d: ", c->world_rank);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    weft_print_line(prefix, fmt, ap);
     va_end(ap);
-    fflush(stderr);
     weft_nccl_abort(c->nccl); // GPU work of a dead collective would otherwise never end
     if (c->mpi) MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1);

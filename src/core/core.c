@@ -22,15 +22,36 @@ static int error_rank;
 static void (*end_job)(void);
 void weft_set_error_rank(int rank, void (*end)(void)) { error_rank = rank, end_job = end; }
 
+void weft_print_line(const char *prefix, const char *fmt, va_list ap) {
+    va_list measure;
+    va_copy(measure, ap);
+    int n = vsnprintf(NULL, 0, fmt, measure);
+    va_end(measure);
+    size_t head = strlen(prefix), len = head + (size_t)(n > 0 ? n : 0) + 1;
+    char *line = malloc(len + 1); // not weft_alloc: its failure would come back here
+    if (!line) { // out of memory: the message in pieces beats no message
+        fputs(prefix, stderr), vfprintf(stderr, fmt, ap), fputc('\n', stderr), fflush(stderr);
+        return;
+    }
+    memcpy(line, prefix, head);
+    vsnprintf(line + head, len - head, fmt, ap);
+    line[len - 1] = '\n';
+    fflush(stderr);
+    for (size_t done = 0; done < len;) {
+        ssize_t w = write(STDERR_FILENO, line + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        done += (size_t)w;
+    }
+    free(line);
+}
+
 noreturn void weft_fatal(const char *fmt, ...) {
     if (error_rank > 0) sleep(3); // core.h: rank 0 ends the job first
     va_list ap;
     va_start(ap, fmt);
-    fputs("weft: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    weft_print_line("weft: error: ", fmt, ap);
     va_end(ap);
-    fflush(stderr);
     if (fatal_hook) fatal_hook();
     if (end_job) end_job();
     exit(1);

@@ -1,5 +1,6 @@
 // core: errors, logging, allocation, RNG, timers. Every other layer includes this header.
 #pragma once
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stddef.h>
@@ -10,6 +11,11 @@
 // line naming the input and what to do.
 noreturn void weft_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void weft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// Writes prefix, the formatted message and a newline to stderr in one write(2). stderr is
+// unbuffered, so a line printed in pieces is several writes, and under mpirun another rank's
+// output or the launcher's abort banner can land between them (a CI run printed
+// "weft: error: ----" and the message on another line).
+void weft_print_line(const char *prefix, const char *fmt, va_list ap);
 // Called by weft_fatal after the message, before exit(1); NULL (the default): none. For fuzz
 // harnesses (tests/fuzz), which longjmp out of it so that a clean error is not counted as a crash
 // and the next input runs in the same process. Must not return into weft_fatal's caller.
@@ -17,8 +23,9 @@ void weft_set_fatal_hook(void (*hook)(void));
 // In an MPI job (comm sets it): this process's rank and how to end the whole job. weft_fatal then
 // ends the job after its message, and on a rank other than 0 waits 3 seconds before printing: an
 // error every rank hits (a bad file, a bad setting) is printed once, by rank 0, whose end of the
-// job comes first; an error of one rank alone still prints. (With one second, a CI run on two
-// busy cores printed twice: rank 0 started late, or its abort took that long to reach the rest.)
+// job comes first; an error of one rank alone still prints. (A second was too little for 4 ranks
+// on 2 cores busy with other work: rank 0 reached the error, or its end of the job reached the
+// others, later than that, and every rank printed.)
 void weft_set_error_rank(int rank, void (*end_job)(void));
 
 #define WEFT_CHECK(cond, ...)                                                                      \
