@@ -19,7 +19,6 @@
 // wide as the CPU's registers: either order gives the same bits at any width.
 // weft_cpu_few_rows_agree checks the claim against the library at start-up; tests/backend checks
 // it on the test shapes.
-#include <cblas.h>
 #include <stdbool.h>
 #include <string.h>
 #include <strings.h>
@@ -172,7 +171,8 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
         }
 }
 
-// One tile of R rows (up to TILE_ROWS) against one panel: tile's R made constant.
+// One tile of R rows (up to TILE_ROWS) against one panel: tile's R made constant. With AVX
+// (TILE_ROWS 4) the switch's value is clamped to 4, so the wider cases compile to nothing.
 static void rows_tile(const float *a, int lda, int R, const float *panel, int kb, bool fused,
                       float alpha, float *c, int ldc, int cols, const float *ahead, int n_ahead) {
 #define ROWS_TILE(r, f) tile(a, lda, r, panel, 0, 1, kb, f, alpha, c, ldc, cols, ahead, n_ahead)
@@ -195,8 +195,8 @@ static void rows_tile(const float *a, int lda, int R, const float *panel, int kb
 #undef ROWS_TILE
 }
 
-// R rows (1 or 2, or up to WIDE_ROWS) against the P (1 to
-// STREAM_PANELS) panels a step of packed weights covers: tile's R and P made constant.
+// R rows (1 or 2, or up to WIDE_ROWS) against the P (1 to STREAM_PANELS) panels a step of packed
+// weights covers: tile's R and P made constant.
 static void panels_tile(const float *a, int lda, int R, const float *panel, size_t next, int P,
                         int kb, bool fused, float alpha, float *c, int ldc, int cols) {
 #define PANELS_TILE(r, p, f) tile(a, lda, r, panel, next, p, kb, f, alpha, c, ldc, cols, NULL, 0)
@@ -300,9 +300,10 @@ void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int 
     }
 }
 
-// Products of few rows, both ways: K of one block, of Q to 2Q (split in halves rounded to 16) and of many blocks for either Q,
-// columns in whole and partial panels, every row-tile size, B either way where the kind takes
-// both, alpha and beta other than 1 and 0; against the product path few_rows.c replaces.
+// Products of few rows: K of one block, of Q to 2Q (split in halves rounded to 16) and of many
+// blocks for either Q, columns in whole and partial panels, every row-tile size, B either way
+// where the kind takes both, alpha and beta other than 1 and 0; against the product path
+// few_rows.c replaces.
 bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *kind) {
     enum { CASES = 6 };
     const int shape[CASES][3] = {{7, 40, 100},  {3, 33, 688},  {4, 40, 1000},
