@@ -220,6 +220,11 @@ struct weft_backend {
     // a few rows (a decode step), instead of on every call. Results are the same bits either way.
     void (*params_fixed)(weft_backend *self, const void *params, size_t bytes);
     void (*params_released)(weft_backend *self);
+    // Optional. While the parameters are fixed and `rounded` is set, products x W^T may read
+    // weights among them rounded to bf16 (the CPU backend: half the bytes of its fp32 weights),
+    // each row's bits still its own alone. Only for passes whose results propose and are then
+    // checked, never recorded: speculative drafts (rollout.draft_bf16).
+    void (*round_fixed_weights)(weft_backend *self, bool rounded);
 
     void (*destroy)(weft_backend *self); // frees what impl holds
     void *impl;

@@ -29,6 +29,7 @@ typedef struct weft_rollout_config {
     int max_batch_tokens;     // rows one forward may hold (prefill is chunked to it)
     int max_running;          // sequences running at once at most (0: as many as fit)
     int speculative_tokens;   // tokens the MTP modules draft per step (0: no speculation)
+    bool draft_bf16;          // drafts read the weights rounded to bf16 where the backend can
     bool cuda_graphs;         // decode steps as recorded graphs where the backend has them
 } weft_rollout_config;
 

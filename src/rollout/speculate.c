@@ -269,7 +269,12 @@ void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
         const gen_seq *s = &e->seqs[seqs[i]];
         ph.prev[i] = (rows_span){s->main_row0, s->main_lo, s->main_hi};
     }
+    // Drafts only propose: verification keeps the output the policy's whatever they are, so
+    // their products may read the weights at half the bytes.
+    bool rounded = e->rc.draft_bf16 && be->round_fixed_weights;
+    if (rounded) be->round_fixed_weights(be, true);
     for (int j = 1; j <= e->rc.speculative_tokens; j++) module_pass(e, &ph, j);
+    if (rounded) be->round_fixed_weights(be, false);
     weft_free(ph.prev);
     e->stats.draft_seconds += weft_now_seconds() - t0;
 }

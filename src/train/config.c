@@ -131,6 +131,9 @@ static const key_def KEYS[] = {
      "sequences generated at once at most; 0: as many as the KV cache holds", NULL},
     {"rollout.speculative_tokens", KEY_INT, F(rollout.speculative_tokens),
      "tokens the model's MTP modules draft per step (speculative decoding); 0: off", NULL},
+    {"rollout.draft_bf16", KEY_BOOL, F(rollout.draft_bf16),
+     "device=cpu: drafts read the weights rounded to bf16 (half the bytes; outputs and log-probs "
+     "unchanged, verification decides); false: the fp32 weights", NULL},
     {"rollout.cuda_graphs", KEY_BOOL, F(rollout.cuda_graphs),
      "device=cuda: replay decode steps as recorded CUDA graphs; false: launch every kernel",
      NULL},

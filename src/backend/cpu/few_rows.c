@@ -22,11 +22,9 @@
 #include <stdbool.h>
 #include <string.h>
 #include <strings.h>
-#ifdef __AVX__
-#include <immintrin.h>
-#endif
 
 #include "backend/cpu/internal.h"
+#include "backend/cpu/simd.h"
 
 weft_cpu_few_rows_kind weft_cpu_few_rows_kind_for(const char *corename) {
     weft_cpu_few_rows_kind none = {0};
@@ -49,32 +47,6 @@ weft_cpu_few_rows_kind weft_cpu_few_rows_kind_for(const char *corename) {
 }
 
 #ifdef __AVX__
-
-#ifdef __AVX512F__
-typedef __m512 vec;
-enum { W = 16 };
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VSTORE(p, x) _mm512_storeu_ps(p, x)
-#define VSET1(x) _mm512_set1_ps(x)
-#define VMUL(x, y) _mm512_mul_ps(x, y)
-#define VADD(x, y) _mm512_add_ps(x, y)
-#define VFMA(x, y, z) _mm512_fmadd_ps(x, y, z)
-#else
-typedef __m256 vec;
-enum { W = 8 };
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VSTORE(p, x) _mm256_storeu_ps(p, x)
-#define VSET1(x) _mm256_set1_ps(x)
-#define VMUL(x, y) _mm256_mul_ps(x, y)
-#define VADD(x, y) _mm256_add_ps(x, y)
-#ifdef __FMA__
-#define VFMA(x, y, z) _mm256_fmadd_ps(x, y, z)
-#else
-#define VFMA(x, y, z) VADD(VMUL(x, y), z) // never taken: without FMA no kind is fused
-#endif
-#endif
 
 // A panel row is V vectors. With AVX (16 registers) a tile keeps 8 accumulators busy (3-4
 // cycles of latency on 2 pipes): TILE_ROWS rows against one panel, or one or two rows against

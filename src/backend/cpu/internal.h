@@ -103,3 +103,14 @@ void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int 
 size_t weft_cpu_few_rows_panel_floats(int n, int k);
 void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, float *panels);
 bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *kind);
+
+// bf16_weights.c: C (m, n) = alpha A B^T + beta C with B (n, K) rounded to bf16 and packed by
+// weft_cpu_bf16_pack into weft_cpu_bf16_halves(n, k) values, for products whose results only
+// propose (speculative drafts: backend.h round_fixed_weights). Columns from j0, a multiple of 64,
+// start at halves + j0 * k. Each element is one chain over K, so a row's bits depend on that row
+// alone. Needs AVX2 (weft_cpu_bf16_available).
+bool weft_cpu_bf16_available(void);
+size_t weft_cpu_bf16_halves(int n, int k);
+void weft_cpu_bf16_pack(int n, int k, const float *b, int ldb, uint16_t *halves);
+void weft_cpu_bf16_product(int m, int n, int k, float alpha, const float *a, int lda,
+                           const uint16_t *halves, float beta, float *c, int ldc);

@@ -19,7 +19,8 @@ typedef struct cpu_state {
     bool pad_small_products; // see rows_for_regular_kernel
     weft_cpu_few_rows_kind few_rows; // products of up to FEW_ROWS rows through few_rows.c
     const char *fixed_lo, *fixed_hi; // the parameters params_fixed holds, or NULL
-    struct packed_weight *packed;    // (n_packed) weights in them, packed for few_rows.c
+    bool rounding;                   // round_fixed_weights: products read them as bf16
+    struct packed_weight *packed;    // (n_packed) weights in them, packed for few_rows.c or bf16
     int n_packed, cap_packed;
     float **scratch;   // (n_threads * WEFT_CPU_SCRATCH_SLOTS) buffers
     size_t *capacity;  // (n_threads * WEFT_CPU_SCRATCH_SLOTS) floats
@@ -117,24 +118,26 @@ static int rows_for_regular_kernel(bool tb, int n, int k) {
 // operand of A rows (FEW_ROWS x Q floats, 96 to 115 KB) stays in L2 while every panel of B passes.
 enum { FEW_ROWS = 64 };
 
-// A weight of the fixed parameters, packed into few_rows.c's panels on its first use.
+// A weight of the fixed parameters, packed on its first use into few_rows.c's panels, or
+// rounded to bf16 for bf16_weights.c (a weight both exact and drafting passes read has both).
 typedef struct packed_weight {
     const float *b;
     int n, k, ldb;
-    bool tb;
-    float *panels;
+    bool tb, bf16;
+    void *panels; // float for few_rows.c, uint16_t for bf16
 } packed_weight;
 
 // While the caller holds the parameters fixed, every weight among them is packed once and a
 // decode step reads its panels, instead of repacking it on every call.
-static const float *held_panels(weft_backend *self, bool tb, int n, int k, const float *b,
-                                int ldb) {
+static const packed_weight *held_panels(weft_backend *self, bool tb, int n, int k, const float *b,
+                                        int ldb, bool bf16) {
     cpu_state *st = self->impl;
     if (!st->fixed_lo || (const char *)b < st->fixed_lo || (const char *)b >= st->fixed_hi)
         return NULL;
     for (int i = 0; i < st->n_packed; i++) {
         const packed_weight *p = &st->packed[i];
-        if (p->b == b && p->n == n && p->k == k && p->ldb == ldb && p->tb == tb) return p->panels;
+        if (p->b == b && p->n == n && p->k == k && p->ldb == ldb && p->tb == tb && p->bf16 == bf16)
+            return p;
     }
     if (st->n_packed == st->cap_packed) {
         st->cap_packed = st->cap_packed ? 2 * st->cap_packed : 64;
@@ -143,10 +146,16 @@ static const float *held_panels(weft_backend *self, bool tb, int n, int k, const
         weft_free(st->packed);
         st->packed = grown;
     }
-    float *panels = cpu_alloc(self, sizeof(float) * weft_cpu_few_rows_panel_floats(n, k));
-    weft_cpu_few_rows_pack(tb, n, k, b, ldb, panels);
-    st->packed[st->n_packed++] = (packed_weight){b, n, k, ldb, tb, panels};
-    return panels;
+    void *panels;
+    if (bf16) {
+        panels = cpu_alloc(self, sizeof(uint16_t) * weft_cpu_bf16_halves(n, k));
+        weft_cpu_bf16_pack(n, k, b, ldb, panels);
+    } else {
+        panels = cpu_alloc(self, sizeof(float) * weft_cpu_few_rows_panel_floats(n, k));
+        weft_cpu_few_rows_pack(tb, n, k, b, ldb, panels);
+    }
+    st->packed[st->n_packed] = (packed_weight){b, n, k, ldb, tb, bf16, panels};
+    return &st->packed[st->n_packed++];
 }
 
 static void cpu_params_released(weft_backend *self) {
@@ -154,6 +163,7 @@ static void cpu_params_released(weft_backend *self) {
     for (int i = 0; i < st->n_packed; i++) cpu_free(self, st->packed[i].panels);
     st->n_packed = 0;
     st->fixed_lo = st->fixed_hi = NULL;
+    st->rounding = false;
 }
 
 static void cpu_params_fixed(weft_backend *self, const void *params, size_t bytes) {
@@ -162,9 +172,24 @@ static void cpu_params_fixed(weft_backend *self, const void *params, size_t byte
     st->fixed_lo = params, st->fixed_hi = (const char *)params + bytes;
 }
 
+static void cpu_round_fixed_weights(weft_backend *self, bool rounded) {
+    cpu_state *st = self->impl;
+    st->rounding = rounded && st->fixed_lo && weft_cpu_bf16_available();
+}
+
 // Whether a product of m rows goes through few_rows.c.
 static bool few_rows_take(const cpu_state *st, bool tb, int m) {
     return st->few_rows.available && m <= FEW_ROWS && (tb || st->few_rows.untransposed_b);
+}
+
+// The packed weight a product x W^T of m rows reads: bf16 for every m while rounding (a draft
+// row's bits then never depend on its batch), else few_rows.c's panels for few rows; NULL when
+// the weight is not among the fixed parameters or OpenBLAS does the product.
+static const packed_weight *packed_for(weft_backend *self, bool tb, int m, int n, int k,
+                                       const float *b, int ldb) {
+    cpu_state *st = self->impl;
+    if (st->rounding && tb) return held_panels(self, tb, n, k, b, ldb, true);
+    return few_rows_take(st, tb, m) ? held_panels(self, tb, n, k, b, ldb, false) : NULL;
 }
 
 void weft_cpu_openblas_product(weft_backend *self, bool tb, int m, int n, int k, float alpha,
@@ -189,17 +214,24 @@ void weft_cpu_openblas_product(weft_backend *self, bool tb, int m, int n, int k,
     for (int i = 0; i < m; i++) memcpy(c + (size_t)i * ldc, cp + (size_t)i * n, sizeof(float) * n);
 }
 
-// C columns [j0, j1) of one product on this thread: few rows through few_rows.c (B's packed
-// panels from `panels` when it has them), the rest in one single-threaded OpenBLAS call.
+// C columns [j0, j1) of one product on this thread: against B rounded to bf16 where `packed`
+// is, few rows through few_rows.c (B's packed panels from `packed` when it has them), the rest in
+// one single-threaded OpenBLAS call.
 static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, int k,
                             float alpha, const float *a, int lda, const float *b, int ldb,
-                            const float *panels, float beta, float *c, int ldc) {
+                            const packed_weight *packed, float beta, float *c, int ldc) {
     int n = j1 - j0;
     b += tb ? (size_t)j0 * ldb : (size_t)j0, c += j0;
     cpu_state *st = self->impl;
+    if (packed && packed->bf16) {
+        weft_cpu_bf16_product(m, n, k, alpha, a, lda, (const uint16_t *)packed->panels +
+                              (size_t)j0 * k, beta, c, ldc);
+        return;
+    }
     if (few_rows_take(st, tb, m)) {
         weft_cpu_few_rows_product(&st->few_rows, tb, m, n, k, alpha, a, lda, b, ldb,
-                                  panels ? panels + (size_t)j0 * k : NULL, beta, c, ldc);
+                                  packed ? (const float *)packed->panels + (size_t)j0 * k : NULL,
+                                  beta, c, ldc);
         return;
     }
     weft_cpu_openblas_product(self, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -230,23 +262,23 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         return;
     }
     cpu_state *st = self->impl;
-    const float *panels = few_rows_take(st, tb, m) ? held_panels(self, tb, n, k, b, ldb) : NULL;
+    const packed_weight *packed = packed_for(self, tb, m, n, k, b, ldb);
     int slices = (n + COLUMN_ALIGN - 1) / COLUMN_ALIGN, threads = omp_get_max_threads();
     if (threads > slices) threads = slices;
     if (!weft_cpu_on_team((size_t)m * n * k)) threads = 1;
     if (threads == 1) {
-        product_columns(self, tb, m, 0, n, k, alpha, a, lda, b, ldb, panels, beta, c, ldc);
+        product_columns(self, tb, m, 0, n, k, alpha, a, lda, b, ldb, packed, beta, c, ldc);
         return;
     }
     // Runs of slices handed out as threads come free: few-row products (few_rows.c reads A in
     // place) a slice at a time, since a decode step's products read the weights from memory and
     // a thread the machine slows held the other at the barrier (the step's barrier spin halved);
     // an OpenBLAS call repacks A, so those take one run a thread.
-    int run = few_rows_take(st, tb, m) ? 1 : (slices + threads - 1) / threads;
+    int run = packed || few_rows_take(st, tb, m) ? 1 : (slices + threads - 1) / threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int s0 = 0; s0 < slices; s0 += run) {
         int j0 = s0 * COLUMN_ALIGN, j1 = (s0 + run) * COLUMN_ALIGN;
-        product_columns(self, tb, m, j0, j1 < n ? j1 : n, k, alpha, a, lda, b, ldb, panels, beta,
+        product_columns(self, tb, m, j0, j1 < n ? j1 : n, k, alpha, a, lda, b, ldb, packed, beta,
                         c, ldc);
     }
 }
@@ -663,6 +695,7 @@ weft_backend *weft_backend_cpu_create(void) {
         .memory_available = cpu_memory_available,
         .matmul = cpu_matmul,
         .params_fixed = cpu_params_fixed,
+        .round_fixed_weights = cpu_round_fixed_weights,
         .params_released = cpu_params_released,
         .embedding_forward = cpu_embedding_forward,
         .embedding_backward = cpu_embedding_backward,
