@@ -261,8 +261,11 @@ inline void start_block_hopper(block_state &b) {
 inline void end_block_hopper(block_state &b) {
     if (!g_tma_copies.empty()) fail("a block ended with TMA copies in flight");
     if (!g_bulk_reductions.empty()) fail("a block ended with bulk reductions never waited for");
-    for (auto &t : b.threads)
+    for (auto &t : b.threads) {
         if (!t.wgmma->empty()) fail("a thread ended with wgmma never waited for");
+        delete t.wgmma; // the block's threads go with it
+        t.wgmma = nullptr;
+    }
 }
 
 } // namespace emu
