@@ -22,6 +22,7 @@ typedef struct cpu_state {
     bool rounding;                   // round_fixed_weights: products read them as bf16
     struct packed_weight *packed;    // (n_packed) weights in them, packed for few_rows.c or bf16
     int n_packed, cap_packed;
+    struct rope_angles *rope;        // the last rotation's cos and sin
     float **scratch;   // (n_threads * WEFT_CPU_SCRATCH_SLOTS) buffers
     size_t *capacity;  // (n_threads * WEFT_CPU_SCRATCH_SLOTS) floats
 } cpu_state;
@@ -413,19 +414,62 @@ static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias
 
 // ------------------------------------------------------------------------------------- rope ----
 
-// Rotates pairs (i, i + D/2) of every head by sign * positions[t] * inv_freq[i], scaled by scale.
-// Angles in double: positions reach the tens of thousands, where fp32 angles lose the 1e-5
-// agreement we test for.
-static void rotate_rows(float *x, const int32_t *positions, const float *inv_freq, double scale,
-                        int T, int H, int D, double sign) {
+// The scaled cos and sin of every row's angles, kept for the next rotation by the same positions:
+// q and k of every layer rotate by the same angles, so a forward computes them once rather than
+// twice a layer (a double sincos a pair is most of a rotation's cost). Angles in double:
+// positions reach the tens of thousands, where fp32 angles lose the 1e-5 agreement we test for.
+typedef struct rope_angles {
+    int T, half, cap;   // rows, pairs a row; cap: floats cs holds
+    double scale;
+    int32_t *positions; // (T)
+    float *inv_freq;    // (half)
+    float *cs;          // (T, 2 half): scale cos, then scale sin (unsigned)
+} rope_angles;
+
+static void angle_rows(rope_angles *r) {
+    int half = r->half;
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < r->T; t++)
+        for (int i = 0; i < half; i++) {
+            double angle = r->positions[t] * (double)r->inv_freq[i];
+            r->cs[(size_t)t * 2 * half + i] = (float)(r->scale * cos(angle));
+            r->cs[(size_t)t * 2 * half + half + i] = (float)(r->scale * sin(angle));
+        }
+}
+
+static const rope_angles *angles_for(weft_backend *self, const int32_t *positions,
+                                     const float *inv_freq, double scale, int T, int half) {
+    cpu_state *st = self->impl;
+    rope_angles *r = st->rope;
+    if (r->T == T && r->half == half && r->scale == scale && T > 0 &&
+        !memcmp(r->positions, positions, sizeof(int32_t) * T) &&
+        !memcmp(r->inv_freq, inv_freq, sizeof(float) * half))
+        return r;
+    if ((size_t)T * 2 * half > (size_t)r->cap || T > r->cap / 2) {
+        weft_free(r->cs), weft_free(r->positions), weft_free(r->inv_freq);
+        r->cap = T * 2 * half > 2 * T ? T * 2 * half : 2 * T;
+        r->cs = weft_alloc(sizeof(float) * r->cap);
+        r->positions = weft_alloc(sizeof(int32_t) * r->cap / 2);
+        r->inv_freq = weft_alloc(sizeof(float) * r->cap / 2);
+    }
+    *r = (rope_angles){T, half, r->cap, scale, r->positions, r->inv_freq, r->cs};
+    memcpy(r->positions, positions, sizeof(int32_t) * T);
+    memcpy(r->inv_freq, inv_freq, sizeof(float) * half);
+    WEFT_CPU_PARALLEL((size_t)T * half * 16, angle_rows(r));
+    return r;
+}
+
+// Rotates pairs (i, i + D/2) of every head by sign * positions[t] * inv_freq[i], scaled: the
+// table's sin negated for sign -1, which is exact, so the bits are the ones computed in place.
+static void rotate_rows(float *x, const rope_angles *r, int H, int D, double sign) {
     int half = D / 2;
     float cs[2 * half];
 #pragma omp for schedule(static) nowait
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < r->T; t++) {
+        const float *row = r->cs + (size_t)t * 2 * half;
         for (int i = 0; i < half; i++) {
-            double angle = positions[t] * (double)inv_freq[i];
-            cs[i] = (float)(scale * cos(angle));
-            cs[half + i] = (float)(scale * sign * sin(angle));
+            cs[i] = row[i];
+            cs[half + i] = sign < 0 ? -row[half + i] : row[half + i];
         }
         for (int h = 0; h < H; h++) {
             float *v = x + ((size_t)t * H + h) * D;
@@ -438,20 +482,22 @@ static void rotate_rows(float *x, const int32_t *positions, const float *inv_fre
     }
 }
 
-static void rope_rotate(float *x, const int32_t *positions, const float *inv_freq, double scale,
-                        int T, int H, int D, double sign) {
-    WEFT_CPU_PARALLEL((size_t)T * H * D, rotate_rows(x, positions, inv_freq, scale, T, H, D, sign));
+static void rope_rotate(weft_backend *self, float *x, const int32_t *positions,
+                        const float *inv_freq, double scale, int T, int H, int D, double sign) {
+    if (T == 0) return;
+    const rope_angles *r = angles_for(self, positions, inv_freq, scale, T, D / 2);
+    WEFT_CPU_PARALLEL((size_t)T * H * D, rotate_rows(x, r, H, D, sign));
 }
 
 static void cpu_rope_forward(weft_backend *self, void *x, const int32_t *positions,
                              const float *inv_freq, float scale, int T, int H, int D) {
-    rope_rotate(x, positions, inv_freq, scale, T, H, D, 1.0);
+    rope_rotate(self, x, positions, inv_freq, scale, T, H, D, 1.0);
 }
 
 // A scaled rotation's adjoint is the inverse rotation, scaled the same.
 static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *positions,
                               const float *inv_freq, float scale, int T, int H, int D) {
-    rope_rotate(dx, positions, inv_freq, scale, T, H, D, -1.0);
+    rope_rotate(self, dx, positions, inv_freq, scale, T, H, D, -1.0);
 }
 
 // ----------------------------------------------------------------------------- elementwise ----
@@ -667,6 +713,8 @@ static void cpu_destroy(weft_backend *self) {
     cpu_params_released(self);
     cpu_state *st = self->impl;
     weft_free(st->packed);
+    weft_free(st->rope->cs), weft_free(st->rope->positions), weft_free(st->rope->inv_freq);
+    weft_free(st->rope);
     for (int i = 0; i < WEFT_CPU_SCRATCH_SLOTS * st->n_threads; i++) weft_free(st->scratch[i]);
     weft_free(st->scratch);
     weft_free(st->capacity);
@@ -680,6 +728,7 @@ weft_backend *weft_backend_cpu_create(void) {
     weft_cpu_few_rows_kind kind = weft_cpu_few_rows_kind_for(weft_blas_corename());
     st->scratch = weft_alloc(sizeof(float *) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
     st->capacity = weft_alloc(sizeof(size_t) * WEFT_CPU_SCRATCH_SLOTS * st->n_threads);
+    st->rope = weft_alloc(sizeof *st->rope);
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){
         .name = "cpu",
