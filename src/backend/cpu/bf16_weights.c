@@ -87,15 +87,15 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < 2 * G; v++) {
-            float *cv = c + (size_t)r * ldc + (v / 2) * GROUP + (v % 2) * W, part[W];
-            int left = cols - (int)(cv - c - (size_t)r * ldc);
-            vec old = beta == 0.0f ? VZERO() : left >= W ? VLOAD(cv) : VZERO();
-            if (left >= W) {
-                VSTORE(cv, beta == 0.0f ? VMUL(al, acc[r][v]) : VFMA(be, old, VMUL(al, acc[r][v])));
+            int col = (v / 2) * GROUP + (v % 2) * W;
+            float *cv = c + (size_t)r * ldc + col, part[W];
+            if (col + W <= cols) {
+                vec out = VMUL(al, acc[r][v]);
+                VSTORE(cv, beta == 0.0f ? out : VFMA(be, VLOAD(cv), out));
                 continue;
             }
-            VSTORE(part, acc[r][v]);
-            for (int j = 0; j < left; j++)
+            VSTORE(part, acc[r][v]); // the columns of a partial group
+            for (int j = 0; j < cols - col; j++)
                 cv[j] = beta == 0.0f ? alpha * part[j] : beta * cv[j] + alpha * part[j];
         }
 }

@@ -419,11 +419,12 @@ static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias
 // twice a layer (a double sincos a pair is most of a rotation's cost). Angles in double:
 // positions reach the tens of thousands, where fp32 angles lose the 1e-5 agreement we test for.
 typedef struct rope_angles {
-    int T, half, cap;   // rows, pairs a row; cap: floats cs holds
+    int T, half;         // rows, pairs a row
+    int cap_T, cap_half; // what the buffers hold
     double scale;
-    int32_t *positions; // (T)
-    float *inv_freq;    // (half)
-    float *cs;          // (T, 2 half): scale cos, then scale sin (unsigned)
+    int32_t *positions;  // (T)
+    float *inv_freq;     // (half)
+    float *cs;           // (T, 2 half): scale cos, then scale sin (unsigned)
 } rope_angles;
 
 static void angle_rows(rope_angles *r) {
@@ -437,22 +438,22 @@ static void angle_rows(rope_angles *r) {
         }
 }
 
+// The table for T > 0 rows at `positions`: the kept one when the call repeats the last one's.
 static const rope_angles *angles_for(weft_backend *self, const int32_t *positions,
                                      const float *inv_freq, double scale, int T, int half) {
-    cpu_state *st = self->impl;
-    rope_angles *r = st->rope;
-    if (r->T == T && r->half == half && r->scale == scale && T > 0 &&
+    rope_angles *r = ((cpu_state *)self->impl)->rope;
+    if (r->T == T && r->half == half && r->scale == scale &&
         !memcmp(r->positions, positions, sizeof(int32_t) * T) &&
         !memcmp(r->inv_freq, inv_freq, sizeof(float) * half))
         return r;
-    if ((size_t)T * 2 * half > (size_t)r->cap || T > r->cap / 2) {
+    if (T > r->cap_T || half > r->cap_half) {
         weft_free(r->cs), weft_free(r->positions), weft_free(r->inv_freq);
-        r->cap = T * 2 * half > 2 * T ? T * 2 * half : 2 * T;
-        r->cs = weft_alloc(sizeof(float) * r->cap);
-        r->positions = weft_alloc(sizeof(int32_t) * r->cap / 2);
-        r->inv_freq = weft_alloc(sizeof(float) * r->cap / 2);
+        r->cap_T = T > r->cap_T ? T : r->cap_T, r->cap_half = half > r->cap_half ? half : r->cap_half;
+        r->cs = weft_alloc(sizeof(float) * r->cap_T * 2 * r->cap_half);
+        r->positions = weft_alloc(sizeof(int32_t) * r->cap_T);
+        r->inv_freq = weft_alloc(sizeof(float) * r->cap_half);
     }
-    *r = (rope_angles){T, half, r->cap, scale, r->positions, r->inv_freq, r->cs};
+    r->T = T, r->half = half, r->scale = scale;
     memcpy(r->positions, positions, sizeof(int32_t) * T);
     memcpy(r->inv_freq, inv_freq, sizeof(float) * half);
     WEFT_CPU_PARALLEL((size_t)T * half * 16, angle_rows(r));
