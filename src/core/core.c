@@ -87,6 +87,54 @@ void *weft_grow(void *array, int n, int *cap, size_t size, int first_cap) {
     return grown;
 }
 
+// A spilled allocation's block: this header, then the caller's bytes at a 64-byte offset.
+struct weft_arena_spill {
+    struct weft_arena_spill *next;
+};
+enum { ARENA_HEADER = 64 };
+
+static void *arena_take(weft_arena *a, size_t bytes, bool zeroed) {
+    size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+    a->asked += rounded;
+    if (a->used + rounded > a->cap) { // its own block (zeroed), until the reset grows the arena
+        struct weft_arena_spill *spill = weft_alloc(ARENA_HEADER + rounded);
+        spill->next = a->spills;
+        a->spills = spill;
+        return (char *)spill + ARENA_HEADER;
+    }
+    char *p = a->base + a->used;
+    a->used += rounded;
+    if (zeroed) memset(p, 0, rounded);
+    return p;
+}
+
+void *weft_arena_alloc(weft_arena *a, size_t bytes) { return arena_take(a, bytes, true); }
+void *weft_arena_stage(weft_arena *a, size_t bytes) { return arena_take(a, bytes, false); }
+
+static void free_spills(weft_arena *a) {
+    while (a->spills) {
+        struct weft_arena_spill *next = a->spills->next;
+        weft_free(a->spills);
+        a->spills = next;
+    }
+}
+
+void weft_arena_reset(weft_arena *a) {
+    if (a->spills) { // the span asked for more than the arena holds: grow it to that, and a quarter
+        free_spills(a);
+        weft_free(a->base);
+        a->cap = a->asked + a->asked / 4;
+        a->base = weft_alloc(a->cap);
+    }
+    a->used = a->asked = 0;
+}
+
+void weft_arena_free(weft_arena *a) {
+    free_spills(a);
+    weft_free(a->base);
+    *a = (weft_arena){0};
+}
+
 char *weft_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = weft_alloc(n);

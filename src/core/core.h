@@ -42,6 +42,20 @@ char *weft_strdup(const char *s);
 // Returns the array (new when grown, the old one freed).
 void *weft_grow(void *array, int n, int *cap, size_t size, int first_cap);
 
+// Scratch that lives until the next reset: a step's lists and host staging rows without a malloc
+// and a free each (fresh pages of a large one cost a fault per 4 KB, every step). Allocations are
+// 64-byte aligned; one that does not fit gets its own block, freed at the reset, which grows the
+// arena to what the span asked for, so steady state allocates nothing.
+typedef struct weft_arena {
+    char *base;
+    size_t cap, used, asked;     // asked: the bytes since the last reset
+    struct weft_arena_spill *spills; // the allocations that did not fit
+} weft_arena;
+void *weft_arena_alloc(weft_arena *a, size_t bytes); // zeroed
+void *weft_arena_stage(weft_arena *a, size_t bytes); // not zeroed: for what a copy fills whole
+void weft_arena_reset(weft_arena *a);
+void weft_arena_free(weft_arena *a);
+
 // Reads a whole file into a NUL-terminated buffer; NULL with errno set on failure (EISDIR for a
 // directory).
 char *weft_read_file(const char *path, size_t *len);

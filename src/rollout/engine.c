@@ -54,6 +54,7 @@ void weft_engine_free(weft_engine *e) {
     if (!e) return;
     weft_kv_cache_free(e->cache);
     weft_rollout_step_buffers_free(e);
+    weft_arena_free(&e->step_scratch);
     weft_free(e->seqs);
     weft_free(e->sampling_scratch), weft_free(e->verify_scratch);
     weft_free(e);

@@ -84,6 +84,7 @@ struct weft_engine {
     weft_batch draft_batch; // one MTP module's rows
     step_buffers buf;
     step_graphs graphs;
+    weft_arena step_scratch; // a step's host lists and staging rows, reset as each step begins
 };
 
 // engine.c

@@ -126,8 +126,9 @@ static void gather_inputs(weft_engine *e, phase *ph, int j, const rows_span *r, 
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     size_t row = weft_dtype_size(be->act_dtype) * e->model->cfg.hidden_size;
-    int32_t *idx = weft_alloc(sizeof(int32_t) * (T + 1)), t = 0, n_stash = 0;
-    char *stash = weft_alloc(row * (ph->n + 1));
+    int32_t *idx = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (T + 1));
+    int t = 0, n_stash = 0;
+    char *stash = weft_arena_stage(&e->step_scratch, row * (ph->n + 1));
     for (int i = 0; i < ph->n; i++) {
         gen_seq *s = &e->seqs[ph->seqs[i]];
         for (int p = r[i].lo; p <= r[i].hi; p++) {
@@ -146,7 +147,6 @@ static void gather_inputs(weft_engine *e, phase *ph, int j, const rows_span *r, 
     be->to_device(be, b->gather_rows, idx, sizeof(int32_t) * T);
     be->embedding_forward(be, b->gather_rows, ph->producer, b->hidden_in, T,
                           e->model->cfg.hidden_size);
-    weft_free(idx), weft_free(stash);
 }
 
 // After module j's pass: its final positions, and the producer's row it will start from next time
@@ -154,8 +154,8 @@ static void gather_inputs(weft_engine *e, phase *ph, int j, const rows_span *r, 
 static void keep_stash(weft_engine *e, phase *ph, int j, const rows_span *r) {
     weft_backend *be = e->be;
     size_t row = weft_dtype_size(be->act_dtype) * e->model->cfg.hidden_size;
-    int32_t *idx = weft_alloc(sizeof(int32_t) * (ph->n + 1));
-    int *who = weft_alloc(sizeof(int) * (ph->n + 1)), n = 0;
+    int32_t *idx = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (ph->n + 1));
+    int *who = weft_arena_alloc(&e->step_scratch, sizeof(int) * (ph->n + 1)), n = 0;
     for (int i = 0; i < ph->n; i++) {
         gen_seq *s = &e->seqs[ph->seqs[i]];
         int known = module_rows(s, j, false).hi;
@@ -171,7 +171,7 @@ static void keep_stash(weft_engine *e, phase *ph, int j, const rows_span *r) {
     }
     if (n > 0) {
         step_buffers *b = &e->buf;
-        char *host = weft_alloc(row * n);
+        char *host = weft_arena_stage(&e->step_scratch, row * n);
         b->gather_rows = weft_rollout_grown(be, b->gather_rows, &b->gather_cap, n, sizeof(int32_t));
         be->to_device(be, b->gather_rows, idx, sizeof(int32_t) * n);
         be->embedding_forward(be, b->gather_rows, ph->producer, b->hidden_in, n,
@@ -179,9 +179,7 @@ static void keep_stash(weft_engine *e, phase *ph, int j, const rows_span *r) {
         be->to_host(be, host, b->hidden_in, row * n);
         for (int i = 0; i < n; i++)
             memcpy((char *)e->seqs[ph->seqs[who[i]]].stash + row * (j - 1), host + row * i, row);
-        weft_free(host);
     }
-    weft_free(idx), weft_free(who);
 }
 
 // Draws the depth-j draft of each sequence that has a head row (has_head) from its logits (host,
@@ -206,10 +204,11 @@ static void module_pass(weft_engine *e, phase *ph, int j) {
     step_buffers *b = &e->buf;
     int C = e->model->cfg.hidden_size, V = e->model->cfg.vocab_size;
     size_t row = weft_dtype_size(be->act_dtype) * C;
-    rows_span *r = weft_alloc(sizeof(rows_span) * ph->n);
-    int *docs = weft_alloc(sizeof(int) * ph->n), n_docs = 0, n_heads = 0;
-    int32_t *heads = weft_alloc(sizeof(int32_t) * (ph->n + 1));
-    bool *has_head = weft_alloc(sizeof(bool) * ph->n);
+    weft_arena *scratch = &e->step_scratch;
+    rows_span *r = weft_arena_alloc(scratch, sizeof(rows_span) * ph->n);
+    int *docs = weft_arena_alloc(scratch, sizeof(int) * ph->n), n_docs = 0, n_heads = 0;
+    int32_t *heads = weft_arena_alloc(scratch, sizeof(int32_t) * (ph->n + 1));
+    bool *has_head = weft_arena_alloc(scratch, sizeof(bool) * ph->n);
     weft_batch *batch = &e->draft_batch;
     weft_batch_clear(batch);
     for (int i = 0; i < ph->n; i++) {
@@ -240,17 +239,15 @@ static void module_pass(weft_engine *e, phase *ph, int j) {
         weft_model_draft_forward(e->model, j, batch, b->hidden_in, &(weft_pass_options){.kv = &kv},
                                  &out);
         if (n_heads > 0) {
-            float *host = weft_alloc(sizeof(float) * (size_t)n_heads * V);
+            float *host = weft_arena_stage(scratch, sizeof(float) * (size_t)n_heads * V);
             be->to_f32(be, host, b->logits, be->act_dtype, (size_t)n_heads * V);
             take_drafts(e, ph, j, has_head, host);
-            weft_free(host);
         }
     }
     keep_stash(e, ph, j, r);
     memcpy(ph->prev, r, sizeof(rows_span) * ph->n);
     ph->producer = b->hidden_mtp[j & 1];
     ph->T_prod = T;
-    weft_free(r), weft_free(docs), weft_free(heads), weft_free(has_head);
 }
 
 void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
@@ -263,7 +260,8 @@ void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
     b->hidden_main = grow_rows(be, b->hidden_main, &b->hidden_main_cap, e->batch.T + n,
                                e->batch.T, row);
     phase ph = {.seqs = seqs, .n = n, .drafting = drafting,
-                .prev = weft_alloc(sizeof(rows_span) * n), .producer = b->hidden_main,
+                .prev = weft_arena_alloc(&e->step_scratch, sizeof(rows_span) * n),
+                .producer = b->hidden_main,
                 .T_prod = e->batch.T};
     for (int i = 0; i < n; i++) {
         const gen_seq *s = &e->seqs[seqs[i]];
@@ -275,6 +273,5 @@ void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
     if (rounded) be->round_fixed_weights(be, true);
     for (int j = 1; j <= e->rc.speculative_tokens; j++) module_pass(e, &ph, j);
     if (rounded) be->round_fixed_weights(be, false);
-    weft_free(ph.prev);
     e->stats.draft_seconds += weft_now_seconds() - t0;
 }

@@ -93,7 +93,8 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
     // (n + 1), cu_fresh (fresh + 1), tables (n, max_blocks).
     int T = batch->T, j0 = first_fresh(batch, n), T0 = batch->cu_seqlens[j0], n_fresh = n - j0;
     int words = 2 * T + (n + 1) + (n_fresh + 1) + n * max_blocks;
-    int32_t *meta = weft_alloc(sizeof(int32_t) * words), *slots = meta, *q_pos = meta + T;
+    int32_t *meta = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * words);
+    int32_t *slots = meta, *q_pos = meta + T;
     int32_t *cu_q = q_pos + T, *cu_fresh = cu_q + n + 1, *tables = cu_fresh + n_fresh + 1;
     memcpy(q_pos, batch->positions, sizeof(int32_t) * T);
     memcpy(cu_q, batch->cu_seqlens, sizeof(int32_t) * (n + 1));
@@ -110,7 +111,6 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
     }
     b->meta = weft_rollout_grown(be, b->meta, &b->meta_cap, words, sizeof(int32_t));
     be->to_device(be, b->meta, meta, sizeof(int32_t) * words);
-    weft_free(meta);
     b->slots = b->meta, b->q_pos = b->meta + T, b->cu_q = b->q_pos + T;
     b->cu_fresh = b->cu_q + n + 1, b->tables = b->cu_fresh + n_fresh + 1;
     const weft_model_config *c = &e->model->cfg;
@@ -154,7 +154,7 @@ static int older_first(const void *a, const void *b) {
 // batch holds thousands of samples.
 static int choose_participants(weft_engine *e, participant *part) {
     int n = 0, budget = e->rc.max_batch_tokens, running = 0;
-    in_line *line = weft_alloc(sizeof(in_line) * (e->n_seqs > 0 ? e->n_seqs : 1));
+    in_line *line = weft_arena_alloc(&e->step_scratch, sizeof(in_line) * (size_t)e->n_seqs);
     for (int i = 0; i < e->n_seqs; i++)
         if (e->seqs[i].state == SEQ_RUNNING) line[running++] = (in_line){e->seqs[i].order, i};
     qsort(line, (size_t)running, sizeof *line, older_first);
@@ -170,7 +170,6 @@ static int choose_participants(weft_engine *e, participant *part) {
             budget -= rows;
         }
     }
-    weft_free(line);
     return n;
 }
 
@@ -235,10 +234,9 @@ static void logits_to_host(weft_engine *e, int n_rows) {
 static void main_forward(weft_engine *e, const participant *part, int n, const due_seqs *due,
                          const int32_t *head_rows, bool host_logits) {
     main_pass mp;
-    int *seqs = weft_alloc(sizeof(int) * n);
+    int *seqs = weft_arena_alloc(&e->step_scratch, sizeof(int) * n);
     for (int j = 0; j < n; j++) seqs[j] = part[j].seq;
     main_pass_setup(e, seqs, n, head_rows, due->rows, &mp);
-    weft_free(seqs);
     weft_model_forward(e->model, &e->batch, false, &mp.pass, &mp.out);
     if (host_logits) logits_to_host(e, due->rows);
 }
@@ -290,9 +288,10 @@ static int decode_step(weft_engine *e, const participant *part, int n, const due
     int T = e->batch.T, pads = weft_rollout_decode_rows(e, T) - T;
     int n_docs = n + pads, n_head = due->rows + pads, n_draws = on_device ? due->n + pads : 0;
     pad_batch(e, pads);
-    int *seqs = weft_alloc(sizeof(int) * n_docs);
-    int32_t *head_rows = weft_alloc(sizeof(int32_t) * n_head);
-    draw *d = weft_alloc(sizeof(draw) * (n_draws > 0 ? n_draws : 1));
+    weft_arena *scratch = &e->step_scratch;
+    int *seqs = weft_arena_alloc(scratch, sizeof(int) * n_docs);
+    int32_t *head_rows = weft_arena_alloc(scratch, sizeof(int32_t) * n_head);
+    draw *d = weft_arena_alloc(scratch, sizeof(draw) * n_draws);
     for (int j = 0; j < n_docs; j++) seqs[j] = j < n ? part[j].seq : -1;
     for (int r = 0; r < n_head; r++) head_rows[r] = r < due->rows ? due_rows[r] : T + r - due->rows;
     for (int k = 0; k < n_draws; k++)
@@ -313,24 +312,23 @@ static int decode_step(weft_engine *e, const participant *part, int n, const due
         logits_to_host(e, due->rows);
         still = weft_rollout_draw_tokens(e, due, e->buf.host_logits, took);
     }
-    weft_free(seqs), weft_free(head_rows), weft_free(d);
     return still;
 }
 
 bool weft_rollout_step(weft_engine *e) {
-    participant *part = weft_alloc(sizeof(participant) * (e->n_seqs > 0 ? e->n_seqs : 1));
+    weft_arena *scratch = &e->step_scratch;
+    weft_arena_reset(scratch);
+    participant *part = weft_arena_alloc(scratch, sizeof(participant) * (size_t)e->n_seqs);
     int n = choose_participants(e, part);
-    if (n == 0) {
-        weft_free(part);
-        return false;
-    }
+    if (n == 0) return false;
     build_batch(e, part, n);
     // Sequences whose rows reach their last token (and drafts) are due: the head runs on those
     // rows only. The rest (prompt chunks, and prompts about to fork) feed the MTP modules first.
     int cap = e->batch.T + 1;
-    int32_t *head_rows = weft_alloc(sizeof(int32_t) * cap);
-    due_seqs due = {.seq = weft_alloc(sizeof(int) * n), .first_row = weft_alloc(sizeof(int) * n)};
-    int *before = weft_alloc(sizeof(int) * n), n_before = 0;
+    int32_t *head_rows = weft_arena_alloc(scratch, sizeof(int32_t) * cap);
+    due_seqs due = {.seq = weft_arena_alloc(scratch, sizeof(int) * n),
+                    .first_row = weft_arena_alloc(scratch, sizeof(int) * n)};
+    int *before = weft_arena_alloc(scratch, sizeof(int) * n), n_before = 0;
     for (int j = 0; j < n; j++) {
         gen_seq *s = &e->seqs[part[j].seq];
         s->main_row0 = e->batch.cu_seqlens[j] - s->cached;
@@ -347,7 +345,7 @@ bool weft_rollout_step(weft_engine *e) {
     if (n > e->stats.peak_batch) e->stats.peak_batch = n;
     size_t forks = 0; // the samples this step's prompts fork
     for (int k = 0; k < due.n; k++) forks += e->seqs[due.seq[k]].sample < 0 ? (size_t)e->sc.n : 0;
-    int *took = weft_alloc(sizeof(int) * (e->n_seqs + forks + 1)), n_took = 0;
+    int *took = weft_arena_alloc(scratch, sizeof(int) * (e->n_seqs + forks + 1)), n_took = 0;
     bool speculating = e->rc.speculative_tokens > 0;
     if (decodes_alone(e, part, n, &due)) {
         n_took = decode_step(e, part, n, &due, head_rows, took);
@@ -359,7 +357,5 @@ bool weft_rollout_step(weft_engine *e) {
         if (due.n > 0) n_took = weft_rollout_draw_tokens(e, &due, logits, took);
     }
     if (speculating) weft_rollout_draft(e, took, n_took, true);
-    weft_free(part), weft_free(head_rows), weft_free(due.seq), weft_free(due.first_row);
-    weft_free(before), weft_free(took);
     return true;
 }
