@@ -140,11 +140,12 @@ struct weft_backend {
                             int layer, const weft_paged_layout *layout, void *out, float *lse,
                             int H, int KV, int D);
 
-    // out (N) = silu(gate) * up ; backward overwrites dgate, dup
-    void (*swiglu_forward)(weft_backend *self, const void *gate, const void *up, void *out,
-                           size_t N);
-    void (*swiglu_backward)(weft_backend *self, const void *gate, const void *up,
-                            const void *dout, void *dgate, void *dup, size_t N);
+    // out (rows, width) = silu(gate) * up, where gate_up (rows, 2 width) holds each row's gate
+    // then its up (the fused gate and up projections' output); backward overwrites d_gate_up
+    void (*swiglu_forward)(weft_backend *self, const void *gate_up, void *out, int rows,
+                           int width);
+    void (*swiglu_backward)(weft_backend *self, const void *gate_up, const void *dout,
+                            void *d_gate_up, int rows, int width);
 
     // y (N) += x
     void (*add_inplace)(weft_backend *self, void *y, const void *x, size_t N);

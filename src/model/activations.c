@@ -34,8 +34,7 @@ static void carve_layer_inner(weft_activations *a, layer_acts *la, dims d, size_
     la->res1 = take(a, esz * T * d.C);
     la->ln2 = take(a, esz * T * d.C);
     la->rstd2 = take(a, sizeof(float) * T);
-    la->gate = take(a, esz * T * d.I);
-    la->up = take(a, esz * T * d.I);
+    la->gate_up = take(a, esz * T * 2 * d.I);
     la->act = take(a, esz * T * d.I);
 }
 
@@ -61,8 +60,7 @@ static void carve_gradients(weft_activations *a, dims d, size_t esz, bool qk_nor
     take_kv(a, esz * d.T * d.kvd, &a->d_k, &a->d_v);
     a->d_qk_pre = qk_norm ? take(a, esz * d.T * d.qd) : NULL; // qd >= kvd: q's and k's in turn
     a->d_act = take(a, inner);
-    a->d_gate = take(a, inner);
-    a->d_up = take(a, inner);
+    a->d_gate_up = take(a, 2 * inner);
 }
 
 static void carve(weft_activations *a, const weft_model_config *c, keep_mode keep, dims d,

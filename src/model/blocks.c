@@ -9,29 +9,35 @@ static const void *weight_of(const weft_model *m, weight_view w) {
            (size_t)w.col * weft_dtype_size(m->be->param_dtype);
 }
 
-// y (T, out) = x W^T + beta * c_in (NULL: y itself).
+// y (T, out), rows ld_y apart, = x W^T + beta * c_in (NULL: y itself).
 static void linear_into(weft_model *m, const void *x, weight_view w, float beta, const void *c_in,
-                        void *y, int T, int in, int out) {
+                        void *y, int ld_y, int T, int in, int out) {
     weft_backend *be = m->be;
     weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
-    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, c_in, y, out,
-               ty);
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, c_in, y,
+               ld_y, ty);
 }
 
 void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
                          int out, float beta) {
-    linear_into(m, x, w, beta, NULL, y, T, in, out);
+    linear_into(m, x, w, beta, NULL, y, out, T, in, out);
+}
+
+// weft_linear_backward for a dy whose rows are ld_dy apart.
+static void linear_backward_rows(weft_model *m, const void *x, weight_view w, const void *dy,
+                                 int ld_dy, void *dx, int T, int in, int out, float dx_beta) {
+    weft_backend *be = m->be;
+    weft_matmul_types tx = {be->act_dtype, be->param_dtype, be->act_dtype};
+    weft_matmul_types tw = {be->act_dtype, be->act_dtype, WEFT_F32};
+    be->matmul(be, false, false, T, in, out, 1.0f, dy, ld_dy, weight_of(m, w), w.ld, dx_beta,
+               NULL, dx, in, tx);
+    be->matmul(be, true, false, out, in, T, 1.0f, dy, ld_dy, x, in, 1.0f, NULL,
+               weft_model_grad(m, w.param) + w.col, w.ld, tw);
 }
 
 void weft_linear_backward(weft_model *m, const void *x, weight_view w, const void *dy, void *dx,
                           int T, int in, int out, float dx_beta) {
-    weft_backend *be = m->be;
-    weft_matmul_types tx = {be->act_dtype, be->param_dtype, be->act_dtype};
-    weft_matmul_types tw = {be->act_dtype, be->act_dtype, WEFT_F32};
-    be->matmul(be, false, false, T, in, out, 1.0f, dy, out, weight_of(m, w), w.ld, dx_beta, NULL,
-               dx, in, tx);
-    be->matmul(be, true, false, out, in, T, 1.0f, dy, out, x, in, 1.0f, NULL,
-               weft_model_grad(m, w.param) + w.col, w.ld, tw);
+    linear_backward_rows(m, x, w, dy, out, dx, T, in, out, dx_beta);
 }
 
 static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, int in, int out,
@@ -42,12 +48,50 @@ static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, 
 // y (T, out) = x W^T + residual, the residual read where it lies rather than copied into y first.
 static void linear_residual(weft_model *m, const void *x, int w, const void *residual, void *y,
                             int T, int in, int out) {
-    linear_into(m, x, whole_weight(w, in), 1.0f, residual, y, T, in, out);
+    linear_into(m, x, whole_weight(w, in), 1.0f, residual, y, out, T, in, out);
 }
 
 static void linear_backward(weft_model *m, const void *x, int w, const void *dy, void *dx, int T,
                             int in, int out, float dx_beta) {
     weft_linear_backward(m, x, whole_weight(w, in), dy, dx, T, in, out, dx_beta);
+}
+
+// The MLP's gate and up projections as one (2I, C) weight: gate_proj's rows followed by up_proj's
+// in the parameter buffer (and so in the gradient buffer), as every model whose I x C is a
+// multiple of 16 has them (tensors start at multiples of 16 elements). One product a direction
+// instead of two, twice the columns: a decode step's launch fewer, and on a GPU a batch of a few
+// hundred rows gets twice the output tiles to spread over the SMs. Otherwise two products into
+// and out of the same (T, 2I) rows.
+static bool gate_up_adjacent(const weft_model *m, const weft_layer_params *p) {
+    const weft_param_info *gate = &m->params[p->gate_w];
+    return m->params[p->up_w].offset == gate->offset + gate->numel;
+}
+
+// gate_up (T, 2I) = [x W_gate^T, x W_up^T] for x (T, C).
+static void gate_up_forward(weft_model *m, const weft_layer_params *p, const void *x,
+                            void *gate_up, dims d) {
+    if (gate_up_adjacent(m, p)) {
+        linear_into(m, x, whole_weight(p->gate_w, d.C), 0.0f, NULL, gate_up, 2 * d.I, d.T, d.C,
+                    2 * d.I);
+        return;
+    }
+    char *up = (char *)gate_up + weft_dtype_size(m->be->act_dtype) * d.I;
+    linear_into(m, x, whole_weight(p->gate_w, d.C), 0.0f, NULL, gate_up, 2 * d.I, d.T, d.C, d.I);
+    linear_into(m, x, whole_weight(p->up_w, d.C), 0.0f, NULL, up, 2 * d.I, d.T, d.C, d.I);
+}
+
+// dx (T, C) = dL/dx through both projections from d_gate_up (T, 2I); their weights' gradients.
+static void gate_up_backward(weft_model *m, const weft_layer_params *p, const void *x,
+                             const void *d_gate_up, void *dx, dims d) {
+    if (gate_up_adjacent(m, p)) {
+        linear_backward_rows(m, x, whole_weight(p->gate_w, d.C), d_gate_up, 2 * d.I, dx, d.T,
+                             d.C, 2 * d.I, 0.0f);
+        return;
+    }
+    const char *d_up = (const char *)d_gate_up + weft_dtype_size(m->be->act_dtype) * d.I;
+    linear_backward_rows(m, x, whole_weight(p->gate_w, d.C), d_gate_up, 2 * d.I, dx, d.T, d.C,
+                         d.I, 0.0f);
+    linear_backward_rows(m, x, whole_weight(p->up_w, d.C), d_up, 2 * d.I, dx, d.T, d.C, d.I, 1.0f);
 }
 
 // ------------------------------------------------------------------------- decoder layer ----
@@ -108,9 +152,8 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
 
     be->rmsnorm_forward(be, la->res1, weft_model_param(m, p->post_norm), eps, la->ln2, la->rstd2,
                         d.T, d.C);
-    linear_forward(m, la->ln2, p->gate_w, la->gate, d.T, d.C, d.I, 0.0f);
-    linear_forward(m, la->ln2, p->up_w, la->up, d.T, d.C, d.I, 0.0f);
-    be->swiglu_forward(be, la->gate, la->up, la->act, (size_t)d.T * d.I);
+    gate_up_forward(m, p, la->ln2, la->gate_up, d);
+    be->swiglu_forward(be, la->gate_up, la->act, d.T, d.I);
     linear_residual(m, la->act, p->down_w, la->res1, out, d.T, d.I, d.C);
 }
 
@@ -156,9 +199,8 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
 
     // MLP: out = res1 + down(swiglu(gate(ln2), up(ln2)))
     linear_backward(m, la->act, p->down_w, a->d_res, a->d_act, d.T, d.I, d.C, 0.0f);
-    be->swiglu_backward(be, la->gate, la->up, a->d_act, a->d_gate, a->d_up, (size_t)d.T * d.I);
-    linear_backward(m, la->ln2, p->gate_w, a->d_gate, a->d_ln, d.T, d.C, d.I, 0.0f);
-    linear_backward(m, la->ln2, p->up_w, a->d_up, a->d_ln, d.T, d.C, d.I, 1.0f);
+    be->swiglu_backward(be, la->gate_up, a->d_act, a->d_gate_up, d.T, d.I);
+    gate_up_backward(m, p, la->ln2, a->d_gate_up, a->d_ln, d);
     be->rmsnorm_backward(be, la->res1, weft_model_param(m, p->post_norm), la->rstd2, a->d_ln,
                          a->d_res, weft_model_grad(m, p->post_norm), d.T, d.C);
     weft_notify_grads_ready(pass, p->post_norm);

@@ -30,7 +30,8 @@ typedef struct layer_acts {
     float *lse, *rstd1;    // (H, T), (T)
     void *res1, *ln2;      // (T, C) residual after attention, its norm
     float *rstd2;          // (T)
-    void *gate, *up, *act; // (T, I)
+    void *gate_up;         // (T, 2I): each row's gate projection, then its up projection
+    void *act;             // (T, I)
 } layer_acts;
 
 // One MTP module's tensors besides its decoder layer's (which live in layers[L + k]).
@@ -56,7 +57,8 @@ struct weft_activations {
     void *x_out, *lnf, *logits;          // (T, C), (T, C), (T, V): one logits buffer for all heads
     float *rstdf, *row_loss, *correct;   // (T)
     void *d_head0;                       // (T, C) dL/d(lnf) through the main head
-    void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act, *d_gate, *d_up;
+    void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act;
+    void *d_gate_up; // (T, 2I) as layer_acts' gate_up
     void *d_qk_pre; // (T, H*D) dL/dq (then dL/dk) before the per-head norms (qk_norm; else NULL)
     // With a key/value provider: one layer's key rows (2, T_kv, KV*D) and a second such block,
     // shared by all layers, so memory stays proportional to this rank's rows plus one layer's

@@ -253,25 +253,30 @@ void test_rope() {
     }
 }
 
-void test_swiglu(size_t N) {
-    std::vector<bf16> gate = random_bf16(N, -4, 4), up = random_bf16(N), dout = random_bf16(N);
-    std::vector<bf16> out(N, NAN_BF16), dgate(N, NAN_BF16), dup(N, NAN_BF16);
-    std::vector<double> want_out(N), want_dgate(N), want_dup(N);
+// rows x width outputs from gate_up (rows, 2 width): each row's gates (spread into both tails of
+// the sigmoid), then its ups.
+void test_swiglu(int rows, int width) {
+    size_t N = (size_t)rows * width, W = (size_t)width;
+    std::vector<bf16> gate_up = random_bf16(2 * N), dout = random_bf16(N);
+    for (size_t r = 0; r < (size_t)rows; r++) {
+        std::vector<bf16> gates = random_bf16(W, -4, 4);
+        std::copy(gates.begin(), gates.end(), gate_up.begin() + r * 2 * W);
+    }
+    std::vector<bf16> out(N, NAN_BF16), d_gate_up(2 * N, NAN_BF16);
+    std::vector<double> want_out(N), want_d(2 * N);
     for (size_t i = 0; i < N; i++) {
-        double g = value_of(gate[i]), u = value_of(up[i]), d = value_of(dout[i]);
+        size_t at = i / W * 2 * W + i % W;
+        double g = value_of(gate_up[at]), u = value_of(gate_up[at + W]), d = value_of(dout[i]);
         double sg = 1.0 / (1.0 + exp(-g));
         want_out[i] = g * sg * u;
-        want_dgate[i] = d * u * sg * (1.0 + g * (1.0 - sg));
-        want_dup[i] = d * g * sg;
+        want_d[at] = d * u * sg * (1.0 + g * (1.0 - sg));
+        want_d[at + W] = d * g * sg;
     }
-    expect_path("swiglu", N, vector_width(N, gate.data(), up.data(), out.data(), dgate.data(),
-                                          dup.data()));
-    weft_cuda_swiglu_forward(nullptr, gate.data(), up.data(), out.data(), N);
-    weft_cuda_swiglu_backward(nullptr, gate.data(), up.data(), dout.data(), dgate.data(),
-                              dup.data(), N);
+    expect_path("swiglu rows of", W, vector_width(W, gate_up.data(), out.data(), d_gate_up.data()));
+    weft_cuda_swiglu_forward(nullptr, gate_up.data(), out.data(), rows, width);
+    weft_cuda_swiglu_backward(nullptr, gate_up.data(), dout.data(), d_gate_up.data(), rows, width);
     compare(sized("swiglu out", N), out, want_out, BF16_TOL);
-    compare(sized("swiglu dgate", N), dgate, want_dgate, BF16_TOL);
-    compare(sized("swiglu dup", N), dup, want_dup, BF16_TOL);
+    compare(sized("swiglu d_gate_up", 2 * N), d_gate_up, want_d, BF16_TOL);
 }
 
 void test_small_arithmetic(size_t N) { // ragged last blocks
@@ -785,7 +790,11 @@ int main() {
     test_bias(300, 8300);
     test_reductions_repeat_bit_for_bit();
     test_rope();
-    for (size_t N : {1000, 1001}) test_swiglu(N);
+    // Rows of 200 (16-byte vectors), of 201 (one value at a time: a vector would cross rows), and
+    // one row (a decode step).
+    test_swiglu(5, 200);
+    test_swiglu(3, 201);
+    test_swiglu(1, 1000);
     for (size_t N : {70000, 70001}) test_small_arithmetic(N);
     for (int V : {1000, 1001}) {
         test_cross_entropy(V);

@@ -267,56 +267,55 @@ static void test_rope(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// swiglu: out = silu(gate) * up; dgate, dup overwritten.
+// swiglu: out (rows, width) = silu(gate) * up, each row of gate_up (rows, 2 width) its gates then
+// its ups; d_gate_up overwritten.
 
 typedef struct swiglu_ctx {
-    size_t N;
-    float *gate, *up;
-    void *gate_d, *up_d, *out_d;
+    int rows, width;
+    float *gate_up;
+    void *gate_up_d, *out_d;
     const float *R;
 } swiglu_ctx;
 
 static double swiglu_J(void *p) {
     swiglu_ctx *c = p;
-    upload(c->gate_d, c->gate, c->N);
-    upload(c->up_d, c->up, c->N);
-    B->swiglu_forward(B, c->gate_d, c->up_d, c->out_d, c->N);
-    return dot_dev(c->out_d, c->R, c->N);
+    upload(c->gate_up_d, c->gate_up, (size_t)c->rows * 2 * c->width);
+    B->swiglu_forward(B, c->gate_up_d, c->out_d, c->rows, c->width);
+    return dot_dev(c->out_d, c->R, (size_t)c->rows * c->width);
 }
 
 static void test_swiglu(void) {
-    enum { N = 40 };
-    swiglu_ctx c = {.N = N, .gate = host_normal(N, 0, 2), .up = host_normal(N, 0, 1),
+    enum { ROWS = 4, W = 10, N = ROWS * W };
+    swiglu_ctx c = {.rows = ROWS, .width = W, .gate_up = host_normal(2 * N, 0, 1),
                     .R = host_normal(N, 0, 1)};
-    c.gate_d = dev_f32(c.gate, N);
-    c.up_d = dev_f32(c.up, N);
+    for (int r = 0; r < ROWS; r++) // gates spread wider than ups, into both tails of the sigmoid
+        for (int j = 0; j < W; j++) c.gate_up[r * 2 * W + j] *= 2.0f;
+    c.gate_up_d = dev_f32(c.gate_up, 2 * N);
     c.out_d = dev_f32(NULL, N);
 
-    B->swiglu_forward(B, c.gate_d, c.up_d, c.out_d, N);
+    B->swiglu_forward(B, c.gate_up_d, c.out_d, ROWS, W);
     float out[N];
     double want[N];
     download(out, c.out_d, N);
-    for (int i = 0; i < N; i++) want[i] = c.gate[i] / (1 + exp(-(double)c.gate[i])) * c.up[i];
+    for (int r = 0; r < ROWS; r++)
+        for (int j = 0; j < W; j++) {
+            double g = c.gate_up[r * 2 * W + j], u = c.gate_up[r * 2 * W + W + j];
+            want[r * W + j] = g / (1 + exp(-g)) * u;
+        }
     report("swiglu_forward vs double", rel_err_d(out, want, N), 1e-5);
 
-    void *dout_d = dev_f32(c.R, N), *dg_d = dev_f32(NULL, N), *du_d = dev_f32(NULL, N);
-    float gg[N], gu[N], gg2[N], gu2[N];
-    B->swiglu_backward(B, c.gate_d, c.up_d, dout_d, dg_d, du_d, N);
-    download(gg, dg_d, N);
-    download(gu, du_d, N);
-    float *garbage = host_fill(N, 777.0f);
-    upload(dg_d, garbage, N);
-    upload(du_d, garbage, N);
-    B->swiglu_backward(B, c.gate_d, c.up_d, dout_d, dg_d, du_d, N);
-    download(gg2, dg_d, N);
-    download(gu2, du_d, N);
-    check_prefilled("swiglu_backward dgate overwrites", gg, garbage, gg2, N, false);
-    check_prefilled("swiglu_backward dup overwrites", gu, garbage, gu2, N, false);
+    void *dout_d = dev_f32(c.R, N), *dgu_d = dev_f32(NULL, 2 * N);
+    float dgu[2 * N], dgu2[2 * N];
+    B->swiglu_backward(B, c.gate_up_d, dout_d, dgu_d, ROWS, W);
+    download(dgu, dgu_d, 2 * N);
+    float *garbage = host_fill(2 * N, 777.0f);
+    upload(dgu_d, garbage, 2 * N);
+    B->swiglu_backward(B, c.gate_up_d, dout_d, dgu_d, ROWS, W);
+    download(dgu2, dgu_d, 2 * N);
+    check_prefilled("swiglu_backward d_gate_up overwrites", dgu, garbage, dgu2, 2 * N, false);
 
-    report("swiglu_backward dgate (fd)", fd_rel_err(swiglu_J, &c, c.gate, N, gg, H_NONLINEAR),
-           TOL_FD_NONLINEAR);
-    report("swiglu_backward dup (fd)", fd_rel_err(swiglu_J, &c, c.up, N, gu, H_LINEAR),
-           TOL_FD_LINEAR);
+    report("swiglu_backward d_gate_up (fd)",
+           fd_rel_err(swiglu_J, &c, c.gate_up, 2 * N, dgu, H_NONLINEAR), TOL_FD_NONLINEAR);
 }
 
 // ---------------------------------------------------------------------------------------------

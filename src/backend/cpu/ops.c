@@ -503,36 +503,56 @@ static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *posit
 
 // ----------------------------------------------------------------------------- elementwise ----
 
-// Gates in chunks of GATE_CHUNK: exp(-g) through the row exponential first (vectorized), then
-// sigmoid(g) = 1 / (1 + exp(-g)) per element.
+// Gates in chunks of up to GATE_CHUNK of a row: exp(-g) through the row exponential first
+// (vectorized), then sigmoid(g) = 1 / (1 + exp(-g)) per element. gate_up (rows, 2 width) holds
+// each row's gates, then its ups.
 enum { GATE_CHUNK = 256 };
 
-static void swiglu_chunks(const float *g, const float *u, float *out, size_t N) {
+// Chunk c: n gates at row * 2 width + col, their outputs at row * width + col.
+typedef struct gate_chunk {
+    size_t row, col, n;
+} gate_chunk;
+
+static gate_chunk chunk_of(size_t c, int width) {
+    size_t per_row = ((size_t)width + GATE_CHUNK - 1) / GATE_CHUNK, col = c % per_row * GATE_CHUNK;
+    size_t left = (size_t)width - col;
+    return (gate_chunk){c / per_row, col, left < GATE_CHUNK ? left : GATE_CHUNK};
+}
+
+static size_t chunks_of(int rows, int width) {
+    return (size_t)rows * (((size_t)width + GATE_CHUNK - 1) / GATE_CHUNK);
+}
+
+static void swiglu_chunks(const float *gate_up, float *out, int rows, int width) {
 #pragma omp for schedule(static) nowait
-    for (size_t c = 0; c < N; c += GATE_CHUNK) {
-        size_t n = N - c < GATE_CHUNK ? N - c : GATE_CHUNK;
-        weft_cpu_exp_sum(g + c, -1.0f, 0.0f, out + c, n);
-        for (size_t i = c; i < c + n; i++) out[i] = g[i] * (1.0f / (1.0f + out[i])) * u[i];
+    for (size_t c = 0; c < chunks_of(rows, width); c++) {
+        gate_chunk k = chunk_of(c, width);
+        const float *g = gate_up + k.row * 2 * width + k.col, *u = g + width;
+        float *o = out + k.row * width + k.col;
+        weft_cpu_exp_sum(g, -1.0f, 0.0f, o, k.n);
+        for (size_t i = 0; i < k.n; i++) o[i] = g[i] * (1.0f / (1.0f + o[i])) * u[i];
     }
 }
 
-static void cpu_swiglu_forward(weft_backend *self, const void *gate, const void *up, void *out,
-                               size_t N) {
-    WEFT_CPU_PARALLEL(N, swiglu_chunks(gate, up, out, N));
+static void cpu_swiglu_forward(weft_backend *self, const void *gate_up, void *out, int rows,
+                               int width) {
+    WEFT_CPU_PARALLEL((size_t)rows * width, swiglu_chunks(gate_up, out, rows, width));
 }
 
-static void cpu_swiglu_backward(weft_backend *self, const void *gv, const void *uv,
-                                const void *doutv, void *dgv, void *duv, size_t N) {
-    const float *g = gv, *u = uv, *dout = doutv;
-    float *dg = dgv, *du = duv;
+static void cpu_swiglu_backward(weft_backend *self, const void *gate_up, const void *doutv,
+                                void *d_gate_up, int rows, int width) {
+    const float *dout = doutv;
 #pragma omp parallel for schedule(static)
-    for (size_t c = 0; c < N; c += GATE_CHUNK) {
-        size_t n = N - c < GATE_CHUNK ? N - c : GATE_CHUNK;
-        weft_cpu_exp_sum(g + c, -1.0f, 0.0f, dg + c, n);
-        for (size_t i = c; i < c + n; i++) {
+    for (size_t c = 0; c < chunks_of(rows, width); c++) {
+        gate_chunk k = chunk_of(c, width);
+        const float *g = (const float *)gate_up + k.row * 2 * width + k.col, *u = g + width;
+        const float *d = dout + k.row * width + k.col;
+        float *dg = (float *)d_gate_up + k.row * 2 * width + k.col, *du = dg + width;
+        weft_cpu_exp_sum(g, -1.0f, 0.0f, dg, k.n);
+        for (size_t i = 0; i < k.n; i++) {
             float sg = 1.0f / (1.0f + dg[i]), silu = g[i] * sg;
-            dg[i] = dout[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
-            du[i] = dout[i] * silu;
+            dg[i] = d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+            du[i] = d[i] * silu;
         }
     }
 }

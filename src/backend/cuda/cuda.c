@@ -474,15 +474,15 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     launched(self, mma ? "attention_backward (mma)" : "attention_backward (simt)");
 }
 
-static void cuda_swiglu_forward(weft_backend *self, const void *gate, const void *up, void *out,
-                                size_t N) {
-    weft_cuda_swiglu_forward(STREAM(self), gate, up, out, N);
+static void cuda_swiglu_forward(weft_backend *self, const void *gate_up, void *out, int rows,
+                                int width) {
+    weft_cuda_swiglu_forward(STREAM(self), gate_up, out, rows, width);
     launched(self, "swiglu_forward");
 }
 
-static void cuda_swiglu_backward(weft_backend *self, const void *gate, const void *up,
-                                 const void *dout, void *dgate, void *dup, size_t N) {
-    weft_cuda_swiglu_backward(STREAM(self), gate, up, dout, dgate, dup, N);
+static void cuda_swiglu_backward(weft_backend *self, const void *gate_up, const void *dout,
+                                 void *d_gate_up, int rows, int width) {
+    weft_cuda_swiglu_backward(STREAM(self), gate_up, dout, d_gate_up, rows, width);
     launched(self, "swiglu_backward");
 }
 

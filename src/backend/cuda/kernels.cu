@@ -284,12 +284,19 @@ extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *posit
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
+// Element i of the (rows, width) output: its gate's offset in gate_up (rows, 2 width); its up
+// is width further. VEC elements never cross a row (vector_width asks width % VEC == 0).
+__device__ __forceinline__ size_t gate_at(size_t i, size_t width) {
+    return i / width * 2 * width + i % width;
+}
+
 template <int VEC>
-__global__ void swiglu_forward_kernel(const bf16 *gate, const bf16 *up, bf16 *out, size_t N) {
+__global__ void swiglu_forward_kernel(const bf16 *gate_up, bf16 *out, size_t N, size_t width) {
     for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
         bf16_vec<VEC> g, u;
-        g.load(gate + i);
-        u.load(up + i);
+        size_t at = gate_at(i, width);
+        g.load(gate_up + at);
+        u.load(gate_up + at + width);
 #pragma unroll
         for (int k = 0; k < VEC; k++) u.x[k] *= g.x[k] * sigmoid(g.x[k]);
         u.store(out + i);
@@ -297,12 +304,13 @@ __global__ void swiglu_forward_kernel(const bf16 *gate, const bf16 *up, bf16 *ou
 }
 
 template <int VEC>
-__global__ void swiglu_backward_kernel(const bf16 *gate, const bf16 *up, const bf16 *dout,
-                                       bf16 *dgate, bf16 *dup, size_t N) {
+__global__ void swiglu_backward_kernel(const bf16 *gate_up, const bf16 *dout, bf16 *d_gate_up,
+                                       size_t N, size_t width) {
     for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
         bf16_vec<VEC> g, u, d, dg, du;
-        g.load(gate + i);
-        u.load(up + i);
+        size_t at = gate_at(i, width);
+        g.load(gate_up + at);
+        u.load(gate_up + at + width);
         d.load(dout + i);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
@@ -310,26 +318,29 @@ __global__ void swiglu_backward_kernel(const bf16 *gate, const bf16 *up, const b
             dg.x[k] = d.x[k] * u.x[k] * sg * (1.0f + g.x[k] * (1.0f - sg));
             du.x[k] = d.x[k] * g.x[k] * sg;
         }
-        dg.store(dgate + i);
-        du.store(dup + i);
+        dg.store(d_gate_up + at);
+        du.store(d_gate_up + at + width);
     }
 }
 
-extern "C" void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up,
-                                         void *out, size_t N) {
+extern "C" void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate_up, void *out,
+                                         int rows, int width) {
+    size_t N = (size_t)rows * width;
     if (N == 0) return;
-    int vec = vector_width(N, gate, up, out);
+    int vec = vector_width((size_t)width, gate_up, out);
     WEFT_LAUNCH_VECTORIZED(swiglu_forward_kernel, vec, grid_for(N / vec), 256, 0, s,
-                           (const bf16 *)gate, (const bf16 *)up, (bf16 *)out, N);
+                           (const bf16 *)gate_up, (bf16 *)out, N, (size_t)width);
 }
 
-extern "C" void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void *up,
-                                          const void *dout, void *dgate, void *dup, size_t N) {
+extern "C" void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate_up,
+                                          const void *dout, void *d_gate_up, int rows,
+                                          int width) {
+    size_t N = (size_t)rows * width;
     if (N == 0) return;
-    int vec = vector_width(N, gate, up, dout, dgate, dup);
+    int vec = vector_width((size_t)width, gate_up, dout, d_gate_up);
     WEFT_LAUNCH_VECTORIZED(swiglu_backward_kernel, vec, grid_for(N / vec), 256, 0, s,
-                           (const bf16 *)gate, (const bf16 *)up, (const bf16 *)dout,
-                           (bf16 *)dgate, (bf16 *)dup, N);
+                           (const bf16 *)gate_up, (const bf16 *)dout, (bf16 *)d_gate_up, N,
+                           (size_t)width);
 }
 
 // ------------------------------------------------------------------------- small arithmetic ----

@@ -55,11 +55,12 @@ void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, co
                         int ldx, const void *w, int ldw, float beta, const void *c_in, void *y,
                         int ldc);
 
-// out (N) = silu(gate) * up ; backward overwrites dgate, dup. All bf16.
-void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate, const void *up, void *out,
-                              size_t N);
-void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate, const void *up,
-                               const void *dout, void *dgate, void *dup, size_t N);
+// out (rows, width) = silu(gate) * up, gate and up the two halves of each row of gate_up (rows,
+// 2 width); backward overwrites d_gate_up (rows, 2 width). All bf16.
+void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate_up, void *out, int rows,
+                              int width);
+void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate_up, const void *dout,
+                               void *d_gate_up, int rows, int width);
 
 // y (N) bf16 += x (N) bf16 ; x (N) f32 *= scale
 void weft_cuda_add_bf16(weft_cuda_stream s, void *y, const void *x, size_t N);
