@@ -39,6 +39,15 @@ typedef struct weft_kv_pool {
     int n_blocks, layers, block_size, width;
 } weft_kv_pool;
 
+// The column blocks of a fused product's rows: rows of n separate matrices (rows, width[i]),
+// side by side in one (rows, sum of widths) matrix (the q, k and v projections as one product).
+enum { WEFT_MAX_COLUMN_PARTS = 3 };
+typedef struct weft_column_parts {
+    void *part[WEFT_MAX_COLUMN_PARTS];
+    int width[WEFT_MAX_COLUMN_PARTS];
+    int n;
+} weft_column_parts;
+
 // Which pooled keys the query rows of a paged attention see: rows [cu_q[s], cu_q[s + 1]) belong
 // to sequence s, row r at position q_pos[r] sees that sequence's positions 0..q_pos[r], in the
 // blocks block_tables[s * max_blocks + j]. Arrays on the device; counts on the host.
@@ -97,6 +106,11 @@ struct weft_backend {
     // dx (T, C) += ... (x also feeds the residual stream) ; dw (C) f32 += ...
     void (*rmsnorm_backward)(weft_backend *self, const void *x, const void *w, const float *rstd,
                              const void *dout, void *dx, float *dw, int T, int C);
+
+    // Copies between fused (rows, sum of parts' widths) and the parts (each (rows, width)):
+    // into the parts, or with join, from them into fused.
+    void (*split_columns)(weft_backend *self, void *fused, const weft_column_parts *parts,
+                          int rows, bool join);
 
     // x (T, C) += bias (C), broadcast over rows ; backward: dbias (C) f32 += column sums of dout
     void (*bias_forward)(weft_backend *self, void *x, const void *bias, int T, int C);

@@ -86,6 +86,7 @@ static void carve(weft_activations *a, const weft_model_config *c, keep_mode kee
     }
     a->x_out = take(a, row);
     a->lnf = take(a, row);
+    a->qkv = take(a, esz * d.T * (d.qd + 2 * d.kvd));
     a->logits = take(a, esz * d.logits_rows * c->vocab_size);
     a->rstdf = take(a, f32);
     a->row_loss = take(a, f32);

@@ -56,15 +56,28 @@ static void linear_backward(weft_model *m, const void *x, int w, const void *dy,
     weft_linear_backward(m, x, whole_weight(w, in), dy, dx, T, in, out, dx_beta);
 }
 
-// The MLP's gate and up projections as one (2I, C) weight: gate_proj's rows followed by up_proj's
-// in the parameter buffer (and so in the gradient buffer), as every model whose I x C is a
-// multiple of 16 has them (tensors start at multiples of 16 elements). One product a direction
-// instead of two, twice the columns: a decode step's launch fewer, and on a GPU a batch of a few
-// hundred rows gets twice the output tiles to spread over the SMs. Otherwise two products into
-// and out of the same (T, 2I) rows.
+// ---------------------------------------------------------------------- fused projections ----
+//
+// Projections of one input whose weights follow each other in the parameter buffer (and so in
+// the gradient buffer) run as one product each way, as Megatron's fused fc1 and linear_qkv: the
+// MLP's gate and up as one (2I, C) weight, q, k and v as one (qd + 2 kvd, C) weight (and their
+// biases as one vector). Hugging Face's tensors lie in that order, each starting at a multiple
+// of 16 elements, so they follow each other whenever their sizes are multiples of 16. Fewer,
+// wider products: a decode step launches three matmuls (and two bias adds) fewer a layer, and
+// on a GPU a batch of a few hundred rows gets more output tiles to spread over the SMs. Models
+// whose tensors lie apart take one product a tensor.
+
+// Whether the n tensors params[0..n) follow each other in the buffer.
+static bool consecutive(const weft_model *m, const int *params, int n) {
+    for (int i = 1; i < n; i++) {
+        const weft_param_info *prev = &m->params[params[i - 1]];
+        if (m->params[params[i]].offset != prev->offset + prev->numel) return false;
+    }
+    return true;
+}
+
 static bool gate_up_adjacent(const weft_model *m, const weft_layer_params *p) {
-    const weft_param_info *gate = &m->params[p->gate_w];
-    return m->params[p->up_w].offset == gate->offset + gate->numel;
+    return consecutive(m, (const int[]){p->gate_w, p->up_w}, 2);
 }
 
 // gate_up (T, 2I) = [x W_gate^T, x W_up^T] for x (T, C).
@@ -92,6 +105,63 @@ static void gate_up_backward(weft_model *m, const weft_layer_params *p, const vo
     linear_backward_rows(m, x, whole_weight(p->gate_w, d.C), d_gate_up, 2 * d.I, dx, d.T, d.C,
                          d.I, 0.0f);
     linear_backward_rows(m, x, whole_weight(p->up_w, d.C), d_up, 2 * d.I, dx, d.T, d.C, d.I, 1.0f);
+}
+
+// q, k and v as one product where their weights (and biases, if any) follow each other.
+static bool qkv_fused(const weft_model *m, const weft_layer_params *p) {
+    return consecutive(m, (const int[]){p->q_w, p->k_w, p->v_w}, 3) &&
+           (p->q_b == WEFT_ABSENT || consecutive(m, (const int[]){p->q_b, p->k_b, p->v_b}, 3));
+}
+
+static weft_column_parts qkv_parts(void *q, void *k, void *v, dims d) {
+    return (weft_column_parts){.part = {q, k, v}, .width = {d.qd, d.kvd, d.kvd}, .n = 3};
+}
+
+// q (T, qd), k and v (T, kvd) = x W^T (+ bias) for x (T, C); fused: through qkv (T, qd + 2 kvd).
+static void qkv_forward(weft_model *m, const weft_layer_params *p, const void *x, void *qkv,
+                        void *q, void *k, void *v, dims d) {
+    weft_backend *be = m->be;
+    bool bias = p->q_b != WEFT_ABSENT;
+    if (qkv_fused(m, p)) {
+        int width = d.qd + 2 * d.kvd;
+        linear_forward(m, x, p->q_w, qkv, d.T, d.C, width, 0.0f);
+        if (bias) be->bias_forward(be, qkv, weft_model_param(m, p->q_b), d.T, width);
+        weft_column_parts parts = qkv_parts(q, k, v, d);
+        be->split_columns(be, qkv, &parts, d.T, false);
+        return;
+    }
+    linear_forward(m, x, p->q_w, q, d.T, d.C, d.qd, 0.0f);
+    linear_forward(m, x, p->k_w, k, d.T, d.C, d.kvd, 0.0f);
+    linear_forward(m, x, p->v_w, v, d.T, d.C, d.kvd, 0.0f);
+    if (bias) {
+        be->bias_forward(be, q, weft_model_param(m, p->q_b), d.T, d.qd);
+        be->bias_forward(be, k, weft_model_param(m, p->k_b), d.T, d.kvd);
+        be->bias_forward(be, v, weft_model_param(m, p->v_b), d.T, d.kvd);
+    }
+}
+
+// dx (T, C) = dL/dx through q, k and v from dq, dk, dv; their weights' and biases' gradients.
+// Fused: the three gathered into qkv (T, qd + 2 kvd) first.
+static void qkv_backward(weft_model *m, const weft_layer_params *p, const void *x, void *qkv,
+                         void *dq, void *dk, void *dv, void *dx, dims d) {
+    weft_backend *be = m->be;
+    bool bias = p->q_b != WEFT_ABSENT;
+    if (qkv_fused(m, p)) {
+        int width = d.qd + 2 * d.kvd;
+        weft_column_parts parts = qkv_parts(dq, dk, dv, d);
+        be->split_columns(be, qkv, &parts, d.T, true);
+        if (bias) be->bias_backward(be, qkv, weft_model_grad(m, p->q_b), d.T, width);
+        linear_backward(m, x, p->q_w, qkv, dx, d.T, d.C, width, 0.0f);
+        return;
+    }
+    if (bias) {
+        be->bias_backward(be, dq, weft_model_grad(m, p->q_b), d.T, d.qd);
+        be->bias_backward(be, dk, weft_model_grad(m, p->k_b), d.T, d.kvd);
+        be->bias_backward(be, dv, weft_model_grad(m, p->v_b), d.T, d.kvd);
+    }
+    linear_backward(m, x, p->q_w, dq, dx, d.T, d.C, d.qd, 0.0f);
+    linear_backward(m, x, p->k_w, dk, dx, d.T, d.C, d.kvd, 1.0f);
+    linear_backward(m, x, p->v_w, dv, dx, d.T, d.C, d.kvd, 1.0f);
 }
 
 // ------------------------------------------------------------------------- decoder layer ----
@@ -122,14 +192,7 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
     // With Qwen3's per-head norms the projections land in q_pre / k_pre, normed into q / k.
     bool qk_norm = p->q_norm != WEFT_ABSENT;
     void *q_proj = qk_norm ? la->q_pre : la->q, *k_proj = qk_norm ? la->k_pre : la->k;
-    linear_forward(m, la->ln1, p->q_w, q_proj, d.T, d.C, d.qd, 0.0f);
-    linear_forward(m, la->ln1, p->k_w, k_proj, d.T, d.C, d.kvd, 0.0f);
-    linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
-    if (p->q_b != WEFT_ABSENT) {
-        be->bias_forward(be, q_proj, weft_model_param(m, p->q_b), d.T, d.qd);
-        be->bias_forward(be, k_proj, weft_model_param(m, p->k_b), d.T, d.kvd);
-        be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
-    }
+    qkv_forward(m, p, la->ln1, a->qkv, q_proj, k_proj, la->v, d);
     if (qk_norm) { // RMSNorm over each head's D values: T*H rows of width D, before RoPE
         be->rmsnorm_forward(be, la->q_pre, weft_model_param(m, p->q_norm), eps, la->q, la->rstd_q,
                             d.T * d.H, d.D);
@@ -216,14 +279,7 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
         head_norm_backward(m, la->k_pre, p->k_norm, la->rstd_k, a->d_k, a->d_qk_pre, d.T * d.KV,
                            d.D);
     }
-    if (p->q_b != WEFT_ABSENT) {
-        be->bias_backward(be, a->d_q, weft_model_grad(m, p->q_b), d.T, d.qd);
-        be->bias_backward(be, a->d_k, weft_model_grad(m, p->k_b), d.T, d.kvd);
-        be->bias_backward(be, a->d_v, weft_model_grad(m, p->v_b), d.T, d.kvd);
-    }
-    linear_backward(m, la->ln1, p->q_w, a->d_q, a->d_ln, d.T, d.C, d.qd, 0.0f);
-    linear_backward(m, la->ln1, p->k_w, a->d_k, a->d_ln, d.T, d.C, d.kvd, 1.0f);
-    linear_backward(m, la->ln1, p->v_w, a->d_v, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+    qkv_backward(m, p, la->ln1, a->qkv, a->d_q, a->d_k, a->d_v, a->d_ln, d);
     be->rmsnorm_backward(be, la->x_in, weft_model_param(m, p->input_norm), la->rstd1, a->d_ln,
                          a->d_res, weft_model_grad(m, p->input_norm), d.T, d.C);
 }

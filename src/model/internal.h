@@ -55,6 +55,7 @@ struct weft_activations {
     void *ping[2];      // KEEP_NONE: the layer inputs, alternating
     mtp_acts *mtp;      // (D); at KEEP_NONE every module shares mtp[0]'s buffers
     void *x_out, *lnf, *logits;          // (T, C), (T, C), (T, V): one logits buffer for all heads
+    void *qkv; // (T, qd + 2 kvd) a layer's fused q|k|v projection rows; in backward their gradient
     float *rstdf, *row_loss, *correct;   // (T)
     void *d_head0;                       // (T, C) dL/d(lnf) through the main head
     void *d_res, *d_ln, *d_aux, *d_carry, *d_att, *d_q, *d_k, *d_v, *d_act;

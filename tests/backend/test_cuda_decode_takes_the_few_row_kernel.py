@@ -4,8 +4,8 @@ WEFT_CUDA_FEW_ROWS=0 sends exactly those to cuBLASLt instead.
 test_cuda_ops_match_cpu checks the kernel's values and that each row is the same bits alone; this
 checks that decoding reaches it at all (a covers() that refused every call would leave that test
 passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON read back
-(WEFT_CUDA_PROFILE=<file>.json): every decode forward's projections and output head, 6 per layer
-(gate and up are one product) and 1, and the prefill's output head (on its one last row) are
+(WEFT_CUDA_PROFILE=<file>.json): every decode forward's projections and output head, 4 per layer
+(q, k and v are one product, gate and up another) and 1, and the prefill's output head (on its one last row) are
 "matmul (few rows)" calls, the prefill's 20-row projections are not; with the switch off there
 are none, and the products are the same number of cuBLASLt calls. Runs on weft_emulated (the
 CUDA backend on the CPU); skipped when built without the CUDA toolkit.
@@ -19,7 +19,7 @@ from reference import files, fixtures, qwen2
 from reference.generation import random_prompts, write_prompts
 
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
-PROJECTIONS = 6  # q, k, v, o, gate and up (one (2I, C) weight: blocks.c), down
+PROJECTIONS = 4  # q|k|v, o, gate|up (each one product: blocks.c), down
 
 
 def generate(emulated, mdir, prompts, tmp, name, few_rows):

@@ -253,6 +253,39 @@ void test_rope() {
     }
 }
 
+static uint16_t bits_of(bf16 v) {
+    uint16_t b;
+    memcpy(&b, &v, sizeof b);
+    return b;
+}
+
+// A fused (rows, a + b + c) matrix into three and back: every value where it belongs, exactly
+// (a, b, c multiples of 8: the 16-byte path; else one value at a time).
+void test_split_columns(int rows, int a, int b, int c) {
+    int widths[3] = {a, b, c}, width = a + b + c;
+    std::vector<bf16> fused = random_bf16((size_t)rows * width), back((size_t)rows * width, NAN_BF16);
+    std::vector<bf16> parts[3];
+    void *ptrs[3];
+    for (int i = 0; i < 3; i++) {
+        parts[i].assign((size_t)rows * widths[i], NAN_BF16);
+        ptrs[i] = parts[i].data();
+    }
+    std::string name = "split_columns " + std::to_string(a) + "|" + std::to_string(b) + "|" +
+                       std::to_string(c);
+    weft_cuda_split_columns(nullptr, fused.data(), ptrs, widths, 3, rows, false);
+    weft_cuda_split_columns(nullptr, back.data(), ptrs, widths, 3, rows, true);
+    size_t wrong = 0;
+    for (int t = 0; t < rows; t++)
+        for (int j = 0, p = 0, col = 0; j < width; j++, col++) {
+            if (col == widths[p]) p++, col = 0;
+            bf16 want = fused[(size_t)t * width + j];
+            wrong += bits_of(parts[p][(size_t)t * widths[p] + col]) != bits_of(want);
+            wrong += bits_of(back[(size_t)t * width + j]) != bits_of(want);
+        }
+    printf("%-76s %zu values misplaced %s\n", name.c_str(), wrong, wrong ? "FAIL" : "ok");
+    failures += wrong != 0;
+}
+
 // rows x width outputs from gate_up (rows, 2 width): each row's gates (spread into both tails of
 // the sigmoid), then its ups.
 void test_swiglu(int rows, int width) {
@@ -792,6 +825,8 @@ int main() {
     test_rope();
     // Rows of 200 (16-byte vectors), of 201 (one value at a time: a vector would cross rows), and
     // one row (a decode step).
+    test_split_columns(7, 64, 16, 16); // 16-byte vectors
+    test_split_columns(5, 12, 4, 4);   // one value at a time
     test_swiglu(5, 200);
     test_swiglu(3, 201);
     test_swiglu(1, 1000);

@@ -247,6 +247,28 @@ static void test_rope(void) {
     release_ints(&pos);
 }
 
+// q|k|v rows of a fused product into their three matrices and back (copies: the same values).
+static void test_split_columns(void) {
+    enum { ROWS = 6, PARTS = 3 };
+    const int widths[PARTS] = {64, 16, 16};
+    twin fused = act(ROWS * 96, 1), back = zeros(ROWS * 96, WEFT_BF16), parts[PARTS];
+    weft_column_parts on_cpu = {.n = PARTS}, on_gpu = {.n = PARTS};
+    for (int i = 0; i < PARTS; i++) {
+        parts[i] = zeros((size_t)ROWS * widths[i], WEFT_BF16);
+        on_cpu.part[i] = parts[i].c, on_gpu.part[i] = parts[i].g;
+        on_cpu.width[i] = on_gpu.width[i] = widths[i];
+    }
+    cpu->split_columns(cpu, fused.c, &on_cpu, ROWS, false);
+    gpu->split_columns(gpu, fused.g, &on_gpu, ROWS, false);
+    const char *names[PARTS] = {"split_columns q", "split_columns k", "split_columns v"};
+    for (int i = 0; i < PARTS; i++) compare(names[i], &parts[i], BF16_TOL);
+    cpu->split_columns(cpu, back.c, &on_cpu, ROWS, true);
+    gpu->split_columns(gpu, back.g, &on_gpu, ROWS, true);
+    compare("split_columns join", &back, BF16_TOL);
+    for (int i = 0; i < PARTS; i++) release(&parts[i]);
+    release(&fused), release(&back);
+}
+
 static void test_swiglu_add_scale_sums(void) {
     enum { ROWS = 5, WIDTH = 200 };
     size_t N = (size_t)ROWS * WIDTH;
@@ -518,6 +540,7 @@ int main(void) {
     test_rmsnorm();
     test_bias();
     test_rope();
+    test_split_columns();
     test_swiglu_add_scale_sums();
     test_cross_entropy();
     test_head_ops();

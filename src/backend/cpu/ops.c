@@ -396,6 +396,30 @@ static void cpu_rmsnorm_backward(weft_backend *self, const void *xv, const void 
     }
 }
 
+// ------------------------------------------------------------------------------ columns ----
+
+static void copy_column_blocks(char *fused, const weft_column_parts *parts, int rows, bool join) {
+    size_t row_bytes = 0;
+    for (int i = 0; i < parts->n; i++) row_bytes += sizeof(float) * parts->width[i];
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < rows; t++) {
+        char *at = fused + (size_t)t * row_bytes;
+        for (int i = 0; i < parts->n; i++) {
+            size_t bytes = sizeof(float) * parts->width[i];
+            char *part = (char *)parts->part[i] + (size_t)t * bytes;
+            memcpy(join ? at : part, join ? part : at, bytes);
+            at += bytes;
+        }
+    }
+}
+
+static void cpu_split_columns(weft_backend *self, void *fused, const weft_column_parts *parts,
+                              int rows, bool join) {
+    int width = 0;
+    for (int i = 0; i < parts->n; i++) width += parts->width[i];
+    WEFT_CPU_PARALLEL((size_t)rows * width, copy_column_blocks(fused, parts, rows, join));
+}
+
 // ------------------------------------------------------------------------------------- bias ----
 
 static void add_bias_rows(float *x, const float *b, int T, int C) {
@@ -779,6 +803,7 @@ weft_backend *weft_backend_cpu_create(void) {
         .attention_backward = weft_cpu_attention_backward,
         .kv_store = weft_cpu_kv_store,
         .paged_attention = weft_cpu_paged_attention,
+        .split_columns = cpu_split_columns,
         .swiglu_forward = cpu_swiglu_forward,
         .swiglu_backward = cpu_swiglu_backward,
         .add_inplace = cpu_add_inplace,

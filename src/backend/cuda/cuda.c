@@ -474,6 +474,12 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     launched(self, mma ? "attention_backward (mma)" : "attention_backward (simt)");
 }
 
+static void cuda_split_columns(weft_backend *self, void *fused, const weft_column_parts *parts,
+                               int rows, bool join) {
+    weft_cuda_split_columns(STREAM(self), fused, parts->part, parts->width, parts->n, rows, join);
+    launched(self, join ? "join_columns" : "split_columns");
+}
+
 static void cuda_swiglu_forward(weft_backend *self, const void *gate_up, void *out, int rows,
                                 int width) {
     weft_cuda_swiglu_forward(STREAM(self), gate_up, out, rows, width);
@@ -770,6 +776,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .attention_backward = cuda_attention_backward,
         .kv_store = cuda_kv_store,
         .paged_attention = cuda_paged_attention,
+        .split_columns = cuda_split_columns,
         .swiglu_forward = cuda_swiglu_forward,
         .swiglu_backward = cuda_swiglu_backward,
         .add_inplace = cuda_add_inplace,

@@ -280,6 +280,46 @@ extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *posit
                 D, sign);
 }
 
+// ------------------------------------------------------------------------------- columns ----
+
+namespace {
+struct column_parts {
+    bf16 *part[3];
+    int width[3];
+};
+} // namespace
+
+// Element i of fused (rows, width) (VEC of them; every part's width a multiple of VEC) to or
+// from its part.
+template <int VEC>
+__global__ void split_columns_kernel(bf16 *fused, column_parts parts, size_t N, int width,
+                                     bool join) {
+    for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
+        size_t row = i / width;
+        int col = (int)(i % width), p = 0;
+        while (col >= parts.width[p]) col -= parts.width[p++];
+        bf16 *part = parts.part[p] + row * parts.width[p] + col;
+        bf16_vec<VEC> v;
+        v.load(join ? part : fused + i);
+        v.store(join ? fused + i : part);
+    }
+}
+
+extern "C" void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *const *parts,
+                                        const int *widths, int n, int rows, bool join) {
+    column_parts p = {};
+    int width = 0, vec = vector_width(0, fused);
+    for (int i = 0; i < n && i < 3; i++) {
+        p.part[i] = (bf16 *)parts[i], p.width[i] = widths[i];
+        width += widths[i];
+        vec = vec == 8 ? vector_width(widths[i], parts[i]) : 1;
+    }
+    size_t N = (size_t)rows * width;
+    if (N == 0) return;
+    WEFT_LAUNCH_VECTORIZED(split_columns_kernel, vec, grid_for(N / vec), 256, 0, s, (bf16 *)fused,
+                           p, N, width, join);
+}
+
 // ---------------------------------------------------------------------------------- swiglu ----
 
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }

@@ -55,6 +55,11 @@ void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, co
                         int ldx, const void *w, int ldw, float beta, const void *c_in, void *y,
                         int ldc);
 
+// Copies between fused (rows, sum of widths) and n (at most 3) parts (rows, widths[i]): into
+// them, or with join from them (backend.h's weft_column_parts, passed as its fields). bf16.
+void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *const *parts,
+                             const int *widths, int n, int rows, bool join);
+
 // out (rows, width) = silu(gate) * up, gate and up the two halves of each row of gate_up (rows,
 // 2 width); backward overwrites d_gate_up (rows, 2 width). All bf16.
 void weft_cuda_swiglu_forward(weft_cuda_stream s, const void *gate_up, void *out, int rows,
