@@ -5,10 +5,10 @@ test_cuda_ops_match_cpu checks the kernel's values and that each row is the same
 checks that decoding reaches it at all (a covers() that refused every call would leave that test
 passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON read back
 (WEFT_CUDA_PROFILE=<file>.json): every decode forward's projections and output head, 4 per layer
-(q, k and v are one product, gate and up another) and 1, and the prefill's output head (on its one last row) are
-"matmul (few rows)" calls, the prefill's 20-row projections are not; with the switch off there
-are none, and the products are the same number of cuBLASLt calls. Runs on weft_emulated (the
-CUDA backend on the CPU); skipped when built without the CUDA toolkit.
+(q, k and v are one product, gate and up another) and 1, and the prefill's output head (on its
+one last row) are "matmul (few rows)" calls, the prefill's 20-row projections are not; with the
+switch off there are none, and the products are the same number of cuBLASLt calls. Runs on
+weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
 """
 import json
 import os

@@ -263,7 +263,8 @@ static uint16_t bits_of(bf16 v) {
 // (a, b, c multiples of 8: the 16-byte path; else one value at a time).
 void test_split_columns(int rows, int a, int b, int c) {
     int widths[3] = {a, b, c}, width = a + b + c;
-    std::vector<bf16> fused = random_bf16((size_t)rows * width), back((size_t)rows * width, NAN_BF16);
+    size_t n = (size_t)rows * width;
+    std::vector<bf16> fused = random_bf16(n), back(n, NAN_BF16);
     std::vector<bf16> parts[3];
     void *ptrs[3];
     for (int i = 0; i < 3; i++) {
