@@ -116,14 +116,16 @@ struct weft_backend {
     void (*bias_forward)(weft_backend *self, void *x, const void *bias, int T, int C);
     void (*bias_backward)(weft_backend *self, const void *dout, float *dbias, int T, int C);
 
-    // Rotary embedding in place on x (T, H, D), Hugging Face rotate-half convention: pair
-    // (i, i + D/2) of every head of row t turns by the angle positions[t] * inv_freq[i], and both
-    // cos and sin are scaled by `scale` (YaRN's attention factor, else 1). inv_freq (D/2) f32 on
-    // the device is the model's table (weft_rope_table), so every rope scaling is one table.
-    // backward applies the adjoint to dx in place: the inverse rotation, scaled by `scale`.
-    void (*rope_forward)(weft_backend *self, void *x, const int32_t *positions,
+    // Rotary embedding in place on the first H heads of D of x's T rows, ld elements apart (ld
+    // H * D: x (T, H, D); more: q and k heads at the start of fused q|k|v rows), Hugging Face
+    // rotate-half convention: pair (i, i + D/2) of every head of row t turns by the angle
+    // positions[t] * inv_freq[i], and both cos and sin are scaled by `scale` (YaRN's attention
+    // factor, else 1). inv_freq (D/2) f32 on the device is the model's table (weft_rope_table),
+    // so every rope scaling is one table. backward applies the adjoint to dx in place: the
+    // inverse rotation, scaled by `scale`.
+    void (*rope_forward)(weft_backend *self, void *x, int ld, const int32_t *positions,
                          const float *inv_freq, float scale, int T, int H, int D);
-    void (*rope_backward)(weft_backend *self, void *dx, const int32_t *positions,
+    void (*rope_backward)(weft_backend *self, void *dx, int ld, const int32_t *positions,
                           const float *inv_freq, float scale, int T, int H, int D);
 
     // Causal attention over packed documents, grouped-query heads (H % KV == 0: query head h

@@ -117,53 +117,6 @@ static weft_column_parts qkv_parts(void *q, void *k, void *v, dims d) {
     return (weft_column_parts){.part = {q, k, v}, .width = {d.qd, d.kvd, d.kvd}, .n = 3};
 }
 
-// q (T, qd), k and v (T, kvd) = x W^T (+ bias) for x (T, C); fused: through qkv (T, qd + 2 kvd).
-static void qkv_forward(weft_model *m, const weft_layer_params *p, const void *x, void *qkv,
-                        void *q, void *k, void *v, dims d) {
-    weft_backend *be = m->be;
-    bool bias = p->q_b != WEFT_ABSENT;
-    if (qkv_fused(m, p)) {
-        int width = d.qd + 2 * d.kvd;
-        linear_forward(m, x, p->q_w, qkv, d.T, d.C, width, 0.0f);
-        if (bias) be->bias_forward(be, qkv, weft_model_param(m, p->q_b), d.T, width);
-        weft_column_parts parts = qkv_parts(q, k, v, d);
-        be->split_columns(be, qkv, &parts, d.T, false);
-        return;
-    }
-    linear_forward(m, x, p->q_w, q, d.T, d.C, d.qd, 0.0f);
-    linear_forward(m, x, p->k_w, k, d.T, d.C, d.kvd, 0.0f);
-    linear_forward(m, x, p->v_w, v, d.T, d.C, d.kvd, 0.0f);
-    if (bias) {
-        be->bias_forward(be, q, weft_model_param(m, p->q_b), d.T, d.qd);
-        be->bias_forward(be, k, weft_model_param(m, p->k_b), d.T, d.kvd);
-        be->bias_forward(be, v, weft_model_param(m, p->v_b), d.T, d.kvd);
-    }
-}
-
-// dx (T, C) = dL/dx through q, k and v from dq, dk, dv; their weights' and biases' gradients.
-// Fused: the three gathered into qkv (T, qd + 2 kvd) first.
-static void qkv_backward(weft_model *m, const weft_layer_params *p, const void *x, void *qkv,
-                         void *dq, void *dk, void *dv, void *dx, dims d) {
-    weft_backend *be = m->be;
-    bool bias = p->q_b != WEFT_ABSENT;
-    if (qkv_fused(m, p)) {
-        int width = d.qd + 2 * d.kvd;
-        weft_column_parts parts = qkv_parts(dq, dk, dv, d);
-        be->split_columns(be, qkv, &parts, d.T, true);
-        if (bias) be->bias_backward(be, qkv, weft_model_grad(m, p->q_b), d.T, width);
-        linear_backward(m, x, p->q_w, qkv, dx, d.T, d.C, width, 0.0f);
-        return;
-    }
-    if (bias) {
-        be->bias_backward(be, dq, weft_model_grad(m, p->q_b), d.T, d.qd);
-        be->bias_backward(be, dk, weft_model_grad(m, p->k_b), d.T, d.kvd);
-        be->bias_backward(be, dv, weft_model_grad(m, p->v_b), d.T, d.kvd);
-    }
-    linear_backward(m, x, p->q_w, dq, dx, d.T, d.C, d.qd, 0.0f);
-    linear_backward(m, x, p->k_w, dk, dx, d.T, d.C, d.kvd, 1.0f);
-    linear_backward(m, x, p->v_w, dv, dx, d.T, d.C, d.kvd, 1.0f);
-}
-
 // ------------------------------------------------------------------------- decoder layer ----
 
 // Fills a->k_full / v_full with every key row layer l's attention sees, through the provider.
@@ -180,6 +133,53 @@ layer_acts *weft_layer_acts(weft_model *m, weft_activations *a, int l) {
     return &a->scratch;
 }
 
+// RoPE on T rows ld apart, their first `heads` heads; backward: the inverse rotation.
+static void rope_rows(weft_model *m, const weft_activations *a, void *x, int ld, int heads,
+                      bool backward) {
+    weft_backend *be = m->be;
+    (backward ? be->rope_backward : be->rope_forward)(be, x, ld, a->positions, m->rope_inv_freq,
+                                                      m->rope_scale, a->d.T, heads, a->d.D);
+}
+
+// Attention's inputs from la->ln1: la->q and la->k (rotated), la->v. Fused (qkv_fused): one
+// product (and bias add) into a->qkv, whose rows start with the q and k heads, so one rotation
+// covers both before the split; with Qwen3's per-head norms, which come between the projection
+// and the rotation, the split comes first, into q_pre / k_pre.
+static void attention_inputs_forward(weft_model *m, const weft_layer_params *p, layer_acts *la,
+                                     weft_activations *a) {
+    weft_backend *be = m->be;
+    dims d = a->d;
+    bool qk_norm = p->q_norm != WEFT_ABSENT, bias = p->q_b != WEFT_ABSENT;
+    void *q = qk_norm ? la->q_pre : la->q, *k = qk_norm ? la->k_pre : la->k;
+    if (qkv_fused(m, p)) {
+        int width = d.qd + 2 * d.kvd;
+        weft_column_parts parts = qkv_parts(q, k, la->v, d);
+        linear_forward(m, la->ln1, p->q_w, a->qkv, d.T, d.C, width, 0.0f);
+        if (bias) be->bias_forward(be, a->qkv, weft_model_param(m, p->q_b), d.T, width);
+        if (!qk_norm) rope_rows(m, a, a->qkv, width, d.H + d.KV, false);
+        be->split_columns(be, a->qkv, &parts, d.T, false);
+        if (!qk_norm) return;
+    } else {
+        linear_forward(m, la->ln1, p->q_w, q, d.T, d.C, d.qd, 0.0f);
+        linear_forward(m, la->ln1, p->k_w, k, d.T, d.C, d.kvd, 0.0f);
+        linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
+        if (bias) {
+            be->bias_forward(be, q, weft_model_param(m, p->q_b), d.T, d.qd);
+            be->bias_forward(be, k, weft_model_param(m, p->k_b), d.T, d.kvd);
+            be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
+        }
+    }
+    if (qk_norm) { // RMSNorm over each head's D values: T*H rows of width D, before RoPE
+        float eps = (float)m->cfg.rms_norm_eps;
+        be->rmsnorm_forward(be, la->q_pre, weft_model_param(m, p->q_norm), eps, la->q, la->rstd_q,
+                            d.T * d.H, d.D);
+        be->rmsnorm_forward(be, la->k_pre, weft_model_param(m, p->k_norm), eps, la->k, la->rstd_k,
+                            d.T * d.KV, d.D);
+    }
+    rope_rows(m, a, la->q, d.qd, d.H, false);
+    rope_rows(m, a, la->k, d.kvd, d.KV, false);
+}
+
 void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *a, void *out,
                         const weft_kv_provider *kv) {
     weft_backend *be = m->be;
@@ -189,18 +189,7 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
 
     be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
                         d.T, d.C);
-    // With Qwen3's per-head norms the projections land in q_pre / k_pre, normed into q / k.
-    bool qk_norm = p->q_norm != WEFT_ABSENT;
-    void *q_proj = qk_norm ? la->q_pre : la->q, *k_proj = qk_norm ? la->k_pre : la->k;
-    qkv_forward(m, p, la->ln1, a->qkv, q_proj, k_proj, la->v, d);
-    if (qk_norm) { // RMSNorm over each head's D values: T*H rows of width D, before RoPE
-        be->rmsnorm_forward(be, la->q_pre, weft_model_param(m, p->q_norm), eps, la->q, la->rstd_q,
-                            d.T * d.H, d.D);
-        be->rmsnorm_forward(be, la->k_pre, weft_model_param(m, p->k_norm), eps, la->k, la->rstd_k,
-                            d.T * d.KV, d.D);
-    }
-    be->rope_forward(be, la->q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
-    be->rope_forward(be, la->k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
+    attention_inputs_forward(m, p, la, a);
     const void *k = la->k, *v = la->v;
     if (kv && kv->attend) {
         kv->attend(kv->ctx, l, la->q, la->k, la->att, la->lse);
@@ -253,6 +242,44 @@ static void head_norm_backward(weft_model *m, const void *x, int w, const float 
     be->copy(be, d, scratch, bytes);
 }
 
+// a->d_ln = dL/d(ln1) from a->d_q, d_k, d_v (dL/d of the rotated q, k and v), and the q, k, v
+// weights' (and biases', norms') gradients: attention_inputs_forward backwards. d_q and d_k are
+// spent.
+static void attention_inputs_backward(weft_model *m, const weft_layer_params *p,
+                                      const layer_acts *la, weft_activations *a) {
+    weft_backend *be = m->be;
+    dims d = a->d;
+    bool qk_norm = p->q_norm != WEFT_ABSENT, bias = p->q_b != WEFT_ABSENT, fused = qkv_fused(m, p);
+    int width = d.qd + 2 * d.kvd;
+    weft_column_parts parts = qkv_parts(a->d_q, a->d_k, a->d_v, d);
+    if (fused && !qk_norm) {
+        be->split_columns(be, a->qkv, &parts, d.T, true);
+        rope_rows(m, a, a->qkv, width, d.H + d.KV, true);
+    } else {
+        rope_rows(m, a, a->d_q, d.qd, d.H, true);
+        rope_rows(m, a, a->d_k, d.kvd, d.KV, true);
+    }
+    if (qk_norm) {
+        head_norm_backward(m, la->q_pre, p->q_norm, la->rstd_q, a->d_q, a->d_qk_pre, d.T * d.H, d.D);
+        head_norm_backward(m, la->k_pre, p->k_norm, la->rstd_k, a->d_k, a->d_qk_pre, d.T * d.KV,
+                           d.D);
+        if (fused) be->split_columns(be, a->qkv, &parts, d.T, true);
+    }
+    if (fused) {
+        if (bias) be->bias_backward(be, a->qkv, weft_model_grad(m, p->q_b), d.T, width);
+        linear_backward(m, la->ln1, p->q_w, a->qkv, a->d_ln, d.T, d.C, width, 0.0f);
+        return;
+    }
+    if (bias) {
+        be->bias_backward(be, a->d_q, weft_model_grad(m, p->q_b), d.T, d.qd);
+        be->bias_backward(be, a->d_k, weft_model_grad(m, p->k_b), d.T, d.kvd);
+        be->bias_backward(be, a->d_v, weft_model_grad(m, p->v_b), d.T, d.kvd);
+    }
+    linear_backward(m, la->ln1, p->q_w, a->d_q, a->d_ln, d.T, d.C, d.qd, 0.0f);
+    linear_backward(m, la->ln1, p->k_w, a->d_k, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+    linear_backward(m, la->ln1, p->v_w, a->d_v, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+}
+
 void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
                          const weft_pass_options *pass) {
     weft_backend *be = m->be;
@@ -272,14 +299,7 @@ void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activa
     linear_backward(m, la->att, p->o_w, a->d_res, a->d_att, d.T, d.qd, d.C, 0.0f);
     weft_notify_grads_ready(pass, p->o_w);
     attention_backward(m, l, la, a, kv);
-    be->rope_backward(be, a->d_q, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.H, d.D);
-    be->rope_backward(be, a->d_k, a->positions, m->rope_inv_freq, m->rope_scale, d.T, d.KV, d.D);
-    if (p->q_norm != WEFT_ABSENT) {
-        head_norm_backward(m, la->q_pre, p->q_norm, la->rstd_q, a->d_q, a->d_qk_pre, d.T * d.H, d.D);
-        head_norm_backward(m, la->k_pre, p->k_norm, la->rstd_k, a->d_k, a->d_qk_pre, d.T * d.KV,
-                           d.D);
-    }
-    qkv_backward(m, p, la->ln1, a->qkv, a->d_q, a->d_k, a->d_v, a->d_ln, d);
+    attention_inputs_backward(m, p, la, a);
     be->rmsnorm_backward(be, la->x_in, weft_model_param(m, p->input_norm), la->rstd1, a->d_ln,
                          a->d_res, weft_model_grad(m, p->input_norm), d.T, d.C);
 }

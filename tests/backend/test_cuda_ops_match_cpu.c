@@ -236,11 +236,11 @@ static void test_rope(void) {
         cpu->to_device(cpu, freq.c, tables[k], sizeof plain);
         gpu->to_device(gpu, freq.g, tables[k], sizeof plain);
         twin x = act((size_t)T * H * D, 1);
-        cpu->rope_forward(cpu, x.c, pos.c, freq.c, scales[k], T, H, D);
-        gpu->rope_forward(gpu, x.g, pos.g, freq.g, scales[k], T, H, D);
+        cpu->rope_forward(cpu, x.c, H * D, pos.c, freq.c, scales[k], T, H, D);
+        gpu->rope_forward(gpu, x.g, H * D, pos.g, freq.g, scales[k], T, H, D);
         compare(names[2 * k], &x, BF16_TOL);
-        cpu->rope_backward(cpu, x.c, pos.c, freq.c, scales[k], T, H, D);
-        gpu->rope_backward(gpu, x.g, pos.g, freq.g, scales[k], T, H, D);
+        cpu->rope_backward(cpu, x.c, H * D, pos.c, freq.c, scales[k], T, H, D);
+        gpu->rope_backward(gpu, x.g, H * D, pos.g, freq.g, scales[k], T, H, D);
         compare(names[2 * k + 1], &x, BF16_TOL);
         release(&x), release(&freq);
     }

@@ -54,9 +54,9 @@ def cases(emulated, tmp):
         failures.append("a negative time")
 
     # One micro-batch: every decoder layer (the MTP module's too) attends once each way and
-    # rotates q and k once each way.
+    # rotates q and k once each way, both in one launch (the fused q|k|v rows: blocks.c).
     want = {"attention_forward": LAYERS + MTP, "attention_backward": LAYERS + MTP,
-            "rope_forward": 2 * (LAYERS + MTP), "rope_backward": 2 * (LAYERS + MTP),
+            "rope_forward": LAYERS + MTP, "rope_backward": LAYERS + MTP,
             "swiglu_forward": LAYERS + MTP, "swiglu_backward": LAYERS + MTP}
     for op, n in want.items():
         got = op_calls(doc, op)

@@ -200,7 +200,7 @@ static double rope_J(void *p) {
     rope_ctx *c = p;
     size_t n = (size_t)c->T * c->H * c->D;
     upload(c->x_d, c->x, n);
-    B->rope_forward(B, c->x_d, c->pos_d, c->freq_d, c->scale, c->T, c->H, c->D);
+    B->rope_forward(B, c->x_d, c->H * c->D, c->pos_d, c->freq_d, c->scale, c->T, c->H, c->D);
     return dot_dev(c->x_d, c->R, n);
 }
 
@@ -222,7 +222,7 @@ static void test_rope_table(bool irregular) {
 
     // Forward against the Hugging Face formula: for i < D/2, angle = pos * inv_freq[i],
     // out[i] = s (x[i] cos - x[i + D/2] sin), out[i + D/2] = s (x[i + D/2] cos + x[i] sin).
-    B->rope_forward(B, c.x_d, c.pos_d, c.freq_d, c.scale, T, H, D);
+    B->rope_forward(B, c.x_d, H * D, c.pos_d, c.freq_d, c.scale, T, H, D);
     float out[N];
     double want[N];
     download(out, c.x_d, N);
@@ -239,7 +239,7 @@ static void test_rope_table(bool irregular) {
     report(what, rel_err_d(out, want, N), 1e-4);
 
     if (!irregular) { // Inverse: backward(forward(x)) == x, a rotation's adjoint is its inverse.
-        B->rope_backward(B, c.x_d, c.pos_d, c.freq_d, c.scale, T, H, D);
+        B->rope_backward(B, c.x_d, H * D, c.pos_d, c.freq_d, c.scale, T, H, D);
         float back[N];
         download(back, c.x_d, N);
         report("rope_backward(rope_forward(x)) == x", rel_err(back, c.x, N), 1e-6);
@@ -248,7 +248,7 @@ static void test_rope_table(bool irregular) {
     // Vector-Jacobian product: g = rope_backward(R); <rope(x), R> must equal <x, g>.
     float g[N];
     void *g_d = dev_f32(c.R, N);
-    B->rope_backward(B, g_d, c.pos_d, c.freq_d, c.scale, T, H, D);
+    B->rope_backward(B, g_d, H * D, c.pos_d, c.freq_d, c.scale, T, H, D);
     download(g, g_d, N);
     double lhs = rope_J(&c), rhs = 0, scale = 0;
     for (int i = 0; i < N; i++) {

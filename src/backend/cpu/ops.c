@@ -486,7 +486,7 @@ static const rope_angles *angles_for(weft_backend *self, const int32_t *position
 
 // Rotates pairs (i, i + D/2) of every head by sign * positions[t] * inv_freq[i], scaled: the
 // table's sin negated for sign -1, which is exact, so the bits are the ones computed in place.
-static void rotate_rows(float *x, const rope_angles *r, int H, int D, double sign) {
+static void rotate_rows(float *x, int ld, const rope_angles *r, int H, int D, double sign) {
     int half = D / 2;
     float cs[2 * half];
 #pragma omp for schedule(static) nowait
@@ -497,7 +497,7 @@ static void rotate_rows(float *x, const rope_angles *r, int H, int D, double sig
             cs[half + i] = sign < 0 ? -row[half + i] : row[half + i];
         }
         for (int h = 0; h < H; h++) {
-            float *v = x + ((size_t)t * H + h) * D;
+            float *v = x + (size_t)t * ld + (size_t)h * D;
             for (int i = 0; i < half; i++) {
                 float a = v[i], b = v[half + i], c = cs[i], s = cs[half + i];
                 v[i] = a * c - b * s;
@@ -507,22 +507,22 @@ static void rotate_rows(float *x, const rope_angles *r, int H, int D, double sig
     }
 }
 
-static void rope_rotate(weft_backend *self, float *x, const int32_t *positions,
+static void rope_rotate(weft_backend *self, float *x, int ld, const int32_t *positions,
                         const float *inv_freq, double scale, int T, int H, int D, double sign) {
     if (T == 0) return;
     const rope_angles *r = angles_for(self, positions, inv_freq, scale, T, D / 2);
-    WEFT_CPU_PARALLEL((size_t)T * H * D, rotate_rows(x, r, H, D, sign));
+    WEFT_CPU_PARALLEL((size_t)T * H * D, rotate_rows(x, ld, r, H, D, sign));
 }
 
-static void cpu_rope_forward(weft_backend *self, void *x, const int32_t *positions,
+static void cpu_rope_forward(weft_backend *self, void *x, int ld, const int32_t *positions,
                              const float *inv_freq, float scale, int T, int H, int D) {
-    rope_rotate(self, x, positions, inv_freq, scale, T, H, D, 1.0);
+    rope_rotate(self, x, ld, positions, inv_freq, scale, T, H, D, 1.0);
 }
 
 // A scaled rotation's adjoint is the inverse rotation, scaled the same.
-static void cpu_rope_backward(weft_backend *self, void *dx, const int32_t *positions,
+static void cpu_rope_backward(weft_backend *self, void *dx, int ld, const int32_t *positions,
                               const float *inv_freq, float scale, int T, int H, int D) {
-    rope_rotate(self, dx, positions, inv_freq, scale, T, H, D, -1.0);
+    rope_rotate(self, dx, ld, positions, inv_freq, scale, T, H, D, -1.0);
 }
 
 // ----------------------------------------------------------------------------- elementwise ----

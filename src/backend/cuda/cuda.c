@@ -365,15 +365,15 @@ static void cuda_bias_backward(weft_backend *self, const void *dout, float *dbia
     launched(self, "bias_backward");
 }
 
-static void cuda_rope_forward(weft_backend *self, void *x, const int32_t *positions,
+static void cuda_rope_forward(weft_backend *self, void *x, int ld, const int32_t *positions,
                               const float *inv_freq, float scale, int T, int H, int D) {
-    weft_cuda_rope(STREAM(self), x, positions, inv_freq, scale, T, H, D, 1.0f);
+    weft_cuda_rope(STREAM(self), x, ld, positions, inv_freq, scale, T, H, D, 1.0f);
     launched(self, "rope_forward");
 }
 
-static void cuda_rope_backward(weft_backend *self, void *dx, const int32_t *positions,
+static void cuda_rope_backward(weft_backend *self, void *dx, int ld, const int32_t *positions,
                                const float *inv_freq, float scale, int T, int H, int D) {
-    weft_cuda_rope(STREAM(self), dx, positions, inv_freq, scale, T, H, D, -1.0f);
+    weft_cuda_rope(STREAM(self), dx, ld, positions, inv_freq, scale, T, H, D, -1.0f);
     launched(self, "rope_backward");
 }
 

@@ -252,8 +252,8 @@ extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, fl
 // One thread per (row, pair), looping over the heads: the angle and its sine and cosine are formed
 // once per row and pair, in double as on the CPU (positions reach the tens of thousands, where an
 // fp32 angle drifts by more than bf16 can hide), instead of once per head.
-__global__ void rope_kernel(bf16 *x, const int32_t *positions, const float *inv_freq, float scale,
-                            int T, int H, int D, float sign) {
+__global__ void rope_kernel(bf16 *x, int ld, const int32_t *positions, const float *inv_freq,
+                            float scale, int T, int H, int D, float sign) {
     int half = D / 2;
     size_t N = (size_t)T * half;
     for (size_t i = global_index(); i < N; i += global_stride()) {
@@ -262,7 +262,7 @@ __global__ void rope_kernel(bf16 *x, const int32_t *positions, const float *inv_
         double sn, cs;
         sincos(angle, &sn, &cs);
         float c = (float)(scale * cs), sgn = (float)(scale * sign * sn);
-        bf16 *v = x + (size_t)t * H * D + pair;
+        bf16 *v = x + (size_t)t * ld + pair;
         for (int h = 0; h < H; h++, v += D) {
             float a = to_f32(v[0]), b = to_f32(v[half]);
             v[0] = to_bf16(a * c - b * sgn);
@@ -271,13 +271,13 @@ __global__ void rope_kernel(bf16 *x, const int32_t *positions, const float *inv_
     }
 }
 
-extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions,
+extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, int ld, const int32_t *positions,
                                const float *inv_freq, float scale, int T, int H, int D,
                                float sign) {
     size_t N = (size_t)T * (D / 2);
     if (N == 0 || H == 0) return;
-    WEFT_LAUNCH(rope_kernel, grid_for(N), 256, 0, s, (bf16 *)x, positions, inv_freq, scale, T, H,
-                D, sign);
+    WEFT_LAUNCH(rope_kernel, grid_for(N), 256, 0, s, (bf16 *)x, ld, positions, inv_freq, scale, T,
+                H, D, sign);
 }
 
 // ------------------------------------------------------------------------------- columns ----

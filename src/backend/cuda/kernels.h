@@ -39,10 +39,10 @@ void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, float *dbias,
 // sums added in block order, with no atomics, so the gradients are the same bits on every run.
 size_t weft_cuda_column_partials_bytes(int T, int C);
 
-// Rotates pairs (i, i + D/2) of x (T, H, D) bf16 in place by sign * pos * inv_freq[i] (inv_freq
-// (D/2) f32 on the device) and scales both by scale.
-void weft_cuda_rope(weft_cuda_stream s, void *x, const int32_t *positions, const float *inv_freq,
-                    float scale, int T, int H, int D, float sign);
+// Rotates pairs (i, i + D/2) of the first H heads of D of x's T rows (ld apart) bf16 in place by
+// sign * pos * inv_freq[i] (inv_freq (D/2) f32 on the device) and scales both by scale.
+void weft_cuda_rope(weft_cuda_stream s, void *x, int ld, const int32_t *positions,
+                    const float *inv_freq, float scale, int T, int H, int D, float sign);
 
 // y (M, N) bf16 = alpha x (M, K) W^T + beta c_in (M, N), for M <= WEFT_CUDA_FEW_ROWS: x and W
 // (N, K) bf16 row-major with row strides ldx, ldw; y and c_in (which may be y) with ldc. The
