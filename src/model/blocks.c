@@ -141,34 +141,43 @@ static void rope_rows(weft_model *m, const weft_activations *a, void *x, int ld,
                                                       m->rope_scale, a->d.T, heads, a->d.D);
 }
 
-// Attention's inputs from la->ln1: la->q and la->k (rotated), la->v. Fused (qkv_fused): one
-// product (and bias add) into a->qkv, whose rows start with the q and k heads, so one rotation
-// covers both before the split; with Qwen3's per-head norms, which come between the projection
-// and the rotation, the split comes first, into q_pre / k_pre.
-static void attention_inputs_forward(weft_model *m, const weft_layer_params *p, layer_acts *la,
-                                     weft_activations *a) {
+// q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias). Fused (qkv_fused): one product (and
+// bias add) into a->qkv, whose rows start with the q and k heads, so that with `rotate` one RoPE
+// launch turns both before the split. Whether q and k come out rotated.
+static bool project_qkv(weft_model *m, const weft_layer_params *p, layer_acts *la,
+                        weft_activations *a, void *q, void *k, bool rotate) {
     weft_backend *be = m->be;
     dims d = a->d;
-    bool qk_norm = p->q_norm != WEFT_ABSENT, bias = p->q_b != WEFT_ABSENT;
-    void *q = qk_norm ? la->q_pre : la->q, *k = qk_norm ? la->k_pre : la->k;
+    bool bias = p->q_b != WEFT_ABSENT;
     if (qkv_fused(m, p)) {
         int width = d.qd + 2 * d.kvd;
         weft_column_parts parts = qkv_parts(q, k, la->v, d);
         linear_forward(m, la->ln1, p->q_w, a->qkv, d.T, d.C, width, 0.0f);
         if (bias) be->bias_forward(be, a->qkv, weft_model_param(m, p->q_b), d.T, width);
-        if (!qk_norm) rope_rows(m, a, a->qkv, width, d.H + d.KV, false);
+        if (rotate) rope_rows(m, a, a->qkv, width, d.H + d.KV, false);
         be->split_columns(be, a->qkv, &parts, d.T, false);
-        if (!qk_norm) return;
-    } else {
-        linear_forward(m, la->ln1, p->q_w, q, d.T, d.C, d.qd, 0.0f);
-        linear_forward(m, la->ln1, p->k_w, k, d.T, d.C, d.kvd, 0.0f);
-        linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
-        if (bias) {
-            be->bias_forward(be, q, weft_model_param(m, p->q_b), d.T, d.qd);
-            be->bias_forward(be, k, weft_model_param(m, p->k_b), d.T, d.kvd);
-            be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
-        }
+        return rotate;
     }
+    linear_forward(m, la->ln1, p->q_w, q, d.T, d.C, d.qd, 0.0f);
+    linear_forward(m, la->ln1, p->k_w, k, d.T, d.C, d.kvd, 0.0f);
+    linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
+    if (bias) {
+        be->bias_forward(be, q, weft_model_param(m, p->q_b), d.T, d.qd);
+        be->bias_forward(be, k, weft_model_param(m, p->k_b), d.T, d.kvd);
+        be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
+    }
+    return false;
+}
+
+// Attention's inputs from la->ln1: la->q and la->k (rotated), la->v. With Qwen3's per-head norms,
+// which come between the projection and the rotation, the projections land in q_pre / k_pre.
+static void attention_inputs_forward(weft_model *m, const weft_layer_params *p, layer_acts *la,
+                                     weft_activations *a) {
+    weft_backend *be = m->be;
+    dims d = a->d;
+    bool qk_norm = p->q_norm != WEFT_ABSENT;
+    bool rotated = project_qkv(m, p, la, a, qk_norm ? la->q_pre : la->q,
+                               qk_norm ? la->k_pre : la->k, !qk_norm);
     if (qk_norm) { // RMSNorm over each head's D values: T*H rows of width D, before RoPE
         float eps = (float)m->cfg.rms_norm_eps;
         be->rmsnorm_forward(be, la->q_pre, weft_model_param(m, p->q_norm), eps, la->q, la->rstd_q,
@@ -176,8 +185,10 @@ static void attention_inputs_forward(weft_model *m, const weft_layer_params *p, 
         be->rmsnorm_forward(be, la->k_pre, weft_model_param(m, p->k_norm), eps, la->k, la->rstd_k,
                             d.T * d.KV, d.D);
     }
-    rope_rows(m, a, la->q, d.qd, d.H, false);
-    rope_rows(m, a, la->k, d.kvd, d.KV, false);
+    if (!rotated) {
+        rope_rows(m, a, la->q, d.qd, d.H, false);
+        rope_rows(m, a, la->k, d.kvd, d.KV, false);
+    }
 }
 
 void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *a, void *out,
@@ -242,30 +253,17 @@ static void head_norm_backward(weft_model *m, const void *x, int w, const float 
     be->copy(be, d, scratch, bytes);
 }
 
-// a->d_ln = dL/d(ln1) from a->d_q, d_k, d_v (dL/d of the rotated q, k and v), and the q, k, v
-// weights' (and biases', norms') gradients: attention_inputs_forward backwards. d_q and d_k are
-// spent.
-static void attention_inputs_backward(weft_model *m, const weft_layer_params *p,
-                                      const layer_acts *la, weft_activations *a) {
+// project_qkv's backward: a->d_ln = dL/d(ln1), and the q, k and v weights' (and biases')
+// gradients, from dL/d of the projections: in a->qkv when `joined`, else in a->d_q, d_k, d_v.
+static void project_qkv_backward(weft_model *m, const weft_layer_params *p, const layer_acts *la,
+                                 weft_activations *a, bool joined) {
     weft_backend *be = m->be;
     dims d = a->d;
-    bool qk_norm = p->q_norm != WEFT_ABSENT, bias = p->q_b != WEFT_ABSENT, fused = qkv_fused(m, p);
-    int width = d.qd + 2 * d.kvd;
-    weft_column_parts parts = qkv_parts(a->d_q, a->d_k, a->d_v, d);
-    if (fused && !qk_norm) {
-        be->split_columns(be, a->qkv, &parts, d.T, true);
-        rope_rows(m, a, a->qkv, width, d.H + d.KV, true);
-    } else {
-        rope_rows(m, a, a->d_q, d.qd, d.H, true);
-        rope_rows(m, a, a->d_k, d.kvd, d.KV, true);
-    }
-    if (qk_norm) {
-        head_norm_backward(m, la->q_pre, p->q_norm, la->rstd_q, a->d_q, a->d_qk_pre, d.T * d.H, d.D);
-        head_norm_backward(m, la->k_pre, p->k_norm, la->rstd_k, a->d_k, a->d_qk_pre, d.T * d.KV,
-                           d.D);
-        if (fused) be->split_columns(be, a->qkv, &parts, d.T, true);
-    }
-    if (fused) {
+    bool bias = p->q_b != WEFT_ABSENT;
+    if (qkv_fused(m, p)) {
+        int width = d.qd + 2 * d.kvd;
+        weft_column_parts parts = qkv_parts(a->d_q, a->d_k, a->d_v, d);
+        if (!joined) be->split_columns(be, a->qkv, &parts, d.T, true);
         if (bias) be->bias_backward(be, a->qkv, weft_model_grad(m, p->q_b), d.T, width);
         linear_backward(m, la->ln1, p->q_w, a->qkv, a->d_ln, d.T, d.C, width, 0.0f);
         return;
@@ -278,6 +276,31 @@ static void attention_inputs_backward(weft_model *m, const weft_layer_params *p,
     linear_backward(m, la->ln1, p->q_w, a->d_q, a->d_ln, d.T, d.C, d.qd, 0.0f);
     linear_backward(m, la->ln1, p->k_w, a->d_k, a->d_ln, d.T, d.C, d.kvd, 1.0f);
     linear_backward(m, la->ln1, p->v_w, a->d_v, a->d_ln, d.T, d.C, d.kvd, 1.0f);
+}
+
+// attention_inputs_forward's backward, from a->d_q, d_k, d_v (dL/d of the rotated q and k, and
+// of v) to a->d_ln; d_q and d_k are spent. Without per-head norms the fused rows are joined
+// first, so that one launch turns q's and k's gradients back.
+static void attention_inputs_backward(weft_model *m, const weft_layer_params *p,
+                                      const layer_acts *la, weft_activations *a) {
+    weft_backend *be = m->be;
+    dims d = a->d;
+    bool qk_norm = p->q_norm != WEFT_ABSENT, joined = !qk_norm && qkv_fused(m, p);
+    if (joined) {
+        weft_column_parts parts = qkv_parts(a->d_q, a->d_k, a->d_v, d);
+        be->split_columns(be, a->qkv, &parts, d.T, true);
+        rope_rows(m, a, a->qkv, d.qd + 2 * d.kvd, d.H + d.KV, true);
+    } else {
+        rope_rows(m, a, a->d_q, d.qd, d.H, true);
+        rope_rows(m, a, a->d_k, d.kvd, d.KV, true);
+    }
+    if (qk_norm) {
+        head_norm_backward(m, la->q_pre, p->q_norm, la->rstd_q, a->d_q, a->d_qk_pre, d.T * d.H,
+                           d.D);
+        head_norm_backward(m, la->k_pre, p->k_norm, la->rstd_k, a->d_k, a->d_qk_pre, d.T * d.KV,
+                           d.D);
+    }
+    project_qkv_backward(m, p, la, a, joined);
 }
 
 void weft_layer_backward(weft_model *m, int l, const layer_acts *la, weft_activations *a,
