@@ -394,6 +394,20 @@ def main():
         return run(a)
 
 
+def per_forward(table, forwards):
+    """The profile's kernels and GPU time per forward (prefill and decode steps alike; copies
+    apart): how many launches a step makes, which graphs replay but do not remove."""
+    kernels = [o for o in table["ops"] if o["op"] not in ("upload", "download")]
+    launches = sum(o["calls"] for o in kernels) / forwards
+    own = sum(o["own_ms"] for o in kernels) / forwards
+    idle = sum(o["idle_ms"] for o in kernels) / forwards
+    matmuls = sum(o["calls"] for o in kernels if o["op"].startswith("matmul")) / forwards
+    return dict(forwards=forwards, launches=launches, matmuls=matmuls, own_ms=own, idle_ms=idle,
+                printed=f"per forward ({forwards} forwards): {launches:.1f} kernel launches "
+                        f"({matmuls:.1f} matmuls), {own:.3f} ms of their own GPU time, "
+                        f"{idle:.3f} ms idle before them")
+
+
 def profile(a, doc):
     """weft's GPU time per op at each of a.profile_batches: where a decode step goes."""
     for batch in a.profile_batches if a.device == "cuda" else []:
@@ -402,6 +416,9 @@ def profile(a, doc):
         doc.setdefault("profiles", {})[str(batch)] = r.get("profile") or r.get("unavailable")
         print("\n".join(r["profile"]["printed"] if r.get("profile") else
                         [r.get("unavailable", "")]), flush=True)
+        if r.get("profile") and r.get("forwards"):
+            r["profile"]["per_forward"] = per_forward(r["profile"], r["forwards"])
+            print(r["profile"]["per_forward"]["printed"], flush=True)
         write_json(a, doc)
 
 
