@@ -56,6 +56,14 @@ void weft_cpu_paged_attention(weft_backend *self, const void *q, const weft_kv_p
                               int layer, const weft_paged_layout *layout, void *out, float *lse,
                               int H, int KV, int D);
 
+// heads.c: the output-head ops (backend.h's cross_entropy, logprobs, logits_backward).
+void weft_cpu_cross_entropy(weft_backend *self, void *logits, const int32_t *targets, float scale,
+                            float *row_loss, float *correct, int T, int V);
+void weft_cpu_logprobs(weft_backend *self, const void *logits, const int32_t *targets,
+                       float *logprob, float *entropy, float *correct, int T, int V);
+void weft_cpu_logits_backward(weft_backend *self, void *logits, const int32_t *targets,
+                              const float *d_logprob, const float *d_entropy, int T, int V);
+
 #ifdef __AVX__
 // Rows r[0..8) (8 floats each) transposed into out[0..8) (ld apart): out[c][i] = r[i][c].
 static inline void weft_cpu_transpose8(const float *const r[8], float *out, size_t ld) {
