@@ -2,7 +2,6 @@
 // weights (DESIGN.md section 9). GEMMs go through cuBLASLt with fp32 accumulation; everything else
 // is weft's own kernels (kernels.h). All work is queued on one stream, so ops are ordered exactly
 // as the model calls them and the host only waits where it reads a result.
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -10,27 +9,13 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/matmul.h"
 #include "backend/cuda/profile.h"
-
-enum { WORKSPACE_BYTES = 32 << 20, MATMUL_CACHE = 96 };
-
-// One GEMM shape's cuBLASLt descriptors and chosen algorithm, kept so steady-state training
-// queries the heuristic once per shape.
-typedef struct matmul_plan {
-    bool used;
-    bool trans_a, trans_b;
-    int m, n, k, lda, ldb, ldc, align;
-    weft_matmul_types types;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-} matmul_plan;
 
 typedef struct cuda_state {
     int device;
     cudaStream_t stream;
-    cublasLtHandle_t lt;
-    void *workspace;
+    weft_cuda_gemms *gemms;      // cuBLASLt (matmul.c)
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
     double *sum_partials;        // their blocks' sums (WEFT_CUDA_SUM_PARTIALS)
     float *scratch;              // attention's delta and partials, grown on demand
@@ -46,8 +31,6 @@ typedef struct cuda_state {
     void **live;
     size_t *live_bytes;
     int n_live, live_cap;
-    matmul_plan plans[MATMUL_CACHE];
-    int next_plan;               // round-robin replacement once the cache is full
 } cuda_state;
 
 static cuda_state *state(weft_backend *b) { return b->impl; }
@@ -56,13 +39,6 @@ static cuda_state *state(weft_backend *b) { return b->impl; }
     do {                                                                                           \
         cudaError_t err_ = (call);                                                                 \
         WEFT_CHECK(err_ == cudaSuccess, "cuda: %s failed: %s", #call, cudaGetErrorString(err_));   \
-    } while (0)
-
-#define LT_CHECK(call)                                                                             \
-    do {                                                                                           \
-        cublasStatus_t st_ = (call);                                                               \
-        WEFT_CHECK(st_ == CUBLAS_STATUS_SUCCESS, "cublasLt: %s failed (status %d)", #call,       \
-                   (int)st_);                                                                      \
     } while (0)
 
 // The stream, for an op about to queue its work on it: the profile (if on) marks the op's start.
@@ -215,78 +191,6 @@ static float *scratch(weft_backend *self, size_t bytes) {
 
 // ------------------------------------------------------------------------------ matmul ----
 
-static cudaDataType_t cuda_type(weft_dtype t) { return t == WEFT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
-
-// Largest power of two (up to 256) dividing every address: what cuBLASLt may assume.
-static int common_alignment(const void *a, const void *b, const void *c, const void *d) {
-    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | 256;
-    return (int)(bits & (~bits + 1));
-}
-
-// Row-major C (m, n) = op(A) op(B) is column-major C^T (n, m) = op(B)^T op(A)^T: cuBLASLt's "A"
-// is our B and its "B" our A, each a column-major view of the stored row-major matrix.
-static void build_plan(cuda_state *st, matmul_plan *p) {
-    cublasOperation_t opa = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t opb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    // Stored shapes in column-major terms (rows, cols, ld).
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, cuda_type(p->types.b), p->trans_b ? p->k : p->n,
-                                        p->trans_b ? p->n : p->k, p->ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, cuda_type(p->types.a), p->trans_a ? p->m : p->k,
-                                        p->trans_a ? p->k : p->m, p->lda));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, cuda_type(p->types.c), p->n, p->m, p->ldc));
-
-    cublasLtMatmulPreference_t pref;
-    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = WORKSPACE_BYTES;
-    uint32_t align = (uint32_t)p->align;
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws, sizeof ws));
-    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++)
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align));
-    cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(st->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                            &result, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    WEFT_CHECK(found > 0, "cublasLt: no algorithm for a %dx%dx%d GEMM (types %d,%d,%d)", p->m,
-               p->n, p->k, p->types.a, p->types.b, p->types.c);
-    p->algo = result.algo;
-}
-
-static void destroy_plan(matmul_plan *p) {
-    if (!p->used) return;
-    cublasLtMatrixLayoutDestroy(p->la);
-    cublasLtMatrixLayoutDestroy(p->lb);
-    cublasLtMatrixLayoutDestroy(p->lc);
-    cublasLtMatmulDescDestroy(p->op);
-    p->used = false;
-}
-
-static bool same_shape(const matmul_plan *p, const matmul_plan *q) {
-    return p->trans_a == q->trans_a && p->trans_b == q->trans_b && p->m == q->m && p->n == q->n &&
-           p->k == q->k && p->lda == q->lda && p->ldb == q->ldb && p->ldc == q->ldc &&
-           p->align == q->align && p->types.a == q->types.a && p->types.b == q->types.b &&
-           p->types.c == q->types.c;
-}
-
-static const matmul_plan *find_plan(cuda_state *st, const matmul_plan *want) {
-    for (int i = 0; i < MATMUL_CACHE; i++)
-        if (st->plans[i].used && same_shape(&st->plans[i], want)) return &st->plans[i];
-    matmul_plan *slot = &st->plans[st->next_plan];
-    st->next_plan = (st->next_plan + 1) % MATMUL_CACHE;
-    destroy_plan(slot);
-    *slot = *want;
-    build_plan(st, slot);
-    slot->used = true;
-    return slot;
-}
-
 static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
                         const void *a, int lda, const void *b, int ldb, float beta,
                         const void *c_in, void *c, int ldc, weft_matmul_types types) {
@@ -313,14 +217,8 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
         launched(self, "matmul (few rows)");
         return;
     }
-    // cuBLASLt's C (read) and D (written) may differ: the residual is read where it lies.
-    matmul_plan want = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda,
-                        .ldb = ldb, .ldc = ldc,
-                        .align = common_alignment(a, b, c, c_in),
-                        .types = types};
-    const matmul_plan *p = find_plan(st, &want);
-    LT_CHECK(cublasLtMatmul(st->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c_in, p->lc, c,
-                            p->lc, &p->algo, st->workspace, WORKSPACE_BYTES, op_stream(self)));
+    weft_cuda_gemm(st->gemms, op_stream(self), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c_in,
+                   c, ldc, types);
     launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)" : "matmul");
 }
 
@@ -662,12 +560,10 @@ static void cuda_destroy(weft_backend *self) {
     cuda_state *st = state(self);
     cudaStreamSynchronize(st->stream);
     weft_cuda_profile_finish(st->profile, self->host_waits);
-    for (int i = 0; i < MATMUL_CACHE; i++) destroy_plan(&st->plans[i]);
     cudaFree(st->scratch);
     cudaFree(st->sum_result);
     cudaFree(st->sum_partials);
-    cudaFree(st->workspace);
-    cublasLtDestroy(st->lt);
+    weft_cuda_gemms_free(st->gemms);
     cudaStreamDestroy(st->stream);
     weft_free(st->live), weft_free(st->live_bytes);
 }
@@ -724,8 +620,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     st->device = local_rank % n; // one GPU per rank on a node, in local rank order
     CUDA_CHECK(cudaSetDevice(st->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
-    LT_CHECK(cublasLtCreate(&st->lt));
-    CUDA_CHECK(cudaMalloc(&st->workspace, WORKSPACE_BYTES));
+    st->gemms = weft_cuda_gemms_create();
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_partials, sizeof(double) * WEFT_CUDA_SUM_PARTIALS));
     attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper,
