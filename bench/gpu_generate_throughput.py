@@ -23,6 +23,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - weft cublas, at batches up to 8 on a GPU: weft with WEFT_CUDA_FEW_ROWS=0, every matmul on
   cuBLASLt, where weft's default multiplies up to 8 rows with its own kernel (few_rows.cu): what
   that kernel gains.
+- weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
+  one before it has ended, where weft's default on sm_90 launches it early (programmatic
+  dependent launch, kernels.h): what hiding the launches gains.
 - weft at --profile-batches (default 1,256) under WEFT_CUDA_PROFILE=1, before the static-cache
   peer: the GPU time of every op of the run (kernels launched one by one), printed and kept in
   the JSON: where a decode step goes, for the kernel work that follows.
@@ -75,9 +78,11 @@ from generate_throughput import agreement  # noqa: E402
 from reference.fixtures import gpus_listed  # noqa: E402
 from reference.generation import random_prompts, write_prompts  # noqa: E402
 
-# Decode steps replayed as CUDA graphs; launched kernel by kernel; and replayed with every matmul
-# on cuBLASLt (WEFT_CUDA_FEW_ROWS=0: no few-row kernel, which serves batches up to FEW_ROWS).
-WEFT_RUNNERS = ("weft", "eager", "cublas")
+# Decode steps replayed as CUDA graphs; launched kernel by kernel; replayed with every matmul on
+# cuBLASLt (no few-row kernel, which serves batches up to FEW_ROWS); and replayed with each kernel
+# launched after the last ends (no programmatic dependent launch). The environment of each.
+WEFT_RUNNERS = ("weft", "eager", "cublas", "serial")
+RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
 FEW_ROWS = 8
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
 BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # the copy that measures the bandwidth
@@ -213,16 +218,15 @@ def weft_command(a, prompts, out, stats, graphs=True):
             f"rollout.cuda_graphs={'true' if graphs else 'false'}"]
 
 
-def run_weft(a, prompts, batch, graphs=True, profile=False, few_rows=True):
+def run_weft(a, prompts, batch, graphs=True, profile=False, env=None):
     """weft generate on the prompts: engine seconds, every sample's tokens, steps replayed; with
-    `profile`, the CUDA profile's per-op table too (it launches every kernel: no graphs); without
-    `few_rows`, every matmul on cuBLASLt."""
+    `profile`, the CUDA profile's per-op table too (it launches every kernel: no graphs); `env`:
+    a runner's variables (RUNNER_ENV)."""
     out = os.path.join(a.tmp, f"weft_{batch}.out.jsonl")
     stats = out + ".stats.json"
     cmd = weft_command(a, prompts, out, stats, graphs)
     profile_json = os.path.join(a.tmp, f"profile_{batch}.json")
-    extra = dict(({"WEFT_CUDA_PROFILE": profile_json} if profile else {}),
-                 **({} if few_rows else {"WEFT_CUDA_FEW_ROWS": "0"}))
+    extra = dict(({"WEFT_CUDA_PROFILE": profile_json} if profile else {}), **(env or {}))
     print("$ " + " ".join([f"{k}={v}" for k, v in extra.items()] + cmd), flush=True)
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        env=dict(os.environ, **extra))
@@ -263,7 +267,7 @@ def run_one(a, who, batch):
     """One runner (weft or a transformers cache) on `batch` prompts; adds tokens_per_s."""
     prompts = prompts_file(a, batch)
     if who in WEFT_RUNNERS:
-        r = run_weft(a, prompts, batch, graphs=who != "eager", few_rows=who != "cublas")
+        r = run_weft(a, prompts, batch, graphs=who != "eager", env=RUNNER_ENV.get(who))
     else:
         r = run_peer(a, who, a.peer_device, prompts)
     if "seconds" in r:
@@ -284,7 +288,7 @@ def make_row(a, batch, runs, bandwidth):
     step_bytes, bound_tps = bound(a.cfg, batch, a.prompt_tokens, a.new_tokens, bandwidth, a.elt)
     w, wt = tps["weft"], runs.get("weft", {}).get("tokens")
     return dict(batch=batch, weft_tokens_per_s=w, eager_tokens_per_s=tps["eager"],
-                cublas_tokens_per_s=tps["cublas"],
+                cublas_tokens_per_s=tps["cublas"], serial_tokens_per_s=tps["serial"],
                 default_tokens_per_s=tps["default"],
                 static_tokens_per_s=tps["static"],
                 weft_over_peer=w / max(peers) if w and peers else None,
@@ -295,7 +299,8 @@ def make_row(a, batch, runs, bandwidth):
                 runs={k: {x: y for x, y in r.items() if x != "tokens"} for k, r in runs.items()})
 
 
-HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'cublas':>7} {'tf default':>11} "
+HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'cublas':>7} {'serial':>7} "
+        f"{'tf default':>11} "
         f"{'tf static':>10} "
         f"{'weft/peer':>9} {'bound tok/s':>11} {'weft/bound':>10} {'agree d/s':>13}")
 
@@ -307,6 +312,7 @@ def table_line(row):
     return (f"{row['batch']:>5} {fmt(row['weft_tokens_per_s'], '.0f'):>11} "
             f"{fmt(row['eager_tokens_per_s'], '.0f'):>7} "
             f"{fmt(row.get('cublas_tokens_per_s'), '.0f'):>7} "
+            f"{fmt(row.get('serial_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row['default_tokens_per_s'], '.0f'):>11} "
             f"{fmt(row['static_tokens_per_s'], '.0f'):>10} {ratio:>9} "
             f"{fmt(row['bound_tokens_per_s'], '.0f'):>11} {fmt(row['weft_over_bound'], '.1%'):>10} "
@@ -448,8 +454,8 @@ def run(a):
         if who == PEERS[-1]:
             profile(a, doc)
         for batch in a.batches:
-            if who == "cublas" and (batch > FEW_ROWS or a.device != "cuda"):
-                continue  # the same kernels as "weft" there
+            if who in RUNNER_ENV and a.device != "cuda" or who == "cublas" and batch > FEW_ROWS:
+                continue  # the same kernels and launches as "weft" there
             runs[batch][who] = run_one(a, who, batch)
             doc["rows"] = [make_row(a, b, runs[b], bandwidth) for b in a.batches]
             doc["transformers"] = doc.get("transformers") or runs[batch][who].get("transformers")

@@ -21,6 +21,9 @@ namespace {
 
 // Outputs stored in bf16 carry its rounding (2^-9 = 2e-3 relative); fp32 ones only fp32's.
 constexpr double BF16_TOL = 1e-2, F32_TOL = 1e-5;
+// The launchers' queue: the emulator runs every launch at once, on no stream.
+const weft_cuda_queue emulated_queue = {nullptr, false};
+const weft_cuda_stream queue = &emulated_queue;
 int failures = 0;
 uint64_t rng_state = 20261121;
 
@@ -87,8 +90,8 @@ void test_embedding(int T, int C) {
             want_out[(size_t)t * C + c] = value_of(table[(size_t)ids[t] * C + c]);
             want_dtable[(size_t)ids[t] * C + c] += value_of(dout[(size_t)t * C + c]);
         }
-    weft_cuda_embedding_forward(nullptr, ids.data(), table.data(), out.data(), T, C);
-    weft_cuda_embedding_backward(nullptr, ids.data(), dout.data(), dtable.data(), T, C);
+    weft_cuda_embedding_forward(queue, ids.data(), table.data(), out.data(), T, C);
+    weft_cuda_embedding_backward(queue, ids.data(), dout.data(), dtable.data(), T, C);
     std::string shape = " (" + std::to_string(T) + "x" + std::to_string(C) + ")";
     compare("embedding out" + shape, out, want_out, 0.0);
     compare("embedding dtable +=" + shape, dtable, want_dtable, F32_TOL);
@@ -141,11 +144,11 @@ void test_rmsnorm(int C, int T) {
     }
     expect_path("rmsnorm", C,
                 vector_width(C, x.data(), w.data(), out.data(), dout.data(), dx.data()));
-    weft_cuda_rmsnorm_forward(nullptr, x.data(), w.data(), eps, out.data(), rstd.data(), T, C);
+    weft_cuda_rmsnorm_forward(queue, x.data(), w.data(), eps, out.data(), rstd.data(), T, C);
     compare(sized("rmsnorm out", C), out, want_out, BF16_TOL);
     compare(sized("rmsnorm rstd", C), rstd, want_rstd, F32_TOL);
     std::vector<float> partials = column_partials(T, C);
-    weft_cuda_rmsnorm_backward(nullptr, x.data(), w.data(), rstd.data(), dout.data(), dx.data(),
+    weft_cuda_rmsnorm_backward(queue, x.data(), w.data(), rstd.data(), dout.data(), dx.data(),
                                dw.data(), T, C, partials.data());
     compare(sized("rmsnorm dx +=", C) + " T " + std::to_string(T), dx, want_dx, BF16_TOL);
     compare(sized("rmsnorm dw +=", C) + " T " + std::to_string(T), dw, want_dw, F32_TOL);
@@ -162,9 +165,9 @@ void test_bias(int C, int T) {
             want_dbias[c] += value_of(dout[(size_t)t * C + c]);
         }
     expect_path("bias", C, vector_width(C, x.data(), bias.data()));
-    weft_cuda_bias_forward(nullptr, x.data(), bias.data(), T, C);
+    weft_cuda_bias_forward(queue, x.data(), bias.data(), T, C);
     std::vector<float> partials = column_partials(T, C);
-    weft_cuda_bias_backward(nullptr, dout.data(), dbias.data(), T, C, partials.data());
+    weft_cuda_bias_backward(queue, dout.data(), dbias.data(), T, C, partials.data());
     compare(sized("bias x +=", C) + " T " + std::to_string(T), x, want_x, BF16_TOL);
     compare(sized("bias dbias +=", C) + " T " + std::to_string(T), dbias, want_dbias, F32_TOL);
 }
@@ -207,11 +210,11 @@ void test_reductions_repeat_bit_for_bit() {
     for (int run = 0; run < 2; run++) {
         std::vector<bf16> dx = dx0;
         table[run] = table0, dw[run] = grad0, db[run] = grad0, sums[run] = {0.25};
-        weft_cuda_embedding_backward(nullptr, ids.data(), dout.data(), table[run].data(), T, C);
-        weft_cuda_rmsnorm_backward(nullptr, x.data(), w.data(), rstd.data(), dout.data(),
+        weft_cuda_embedding_backward(queue, ids.data(), dout.data(), table[run].data(), T, C);
+        weft_cuda_rmsnorm_backward(queue, x.data(), w.data(), rstd.data(), dout.data(),
                                    dx.data(), dw[run].data(), T, C, partials.data());
-        weft_cuda_bias_backward(nullptr, dout.data(), db[run].data(), T, C, partials.data());
-        weft_cuda_sum_f32(nullptr, f.data(), f.size(), true, 1.0, true, sums[run].data(),
+        weft_cuda_bias_backward(queue, dout.data(), db[run].data(), T, C, partials.data());
+        weft_cuda_sum_f32(queue, f.data(), f.size(), true, 1.0, true, sums[run].data(),
                           sum_partials.data());
     }
     expect_same_bits("embedding dtable", table[0], table[1]);
@@ -247,7 +250,7 @@ void test_rope() {
                         want[at + i] = a * c - b * s;
                         want[at + i + D / 2] = b * c + a * s;
                     }
-            weft_cuda_rope(nullptr, x.data(), ld, pos.data(), inv_freq.data(), scale, T, H, D,
+            weft_cuda_rope(queue, x.data(), ld, pos.data(), inv_freq.data(), scale, T, H, D,
                            sign);
             compare(irregular ? (sign > 0 ? "rope forward (irregular table, scaled)"
                                           : "rope backward (irregular table, scaled)")
@@ -277,8 +280,8 @@ void test_split_columns(int rows, int a, int b, int c) {
     }
     std::string name = "split_columns " + std::to_string(a) + "|" + std::to_string(b) + "|" +
                        std::to_string(c);
-    weft_cuda_split_columns(nullptr, fused.data(), ptrs, widths, 3, rows, false);
-    weft_cuda_split_columns(nullptr, back.data(), ptrs, widths, 3, rows, true);
+    weft_cuda_split_columns(queue, fused.data(), ptrs, widths, 3, rows, false);
+    weft_cuda_split_columns(queue, back.data(), ptrs, widths, 3, rows, true);
     size_t wrong = 0;
     for (int t = 0; t < rows; t++)
         for (int j = 0, p = 0, col = 0; j < width; j++, col++) {
@@ -311,8 +314,8 @@ void test_swiglu(int rows, int width) {
         want_d[at + W] = d * g * sg;
     }
     expect_path("swiglu rows of", W, vector_width(W, gate_up.data(), out.data(), d_gate_up.data()));
-    weft_cuda_swiglu_forward(nullptr, gate_up.data(), out.data(), rows, width);
-    weft_cuda_swiglu_backward(nullptr, gate_up.data(), dout.data(), d_gate_up.data(), rows, width);
+    weft_cuda_swiglu_forward(queue, gate_up.data(), out.data(), rows, width);
+    weft_cuda_swiglu_backward(queue, gate_up.data(), dout.data(), d_gate_up.data(), rows, width);
     compare(sized("swiglu out", N), out, want_out, BF16_TOL);
     // Gates' and ups' gradients apart, as their scales differ.
     for (int half = 0; half < 2; half++) {
@@ -337,14 +340,14 @@ void test_small_arithmetic(size_t N) { // ragged last blocks
         want_f[i] *= 0.37;
     }
     expect_path("add_bf16", N, vector_width(N, y.data(), x.data()));
-    weft_cuda_add_bf16(nullptr, y.data(), x.data(), N);
+    weft_cuda_add_bf16(queue, y.data(), x.data(), N);
     std::vector<double> partials(WEFT_CUDA_SUM_PARTIALS, NAN);
-    weft_cuda_sum_f32(nullptr, f.data(), N, false, 1.0, false, &got[0], partials.data());
-    weft_cuda_sum_f32(nullptr, f.data(), N, true, 1.0, false, &got[1], partials.data());
+    weft_cuda_sum_f32(queue, f.data(), N, false, 1.0, false, &got[0], partials.data());
+    weft_cuda_sum_f32(queue, f.data(), N, true, 1.0, false, &got[1], partials.data());
     std::vector<double> acc(1, 0.5), want_acc(1, 0.5 - 2.0 * sums[0]);
-    weft_cuda_sum_f32(nullptr, f.data(), N, false, -2.0, true, &acc[0], partials.data());
+    weft_cuda_sum_f32(queue, f.data(), N, false, -2.0, true, &acc[0], partials.data());
     compare(sized("sum_f32 accumulated, scaled", N), acc, want_acc, 1e-12);
-    weft_cuda_scale_f32(nullptr, f.data(), 0.37f, N);
+    weft_cuda_scale_f32(queue, f.data(), 0.37f, N);
     compare(sized("add_bf16 y +=", N), y, want_y, BF16_TOL);
     compare(sized("sum_f32 (sum, sum of squares)", N), got, sums, 1e-12);
     compare(sized("scale_f32", N), f, want_f, F32_TOL);
@@ -375,7 +378,7 @@ void test_cross_entropy(int V) { // V not a multiple of the block
     }
     std::vector<float> loss(T, NAN), correct(T, NAN);
     expect_path("cross_entropy", V, vector_width(V, logits.data()));
-    weft_cuda_cross_entropy(nullptr, logits.data(), targets.data(), scale, loss.data(),
+    weft_cuda_cross_entropy(queue, logits.data(), targets.data(), scale, loss.data(),
                             correct.data(), T, V);
     compare(sized("cross_entropy row loss", V), loss, want_loss, F32_TOL);
     compare(sized("cross_entropy correct", V), correct, want_correct, 0.0);
@@ -426,7 +429,7 @@ void test_logprobs(int V) {
     }
     std::vector<float> lp(h.T, NAN), H(h.T, NAN), correct(h.T, NAN);
     std::vector<bf16> before = h.logits;
-    weft_cuda_logprobs(nullptr, h.logits.data(), h.targets.data(), lp.data(), H.data(),
+    weft_cuda_logprobs(queue, h.logits.data(), h.targets.data(), lp.data(), H.data(),
                        correct.data(), h.T, V);
     compare(sized("logprobs", V), lp, want_lp, F32_TOL);
     compare(sized("logprobs entropy", V), H, want_H, F32_TOL);
@@ -463,7 +466,7 @@ void test_sample_tokens(int V, float temperature) {
             }
         want_tokens[d] = token, want_processed[d] = log(w[token] / mass);
     }
-    weft_cuda_sample_tokens(nullptr, h.logits.data(), rows.data(), u.data(), n, V, temperature,
+    weft_cuda_sample_tokens(queue, h.logits.data(), rows.data(), u.data(), n, V, temperature,
                             tokens.data(), processed.data());
     int wrong = 0;
     for (int d = 0; d < n; d++) wrong += tokens[d] != want_tokens[d];
@@ -490,7 +493,7 @@ void test_logits_backward(int V) {
             want[(size_t)t * V + j] = w[t] * ((j == h.targets[t]) - p) - u[t] * p * (logp[j] + H);
         }
     }
-    weft_cuda_logits_backward(nullptr, h.logits.data(), h.targets.data(), w.data(), u.data(),
+    weft_cuda_logits_backward(queue, h.logits.data(), h.targets.data(), w.data(), u.data(),
                               h.T, V);
     compare(sized("logits_backward (log-prob and entropy weights)", V), h.logits, want, BF16_TOL);
 }
@@ -512,10 +515,10 @@ void test_adamw() {
                             lr / bc1 * want_m[i] / (sqrt(want_v[i]) / sqrt(bc2) + eps);
             }
             if (with_master)
-                weft_cuda_adamw(nullptr, param.data(), p.data(), g.data(), m.data(), v.data(), N,
+                weft_cuda_adamw(queue, param.data(), p.data(), g.data(), m.data(), v.data(), N,
                                 lr, b1, b2, eps, wd, step);
             else
-                weft_cuda_adamw(nullptr, p.data(), nullptr, g.data(), m.data(), v.data(), N, lr,
+                weft_cuda_adamw(queue, p.data(), nullptr, g.data(), m.data(), v.data(), N, lr,
                                 b1, b2, eps, wd, step);
         }
         std::string label = with_master ? "adamw (fp32 master, bf16 param)" : "adamw (fp32)";
@@ -638,26 +641,26 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
                        (ordered ? " (ordered dq)" : "");
     if (hopper) {
         if (!weft_cuda_attention_hopper_covers(&a) ||
-            !weft_cuda_attention_forward_hopper(nullptr, &a, q.data(), k.data(), v.data(),
+            !weft_cuda_attention_forward_hopper(queue, &a, q.data(), k.data(), v.data(),
                                                 out.data(), lse.data())) {
             printf("%-76s FAIL: the hopper forward refused it\n", name.c_str());
             failures++;
             return;
         }
     } else if (kind == MMA) {
-        weft_cuda_attention_forward_mma(nullptr, &a, q.data(), k.data(), v.data(), out.data(),
+        weft_cuda_attention_forward_mma(queue, &a, q.data(), k.data(), v.data(), out.data(),
                                         lse.data());
     } else {
-        weft_cuda_attention_forward_simt(nullptr, &a, q.data(), k.data(), v.data(), out.data(),
+        weft_cuda_attention_forward_simt(queue, &a, q.data(), k.data(), v.data(), out.data(),
                                          lse.data());
     }
-    weft_cuda_attention_delta(nullptr, out.data(), dout.data(), delta.data(), Tq, H, D);
+    weft_cuda_attention_delta(queue, out.data(), dout.data(), delta.data(), Tq, H, D);
     if (kind == SIMT) {
-        weft_cuda_attention_backward_simt(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
+        weft_cuda_attention_backward_simt(queue, &a, q.data(), k.data(), v.data(), lse.data(),
                                           dout.data(), delta.data(), dq.data(), dk.data(),
                                           dv.data());
     } else if (hopper) {
-        if (!weft_cuda_attention_backward_hopper(nullptr, &a, q.data(), k.data(), v.data(),
+        if (!weft_cuda_attention_backward_hopper(queue, &a, q.data(), k.data(), v.data(),
                                                  lse.data(), dout.data(), delta.data(), dq.data(),
                                                  dk.data(), dv.data(), partials.data(), ordered)) {
             printf("%-76s FAIL: the hopper backward refused it\n", name.c_str());
@@ -665,7 +668,7 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
             return;
         }
     } else {
-        weft_cuda_attention_backward_mma(nullptr, &a, q.data(), k.data(), v.data(), lse.data(),
+        weft_cuda_attention_backward_mma(queue, &a, q.data(), k.data(), v.data(), lse.data(),
                                          dout.data(), delta.data(), dq.data(), dk.data(),
                                          dv.data(), partials.data());
     }
@@ -704,7 +707,7 @@ void test_kv_store(int width) {
                 want[p.at(slot[t] / p.block_size, layer, kv, slot[t] % p.block_size) + c] =
                     value_of((kv ? v : k)[(size_t)t * width + c]);
     expect_path("kv_store", width, vector_width(width, pool.data(), k.data(), v.data()));
-    weft_cuda_kv_store(nullptr, pool.data(), p.layers, p.block_size, width, layer, slot.data(),
+    weft_cuda_kv_store(queue, pool.data(), p.layers, p.block_size, width, layer, slot.data(),
                        k.data(), v.data(), T);
     compare(sized("kv_store pool", width), pool, want, 0.0);
 }
@@ -817,7 +820,7 @@ void test_paged_attention(const paged_case &c, int split_keys, const char *note 
                               (int)c.seqs.size(), Tq, b.max_blocks, c.H, c.KV, c.D,
                               b.cu_q.data(), b.q_pos.data(), b.tables.data(), split_keys};
     std::vector<float> partials(weft_cuda_paged_partials_bytes(&a) / sizeof(float), NAN);
-    weft_cuda_paged_attention(nullptr, &a, 1, q.data(), out.data(), lse.data(), partials.data());
+    weft_cuda_paged_attention(queue, &a, 1, q.data(), out.data(), lse.data(), partials.data());
     std::string name = "paged_attention " + c.label + " split " +
                        (split_keys ? std::to_string(split_keys) : std::string("auto")) + note;
     compare(name + " out", out, want_out, BF16_TOL);

@@ -115,6 +115,7 @@ __device__ void store_rows(bf16 *dst, float (*acc)[NC], const float *factor, int
 template <int NC>
 __global__ void attention_forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k,
                                          const bf16 *v, bf16 *out, float *lse, float scale) {
+    wait_for_earlier_kernels();
     float *smem = dynamic_smem<float>();
     int D = a.D, lane = threadIdx.x;
     float *Ks = smem, *Vs = Ks + TILE * (D + 1), *Qs = Vs + TILE * (D + 1), *Ps = Qs + ROWS * D;
@@ -167,6 +168,7 @@ __global__ void attention_forward_kernel(weft_cuda_attention_args a, const bf16 
 // delta (H, Tq) = rowsum(dO * O) per head, in fp32: one warp per (row, head).
 __global__ void attention_delta_kernel(const bf16 *out, const bf16 *dout, float *delta, int Tq,
                                        int H, int D) {
+    wait_for_earlier_kernels();
     int lane = threadIdx.x & 31;
     size_t item = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); // row * H + h
     if (item >= (size_t)Tq * H) return;
@@ -182,6 +184,7 @@ template <int NC>
 __global__ void attention_dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k,
                                     const bf16 *v, const float *lse, const bf16 *dout,
                                     const float *delta, bf16 *dq, float scale) {
+    wait_for_earlier_kernels();
     float *smem = dynamic_smem<float>();
     int D = a.D, lane = threadIdx.x;
     float *Ks = smem, *Vs = Ks + TILE * (D + 1), *Qs = Vs + TILE * (D + 1);
@@ -226,6 +229,7 @@ __global__ void attention_dq_kernel(weft_cuda_attention_args a, const bf16 *q, c
 __global__ void attention_dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k,
                                       const bf16 *v, const float *lse, const bf16 *dout,
                                       const float *delta, bf16 *dk, bf16 *dv, float scale) {
+    wait_for_earlier_kernels();
     float *smem = dynamic_smem<float>();
     int D = a.D, stride = D + 1, lane = threadIdx.x;
     float *Ks = smem, *Vs = Ks + TILE * stride;

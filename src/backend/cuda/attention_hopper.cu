@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                    const __grid_constant__ weft_tensor_map k_map,
                    const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
                    bf16 *out, float *lse, float scale_log2) {
+    wait_for_earlier_kernels();
     query_block<D, KEYS, 1> b(a, true);
     int role = take_role();
     if (role == 0) { // the producer warpgroup: one thread issues every copy

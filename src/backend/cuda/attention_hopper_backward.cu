@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(THREADS, 1)
               const __grid_constant__ weft_tensor_map k_map,
               const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
               const float *lse, const float *delta, bf16 *dq, float scale, float scale_log2) {
+    wait_for_earlier_kernels();
     query_block<D, DQ_KEYS, 2> b(a, false);
     int role = take_role();
     if (role == 0) { // the producer warpgroup: one thread issues every copy
@@ -476,6 +477,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
                 const float *lse, const float *delta, bf16 *dk, bf16 *dv, float *dk_part,
                 float *dv_part, dq_sums dq, float scale, float scale_log2) {
+    wait_for_earlier_kernels();
     using L = dkdv_layout<D, ORDERED>;
     dkdv_block b;
     b.smem = hopper::align_1024(dynamic_smem<unsigned char>());
@@ -516,6 +518,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 // dq (Tq, H, D) bf16 = scale * the ordered kernel's sums, two elements a thread.
 __global__ void dq_from_sums_kernel(const float *sums, bf16 *dq, int Tq, int H, int D, int steps,
                                     float scale) {
+    wait_for_earlier_kernels();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, pairs = (size_t)Tq * H * D / 2;
     if (i >= pairs) return;
     int col = 2 * (int)(i % (D / 2)), h = (int)(i / (D / 2) % H), row = (int)(i / (D / 2) / H);
@@ -567,7 +570,7 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
     float *dv_part = grouped ? scratch + (size_t)a->Tkv * a->H * a->D : NULL;
     fa3::dq_sums sums = fa3::dq_sums_in(a, scratch);
     size_t pairs = (size_t)a->Tq * HD / 2;
-    if (ordered_dq) cudaMemsetAsync(sums.sums, 0, fa3::dq_sums_bytes(a), s);
+    if (ordered_dq) cudaMemsetAsync(sums.sums, 0, fa3::dq_sums_bytes(a), s->stream);
     dim3 grid_q((a->Tq + fa3::ROWS - 1) / fa3::ROWS, a->H);
     dim3 grid_kv((a->Tkv + fa3::BLOCK_KEYS - 1) / fa3::BLOCK_KEYS, a->H);
 #define DKDV(DIM, ORDERED, LAUNCH)                                                                 \

@@ -447,6 +447,7 @@ template <int DK>
 __global__ void __launch_bounds__(THREADS)
     forward_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                    bf16 *out, float *lse, float scale_log2) {
+    wait_for_earlier_kernels();
     constexpr int MT = m_tiles(DK);
     query_block<DK> b(a, true);
     uint32_t qf[MT][DK][4];
@@ -496,6 +497,7 @@ __global__ void __launch_bounds__(THREADS)
     dq_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
               const float *lse, const bf16 *dout, const float *delta, bf16 *dq, float scale,
               float scale_log2) {
+    wait_for_earlier_kernels();
     constexpr int MT = m_tiles(DK), D = 16 * DK, NT = PART_KEYS / 8, NO = D / 8;
     query_block<DK> b(a, false);
     uint32_t qf[MT][DK][4], dof[MT][DK][4];
@@ -624,6 +626,7 @@ __global__ void __launch_bounds__(THREADS)
     dkdv_kernel(weft_cuda_attention_args a, const bf16 *q, const bf16 *k, const bf16 *v,
                 const float *lse, const bf16 *dout, const float *delta, bf16 *dk, bf16 *dv,
                 float *dk_part, float *dv_part, float scale, float scale_log2) {
+    wait_for_earlier_kernels();
     constexpr int MT = m_tiles(DK), KEYS = block_rows(DK), D = 16 * DK;
     constexpr int NT = STEP_ROWS / 8, NO = D / 8, LD = D + PAD, ROWS_TILE = STEP_ROWS * LD;
     bf16 *Ks = dynamic_smem<bf16>(); // (KEYS, LD)
@@ -725,6 +728,7 @@ __global__ void __launch_bounds__(THREADS)
 // out (Tkv, KV, D) bf16 = the sum over each kv head's group of part (Tkv, H, D) fp32, in a fixed
 // order.
 __global__ void group_sum_kernel(const float *part, bf16 *out, int Tkv, int H, int KV, int D) {
+    wait_for_earlier_kernels();
     int group = H / KV;
     size_t N = (size_t)Tkv * KV * D;
     for (size_t i = global_index(); i < N; i += global_stride()) {

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <utility>
+
 #include "backend/cuda/kernels.h"
 
 typedef __nv_bfloat16 bf16;
@@ -134,6 +136,20 @@ template <int PENDING> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// The first statement of every weft kernel. Launched early (weft_cuda_queue.early_launch), a
+// kernel's blocks may be resident while the kernel before it on the stream still runs: here they
+// wait until the earlier kernels have finished and their writes are visible (griddepcontrol.wait,
+// which returns at once after a plain launch), and then let the next kernel launch in its turn.
+// So nothing a kernel reads or writes overlaps the kernel before it, and only the launch latency
+// is hidden. tests/backend/test_cuda_kernels_wait_for_earlier_kernels_first.py checks every
+// kernel starts so.
+__device__ __forceinline__ void wait_for_earlier_kernels() {
+#if !defined(WEFT_CUDA_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // The block's dynamic shared memory (the bytes given at launch), as an array of T. Every kernel
 // reaches it through this one declaration, which the CPU test harness can stand in for.
 #ifndef WEFT_CUDA_EMULATION
@@ -143,18 +159,31 @@ template <typename T> __device__ __forceinline__ T *dynamic_smem() {
 }
 #endif
 
-// Launches kernel<<<grid, threads, smem, stream>>>(args...), first opting in to more than the
-// default 48 KiB of dynamic shared memory when it asks for that. The CPU test harness
-// (tests/backend/cuda_emulation.h) defines its own WEFT_LAUNCH, so launchers written with this
-// macro run there unchanged.
+// Launches kernel<<<grid, threads, smem, queue's stream>>>(args...), first opting in to more than
+// the default 48 KiB of dynamic shared memory when it asks for that; with the queue's early_launch,
+// as a programmatic dependent launch (the kernel starts with wait_for_earlier_kernels). The CPU
+// test harness (tests/backend/cuda_emulation.h) defines its own WEFT_LAUNCH, so launchers written
+// with this macro run there unchanged.
 #ifndef WEFT_LAUNCH
-#define WEFT_LAUNCH(kernel, grid, threads, smem, stream, ...)                                      \
-    do {                                                                                           \
-        if ((smem) > (48u << 10))                                                                  \
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,              \
-                                 (int)(smem));                                                     \
-        kernel<<<grid, threads, smem, stream>>>(__VA_ARGS__);                                      \
-    } while (0)
+template <typename... Params, typename... Args>
+void weft_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 threads, size_t smem,
+                        weft_cuda_stream queue, Args &&...args) {
+    if (smem > (48u << 10))
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cudaLaunchAttribute early = {};
+    early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    early.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = threads;
+    config.dynamicSmemBytes = smem;
+    config.stream = queue->stream;
+    config.attrs = &early;
+    config.numAttrs = queue->early_launch ? 1 : 0;
+    cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...); // errors: cuda.c's launched()
+}
+#define WEFT_LAUNCH(kernel, grid, threads, smem, queue, ...)                                       \
+    weft_launch_kernel(kernel, dim3(grid), dim3(threads), (size_t)(smem), queue, __VA_ARGS__)
 // The same, for a kernel whose blocks wait for lower-indexed ones: a GPU starts blocks in index
 // order, so those have started and the wait ends; the emulator then runs the blocks in that order.
 #define WEFT_LAUNCH_IN_ORDER WEFT_LAUNCH

@@ -100,6 +100,7 @@ __device__ void rewrite_row(bf16 *row, int V, int y, softmax_state s, F f) {
 template <int VEC>
 __global__ void cross_entropy_kernel(bf16 *logits, const int32_t *targets, float scale,
                                      float *row_loss, float *correct, int V) {
+    wait_for_earlier_kernels();
     __shared__ float target_logit;
     int t = blockIdx.x, y = targets[t];
     bf16 *row = logits + (size_t)t * V;
@@ -124,6 +125,7 @@ __global__ void cross_entropy_kernel(bf16 *logits, const int32_t *targets, float
 template <int VEC>
 __global__ void logprobs_kernel(const bf16 *logits, const int32_t *targets, float *logprob,
                                 float *entropy, float *correct, int V) {
+    wait_for_earlier_kernels();
     __shared__ float target_logit;
     int t = blockIdx.x, y = targets[t];
     const bf16 *row = logits + (size_t)t * V;
@@ -147,6 +149,7 @@ __global__ void logprobs_kernel(const bf16 *logits, const int32_t *targets, floa
 template <int VEC>
 __global__ void logits_backward_kernel(bf16 *logits, const int32_t *targets,
                                        const float *d_logprob, const float *d_entropy, int V) {
+    wait_for_earlier_kernels();
     __shared__ float target_logit;
     int t = blockIdx.x, y = targets[t];
     bf16 *row = logits + (size_t)t * V;

@@ -15,6 +15,7 @@
 typedef struct cuda_state {
     int device;
     cudaStream_t stream;
+    weft_cuda_queue queue;       // the stream as weft's own launchers see it (kernels.h)
     weft_cuda_gemms *gemms;      // cuBLASLt (matmul.c)
     double *sum_result;          // device scalar for sum_f32 / sumsq_f32
     double *sum_partials;        // their blocks' sums (WEFT_CUDA_SUM_PARTIALS)
@@ -45,6 +46,12 @@ static cuda_state *state(weft_backend *b) { return b->impl; }
 static cudaStream_t op_stream(weft_backend *self) {
     weft_cuda_profile_start(state(self)->profile);
     return state(self)->stream;
+}
+
+// The same for an op of weft's own kernels.
+static weft_cuda_stream op_queue(weft_backend *self) {
+    weft_cuda_profile_start(state(self)->profile);
+    return &state(self)->queue;
 }
 
 // After each op is queued: a bad launch configuration shows up here, named by the op, and the
@@ -212,7 +219,7 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
     }
     if (!ta && tb && types.c == WEFT_BF16 && st->few_rows &&
         weft_cuda_few_rows_covers(m, k, a, lda, b, ldb)) {
-        weft_cuda_few_rows((weft_cuda_stream)op_stream(self), m, n, k, alpha, a, lda, b, ldb, beta,
+        weft_cuda_few_rows(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta,
                            c_in, c, ldc);
         launched(self, "matmul (few rows)");
         return;
@@ -224,7 +231,7 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
 
 // ------------------------------------------------------------------------- kernel ops ----
 
-#define STREAM(self) ((weft_cuda_stream)op_stream(self))
+#define STREAM(self) op_queue(self)
 
 static void cuda_embedding_forward(weft_backend *self, const int32_t *ids, const void *table,
                                    void *out, int T, int C) {
@@ -612,6 +619,14 @@ int weft_cuda_compute_capability(int device) {
     return 10 * major + minor;
 }
 
+// A switch of the environment that is on unless set to 0 (what 0 does: `off`).
+static bool env_switch(const char *name, const char *off) {
+    const char *v = getenv(name);
+    WEFT_CHECK(!v || !*v || !strcmp(v, "0") || !strcmp(v, "1"),
+               "%s=%s: expected 1 (the default) or 0 (%s)", name, v, off);
+    return !v || strcmp(v, "0") != 0;
+}
+
 weft_backend *weft_backend_cuda_create(int local_rank) {
     int n = weft_cuda_device_count();
     WEFT_CHECK(n > 0, "device=cuda: no CUDA GPU is visible to this process (check the driver "
@@ -628,11 +643,14 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     st->profile = weft_cuda_profile_create(st->stream);
     // WEFT_CUDA_FEW_ROWS=0 sends the few-row products to cuBLASLt too, to time one against the
     // other.
-    const char *few = getenv("WEFT_CUDA_FEW_ROWS");
-    WEFT_CHECK(!few || !*few || !strcmp(few, "0") || !strcmp(few, "1"),
-               "WEFT_CUDA_FEW_ROWS=%s: expected 1 (the default) or 0 (cuBLASLt for every matmul)",
-               few);
-    st->few_rows = !few || strcmp(few, "0") != 0;
+    st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
+    // Programmatic dependent launch (kernels.h's early_launch) where the GPU has it, sm_90 and
+    // newer; WEFT_CUDA_EARLY_LAUNCH=0 starts each kernel after the one before it ends, to time one
+    // against the other.
+    st->queue = (weft_cuda_queue){
+        .stream = st->stream,
+        .early_launch = env_switch("WEFT_CUDA_EARLY_LAUNCH", "each kernel after the last ends") &&
+                        weft_cuda_compute_capability(st->device) >= 90};
     // WEFT_CUDA_ATTENTION_DQ=ordered sums the hopper backward's dQ in its dK/dV kernel, in turns;
     // recompute, the default, gives dQ a kernel of its own, which on an H100 was 1.6-1.9x faster
     // than the ordered dQ's first two versions (bench/README.md).

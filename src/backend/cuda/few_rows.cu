@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
     few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
                     int K, int N, float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc,
                     int rows) {
+    wait_for_earlier_kernels();
     __shared__ float partial[MAX_THREADS / 32][MR * R];
     int n0 = blockIdx.x * R;
     const bf16 *xr[MR], *wr[R];

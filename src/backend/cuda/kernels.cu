@@ -10,6 +10,7 @@
 // ------------------------------------------------------------------------------- embedding ----
 
 __global__ void embedding_forward_kernel(const int32_t *ids, const bf16 *table, bf16 *out, int C) {
+    wait_for_earlier_kernels();
     int t = blockIdx.x;
     const bf16 *src = table + (size_t)ids[t] * C;
     bf16 *dst = out + (size_t)t * C;
@@ -26,6 +27,7 @@ enum { EMBED_THREADS = 256, EMBED_COLS = 8 }; // columns per thread per pass ove
 
 __global__ void embedding_backward_kernel(const int32_t *ids, const bf16 *dout, float *dtable,
                                           int T, int C) {
+    wait_for_earlier_kernels();
     __shared__ unsigned hits[EMBED_THREADS / 32];
     int t = blockIdx.x, id = ids[t], lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int base = 0; base < t; base += blockDim.x) {
@@ -97,6 +99,7 @@ extern "C" size_t weft_cuda_column_partials_bytes(int T, int C) {
 enum { PARTIAL_COLUMNS = 32, PARTIAL_GROUPS = 8 };
 
 __global__ void column_partials_kernel(const float *partials, int blocks, int C, float *out) {
+    wait_for_earlier_kernels();
     __shared__ float sums[PARTIAL_GROUPS][PARTIAL_COLUMNS];
     int lane = threadIdx.x & 31, group = threadIdx.x >> 5;
     int c = blockIdx.x * PARTIAL_COLUMNS + lane;
@@ -122,6 +125,7 @@ static void add_column_partials(weft_cuda_stream s, const float *partials, int T
 template <int VEC>
 __global__ void rmsnorm_forward_kernel(const bf16 *x, const bf16 *w, float eps, bf16 *out,
                                        float *rstd, int C) {
+    wait_for_earlier_kernels();
     __shared__ float partial[NORM_THREADS / 32];
     const bf16 *xr = x + (size_t)blockIdx.x * C;
     float ss = 0.0f;
@@ -151,6 +155,7 @@ template <int VEC>
 __global__ void rmsnorm_backward_kernel(const bf16 *x, const bf16 *w, const float *rstd,
                                         const bf16 *dout, bf16 *dx, float *partials, int T, int C,
                                         int rows) {
+    wait_for_earlier_kernels();
     __shared__ float partial[NORM_THREADS / 32];
     float *dw_acc = dynamic_smem<float>(); // (C)
     for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC)
@@ -211,6 +216,7 @@ extern "C" void weft_cuda_rmsnorm_backward(weft_cuda_stream s, const void *x, co
 // ------------------------------------------------------------------------------------ bias ----
 
 template <int VEC> __global__ void bias_forward_kernel(bf16 *x, const bf16 *bias, size_t N, int C) {
+    wait_for_earlier_kernels();
     for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
         bf16_vec<VEC> a, b;
         a.load(x + i);
@@ -222,6 +228,7 @@ template <int VEC> __global__ void bias_forward_kernel(bf16 *x, const bf16 *bias
 }
 
 __global__ void column_sums_kernel(const bf16 *x, float *partials, int T, int C, int rows) {
+    wait_for_earlier_kernels();
     int t0 = blockIdx.x * rows, t1 = min(t0 + rows, T);
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float acc = 0.0f;
@@ -254,6 +261,7 @@ extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, fl
 // fp32 angle drifts by more than bf16 can hide), instead of once per head.
 __global__ void rope_kernel(bf16 *x, int ld, const int32_t *positions, const float *inv_freq,
                             float scale, int T, int H, int D, float sign) {
+    wait_for_earlier_kernels();
     int half = D / 2;
     size_t N = (size_t)T * half;
     for (size_t i = global_index(); i < N; i += global_stride()) {
@@ -294,6 +302,7 @@ struct column_parts {
 template <int VEC>
 __global__ void split_columns_kernel(bf16 *fused, column_parts parts, size_t N, int width,
                                      bool join) {
+    wait_for_earlier_kernels();
     for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
         size_t row = i / width;
         int col = (int)(i % width), p = 0;
@@ -332,6 +341,7 @@ __device__ __forceinline__ size_t gate_at(size_t i, size_t width) {
 
 template <int VEC>
 __global__ void swiglu_forward_kernel(const bf16 *gate_up, bf16 *out, size_t N, size_t width) {
+    wait_for_earlier_kernels();
     for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
         bf16_vec<VEC> g, u;
         size_t at = gate_at(i, width);
@@ -346,6 +356,7 @@ __global__ void swiglu_forward_kernel(const bf16 *gate_up, bf16 *out, size_t N, 
 template <int VEC>
 __global__ void swiglu_backward_kernel(const bf16 *gate_up, const bf16 *dout, bf16 *d_gate_up,
                                        size_t N, size_t width) {
+    wait_for_earlier_kernels();
     for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
         bf16_vec<VEC> g, u, d, dg, du;
         size_t at = gate_at(i, width);
@@ -386,6 +397,7 @@ extern "C" void weft_cuda_swiglu_backward(weft_cuda_stream s, const void *gate_u
 // ------------------------------------------------------------------------- small arithmetic ----
 
 template <int VEC> __global__ void add_bf16_kernel(bf16 *y, const bf16 *x, size_t N) {
+    wait_for_earlier_kernels();
     for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
         bf16_vec<VEC> a, b;
         a.load(y + i);
@@ -397,12 +409,14 @@ template <int VEC> __global__ void add_bf16_kernel(bf16 *y, const bf16 *x, size_
 }
 
 __global__ void scale_f32_kernel(float *x, float scale, size_t N) {
+    wait_for_earlier_kernels();
     for (size_t i = global_index(); i < N; i += global_stride()) x[i] *= scale;
 }
 
 // A block's sum into partials[blockIdx.x]; sum_partials_kernel then adds the blocks' sums in a
 // fixed order (no atomics: the same bits on every run, as the gradient norm must be).
 __global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double *partials) {
+    wait_for_earlier_kernels();
     __shared__ double partial[32];
     double acc = 0.0;
     for (size_t i = global_index(); i < N; i += global_stride()) {
@@ -415,6 +429,7 @@ __global__ void sum_f32_kernel(const float *x, size_t N, bool squares, double *p
 
 __global__ void sum_partials_kernel(const double *partials, int blocks, double scale,
                                     bool accumulate, double *result) {
+    wait_for_earlier_kernels();
     __shared__ double partial[32];
     double acc = 0.0;
     for (int b = threadIdx.x; b < blocks; b += blockDim.x) acc += partials[b];
@@ -438,7 +453,7 @@ extern "C" void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, 
                                   double scale, bool accumulate, double *result,
                                   double *partials) {
     if (N == 0) {
-        if (!accumulate) cudaMemsetAsync(result, 0, sizeof(double), s);
+        if (!accumulate) cudaMemsetAsync(result, 0, sizeof(double), s->stream);
         return;
     }
     WEFT_LAUNCH(sum_f32_kernel, grid_for(N), 256, 0, s, x, N, squares, partials);
@@ -452,6 +467,7 @@ extern "C" void weft_cuda_sum_f32(weft_cuda_stream s, const float *x, size_t N, 
 __global__ void adamw_kernel(bf16 *param_bf16, float *p, const float *grad, float *m, float *v,
                              size_t N, float beta1, float beta2, float eps, float step_size,
                              float decay, float bc2_sqrt) {
+    wait_for_earlier_kernels();
     for (size_t i = global_index(); i < N; i += global_stride()) {
         float g = grad[i];
         float mi = beta1 * m[i] + (1.0f - beta1) * g;

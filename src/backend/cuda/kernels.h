@@ -10,7 +10,16 @@
 extern "C" {
 #endif
 
-typedef struct CUstream_st *weft_cuda_stream;
+// Where the launchers queue their kernels: a CUDA stream, and whether each kernel may be launched
+// while the one before it still runs (programmatic dependent launch, sm_90 and newer). Every weft
+// kernel first waits until the kernels before it have finished (common.cuh's
+// wait_for_earlier_kernels), so an early launch hides only the launch's latency: the same work in
+// the same order, the same bits. cuda.c owns the one queue; the launchers only read it.
+typedef struct weft_cuda_queue {
+    struct CUstream_st *stream;
+    bool early_launch;
+} weft_cuda_queue;
+typedef const weft_cuda_queue *weft_cuda_stream;
 
 // Attention head dimensions the kernels are built for (one lane owns up to 4 of 128 dims).
 enum { WEFT_CUDA_MAX_HEAD_DIM = 128 };

@@ -49,6 +49,7 @@ __device__ __forceinline__ size_t pool_row(int layers, int block_size, int width
 template <int VEC>
 __global__ void kv_store_kernel(bf16 *pool, int layers, int block_size, int width, int layer,
                                 const int32_t *slot, const bf16 *k, const bf16 *v, int T) {
+    wait_for_earlier_kernels();
     size_t half = (size_t)block_size * width; // values after keys
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
         if (slot[t] < 0) continue; // a padding row
@@ -334,6 +335,7 @@ template <int NQ>
 __global__ void __launch_bounds__(THREADS, 3)
     paged_attention_kernel(weft_cuda_paged_args a, work w, int layer, const bf16 *q, bf16 *out,
                            float *lse, float *partials) {
+    wait_for_earlier_kernels();
     task t;
     if (!find_task(a, w, &t)) return;
     int D = a.D, DQ = padded_dim(D), KS = tile_stride(D), warp = threadIdx.x >> 5;
@@ -390,6 +392,7 @@ __global__ void __launch_bounds__(THREADS, 3)
 // partials in split order: lse = log sum_k exp(lse_k), out = sum_k exp(lse_k - lse) out_k.
 __global__ void paged_combine_kernel(weft_cuda_paged_args a, work w, const float *partials,
                                      bf16 *out, float *lse) {
+    wait_for_earlier_kernels();
     size_t item = (size_t)blockIdx.x * WARPS + (threadIdx.x >> 5); // row * H + h
     if (item >= (size_t)a.Tq * a.H) return;
     int lane = threadIdx.x & 31, row = (int)(item / a.H), h = (int)(item % a.H), D = a.D;

@@ -53,6 +53,7 @@ __device__ void inclusive_scan(double *scan) {
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_kernel(const bf16 *logits, const int32_t *rows, const double *u, int V,
                   float temperature, int32_t *tokens, float *processed) {
+    wait_for_earlier_kernels();
     __shared__ arg_max partial[SAMPLE_THREADS / 32];
     __shared__ double scan[SAMPLE_THREADS];
     __shared__ int chosen, last_kept;
