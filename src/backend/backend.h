@@ -48,6 +48,15 @@ typedef struct weft_column_parts {
     int n;
 } weft_column_parts;
 
+// RoPE on rows, as rope_forward and rope_backward take it (their positions, inv_freq and scale):
+// the first `heads` heads of head_dim values of each row turn.
+typedef struct weft_rope_rows {
+    const int32_t *positions;
+    const float *inv_freq;
+    float scale;
+    int heads, head_dim;
+} weft_rope_rows;
+
 // Which pooled keys the query rows of a paged attention see: rows [cu_q[s], cu_q[s + 1]) belong
 // to sequence s, row r at position q_pos[r] sees that sequence's positions 0..q_pos[r], in the
 // blocks block_tables[s * max_blocks + j]. Arrays on the device; counts on the host.
@@ -108,9 +117,11 @@ struct weft_backend {
                              const void *dout, void *dx, float *dw, int T, int C);
 
     // Copies between fused (rows, sum of parts' widths) and the parts (each (rows, width)):
-    // into the parts, or with join, from them into fused.
+    // into the parts, or with join, from them into fused. With rotate (else NULL), the same as
+    // rope_forward on fused's rows before the split, or rope_backward after the join, in the
+    // same pass: the q|k|v projection's one RoPE and one copy.
     void (*split_columns)(weft_backend *self, void *fused, const weft_column_parts *parts,
-                          int rows, bool join);
+                          int rows, bool join, const weft_rope_rows *rotate);
 
     // x (T, C) += bias (C), broadcast over rows ; backward: dbias (C) f32 += column sums of dout
     void (*bias_forward)(weft_backend *self, void *x, const void *bias, int T, int C);

@@ -133,17 +133,24 @@ layer_acts *weft_layer_acts(weft_model *m, weft_activations *a, int l) {
     return &a->scratch;
 }
 
+// The batch's RoPE on the first `heads` heads of each row.
+static weft_rope_rows rope_of(const weft_model *m, const weft_activations *a, int heads) {
+    return (weft_rope_rows){.positions = a->positions, .inv_freq = m->rope_inv_freq,
+                            .scale = m->rope_scale, .heads = heads, .head_dim = a->d.D};
+}
+
 // RoPE on T rows ld apart, their first `heads` heads; backward: the inverse rotation.
 static void rope_rows(weft_model *m, const weft_activations *a, void *x, int ld, int heads,
                       bool backward) {
     weft_backend *be = m->be;
-    (backward ? be->rope_backward : be->rope_forward)(be, x, ld, a->positions, m->rope_inv_freq,
-                                                      m->rope_scale, a->d.T, heads, a->d.D);
+    weft_rope_rows r = rope_of(m, a, heads);
+    (backward ? be->rope_backward : be->rope_forward)(be, x, ld, r.positions, r.inv_freq, r.scale,
+                                                      a->d.T, heads, r.head_dim);
 }
 
 // q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias). Fused (qkv_fused): one product (and
-// bias add) into a->qkv, whose rows start with the q and k heads, so that with `rotate` one RoPE
-// launch turns both before the split. Whether q and k come out rotated.
+// bias add) into a->qkv, whose rows start with the q and k heads, so that with `rotate` the split
+// turns both on the way (one launch). Whether q and k come out rotated.
 static bool project_qkv(weft_model *m, const weft_layer_params *p, layer_acts *la,
                         weft_activations *a, void *q, void *k, bool rotate) {
     weft_backend *be = m->be;
@@ -154,8 +161,8 @@ static bool project_qkv(weft_model *m, const weft_layer_params *p, layer_acts *l
         weft_column_parts parts = qkv_parts(q, k, la->v, d);
         linear_forward(m, la->ln1, p->q_w, a->qkv, d.T, d.C, width, 0.0f);
         if (bias) be->bias_forward(be, a->qkv, weft_model_param(m, p->q_b), d.T, width);
-        if (rotate) rope_rows(m, a, a->qkv, width, d.H + d.KV, false);
-        be->split_columns(be, a->qkv, &parts, d.T, false);
+        weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
+        be->split_columns(be, a->qkv, &parts, d.T, false, rotate ? &rope : NULL);
         return rotate;
     }
     linear_forward(m, la->ln1, p->q_w, q, d.T, d.C, d.qd, 0.0f);
@@ -263,7 +270,7 @@ static void project_qkv_backward(weft_model *m, const weft_layer_params *p, cons
     if (qkv_fused(m, p)) {
         int width = d.qd + 2 * d.kvd;
         weft_column_parts parts = qkv_parts(a->d_q, a->d_k, a->d_v, d);
-        if (!joined) be->split_columns(be, a->qkv, &parts, d.T, true);
+        if (!joined) be->split_columns(be, a->qkv, &parts, d.T, true, NULL);
         if (bias) be->bias_backward(be, a->qkv, weft_model_grad(m, p->q_b), d.T, width);
         linear_backward(m, la->ln1, p->q_w, a->qkv, a->d_ln, d.T, d.C, width, 0.0f);
         return;
@@ -279,8 +286,8 @@ static void project_qkv_backward(weft_model *m, const weft_layer_params *p, cons
 }
 
 // attention_inputs_forward's backward, from a->d_q, d_k, d_v (dL/d of the rotated q and k, and
-// of v) to a->d_ln; d_q and d_k are spent. Without per-head norms the fused rows are joined
-// first, so that one launch turns q's and k's gradients back.
+// of v) to a->d_ln; d_q and d_k are spent. Without per-head norms the fused rows are joined and
+// q's and k's gradients turned back in one launch.
 static void attention_inputs_backward(weft_model *m, const weft_layer_params *p,
                                       const layer_acts *la, weft_activations *a) {
     weft_backend *be = m->be;
@@ -288,8 +295,8 @@ static void attention_inputs_backward(weft_model *m, const weft_layer_params *p,
     bool qk_norm = p->q_norm != WEFT_ABSENT, joined = !qk_norm && qkv_fused(m, p);
     if (joined) {
         weft_column_parts parts = qkv_parts(a->d_q, a->d_k, a->d_v, d);
-        be->split_columns(be, a->qkv, &parts, d.T, true);
-        rope_rows(m, a, a->qkv, d.qd + 2 * d.kvd, d.H + d.KV, true);
+        weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
+        be->split_columns(be, a->qkv, &parts, d.T, true, &rope);
     } else {
         rope_rows(m, a, a->d_q, d.qd, d.H, true);
         rope_rows(m, a, a->d_k, d.kvd, d.KV, true);

@@ -204,8 +204,10 @@ void test_split_columns(int rows, int a, int b, int c) {
     }
     std::string name = "split_columns " + std::to_string(a) + "|" + std::to_string(b) + "|" +
                        std::to_string(c);
-    weft_cuda_split_columns(queue, fused.data(), ptrs, widths, 3, rows, false);
-    weft_cuda_split_columns(queue, back.data(), ptrs, widths, 3, rows, true);
+    weft_cuda_split_columns(queue, fused.data(), ptrs, widths, 3, rows, false, nullptr, nullptr,
+                            1.0f, 0, 0);
+    weft_cuda_split_columns(queue, back.data(), ptrs, widths, 3, rows, true, nullptr, nullptr,
+                            1.0f, 0, 0);
     size_t wrong = 0;
     for (int t = 0; t < rows; t++)
         for (int j = 0, p = 0, col = 0; j < width; j++, col++) {
@@ -215,6 +217,52 @@ void test_split_columns(int rows, int a, int b, int c) {
             wrong += bits_of(back[(size_t)t * width + j]) != bits_of(want);
         }
     printf("%-76s %zu values misplaced %s\n", name.c_str(), wrong, wrong ? "FAIL" : "ok");
+    failures += wrong != 0;
+}
+
+// q|k|v rows of H + KV + KV heads of D split with their q and k heads turned on the way, and
+// joined with them turned back: the same bits as weft_cuda_rope before the plain split (fused
+// left turned as rope leaves it) or after the plain join, which the model relies on (RoPE's own
+// arithmetic is test_rope's).
+void test_split_columns_turning(int rows, int H, int KV, int D) {
+    int widths[3] = {H * D, KV * D, KV * D}, width = (H + 2 * KV) * D;
+    size_t n = (size_t)rows * width;
+    std::vector<int32_t> pos(rows);
+    for (int t = 0; t < rows; t++) pos[t] = 3 + 1777 * t;
+    std::vector<float> inv_freq(D / 2);
+    for (int i = 0; i < D / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / D);
+    float scale = 1.1f;
+    std::vector<bf16> fused = random_bf16(n), turned = fused, joined(n, NAN_BF16);
+    std::vector<bf16> want_parts[3], parts[3], want_joined(n, NAN_BF16);
+    void *want_ptrs[3], *ptrs[3];
+    for (int i = 0; i < 3; i++) {
+        want_parts[i].assign((size_t)rows * widths[i], NAN_BF16);
+        parts[i] = want_parts[i];
+        want_ptrs[i] = want_parts[i].data(), ptrs[i] = parts[i].data();
+    }
+    weft_cuda_rope(queue, turned.data(), width, pos.data(), inv_freq.data(), scale, rows, H + KV,
+                   D, 1.0f);
+    weft_cuda_split_columns(queue, turned.data(), want_ptrs, widths, 3, rows, false, nullptr,
+                            nullptr, 1.0f, 0, 0);
+    weft_cuda_split_columns(queue, fused.data(), ptrs, widths, 3, rows, false, pos.data(),
+                            inv_freq.data(), scale, H + KV, D);
+    weft_cuda_split_columns(queue, want_joined.data(), want_ptrs, widths, 3, rows, true, nullptr,
+                            nullptr, 1.0f, 0, 0);
+    weft_cuda_rope(queue, want_joined.data(), width, pos.data(), inv_freq.data(), scale, rows,
+                   H + KV, D, -1.0f);
+    weft_cuda_split_columns(queue, joined.data(), want_ptrs, widths, 3, rows, true, pos.data(),
+                            inv_freq.data(), scale, H + KV, D);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        wrong += bits_of(fused[i]) != bits_of(turned[i]);
+        wrong += bits_of(joined[i]) != bits_of(want_joined[i]);
+    }
+    for (int p = 0; p < 3; p++)
+        for (size_t i = 0; i < parts[p].size(); i++)
+            wrong += bits_of(parts[p][i]) != bits_of(want_parts[p][i]);
+    std::string name = "split_columns turning H" + std::to_string(H) + " KV" + std::to_string(KV) +
+                       " D" + std::to_string(D) + " = rope, split / join, rope back";
+    printf("%-76s %zu values differ %s\n", name.c_str(), wrong, wrong ? "FAIL" : "ok");
     failures += wrong != 0;
 }
 
@@ -469,6 +517,8 @@ int main() {
     // one row (a decode step).
     test_split_columns(7, 64, 16, 16); // 16-byte vectors
     test_split_columns(5, 12, 4, 4);   // one value at a time
+    test_split_columns_turning(6, 4, 2, 64); // 16-byte vectors past the turned heads
+    test_split_columns_turning(3, 2, 1, 20); // one value at a time
     test_swiglu(5, 200);
     test_swiglu(3, 201);
     test_swiglu(1, 1000);

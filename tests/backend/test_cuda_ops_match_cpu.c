@@ -247,26 +247,45 @@ static void test_rope(void) {
     release_ints(&pos);
 }
 
-// q|k|v rows of a fused product into their three matrices and back (copies: the same values).
+// q|k|v rows of a fused product into their three matrices and back (copies: the same values),
+// then with the q and k heads turned on the way, as the model splits them (four heads of q, one
+// of k, of 16).
 static void test_split_columns(void) {
-    enum { ROWS = 6, PARTS = 3 };
+    enum { ROWS = 6, PARTS = 3, D = 16, TURNED = 5 };
     const int widths[PARTS] = {64, 16, 16};
-    twin fused = act(ROWS * 96, 1), back = zeros(ROWS * 96, WEFT_BF16), parts[PARTS];
-    weft_column_parts on_cpu = {.n = PARTS}, on_gpu = {.n = PARTS};
-    for (int i = 0; i < PARTS; i++) {
-        parts[i] = zeros((size_t)ROWS * widths[i], WEFT_BF16);
-        on_cpu.part[i] = parts[i].c, on_gpu.part[i] = parts[i].g;
-        on_cpu.width[i] = on_gpu.width[i] = widths[i];
+    int32_t p[ROWS];
+    float table[D / 2];
+    for (int t = 0; t < ROWS; t++) p[t] = 5 + t * 1999;
+    for (int i = 0; i < D / 2; i++) table[i] = (float)pow(1e4, -2.0 * i / D);
+    ints pos = upload_ints(p, ROWS);
+    twin freq = make(D / 2, WEFT_F32, 0, false);
+    cpu->to_device(cpu, freq.c, table, sizeof table);
+    gpu->to_device(gpu, freq.g, table, sizeof table);
+    for (int turning = 0; turning < 2; turning++) {
+        twin fused = act(ROWS * 96, 1), back = zeros(ROWS * 96, WEFT_BF16), parts[PARTS];
+        weft_column_parts on_cpu = {.n = PARTS}, on_gpu = {.n = PARTS};
+        for (int i = 0; i < PARTS; i++) {
+            parts[i] = zeros((size_t)ROWS * widths[i], WEFT_BF16);
+            on_cpu.part[i] = parts[i].c, on_gpu.part[i] = parts[i].g;
+            on_cpu.width[i] = on_gpu.width[i] = widths[i];
+        }
+        weft_rope_rows rc = {pos.c, freq.c, 1.1f, TURNED, D}, rg = {pos.g, freq.g, 1.1f, TURNED, D};
+        cpu->split_columns(cpu, fused.c, &on_cpu, ROWS, false, turning ? &rc : NULL);
+        gpu->split_columns(gpu, fused.g, &on_gpu, ROWS, false, turning ? &rg : NULL);
+        const char *names[2][PARTS + 2] = {
+            {"split_columns q", "split_columns k", "split_columns v", "split_columns fused",
+             "split_columns join"},
+            {"split_columns turning q", "split_columns turning k", "split_columns v (unturned)",
+             "split_columns turning fused", "split_columns join, turning back"}};
+        for (int i = 0; i < PARTS; i++) compare(names[turning][i], &parts[i], BF16_TOL);
+        compare(names[turning][PARTS], &fused, BF16_TOL);
+        cpu->split_columns(cpu, back.c, &on_cpu, ROWS, true, turning ? &rc : NULL);
+        gpu->split_columns(gpu, back.g, &on_gpu, ROWS, true, turning ? &rg : NULL);
+        compare(names[turning][PARTS + 1], &back, BF16_TOL);
+        for (int i = 0; i < PARTS; i++) release(&parts[i]);
+        release(&fused), release(&back);
     }
-    cpu->split_columns(cpu, fused.c, &on_cpu, ROWS, false);
-    gpu->split_columns(gpu, fused.g, &on_gpu, ROWS, false);
-    const char *names[PARTS] = {"split_columns q", "split_columns k", "split_columns v"};
-    for (int i = 0; i < PARTS; i++) compare(names[i], &parts[i], BF16_TOL);
-    cpu->split_columns(cpu, back.c, &on_cpu, ROWS, true);
-    gpu->split_columns(gpu, back.g, &on_gpu, ROWS, true);
-    compare("split_columns join", &back, BF16_TOL);
-    for (int i = 0; i < PARTS; i++) release(&parts[i]);
-    release(&fused), release(&back);
+    release(&freq), release_ints(&pos);
 }
 
 static void test_swiglu_add_scale_sums(void) {
@@ -283,8 +302,8 @@ static void test_swiglu_add_scale_sums(void) {
     twin dg = zeros(N, WEFT_BF16), du = zeros(N, WEFT_BF16);
     weft_column_parts on_cpu = {.part = {dg.c, du.c}, .width = {WIDTH, WIDTH}, .n = 2};
     weft_column_parts on_gpu = {.part = {dg.g, du.g}, .width = {WIDTH, WIDTH}, .n = 2};
-    cpu->split_columns(cpu, dgu.c, &on_cpu, ROWS, false);
-    gpu->split_columns(gpu, dgu.g, &on_gpu, ROWS, false);
+    cpu->split_columns(cpu, dgu.c, &on_cpu, ROWS, false, NULL);
+    gpu->split_columns(gpu, dgu.g, &on_gpu, ROWS, false, NULL);
     compare("swiglu_backward dgate", &dg, BF16_TOL);
     compare("swiglu_backward dup", &du, BF16_TOL);
     cpu->add_inplace(cpu, u.c, g.c, N);

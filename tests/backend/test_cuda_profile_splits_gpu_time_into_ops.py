@@ -53,10 +53,12 @@ def cases(emulated, tmp):
     if any(o["own_ms"] < 0 or o["idle_ms"] < 0 for o in doc["ops"]):
         failures.append("a negative time")
 
-    # One micro-batch: every decoder layer (the MTP module's too) attends once each way and
-    # rotates q and k once each way, both in one launch (the fused q|k|v rows: blocks.c).
+    # One micro-batch: every decoder layer (the MTP module's too) attends once each way, and
+    # splits its fused q|k|v rows once and joins their gradients once, q and k turning on the way
+    # (blocks.c): no RoPE launch of its own.
     want = {"attention_forward": LAYERS + MTP, "attention_backward": LAYERS + MTP,
-            "rope_forward": LAYERS + MTP, "rope_backward": LAYERS + MTP,
+            "split_columns": LAYERS + MTP, "join_columns": LAYERS + MTP,
+            "rope_forward": 0, "rope_backward": 0,
             "swiglu_forward": LAYERS + MTP, "swiglu_backward": LAYERS + MTP}
     for op, n in want.items():
         got = op_calls(doc, op)

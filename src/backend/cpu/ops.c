@@ -396,30 +396,6 @@ static void cpu_rmsnorm_backward(weft_backend *self, const void *xv, const void 
     }
 }
 
-// ------------------------------------------------------------------------------ columns ----
-
-static void copy_column_blocks(char *fused, const weft_column_parts *parts, int rows, bool join) {
-    size_t row_bytes = 0;
-    for (int i = 0; i < parts->n; i++) row_bytes += sizeof(float) * parts->width[i];
-#pragma omp for schedule(static) nowait
-    for (int t = 0; t < rows; t++) {
-        char *at = fused + (size_t)t * row_bytes;
-        for (int i = 0; i < parts->n; i++) {
-            size_t bytes = sizeof(float) * parts->width[i];
-            char *part = (char *)parts->part[i] + (size_t)t * bytes;
-            memcpy(join ? at : part, join ? part : at, bytes);
-            at += bytes;
-        }
-    }
-}
-
-static void cpu_split_columns(weft_backend *self, void *fused, const weft_column_parts *parts,
-                              int rows, bool join) {
-    int width = 0;
-    for (int i = 0; i < parts->n; i++) width += parts->width[i];
-    WEFT_CPU_PARALLEL((size_t)rows * width, copy_column_blocks(fused, parts, rows, join));
-}
-
 // ------------------------------------------------------------------------------------- bias ----
 
 static void add_bias_rows(float *x, const float *b, int T, int C) {
@@ -523,6 +499,37 @@ static void cpu_rope_forward(weft_backend *self, void *x, int ld, const int32_t 
 static void cpu_rope_backward(weft_backend *self, void *dx, int ld, const int32_t *positions,
                               const float *inv_freq, float scale, int T, int H, int D) {
     rope_rotate(self, dx, ld, positions, inv_freq, scale, T, H, D, -1.0);
+}
+
+// ------------------------------------------------------------------------------ columns ----
+
+static void copy_column_blocks(char *fused, const weft_column_parts *parts, int rows, bool join) {
+    size_t row_bytes = 0;
+    for (int i = 0; i < parts->n; i++) row_bytes += sizeof(float) * parts->width[i];
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < rows; t++) {
+        char *at = fused + (size_t)t * row_bytes;
+        for (int i = 0; i < parts->n; i++) {
+            size_t bytes = sizeof(float) * parts->width[i];
+            char *part = (char *)parts->part[i] + (size_t)t * bytes;
+            memcpy(join ? at : part, join ? part : at, bytes);
+            at += bytes;
+        }
+    }
+}
+
+// The q|k|v rows' split with their RoPE (backend.h): the two ops one after the other.
+static void cpu_split_columns(weft_backend *self, void *fused, const weft_column_parts *parts,
+                              int rows, bool join, const weft_rope_rows *r) {
+    int width = 0;
+    for (int i = 0; i < parts->n; i++) width += parts->width[i];
+    if (r && !join)
+        rope_rotate(self, fused, width, r->positions, r->inv_freq, r->scale, rows, r->heads,
+                    r->head_dim, 1.0);
+    WEFT_CPU_PARALLEL((size_t)rows * width, copy_column_blocks(fused, parts, rows, join));
+    if (r && join)
+        rope_rotate(self, fused, width, r->positions, r->inv_freq, r->scale, rows, r->heads,
+                    r->head_dim, -1.0);
 }
 
 // ----------------------------------------------------------------------------- elementwise ----

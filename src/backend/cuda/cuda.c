@@ -380,8 +380,11 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
 }
 
 static void cuda_split_columns(weft_backend *self, void *fused, const weft_column_parts *parts,
-                               int rows, bool join) {
-    weft_cuda_split_columns(STREAM(self), fused, parts->part, parts->width, parts->n, rows, join);
+                               int rows, bool join, const weft_rope_rows *rotate) {
+    weft_rope_rows none = {0};
+    const weft_rope_rows *r = rotate ? rotate : &none;
+    weft_cuda_split_columns(STREAM(self), fused, parts->part, parts->width, parts->n, rows, join,
+                            r->positions, r->inv_freq, r->scale, r->heads, r->head_dim);
     launched(self, join ? "join_columns" : "split_columns");
 }
 

@@ -256,26 +256,48 @@ extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, fl
 
 // ------------------------------------------------------------------------------------ rope ----
 
-// One thread per (row, pair), looping over the heads: the angle and its sine and cosine are formed
-// once per row and pair, in double as on the CPU (positions reach the tens of thousands, where an
-// fp32 angle drifts by more than bf16 can hide), instead of once per head.
-__global__ void rope_kernel(bf16 *x, int ld, const int32_t *positions, const float *inv_freq,
-                            float scale, int T, int H, int D, float sign) {
+// A RoPE launch's rows: their first H heads of D values turn by sign * positions[t] * inv_freq[i]
+// (inv_freq (D / 2) f32 on the device), scaled by scale.
+struct rope_rows {
+    const int32_t *positions;
+    const float *inv_freq;
+    float scale, sign;
+    int H, D;
+};
+
+// RoPE's factors for pair `pair` of row t: cos and sign * sin of positions[t] * inv_freq[pair],
+// both scaled. In double as on the CPU (positions reach the tens of thousands, where an fp32
+// angle drifts by more than bf16 can hide), and shared by every kernel that turns rows, so each
+// gives rope's bits.
+__device__ __forceinline__ void rope_factors(const rope_rows &r, int t, int pair, float *c,
+                                             float *s) {
+    double angle = r.positions[t] * (double)r.inv_freq[pair];
+    double sn, cs;
+    sincos(angle, &sn, &cs);
+    *c = (float)(r.scale * cs);
+    *s = (float)(r.scale * r.sign * sn);
+}
+
+// The pair (a, b) turned: (a c - b s, b c + a s).
+__device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, bf16 *to_a,
+                                            bf16 *to_b) {
+    *to_a = to_bf16(a * c - b * s);
+    *to_b = to_bf16(b * c + a * s);
+}
+
+// One thread per (row, pair), looping over the heads: the factors are formed once per row and
+// pair instead of once per head.
+__global__ void rope_kernel(bf16 *x, int ld, rope_rows r, int T) {
     wait_for_earlier_kernels();
-    int half = D / 2;
+    int half = r.D / 2;
     size_t N = (size_t)T * half;
     for (size_t i = global_index(); i < N; i += global_stride()) {
         int pair = (int)(i % half), t = (int)(i / half);
-        double angle = positions[t] * (double)inv_freq[pair];
-        double sn, cs;
-        sincos(angle, &sn, &cs);
-        float c = (float)(scale * cs), sgn = (float)(scale * sign * sn);
+        float c, sn;
+        rope_factors(r, t, pair, &c, &sn);
         bf16 *v = x + (size_t)t * ld + pair;
-        for (int h = 0; h < H; h++, v += D) {
-            float a = to_f32(v[0]), b = to_f32(v[half]);
-            v[0] = to_bf16(a * c - b * sgn);
-            v[half] = to_bf16(b * c + a * sgn);
-        }
+        for (int h = 0; h < r.H; h++, v += r.D)
+            rotate_pair(to_f32(v[0]), to_f32(v[half]), c, sn, &v[0], &v[half]);
     }
 }
 
@@ -284,8 +306,8 @@ extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, int ld, const int32_
                                float sign) {
     size_t N = (size_t)T * (D / 2);
     if (N == 0 || H == 0) return;
-    WEFT_LAUNCH(rope_kernel, grid_for(N), 256, 0, s, (bf16 *)x, ld, positions, inv_freq, scale, T,
-                H, D, sign);
+    rope_rows r = {positions, inv_freq, scale, sign, H, D};
+    WEFT_LAUNCH(rope_kernel, grid_for(N), 256, 0, s, (bf16 *)x, ld, r, T);
 }
 
 // ------------------------------------------------------------------------------- columns ----
@@ -295,38 +317,65 @@ struct column_parts {
     bf16 *part[3];
     int width[3];
 };
+
+// Where column col of a fused row lies: its part and its column there.
+__device__ __forceinline__ bf16 *part_at(const column_parts &parts, size_t row, int col) {
+    int p = 0;
+    while (col >= parts.width[p]) col -= parts.width[p++];
+    return parts.part[p] + row * parts.width[p] + col;
+}
 } // namespace
 
-// Element i of fused (rows, width) (VEC of them; every part's width a multiple of VEC) to or
-// from its part.
+// The fused rows (rows, width) to or from their parts. With r.H > 0 the row's first r.H heads
+// turn on the way, after the join as rope with r.sign -1 turns them, before the split as rope
+// with +1 (written back to fused too, so fused ends as rope would leave it): threads i < pairs
+// take one RoPE pair of one row through every turned head; the rest take VEC columns of the
+// columns past the turned ones (every part's width, and theirs, a multiple of VEC).
 template <int VEC>
-__global__ void split_columns_kernel(bf16 *fused, column_parts parts, size_t N, int width,
-                                     bool join) {
+__global__ void split_columns_kernel(bf16 *fused, column_parts parts, int rows, int width,
+                                     bool join, rope_rows r) {
     wait_for_earlier_kernels();
-    for (size_t i = global_index() * VEC; i < N; i += global_stride() * VEC) {
-        size_t row = i / width;
-        int col = (int)(i % width), p = 0;
-        while (col >= parts.width[p]) col -= parts.width[p++];
-        bf16 *part = parts.part[p] + row * parts.width[p] + col;
+    int half = r.D / 2, turned = r.H * r.D, vectors = (width - turned) / VEC;
+    size_t pairs = r.H > 0 ? (size_t)rows * half : 0, N = pairs + (size_t)rows * vectors;
+    for (size_t i = global_index(); i < N; i += global_stride()) {
+        if (i < pairs) {
+            int pair = (int)(i % half), t = (int)(i / half);
+            float c, sn;
+            rope_factors(r, t, pair, &c, &sn);
+            bf16 *row = fused + (size_t)t * width;
+            for (int h = 0, col = pair; h < r.H; h++, col += r.D) {
+                bf16 *a = part_at(parts, t, col), *b = part_at(parts, t, col + half);
+                const bf16 *from_a = join ? a : row + col, *from_b = join ? b : row + col + half;
+                rotate_pair(to_f32(*from_a), to_f32(*from_b), c, sn, &row[col], &row[col + half]);
+                if (!join) *a = row[col], *b = row[col + half];
+            }
+            continue;
+        }
+        size_t j = i - pairs, t = j / vectors;
+        int col = turned + (int)(j % vectors) * VEC;
+        bf16 *part = part_at(parts, t, col), *at = fused + t * width + col;
         bf16_vec<VEC> v;
-        v.load(join ? part : fused + i);
-        v.store(join ? fused + i : part);
+        v.load(join ? part : at);
+        v.store(join ? at : part);
     }
 }
 
 extern "C" void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *const *parts,
-                                        const int *widths, int n, int rows, bool join) {
+                                        const int *widths, int n, int rows, bool join,
+                                        const int32_t *positions, const float *inv_freq,
+                                        float scale, int heads, int D) {
     column_parts p = {};
-    int width = 0, vec = vector_width(0, fused);
+    int width = 0, vec = vector_width(heads * D, fused);
     for (int i = 0; i < n && i < 3; i++) {
         p.part[i] = (bf16 *)parts[i], p.width[i] = widths[i];
         width += widths[i];
         vec = vec == 8 ? vector_width(widths[i], parts[i]) : 1;
     }
-    size_t N = (size_t)rows * width;
+    rope_rows r = {positions, inv_freq, scale, join ? -1.0f : 1.0f, heads, D};
+    size_t N = (size_t)rows * (heads > 0 ? D / 2 : 0) + (size_t)rows * (width - heads * D) / vec;
     if (N == 0) return;
-    WEFT_LAUNCH_VECTORIZED(split_columns_kernel, vec, grid_for(N / vec), 256, 0, s, (bf16 *)fused,
-                           p, N, width, join);
+    WEFT_LAUNCH_VECTORIZED(split_columns_kernel, vec, grid_for(N), 256, 0, s, (bf16 *)fused, p,
+                           rows, width, join, r);
 }
 
 // ---------------------------------------------------------------------------------- swiglu ----

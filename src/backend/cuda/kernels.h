@@ -66,8 +66,12 @@ void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, co
 
 // Copies between fused (rows, sum of widths) and n (at most 3) parts (rows, widths[i]): into
 // them, or with join from them (backend.h's weft_column_parts, passed as its fields). bf16.
+// heads > 0 also turns each fused row's first `heads` heads of D as weft_cuda_rope does (same
+// bits), before the split (fused turned too) or, backward (sign -1), after the join.
 void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *const *parts,
-                             const int *widths, int n, int rows, bool join);
+                             const int *widths, int n, int rows, bool join,
+                             const int32_t *positions, const float *inv_freq, float scale,
+                             int heads, int D);
 
 // out (rows, width) = silu(gate) * up, gate and up the two halves of each row of gate_up (rows,
 // 2 width); backward overwrites d_gate_up (rows, 2 width). All bf16.
