@@ -171,6 +171,12 @@ struct weft_backend {
     // then its up (the fused gate and up projections' output); backward overwrites d_gate_up
     void (*swiglu_forward)(weft_backend *self, const void *gate_up, void *out, int rows,
                            int width);
+    // A forward-only pass's MLP input: out (rows, width) = swiglu_forward of the product
+    // x W^T (rows, 2 width), x (rows, C) act dtype, W (2 width, C) param dtype (the gate rows
+    // then the up rows), bit for bit as matmul into gate_up and swiglu_forward give it. gate_up
+    // (rows, 2 width) is scratch the op may leave unwritten (the product need not be kept).
+    void (*swiglu_product)(weft_backend *self, const void *x, const void *w, void *gate_up,
+                           void *out, int rows, int C, int width);
     void (*swiglu_backward)(weft_backend *self, const void *gate_up, const void *dout,
                             void *d_gate_up, int rows, int width);
 

@@ -198,6 +198,22 @@ static void attention_inputs_forward(weft_model *m, const weft_layer_params *p, 
     }
 }
 
+// la->act = swiglu(la->ln2 W^T) for the gate and up weights. A forward-only pass keeps no product
+// for a backward, so where the weights are one tensor the backend may form both in one op
+// (swiglu_product: one launch at a decode step's few rows) with the same bits.
+static void mlp_input_forward(weft_model *m, const weft_layer_params *p, layer_acts *la,
+                              const weft_activations *a) {
+    weft_backend *be = m->be;
+    dims d = a->d;
+    if (a->keep == KEEP_NONE && gate_up_adjacent(m, p)) {
+        be->swiglu_product(be, la->ln2, weft_model_param(m, p->gate_w), la->gate_up, la->act,
+                           d.T, d.C, d.I);
+        return;
+    }
+    gate_up_forward(m, p, la->ln2, la->gate_up, d);
+    be->swiglu_forward(be, la->gate_up, la->act, d.T, d.I);
+}
+
 void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *a, void *out,
                         const weft_kv_provider *kv) {
     weft_backend *be = m->be;
@@ -222,8 +238,7 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
 
     be->rmsnorm_forward(be, la->res1, weft_model_param(m, p->post_norm), eps, la->ln2, la->rstd2,
                         d.T, d.C);
-    gate_up_forward(m, p, la->ln2, la->gate_up, d);
-    be->swiglu_forward(be, la->gate_up, la->act, d.T, d.I);
+    mlp_input_forward(m, p, la, a);
     linear_residual(m, la->act, p->down_w, la->res1, out, d.T, d.I, d.C);
 }
 

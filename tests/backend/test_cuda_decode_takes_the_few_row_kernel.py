@@ -5,9 +5,10 @@ test_cuda_ops_match_cpu checks the kernel's values and that each row is the same
 checks that decoding reaches it at all (a covers() that refused every call would leave that test
 passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON read back
 (WEFT_CUDA_PROFILE=<file>.json): every decode forward's projections and output head, 4 per layer
-(q, k and v are one product, gate and up another) and 1, and the prefill's output head (on its
-one last row) are "matmul (few rows)" calls, the prefill's 20-row projections are not; with the
-switch off there are none, and the products are the same number of cuBLASLt calls. Runs on
+(q, k and v are one product; gate and up another, which with its SwiGLU is one "swiglu_product
+(few rows)" launch) and 1, and the prefill's output head (on its one last row) are few-row calls,
+the prefill's 20-row projections are not; with the switch off there are none, and the products
+are the same number of cuBLASLt calls. Runs on
 weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
 """
 import json
@@ -20,10 +21,12 @@ from reference.generation import random_prompts, write_prompts
 
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 PROJECTIONS = 4  # q|k|v, o, gate|up (each one product: blocks.c), down
+FEW = ("matmul (few rows)", "swiglu_product (few rows)")
 
 
 def generate(emulated, mdir, prompts, tmp, name, few_rows):
-    """The profile's matmul calls {op: calls} and the run's statistics."""
+    """The profile's product calls {op: calls} (matmuls, and the gate|up products with their
+    SwiGLU) and the run's statistics."""
     prof, out = os.path.join(tmp, f"{name}.json"), os.path.join(tmp, f"{name}.jsonl")
     env = dict(os.environ, OMP_NUM_THREADS="1", WEFT_CUDA_PROFILE=prof,
                WEFT_CUDA_FEW_ROWS="1" if few_rows else "0")
@@ -34,7 +37,8 @@ def generate(emulated, mdir, prompts, tmp, name, few_rows):
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     with open(prof) as f:
-        ops = {o["op"]: o["calls"] for o in json.load(f)["ops"] if o["op"].startswith("matmul")}
+        ops = {o["op"]: o["calls"] for o in json.load(f)["ops"]
+               if o["op"].startswith(("matmul", "swiglu_product"))}
     with open(out + ".stats.json") as f:
         return ops, json.load(f)
 
@@ -48,14 +52,18 @@ def cases(emulated, tmp):
     off, _ = generate(emulated, mdir, prompts, tmp, "off", False)
     decode_forwards = stats["forwards"] - 1
     per_forward = PROJECTIONS * CFG["num_hidden_layers"] + 1
-    few = on.get("matmul (few rows)", 0)
+    few = sum(on.get(op, 0) for op in FEW)
+    fused = on.get(FEW[1], 0)
     print(f"default: {on}; WEFT_CUDA_FEW_ROWS=0: {off}; {decode_forwards} decode forwards of "
           f"{per_forward} products")
     failures = []
     if few != decode_forwards * per_forward + 1:
         failures.append(f"{few} few-row products, not the decode forwards' "
                         f"{decode_forwards * per_forward} and the prefill's output head")
-    if "matmul (few rows)" in off:
+    if fused != decode_forwards * CFG["num_hidden_layers"]:
+        failures.append(f"{fused} gate|up products with their SwiGLU in one launch, not one a "
+                        "layer of every decode forward")
+    if any(op in off for op in FEW):
         failures.append("WEFT_CUDA_FEW_ROWS=0 still ran the few-row kernel")
     if sum(on.values()) != sum(off.values()):
         failures.append(f"{sum(on.values())} products by default, {sum(off.values())} without "

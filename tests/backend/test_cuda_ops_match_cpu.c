@@ -169,6 +169,35 @@ static void test_few_rows(int m, int n, int k, bool residual) {
     release(&a), release(&b), release(&c), release(&r), release(&alone);
 }
 
+// A forward-only pass's MLP input (swiglu_product): the same bits as the product followed by
+// swiglu_forward on the GPU, whether a decode step's few rows take the fused kernel or more rows
+// the two ops; and the CPU's values.
+static void test_swiglu_product(int rows, int width, int k) {
+    size_t esz = sizeof(uint16_t), n = (size_t)rows * width;
+    twin x = act((size_t)rows * k, 1), w = act((size_t)2 * width * k, 1);
+    twin gate_up = zeros(2 * n, WEFT_BF16), out = zeros(n, WEFT_BF16);
+    twin apart = zeros(n, WEFT_BF16);
+    weft_matmul_types tg = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
+    cpu->swiglu_product(cpu, x.c, w.c, gate_up.c, out.c, rows, k, width);
+    gpu->swiglu_product(gpu, x.g, w.g, gate_up.g, out.g, rows, k, width);
+    char name[96];
+    snprintf(name, sizeof name, "swiglu_product rows=%d width=%d k=%d", rows, width, k);
+    compare(name, &out, BF16_TOL);
+    gpu->matmul(gpu, false, true, rows, 2 * width, k, 1.0f, x.g, k, w.g, k, 0.0f, NULL, gate_up.g,
+                2 * width, tg);
+    gpu->swiglu_forward(gpu, gate_up.g, apart.g, rows, width);
+    uint16_t *fused = weft_alloc(n * esz), *two = weft_alloc(n * esz);
+    gpu->to_host(gpu, fused, out.g, n * esz);
+    gpu->to_host(gpu, two, apart.g, n * esz);
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) differ += fused[i] != two[i];
+    printf("%-52s %zu values differ from matmul + swiglu_forward %s\n", name, differ,
+           differ ? "FAIL" : "ok");
+    failures += differ != 0;
+    weft_free(fused), weft_free(two);
+    release(&x), release(&w), release(&gate_up), release(&out), release(&apart);
+}
+
 static void test_embedding(void) {
     int V = 50, C = 96, T = 40;
     int32_t id[40];
@@ -561,6 +590,9 @@ int main(void) {
     test_few_rows(2, 64, 4104, true);       // several chunks per thread; onto a residual
     test_few_rows(5, 1100, 64, true);       // rows rounded up to 8, 2 columns a block
     test_few_rows(8, 40, 264, false);
+    test_swiglu_product(1, 1030, 136); // the fused kernel: 4 columns (and 4 ups) a block
+    test_swiglu_product(6, 40, 264);   // rows rounded up to 8, one column a block
+    test_swiglu_product(11, 72, 64);   // more rows than the kernel takes: the two ops
     test_few_rows(4, 2048, 1024, false);    // the 1B model's q projection, 4 sequences
     test_embedding();
     test_rmsnorm();

@@ -570,6 +570,15 @@ static void cpu_swiglu_forward(weft_backend *self, const void *gate_up, void *ou
     WEFT_CPU_PARALLEL((size_t)rows * width, swiglu_chunks(gate_up, out, rows, width));
 }
 
+// The two ops one after the other (on the CPU the product costs the same either way).
+static void cpu_swiglu_product(weft_backend *self, const void *x, const void *w, void *gate_up,
+                               void *out, int rows, int C, int width) {
+    weft_matmul_types types = {self->act_dtype, self->param_dtype, self->act_dtype};
+    self->matmul(self, false, true, rows, 2 * width, C, 1.0f, x, C, w, C, 0.0f, NULL, gate_up,
+                 2 * width, types);
+    cpu_swiglu_forward(self, gate_up, out, rows, width);
+}
+
 static void cpu_swiglu_backward(weft_backend *self, const void *gate_up, const void *doutv,
                                 void *d_gate_up, int rows, int width) {
     const float *dout = doutv;
@@ -706,6 +715,7 @@ weft_backend *weft_backend_cpu_create(void) {
         .split_columns = cpu_split_columns,
         .swiglu_forward = cpu_swiglu_forward,
         .swiglu_backward = cpu_swiglu_backward,
+        .swiglu_product = cpu_swiglu_product,
         .add_inplace = cpu_add_inplace,
         .cross_entropy = weft_cpu_cross_entropy,
         .logprobs = weft_cpu_logprobs,

@@ -57,6 +57,11 @@ template <int VEC> struct bf16_vec {
     }
 };
 
+// SwiGLU of one gate and up value, u * silu(g): every kernel that forms it (the elementwise
+// forward, the few-row product's epilogue) gives the same bits.
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float swiglu(float g, float u) { return u * (g * sigmoid(g)); }
+
 // 8 when every pointer is 16-byte aligned and `count` (the elements a kernel walks in vectors:
 // the whole tensor, or one row) is a multiple of 8; else 1.
 static inline int vector_width(size_t count, const void *a, const void *b = NULL,

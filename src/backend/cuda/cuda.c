@@ -394,6 +394,21 @@ static void cuda_swiglu_forward(weft_backend *self, const void *gate_up, void *o
     launched(self, "swiglu_forward");
 }
 
+// Few rows (a decode step): the product and the activation in one launch (few_rows.cu); else
+// both ops.
+static void cuda_swiglu_product(weft_backend *self, const void *x, const void *w, void *gate_up,
+                                void *out, int rows, int C, int width) {
+    if (state(self)->few_rows && weft_cuda_few_rows_covers(rows, C, x, C, w, C)) {
+        weft_cuda_few_rows_swiglu(STREAM(self), rows, width, C, x, C, w, C, out, width);
+        launched(self, "swiglu_product (few rows)");
+        return;
+    }
+    weft_matmul_types types = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
+    cuda_matmul(self, false, true, rows, 2 * width, C, 1.0f, x, C, w, C, 0.0f, NULL, gate_up,
+                2 * width, types);
+    cuda_swiglu_forward(self, gate_up, out, rows, width);
+}
+
 static void cuda_swiglu_backward(weft_backend *self, const void *gate_up, const void *dout,
                                  void *d_gate_up, int rows, int width) {
     weft_cuda_swiglu_backward(STREAM(self), gate_up, dout, d_gate_up, rows, width);
@@ -695,6 +710,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .split_columns = cuda_split_columns,
         .swiglu_forward = cuda_swiglu_forward,
         .swiglu_backward = cuda_swiglu_backward,
+        .swiglu_product = cuda_swiglu_product,
         .add_inplace = cuda_add_inplace,
         .cross_entropy = cuda_cross_entropy,
         .logprobs = cuda_logprobs,

@@ -8,6 +8,12 @@
 // row of x, and the block sums its threads in a fixed order: warp shuffles, then the warps in
 // turn. Row m's result depends on row m and K alone (not on how many rows come with it, nor on
 // R): the same bits whatever the batch holds.
+//
+// The same kernel serves a forward-only pass's MLP input, swiglu(x W^T) with W the gate rows then
+// the up rows (weft_cuda_few_rows_swiglu): a block owns R gate rows and the R up rows that go
+// with them, rounds both sums to bf16 as the product would be stored, and writes only the
+// activation: the bits of the product followed by swiglu_forward, one launch fewer and the
+// product never written.
 #include "backend/cuda/common.cuh"
 
 namespace {
@@ -22,31 +28,34 @@ inline int threads_for(int K) {
 }
 
 // MR rows of x (the first `rows` real; the rest read the last real row and are not stored) times
-// R rows of W, from column n0 = blockIdx.x * R.
-template <int MR, int R>
+// R rows of W, from column n0 = blockIdx.x * R; with SWIGLU also the R rows `N` further (the ups),
+// y = swiglu of the pair (N the activation's width, alpha 1, beta 0).
+template <int MR, int R, bool SWIGLU>
 __global__ void __launch_bounds__(MAX_THREADS)
     few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
                     int K, int N, float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc,
                     int rows) {
     wait_for_earlier_kernels();
-    __shared__ float partial[MAX_THREADS / 32][MR * R];
+    constexpr int WR = SWIGLU ? 2 * R : R; // rows of W a block reads
+    __shared__ float partial[MAX_THREADS / 32][MR * WR];
     int n0 = blockIdx.x * R;
-    const bf16 *xr[MR], *wr[R];
+    const bf16 *xr[MR], *wr[WR];
 #pragma unroll
     for (int m = 0; m < MR; m++) xr[m] = x + (size_t)min(m, rows - 1) * ldx;
 #pragma unroll
-    for (int r = 0; r < R; r++) wr[r] = w + (size_t)min(n0 + r, N - 1) * ldw;
-    float acc[MR][R] = {};
+    for (int r = 0; r < WR; r++)
+        wr[r] = w + ((size_t)min(n0 + r % R, N - 1) + (r >= R ? N : 0)) * ldw;
+    float acc[MR][WR] = {};
     for (int c = threadIdx.x * CHUNK; c < K; c += blockDim.x * CHUNK) {
-        bf16_vec<CHUNK> wv[R];
+        bf16_vec<CHUNK> wv[WR];
 #pragma unroll
-        for (int r = 0; r < R; r++) wv[r].load(wr[r] + c);
+        for (int r = 0; r < WR; r++) wv[r].load(wr[r] + c);
 #pragma unroll
         for (int m = 0; m < MR; m++) {
             bf16_vec<CHUNK> xv;
             xv.load(xr[m] + c);
 #pragma unroll
-            for (int r = 0; r < R; r++)
+            for (int r = 0; r < WR; r++)
 #pragma unroll
                 for (int k = 0; k < CHUNK; k++) acc[m][r] = fmaf(xv.x[k], wv[r].x[k], acc[m][r]);
         }
@@ -55,37 +64,56 @@ __global__ void __launch_bounds__(MAX_THREADS)
 #pragma unroll
     for (int m = 0; m < MR; m++)
 #pragma unroll
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < WR; r++) {
             float v = warp_sum(acc[m][r]);
-            if (lane == 0) partial[warp][m * R + r] = v;
+            if (lane == 0) partial[warp][m * WR + r] = v;
         }
     __syncthreads();
-    int i = threadIdx.x, m = i / R, n = n0 + i % R;
+    int i = threadIdx.x, m = i / R, r = i % R, n = n0 + r;
     if (i >= MR * R || m >= rows || n >= N) return;
-    float sum = 0.0f;
-    for (int v = 0; v < (int)blockDim.x / 32; v++) sum += partial[v][i];
+    float sum = 0.0f, up = 0.0f;
+    for (int v = 0; v < (int)blockDim.x / 32; v++) sum += partial[v][m * WR + r];
+    if constexpr (SWIGLU) {
+        for (int v = 0; v < (int)blockDim.x / 32; v++) up += partial[v][m * WR + R + r];
+        y[(size_t)m * ldc + n] = to_bf16(swiglu(to_f32(to_bf16(sum)), to_f32(to_bf16(up))));
+        return;
+    }
     float out = alpha * sum;
     if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
     y[(size_t)m * ldc + n] = to_bf16(out);
 }
 
 // Launches the kernel for rows rounded up to MR, R columns a block.
-template <int MR, int R>
+template <int MR, int R, bool SWIGLU>
 void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
             float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
-    static constexpr auto kernel = few_rows_kernel<MR, R>;
+    static constexpr auto kernel = few_rows_kernel<MR, R, SWIGLU>;
     WEFT_LAUNCH(kernel, (unsigned)((N + R - 1) / R), threads_for(K), 0, s, x, ldx, w, ldw, K, N,
                 alpha, beta, c_in, y, ldc, rows);
 }
 
 // Columns a block: 4 where that still leaves the GPU a few blocks per SM, one for the small
-// projections (k and v, N = 256 in the 1B model), fewer for many rows (registers: MR x R sums).
-template <int MR>
+// projections (k and v, N = 256 in the 1B model), fewer for many rows (registers: MR x R sums,
+// twice that with SWIGLU).
+template <int MR, bool SWIGLU>
 void launch_rows(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
                  float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
     constexpr int WIDE = MR <= 4 ? 4 : 2;
-    if (N < 1024) launch<MR, 1>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
-    else launch<MR, WIDE>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+    if (N < 1024) launch<MR, 1, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+    else launch<MR, WIDE, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+}
+
+// The launch for M rows (rounded up to 1, 2, 4 or 8).
+template <bool SWIGLU>
+void launch_any(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x, int ldx,
+                const void *w, int ldw, float beta, const void *c_in, void *y, int ldc) {
+    if (M == 0 || N == 0) return;
+    const bf16 *xb = (const bf16 *)x, *wb = (const bf16 *)w, *cb = (const bf16 *)c_in;
+    bf16 *yb = (bf16 *)y;
+    if (M == 1) launch_rows<1, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    else if (M == 2) launch_rows<2, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    else if (M <= 4) launch_rows<4, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    else launch_rows<8, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
 }
 
 } // namespace few
@@ -101,11 +129,11 @@ extern "C" bool weft_cuda_few_rows_covers(int M, int K, const void *x, int ldx, 
 extern "C" void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha,
                                    const void *x, int ldx, const void *w, int ldw, float beta,
                                    const void *c_in, void *y, int ldc) {
-    if (M == 0 || N == 0) return;
-    const bf16 *xb = (const bf16 *)x, *wb = (const bf16 *)w, *cb = (const bf16 *)c_in;
-    bf16 *yb = (bf16 *)y;
-    if (M == 1) few::launch_rows<1>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
-    else if (M == 2) few::launch_rows<2>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
-    else if (M <= 4) few::launch_rows<4>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
-    else few::launch_rows<8>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    few::launch_any<false>(s, M, N, K, alpha, x, ldx, w, ldw, beta, c_in, y, ldc);
+}
+
+extern "C" void weft_cuda_few_rows_swiglu(weft_cuda_stream s, int M, int width, int K,
+                                          const void *x, int ldx, const void *w, int ldw, void *y,
+                                          int ldy) {
+    few::launch_any<true>(s, M, width, K, 1.0f, x, ldx, w, ldw, 0.0f, NULL, y, ldy);
 }

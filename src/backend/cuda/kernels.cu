@@ -380,8 +380,6 @@ extern "C" void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *c
 
 // ---------------------------------------------------------------------------------- swiglu ----
 
-__device__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
-
 // Element i of the (rows, width) output: its gate's offset in gate_up (rows, 2 width); its up
 // is width further. VEC elements never cross a row (vector_width asks width % VEC == 0).
 __device__ __forceinline__ size_t gate_at(size_t i, size_t width) {
@@ -397,7 +395,7 @@ __global__ void swiglu_forward_kernel(const bf16 *gate_up, bf16 *out, size_t N, 
         g.load(gate_up + at);
         u.load(gate_up + at + width);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) u.x[k] *= g.x[k] * sigmoid(g.x[k]);
+        for (int k = 0; k < VEC; k++) u.x[k] = swiglu(g.x[k], u.x[k]);
         u.store(out + i);
     }
 }

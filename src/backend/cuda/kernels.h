@@ -63,6 +63,11 @@ bool weft_cuda_few_rows_covers(int M, int K, const void *x, int ldx, const void 
 void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
                         int ldx, const void *w, int ldw, float beta, const void *c_in, void *y,
                         int ldc);
+// y (M, width) bf16 = swiglu of x W^T (M, 2 width), W (2 width, K) the gate rows then the up
+// rows (ldw apart): the bits of weft_cuda_few_rows into (M, 2 width) and then
+// weft_cuda_swiglu_forward, in one launch and without the product. Where covers says so.
+void weft_cuda_few_rows_swiglu(weft_cuda_stream s, int M, int width, int K, const void *x,
+                               int ldx, const void *w, int ldw, void *y, int ldy);
 
 // Copies between fused (rows, sum of widths) and n (at most 3) parts (rows, widths[i]): into
 // them, or with join from them (backend.h's weft_column_parts, passed as its fields). bf16.
