@@ -94,13 +94,15 @@ struct weft_backend {
     void *(*host_alloc)(weft_backend *self, size_t bytes);
     void (*host_free)(weft_backend *self, void *p);
 
-    // C (m, n) = alpha * op(A) op(B) + beta * C_in, row-major; op(A) is (m, k), op(B) is (k, n).
-    // lda/ldb/ldc are row strides of the stored (untransposed) matrices; c_in (laid out like C)
-    // NULL means C itself. A residual added on the way (c_in the block's input) saves the copy
-    // of it into C, a kernel launch per use.
+    // C (m, n) = alpha * op(A) op(B) + beta * C_in (+ bias), row-major; op(A) is (m, k), op(B)
+    // is (k, n). lda/ldb/ldc are row strides of the stored (untransposed) matrices; c_in (laid out
+    // like C) NULL means C itself. A residual added on the way (c_in the block's input) saves the
+    // copy of it into C, a kernel launch per use. bias (n) (NULL: none; C of the act dtype, ldc =
+    // n) is added to every row of the stored result, as a separate add after it would: the
+    // product is rounded to C's type first. backward of a bias: bias_backward.
     void (*matmul)(weft_backend *self, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                    const void *a, int lda, const void *b, int ldb, float beta, const void *c_in,
-                   void *c, int ldc, weft_matmul_types types);
+                   const void *bias, void *c, int ldc, weft_matmul_types types);
 
     // out (T, C) = table[ids] ; table (V, C) param
     void (*embedding_forward)(weft_backend *self, const int32_t *ids, const void *table, void *out,
@@ -123,8 +125,7 @@ struct weft_backend {
     void (*split_columns)(weft_backend *self, void *fused, const weft_column_parts *parts,
                           int rows, bool join, const weft_rope_rows *rotate);
 
-    // x (T, C) += bias (C), broadcast over rows ; backward: dbias (C) f32 += column sums of dout
-    void (*bias_forward)(weft_backend *self, void *x, const void *bias, int T, int C);
+    // The backward of matmul's bias: dbias (C) f32 += column sums of dout (T, C)
     void (*bias_backward)(weft_backend *self, const void *dout, float *dbias, int T, int C);
 
     // Rotary embedding in place on the first H heads of D of x's T rows, ld elements apart (ld

@@ -14,13 +14,24 @@ static void linear_into(weft_model *m, const void *x, weight_view w, float beta,
                         void *y, int ld_y, int T, int in, int out) {
     weft_backend *be = m->be;
     weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
-    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, c_in, y,
-               ld_y, ty);
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, c_in, NULL,
+               y, ld_y, ty);
 }
 
 void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
                          int out, float beta) {
     linear_into(m, x, w, beta, NULL, y, out, T, in, out);
+}
+
+// y (T, out) = x W^T + b for parameters w and b (WEFT_ABSENT: no bias): the bias added in the
+// matmul, which on a GPU's few-row products is the same launch.
+static void linear_bias(weft_model *m, const void *x, int w, int b, void *y, int T, int in,
+                        int out) {
+    weft_backend *be = m->be;
+    weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
+    const void *bias = b == WEFT_ABSENT ? NULL : weft_model_param(m, b);
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weft_model_param(m, w), in, 0.0f, NULL,
+               bias, y, out, ty);
 }
 
 // weft_linear_backward for a dy whose rows are ld_dy apart.
@@ -30,8 +41,8 @@ static void linear_backward_rows(weft_model *m, const void *x, weight_view w, co
     weft_matmul_types tx = {be->act_dtype, be->param_dtype, be->act_dtype};
     weft_matmul_types tw = {be->act_dtype, be->act_dtype, WEFT_F32};
     be->matmul(be, false, false, T, in, out, 1.0f, dy, ld_dy, weight_of(m, w), w.ld, dx_beta,
-               NULL, dx, in, tx);
-    be->matmul(be, true, false, out, in, T, 1.0f, dy, ld_dy, x, in, 1.0f, NULL,
+               NULL, NULL, dx, in, tx);
+    be->matmul(be, true, false, out, in, T, 1.0f, dy, ld_dy, x, in, 1.0f, NULL, NULL,
                weft_model_grad(m, w.param) + w.col, w.ld, tw);
 }
 
@@ -148,31 +159,23 @@ static void rope_rows(weft_model *m, const weft_activations *a, void *x, int ld,
                                                       a->d.T, heads, r.head_dim);
 }
 
-// q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias). Fused (qkv_fused): one product (and
-// bias add) into a->qkv, whose rows start with the q and k heads, so that with `rotate` the split
+// q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias, in the matmul). Fused (qkv_fused): one
+// product into a->qkv, whose rows start with the q and k heads, so that with `rotate` the split
 // turns both on the way (one launch). Whether q and k come out rotated.
 static bool project_qkv(weft_model *m, const weft_layer_params *p, layer_acts *la,
                         weft_activations *a, void *q, void *k, bool rotate) {
-    weft_backend *be = m->be;
     dims d = a->d;
-    bool bias = p->q_b != WEFT_ABSENT;
     if (qkv_fused(m, p)) {
         int width = d.qd + 2 * d.kvd;
         weft_column_parts parts = qkv_parts(q, k, la->v, d);
-        linear_forward(m, la->ln1, p->q_w, a->qkv, d.T, d.C, width, 0.0f);
-        if (bias) be->bias_forward(be, a->qkv, weft_model_param(m, p->q_b), d.T, width);
+        linear_bias(m, la->ln1, p->q_w, p->q_b, a->qkv, d.T, d.C, width);
         weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
-        be->split_columns(be, a->qkv, &parts, d.T, false, rotate ? &rope : NULL);
+        m->be->split_columns(m->be, a->qkv, &parts, d.T, false, rotate ? &rope : NULL);
         return rotate;
     }
-    linear_forward(m, la->ln1, p->q_w, q, d.T, d.C, d.qd, 0.0f);
-    linear_forward(m, la->ln1, p->k_w, k, d.T, d.C, d.kvd, 0.0f);
-    linear_forward(m, la->ln1, p->v_w, la->v, d.T, d.C, d.kvd, 0.0f);
-    if (bias) {
-        be->bias_forward(be, q, weft_model_param(m, p->q_b), d.T, d.qd);
-        be->bias_forward(be, k, weft_model_param(m, p->k_b), d.T, d.kvd);
-        be->bias_forward(be, la->v, weft_model_param(m, p->v_b), d.T, d.kvd);
-    }
+    linear_bias(m, la->ln1, p->q_w, p->q_b, q, d.T, d.C, d.qd);
+    linear_bias(m, la->ln1, p->k_w, p->k_b, k, d.T, d.C, d.kvd);
+    linear_bias(m, la->ln1, p->v_w, p->v_b, la->v, d.T, d.C, d.kvd);
     return false;
 }
 

@@ -83,7 +83,7 @@ static void check_shape(int n, int k, float alpha, float beta) {
 // matmul x W^T of m rows into out (m, n).
 static void matmul(int m, int n, int k, const float *x, const float *w, float *out) {
     weft_matmul_types f32 = {WEFT_F32, WEFT_F32, WEFT_F32};
-    B->matmul(B, false, true, m, n, k, 1.0f, x, k, w, k, 0.0f, NULL, out, n, f32);
+    B->matmul(B, false, true, m, n, k, 1.0f, x, k, w, k, 0.0f, NULL, NULL, out, n, f32);
 }
 
 // The backend takes the bf16 path only for fixed parameters while rounding is on.

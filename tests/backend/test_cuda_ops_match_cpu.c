@@ -121,10 +121,10 @@ static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
     float beta = f32_out || residual ? 1.0f : 0.0f;
     weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32};
     weft_matmul_types tg = {WEFT_BF16, WEFT_BF16, f32_out ? WEFT_F32 : WEFT_BF16};
-    cpu->matmul(cpu, ta, tb, m, n, k, 0.5f, a.c, lda, b.c, ldb, beta, residual ? r.c : NULL, c.c,
-                ldc, tc);
-    gpu->matmul(gpu, ta, tb, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL, c.g,
-                ldc, tg);
+    cpu->matmul(cpu, ta, tb, m, n, k, 0.5f, a.c, lda, b.c, ldb, beta, residual ? r.c : NULL, NULL,
+                c.c, ldc, tc);
+    gpu->matmul(gpu, ta, tb, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL, NULL,
+                c.g, ldc, tg);
     char name[96];
     snprintf(name, sizeof name, "matmul ta=%d tb=%d %s", ta, tb,
              residual ? "bf16 C = AB + R" : f32_out ? "f32 C += (dW)" : "bf16 C =");
@@ -145,9 +145,9 @@ static void test_few_rows(int m, int n, int k, bool residual) {
     float beta = residual ? 1.0f : 0.0f;
     weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32}, tg = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
     cpu->matmul(cpu, false, true, m, n, k, 0.5f, a.c, lda, b.c, ldb, beta, residual ? r.c : NULL,
-                c.c, ldc, tc);
+                NULL, c.c, ldc, tc);
     gpu->matmul(gpu, false, true, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL,
-                c.g, ldc, tg);
+                NULL, c.g, ldc, tg);
     char name[96];
     snprintf(name, sizeof name, "matmul few rows m=%d n=%d k=%d%s", m, n, k,
              residual ? " + R" : "");
@@ -158,7 +158,7 @@ static void test_few_rows(int m, int n, int k, bool residual) {
     for (int i = 0; i < m; i++) {
         const void *res = residual ? (const char *)r.g + (size_t)i * ldc * esz : NULL;
         gpu->matmul(gpu, false, true, 1, n, k, 0.5f, (const char *)a.g + (size_t)i * lda * esz,
-                    lda, b.g, ldb, beta, res, alone.g, ldc, tg);
+                    lda, b.g, ldb, beta, res, NULL, alone.g, ldc, tg);
         gpu->to_host(gpu, row, alone.g, (size_t)ldc * esz);
         differ += memcmp(row, batch + (size_t)i * ldc, (size_t)n * esz) != 0;
     }
@@ -183,8 +183,8 @@ static void test_swiglu_product(int rows, int width, int k) {
     char name[96];
     snprintf(name, sizeof name, "swiglu_product rows=%d width=%d k=%d", rows, width, k);
     compare(name, &out, BF16_TOL);
-    gpu->matmul(gpu, false, true, rows, 2 * width, k, 1.0f, x.g, k, w.g, k, 0.0f, NULL, gate_up.g,
-                2 * width, tg);
+    gpu->matmul(gpu, false, true, rows, 2 * width, k, 1.0f, x.g, k, w.g, k, 0.0f, NULL, NULL,
+                gate_up.g, 2 * width, tg);
     gpu->swiglu_forward(gpu, gate_up.g, apart.g, rows, width);
     uint16_t *fused = weft_alloc(n * esz), *two = weft_alloc(n * esz);
     gpu->to_host(gpu, fused, out.g, n * esz);
@@ -231,17 +231,42 @@ static void test_rmsnorm(void) {
         release(&dw);
 }
 
+// A matmul's bias, on a GEMM's rows (T of them) and on the few-row kernel's (1 and 5, where it
+// is added in the same launch): against the CPU, and on the GPU the bits of the product rounded
+// to bf16 and then the bias added (a separate add's). Then its backward, the column sums.
 static void test_bias(void) {
-    int T = 70, C = 40;
-    twin x = act((size_t)T * C, 1), b = act(C, 1), dout = act((size_t)T * C, 1), db = f32(C, 1);
-    cpu->bias_forward(cpu, x.c, b.c, T, C);
-    gpu->bias_forward(gpu, x.g, b.g, T, C);
-    compare("bias_forward", &x, BF16_TOL);
+    int C = 40, K = 72;
+    for (int T = 1; T <= 70; T += T == 1 ? 4 : 65) {
+        twin x = act((size_t)T * K, 1), w = act((size_t)C * K, 1), b = act(C, 1);
+        twin y = zeros((size_t)T * C, WEFT_BF16), plain = zeros((size_t)T * C, WEFT_BF16);
+        weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32};
+        weft_matmul_types tg = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
+        cpu->matmul(cpu, false, true, T, C, K, 1.0f, x.c, K, w.c, K, 0.0f, NULL, b.c, y.c, C, tc);
+        gpu->matmul(gpu, false, true, T, C, K, 1.0f, x.g, K, w.g, K, 0.0f, NULL, b.g, y.g, C, tg);
+        gpu->matmul(gpu, false, true, T, C, K, 1.0f, x.g, K, w.g, K, 0.0f, NULL, NULL, plain.g, C,
+                    tg);
+        char name[64];
+        snprintf(name, sizeof name, "matmul + bias, %d rows", T);
+        compare(name, &y, BF16_TOL);
+        float *with = weft_alloc(sizeof(float) * T * C), *without = weft_alloc(sizeof(float) * T * C);
+        gpu->to_f32(gpu, with, y.g, WEFT_BF16, y.n);
+        gpu->to_f32(gpu, without, plain.g, WEFT_BF16, plain.n);
+        int differ = 0;
+        for (int i = 0; i < T * C; i++)
+            differ += with[i] != bf16_round(without[i] + b.host[i % C]);
+        printf("%-52s %d values not the rounded product's + bias %s\n", name, differ,
+               differ ? "FAIL" : "ok");
+        failures += differ != 0;
+        weft_free(with), weft_free(without);
+        release(&x), release(&w), release(&b), release(&y), release(&plain);
+    }
+    int T = 70;
+    twin dout = act((size_t)T * C, 1), db = f32(C, 1);
     // From bf16-exact gradients on both sides: the column sums themselves are fp32.
     cpu->bias_backward(cpu, dout.c, db.c, T, C);
     gpu->bias_backward(gpu, dout.g, db.g, T, C);
     compare("bias_backward (f32 +=)", &db, F32_TOL);
-    release(&x), release(&b), release(&dout), release(&db);
+    release(&dout), release(&db);
 }
 
 // RoPE from a frequency table: plain RoPE's (theta 1e6) and an irregular one with a YaRN-style

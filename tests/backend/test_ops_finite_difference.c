@@ -134,37 +134,42 @@ static void test_rmsnorm(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// bias: x (T, C) += bias (C); dbias += column sums of dout.
+// bias: y (T, C) = x W^T + bias (C), matmul's bias; dbias += column sums of dout.
 
 typedef struct bias_ctx {
-    int T, C;
-    const float *x;
+    int T, C, K;
     float *bias;
-    void *x_d, *bias_d;
+    void *x_d, *w_d, *y_d, *bias_d;
     const float *R;
 } bias_ctx;
 
 static double bias_J(void *p) {
     bias_ctx *c = p;
-    upload(c->x_d, c->x, (size_t)c->T * c->C);
+    const weft_matmul_types f32 = {WEFT_F32, WEFT_F32, WEFT_F32};
     upload(c->bias_d, c->bias, c->C);
-    B->bias_forward(B, c->x_d, c->bias_d, c->T, c->C);
-    return dot_dev(c->x_d, c->R, (size_t)c->T * c->C);
+    B->matmul(B, false, true, c->T, c->C, c->K, 1.0f, c->x_d, c->K, c->w_d, c->K, 0.0f, NULL,
+              c->bias_d, c->y_d, c->C, f32);
+    return dot_dev(c->y_d, c->R, (size_t)c->T * c->C);
 }
 
 static void test_bias(void) {
-    enum { T = 5, C = 6 };
-    bias_ctx c = {.T = T, .C = C, .x = host_normal(T * C, 0, 1), .bias = host_normal(C, 0, 1),
+    enum { T = 5, C = 6, K = 3 };
+    float *x = host_normal(T * K, 0, 1), *w = host_normal(C * K, 0, 1);
+    bias_ctx c = {.T = T, .C = C, .K = K, .bias = host_normal(C, 0, 1),
                   .R = host_normal(T * C, 0, 1)};
-    c.x_d = dev_f32(c.x, T * C);
+    c.x_d = dev_f32(x, T * K), c.w_d = dev_f32(w, C * K), c.y_d = dev_f32(NULL, T * C);
     c.bias_d = dev_f32(c.bias, C);
 
-    B->bias_forward(B, c.x_d, c.bias_d, T, C);
+    bias_J(&c);
     float out[T * C], want[T * C];
-    download(out, c.x_d, T * C);
+    download(out, c.y_d, T * C);
     for (int t = 0; t < T; t++)
-        for (int j = 0; j < C; j++) want[t * C + j] = c.x[t * C + j] + c.bias[j];
-    report("bias_forward vs x + bias", rel_err(out, want, T * C), 0);
+        for (int j = 0; j < C; j++) {
+            double acc = c.bias[j];
+            for (int p = 0; p < K; p++) acc += (double)x[t * K + p] * w[j * K + p];
+            want[t * C + j] = (float)acc;
+        }
+    report("matmul + bias vs x W^T + bias", rel_err(out, want, T * C), 1e-6);
 
     void *dout_d = dev_f32(c.R, T * C);
     float *db_d = dev_f32(NULL, C);
@@ -363,8 +368,8 @@ static void test_matmul(void) {
                 if (c_in)
                     for (int i = 0; i < M; i++)
                         for (int j = 0; j < N; j++) c0[i * ldc + j] -= 100.0f;
-                B->matmul(B, ta, tb, M, N, K, alphas[s], a_d, lda, b_d, ldb, betas[s], c_in, c_d,
-                          ldc, f32);
+                B->matmul(B, ta, tb, M, N, K, alphas[s], a_d, lda, b_d, ldb, betas[s], c_in, NULL,
+                          c_d, ldc, f32);
                 download(cout, c_d, (size_t)M * ldc);
                 for (int i = 0; i < M; i++) {
                     for (int j = 0; j < N; j++) {
@@ -415,14 +420,14 @@ static void test_matmul_rows_are_call_independent(void) {
             void *c_d = dev_f32(NULL, (size_t)ROWS * N);
             for (int r = 0; r < ROWS; r++) {
                 B->matmul(B, false, tb, 1, N, K, 1.0f, (float *)x_d + (size_t)r * K, K, w_d, ldb, 0.0f,
-                          NULL, c_d, N, f32);
+                          NULL, NULL, c_d, N, f32);
                 download(alone + (size_t)r * N, c_d, N);
             }
             double worst = 0;
             for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
                 for (int off = 0; off + counts[i] <= ROWS; off += 9) {
                     B->matmul(B, false, tb, counts[i], N, K, 1.0f, (float *)x_d + (size_t)off * K, K,
-                              w_d, ldb, 0.0f, NULL, c_d, N, f32);
+                              w_d, ldb, 0.0f, NULL, NULL, c_d, N, f32);
                     download(got, c_d, (size_t)counts[i] * N);
                     worst = fmax(worst, rel_err(got, alone + (size_t)off * N, (size_t)counts[i] * N));
                 }

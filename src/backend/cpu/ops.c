@@ -247,12 +247,10 @@ static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, 
 // K alone.
 enum { COLUMN_ALIGN = 64 };
 
-static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
-                       const void *a, int lda, const void *b, int ldb, float beta,
-                       const void *c_in, void *c, int ldc, weft_matmul_types types) {
-    WEFT_CHECK(types.a == WEFT_F32 && types.b == WEFT_F32 && types.c == WEFT_F32,
-               "cpu backend multiplies fp32 matrices only");
-    if (m == 0 || n == 0) return;
+// matmul's C = alpha op(A) op(B) + beta C_in, its threads over column slices.
+static void product(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
+                    const void *a, int lda, const void *b, int ldb, float beta, const void *c_in,
+                    void *c, int ldc) {
     if (c_in && c_in != c && beta != 0.0f) // OpenBLAS accumulates in place
         for (int i = 0; i < m; i++)
             memcpy((float *)c + (size_t)i * ldc, (const float *)c_in + (size_t)i * ldc,
@@ -282,6 +280,23 @@ static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k
         product_columns(self, tb, m, j0, j1 < n ? j1 : n, k, alpha, a, lda, b, ldb, packed, beta,
                         c, ldc);
     }
+}
+
+static void add_bias_rows(float *x, const float *b, int T, int C, int ld) {
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) x[(size_t)t * ld + c] += b[c];
+}
+
+static void cpu_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
+                       const void *a, int lda, const void *b, int ldb, float beta,
+                       const void *c_in, const void *bias, void *c, int ldc,
+                       weft_matmul_types types) {
+    WEFT_CHECK(types.a == WEFT_F32 && types.b == WEFT_F32 && types.c == WEFT_F32,
+               "cpu backend multiplies fp32 matrices only");
+    if (m == 0 || n == 0) return;
+    product(self, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c_in, c, ldc);
+    if (bias) WEFT_CPU_PARALLEL((size_t)m * n, add_bias_rows(c, bias, m, n, ldc));
 }
 
 // Sums rows of a (T, C) matrix into out (C) f32 (+=). Threads own disjoint column ranges, so the
@@ -397,16 +412,6 @@ static void cpu_rmsnorm_backward(weft_backend *self, const void *xv, const void 
 }
 
 // ------------------------------------------------------------------------------------- bias ----
-
-static void add_bias_rows(float *x, const float *b, int T, int C) {
-#pragma omp for schedule(static) nowait
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < C; c++) x[(size_t)t * C + c] += b[c];
-}
-
-static void cpu_bias_forward(weft_backend *self, void *x, const void *bias, int T, int C) {
-    WEFT_CPU_PARALLEL((size_t)T * C, add_bias_rows(x, bias, T, C));
-}
 
 static void cpu_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
     column_sums(dout, dbias, T, C);
@@ -574,8 +579,8 @@ static void cpu_swiglu_forward(weft_backend *self, const void *gate_up, void *ou
 static void cpu_swiglu_product(weft_backend *self, const void *x, const void *w, void *gate_up,
                                void *out, int rows, int C, int width) {
     weft_matmul_types types = {self->act_dtype, self->param_dtype, self->act_dtype};
-    self->matmul(self, false, true, rows, 2 * width, C, 1.0f, x, C, w, C, 0.0f, NULL, gate_up,
-                 2 * width, types);
+    self->matmul(self, false, true, rows, 2 * width, C, 1.0f, x, C, w, C, 0.0f, NULL, NULL,
+                 gate_up, 2 * width, types);
     cpu_swiglu_forward(self, gate_up, out, rows, width);
 }
 
@@ -704,7 +709,6 @@ weft_backend *weft_backend_cpu_create(void) {
         .embedding_backward = cpu_embedding_backward,
         .rmsnorm_forward = cpu_rmsnorm_forward,
         .rmsnorm_backward = cpu_rmsnorm_backward,
-        .bias_forward = cpu_bias_forward,
         .bias_backward = cpu_bias_backward,
         .rope_forward = cpu_rope_forward,
         .rope_backward = cpu_rope_backward,

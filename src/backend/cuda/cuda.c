@@ -200,9 +200,12 @@ static float *scratch(weft_backend *self, size_t bytes) {
 
 static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
                         const void *a, int lda, const void *b, int ldb, float beta,
-                        const void *c_in, void *c, int ldc, weft_matmul_types types) {
+                        const void *c_in, const void *bias, void *c, int ldc,
+                        weft_matmul_types types) {
     WEFT_CHECK(types.a == WEFT_BF16 && types.b == WEFT_BF16,
                "internal: the cuda backend multiplies bf16 matrices");
+    WEFT_CHECK(!bias || (types.c == WEFT_BF16 && ldc == n),
+               "internal: a bias on an fp32 or strided product");
     if (m == 0 || n == 0) return;
     cuda_state *st = state(self);
     if (!c_in) c_in = c;
@@ -215,18 +218,21 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
             CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, (size_t)n * esz, (size_t)m,
                                          cudaMemcpyDeviceToDevice, op_stream(self)));
         launched(self, "matmul (empty sum)");
-        return;
-    }
-    if (!ta && tb && types.c == WEFT_BF16 && st->few_rows &&
-        weft_cuda_few_rows_covers(m, k, a, lda, b, ldb)) {
-        weft_cuda_few_rows(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta,
-                           c_in, c, ldc);
+    } else if (!ta && tb && types.c == WEFT_BF16 && st->few_rows &&
+               weft_cuda_few_rows_covers(m, k, a, lda, b, ldb)) {
+        weft_cuda_few_rows(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
+                           ldc);
         launched(self, "matmul (few rows)");
-        return;
+        return; // the bias added in the same launch
+    } else {
+        weft_cuda_gemm(st->gemms, op_stream(self), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
+                       c_in, c, ldc, types);
+        launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)" : "matmul");
     }
-    weft_cuda_gemm(st->gemms, op_stream(self), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c_in,
-                   c, ldc, types);
-    launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)" : "matmul");
+    if (bias) { // rounded as the product was stored: a separate add's bits, whichever path ran
+        weft_cuda_bias_forward(op_queue(self), c, bias, m, n);
+        launched(self, "bias_add");
+    }
 }
 
 // ------------------------------------------------------------------------- kernel ops ----
@@ -257,11 +263,6 @@ static void cuda_rmsnorm_backward(weft_backend *self, const void *x, const void 
     float *partials = scratch(self, weft_cuda_column_partials_bytes(T, C));
     weft_cuda_rmsnorm_backward(STREAM(self), x, w, rstd, dout, dx, dw, T, C, partials);
     launched(self, "rmsnorm_backward");
-}
-
-static void cuda_bias_forward(weft_backend *self, void *x, const void *bias, int T, int C) {
-    weft_cuda_bias_forward(STREAM(self), x, bias, T, C);
-    launched(self, "bias_forward");
 }
 
 static void cuda_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
@@ -404,7 +405,7 @@ static void cuda_swiglu_product(weft_backend *self, const void *x, const void *w
         return;
     }
     weft_matmul_types types = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
-    cuda_matmul(self, false, true, rows, 2 * width, C, 1.0f, x, C, w, C, 0.0f, NULL, gate_up,
+    cuda_matmul(self, false, true, rows, 2 * width, C, 1.0f, x, C, w, C, 0.0f, NULL, NULL, gate_up,
                 2 * width, types);
     cuda_swiglu_forward(self, gate_up, out, rows, width);
 }
@@ -699,7 +700,6 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .embedding_backward = cuda_embedding_backward,
         .rmsnorm_forward = cuda_rmsnorm_forward,
         .rmsnorm_backward = cuda_rmsnorm_backward,
-        .bias_forward = cuda_bias_forward,
         .bias_backward = cuda_bias_backward,
         .rope_forward = cuda_rope_forward,
         .rope_backward = cuda_rope_backward,

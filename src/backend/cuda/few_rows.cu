@@ -33,8 +33,8 @@ inline int threads_for(int K) {
 template <int MR, int R, bool SWIGLU>
 __global__ void __launch_bounds__(MAX_THREADS)
     few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
-                    int K, int N, float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc,
-                    int rows) {
+                    int K, int N, float alpha, float beta, const bf16 *c_in, const bf16 *bias,
+                    bf16 *y, int ldc, int rows) {
     wait_for_earlier_kernels();
     constexpr int WR = SWIGLU ? 2 * R : R; // rows of W a block reads
     __shared__ float partial[MAX_THREADS / 32][MR * WR];
@@ -80,16 +80,18 @@ __global__ void __launch_bounds__(MAX_THREADS)
     }
     float out = alpha * sum;
     if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
-    y[(size_t)m * ldc + n] = to_bf16(out);
+    bf16 stored = to_bf16(out);
+    y[(size_t)m * ldc + n] = bias ? to_bf16(to_f32(stored) + to_f32(bias[n])) : stored;
 }
 
 // Launches the kernel for rows rounded up to MR, R columns a block.
 template <int MR, int R, bool SWIGLU>
 void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
-            float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
+            float alpha, float beta, const bf16 *c_in, const bf16 *bias, bf16 *y, int ldc,
+            int rows) {
     static constexpr auto kernel = few_rows_kernel<MR, R, SWIGLU>;
     WEFT_LAUNCH(kernel, (unsigned)((N + R - 1) / R), threads_for(K), 0, s, x, ldx, w, ldw, K, N,
-                alpha, beta, c_in, y, ldc, rows);
+                alpha, beta, c_in, bias, y, ldc, rows);
 }
 
 // Columns a block: 4 where that still leaves the GPU a few blocks per SM, one for the small
@@ -97,23 +99,29 @@ void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, 
 // twice that with SWIGLU).
 template <int MR, bool SWIGLU>
 void launch_rows(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
-                 float alpha, float beta, const bf16 *c_in, bf16 *y, int ldc, int rows) {
+                 float alpha, float beta, const bf16 *c_in, const bf16 *bias, bf16 *y, int ldc,
+                 int rows) {
     constexpr int WIDE = MR <= 4 ? 4 : 2;
-    if (N < 1024) launch<MR, 1, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
-    else launch<MR, WIDE, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, y, ldc, rows);
+    if (N < 1024)
+        launch<MR, 1, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, bias, y, ldc, rows);
+    else launch<MR, WIDE, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, bias, y, ldc, rows);
 }
 
 // The launch for M rows (rounded up to 1, 2, 4 or 8).
 template <bool SWIGLU>
 void launch_any(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x, int ldx,
-                const void *w, int ldw, float beta, const void *c_in, void *y, int ldc) {
+                const void *w, int ldw, float beta, const void *c_in, const void *bias, void *y,
+                int ldc) {
     if (M == 0 || N == 0) return;
     const bf16 *xb = (const bf16 *)x, *wb = (const bf16 *)w, *cb = (const bf16 *)c_in;
+    const bf16 *bb = (const bf16 *)bias;
     bf16 *yb = (bf16 *)y;
-    if (M == 1) launch_rows<1, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
-    else if (M == 2) launch_rows<2, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
-    else if (M <= 4) launch_rows<4, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
-    else launch_rows<8, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, yb, ldc, M);
+    if (M == 1) launch_rows<1, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M);
+    else if (M == 2)
+        launch_rows<2, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M);
+    else if (M <= 4)
+        launch_rows<4, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M);
+    else launch_rows<8, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M);
 }
 
 } // namespace few
@@ -128,12 +136,12 @@ extern "C" bool weft_cuda_few_rows_covers(int M, int K, const void *x, int ldx, 
 
 extern "C" void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha,
                                    const void *x, int ldx, const void *w, int ldw, float beta,
-                                   const void *c_in, void *y, int ldc) {
-    few::launch_any<false>(s, M, N, K, alpha, x, ldx, w, ldw, beta, c_in, y, ldc);
+                                   const void *c_in, const void *bias, void *y, int ldc) {
+    few::launch_any<false>(s, M, N, K, alpha, x, ldx, w, ldw, beta, c_in, bias, y, ldc);
 }
 
 extern "C" void weft_cuda_few_rows_swiglu(weft_cuda_stream s, int M, int width, int K,
                                           const void *x, int ldx, const void *w, int ldw, void *y,
                                           int ldy) {
-    few::launch_any<true>(s, M, width, K, 1.0f, x, ldx, w, ldw, 0.0f, NULL, y, ldy);
+    few::launch_any<true>(s, M, width, K, 1.0f, x, ldx, w, ldw, 0.0f, NULL, NULL, y, ldy);
 }

@@ -53,7 +53,8 @@ size_t weft_cuda_column_partials_bytes(int T, int C);
 void weft_cuda_rope(weft_cuda_stream s, void *x, int ld, const int32_t *positions,
                     const float *inv_freq, float scale, int T, int H, int D, float sign);
 
-// y (M, N) bf16 = alpha x (M, K) W^T + beta c_in (M, N), for M <= WEFT_CUDA_FEW_ROWS: x and W
+// y (M, N) bf16 = alpha x (M, K) W^T + beta c_in (M, N) (+ bias (N), NULL: none, added to the
+// stored bf16 result as weft_cuda_bias_forward adds it), for M <= WEFT_CUDA_FEW_ROWS: x and W
 // (N, K) bf16 row-major with row strides ldx, ldw; y and c_in (which may be y) with ldc. The
 // decode step's projections, streaming W at bandwidth where a GEMM's tiles leave SMs idle; each
 // row's result is the same bits whatever rows come with it (few_rows.cu). covers: M in range,
@@ -61,8 +62,8 @@ void weft_cuda_rope(weft_cuda_stream s, void *x, int ld, const int32_t *position
 enum { WEFT_CUDA_FEW_ROWS = 8 };
 bool weft_cuda_few_rows_covers(int M, int K, const void *x, int ldx, const void *w, int ldw);
 void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
-                        int ldx, const void *w, int ldw, float beta, const void *c_in, void *y,
-                        int ldc);
+                        int ldx, const void *w, int ldw, float beta, const void *c_in,
+                        const void *bias, void *y, int ldc);
 // y (M, width) bf16 = swiglu of x W^T (M, 2 width), W (2 width, K) the gate rows then the up
 // rows (ldw apart): the bits of weft_cuda_few_rows into (M, 2 width) and then
 // weft_cuda_swiglu_forward, in one launch and without the product. Where covers says so.
