@@ -160,6 +160,12 @@ struct weft_backend {
     // dtype; slot (T) int32 on the device.
     void (*kv_store)(weft_backend *self, const weft_kv_pool *pool, int layer, const int32_t *slot,
                      const void *k, const void *v, int T);
+    // split_columns of q|k|v rows (parts q, k, v, each T rows) with rotate, and kv_store of k
+    // and v, as one op: a decode step's split and store in one launch on a GPU, where the parts
+    // k and v may be left unwritten (the pool holds them).
+    void (*split_store)(weft_backend *self, void *fused, const weft_column_parts *parts, int T,
+                        const weft_rope_rows *rotate, const weft_kv_pool *pool, int layer,
+                        const int32_t *slot);
     // Causal attention of q (Tq, H, D) over the keys and values of `layer` held in the pool, as
     // the layout says; out (Tq, H, D), lse (H, Tq) f32. Per row the same arithmetic as
     // attention_forward over the same keys in one contiguous document, so a decoded row matches

@@ -51,11 +51,6 @@ void weft_linear_backward(weft_model *m, const void *x, weight_view w, const voi
     linear_backward_rows(m, x, w, dy, out, dx, T, in, out, dx_beta);
 }
 
-static void linear_forward(weft_model *m, const void *x, int w, void *y, int T, int in, int out,
-                           float beta) {
-    weft_linear_forward(m, x, whole_weight(w, in), y, T, in, out, beta);
-}
-
 // y (T, out) = x W^T + residual, the residual read where it lies rather than copied into y first.
 static void linear_residual(weft_model *m, const void *x, int w, const void *residual, void *y,
                             int T, int in, int out) {
@@ -159,18 +154,21 @@ static void rope_rows(weft_model *m, const weft_activations *a, void *x, int ld,
                                                       a->d.T, heads, r.head_dim);
 }
 
-// q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias, in the matmul). Fused (qkv_fused): one
-// product into a->qkv, whose rows start with the q and k heads, so that with `rotate` the split
-// turns both on the way (one launch). Whether q and k come out rotated.
-static bool project_qkv(weft_model *m, const weft_layer_params *p, layer_acts *la,
-                        weft_activations *a, void *q, void *k, bool rotate) {
+// q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias, in the matmul) of layer l. Fused
+// (qkv_fused): one product into a->qkv, whose rows start with the q and k heads, so that with
+// `rotate` the split turns both on the way (one launch), and a provider that stores keys may take
+// the split over (split_store), storing them in the same launch. Whether q and k come out rotated.
+static bool project_qkv(weft_model *m, int l, const weft_layer_params *p, layer_acts *la,
+                        weft_activations *a, void *q, void *k, bool rotate,
+                        const weft_kv_provider *kv) {
     dims d = a->d;
     if (qkv_fused(m, p)) {
         int width = d.qd + 2 * d.kvd;
         weft_column_parts parts = qkv_parts(q, k, la->v, d);
         linear_bias(m, la->ln1, p->q_w, p->q_b, a->qkv, d.T, d.C, width);
         weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
-        m->be->split_columns(m->be, a->qkv, &parts, d.T, false, rotate ? &rope : NULL);
+        if (rotate && kv && kv->split_store) kv->split_store(kv->ctx, l, a->qkv, &parts, &rope);
+        else m->be->split_columns(m->be, a->qkv, &parts, d.T, false, rotate ? &rope : NULL);
         return rotate;
     }
     linear_bias(m, la->ln1, p->q_w, p->q_b, q, d.T, d.C, d.qd);
@@ -179,15 +177,17 @@ static bool project_qkv(weft_model *m, const weft_layer_params *p, layer_acts *l
     return false;
 }
 
-// Attention's inputs from la->ln1: la->q and la->k (rotated), la->v. With Qwen3's per-head norms,
-// which come between the projection and the rotation, the projections land in q_pre / k_pre.
-static void attention_inputs_forward(weft_model *m, const weft_layer_params *p, layer_acts *la,
-                                     weft_activations *a) {
+// Layer l's attention inputs from la->ln1: la->q and la->k (rotated), la->v (or the provider's
+// store: project_qkv). With Qwen3's per-head norms, which come between the projection and the
+// rotation, the projections land in q_pre / k_pre.
+static void attention_inputs_forward(weft_model *m, int l, const weft_layer_params *p,
+                                     layer_acts *la, weft_activations *a,
+                                     const weft_kv_provider *kv) {
     weft_backend *be = m->be;
     dims d = a->d;
     bool qk_norm = p->q_norm != WEFT_ABSENT;
-    bool rotated = project_qkv(m, p, la, a, qk_norm ? la->q_pre : la->q,
-                               qk_norm ? la->k_pre : la->k, !qk_norm);
+    bool rotated = project_qkv(m, l, p, la, a, qk_norm ? la->q_pre : la->q,
+                               qk_norm ? la->k_pre : la->k, !qk_norm, kv);
     if (qk_norm) { // RMSNorm over each head's D values: T*H rows of width D, before RoPE
         float eps = (float)m->cfg.rms_norm_eps;
         be->rmsnorm_forward(be, la->q_pre, weft_model_param(m, p->q_norm), eps, la->q, la->rstd_q,
@@ -226,7 +226,7 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
 
     be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
                         d.T, d.C);
-    attention_inputs_forward(m, p, la, a);
+    attention_inputs_forward(m, l, p, la, a, kv);
     const void *k = la->k, *v = la->v;
     if (kv && kv->attend) {
         kv->attend(kv->ctx, l, la->q, la->k, la->att, la->lse);

@@ -78,6 +78,12 @@ typedef struct weft_kv_provider {
     // width), keys after RoPE) and computes the attention of q (T, H, D) over every key row each
     // of the rows sees: out (T, H, D), lse (H, T) f32.
     void (*attend)(void *ctx, int layer, const void *q, const void *kv, void *out, float *lse);
+    // Optional, beside attend: layer `layer`'s q|k|v split taken over, fused (T, qd + 2 kvd) rows
+    // into q (parts->part[0]) with q and k turned by rope, the keys and values going straight to
+    // the provider's store, so that attend does not store them again (parts k and v may be left
+    // unwritten): one launch where a split and a store were two.
+    void (*split_store)(void *ctx, int layer, void *fused, const weft_column_parts *parts,
+                        const weft_rope_rows *rope);
 } weft_kv_provider;
 
 // Called during backward whenever the gradients of parameters [first_param, n_params) are final

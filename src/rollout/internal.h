@@ -129,6 +129,7 @@ typedef struct paged_provider {
     weft_paged_layout layout;
     weft_attention_layout fresh;
     int H, KV, D;
+    int stored_layer; // the layer whose keys split_store put in the pool (attend stores the rest)
 } paged_provider;
 // A negative seqs[j] is a padding row's (one row, attending over block 0, storing nothing).
 weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, const int *seqs,

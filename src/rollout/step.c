@@ -39,6 +39,16 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
 
 // ---------------------------------------------------------------------------- the provider ----
 
+// Only where no row is a fresh sequence's (whose attention reads k and v from their parts).
+static void split_store(void *ctx, int layer, void *fused, const weft_column_parts *parts,
+                        const weft_rope_rows *rope) {
+    paged_provider *p = ctx;
+    weft_backend *be = p->e->be;
+    be->split_store(be, fused, parts, p->layout.Tq, rope, weft_kv_cache_pool(p->e->cache), layer,
+                    p->slots);
+    p->stored_layer = layer;
+}
+
 // lse (H, rows) is written per part, each (H, its rows): nothing reads it in a forward-only pass.
 static void attend(void *ctx, int layer, const void *q, const void *kv, void *out, float *lse) {
     paged_provider *p = ctx;
@@ -47,7 +57,7 @@ static void attend(void *ctx, int layer, const void *q, const void *kv, void *ou
     int T = p->layout.Tq + p->fresh.Tq, paged = p->layout.Tq;
     size_t esz = weft_dtype_size(be->act_dtype), half = (size_t)T * pool->width * esz;
     const char *k = kv, *v = k + half;
-    be->kv_store(be, pool, layer, p->slots, k, v, T);
+    if (p->stored_layer != layer) be->kv_store(be, pool, layer, p->slots, k, v, T);
     if (paged > 0) be->paged_attention(be, q, pool, layer, &p->layout, out, lse, p->H, p->KV, p->D);
     if (p->fresh.Tq == 0) return;
     size_t q_row = (size_t)p->H * p->D * esz, kv_row = (size_t)pool->width * esz;
@@ -121,8 +131,10 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
                                            .block_tables = b->tables},
                                 .fresh = {.n_docs = n_fresh, .Tq = batch->T - T0,
                                           .Tkv = batch->T - T0, .cu_q = b->cu_fresh,
-                                          .cu_kv = b->cu_fresh, .q_pos = b->q_pos + T0}};
-    return (weft_kv_provider){.ctx = storage, .attend = attend};
+                                          .cu_kv = b->cu_fresh, .q_pos = b->q_pos + T0},
+                                .stored_layer = -1};
+    return (weft_kv_provider){.ctx = storage, .attend = attend,
+                              .split_store = n_fresh == 0 ? split_store : NULL};
 }
 
 // ---------------------------------------------------------------------------- the batch ----

@@ -193,6 +193,42 @@ void test_kv_store(int width) {
     compare(sized("kv_store pool", width), pool, want, 0.0);
 }
 
+// A decode step's split and store in one launch: q|k|v rows of H + KV + KV heads of D split with
+// their q and k heads turned and k and v stored in the pool (padding rows, slot -1, nowhere): the
+// same bits as the split with its turn followed by kv_store, in q and in every pool entry.
+void test_split_store(int H, int KV, int D) {
+    int T = 9, layer = 1, qd = H * D, kvd = KV * D, width = qd + 2 * kvd;
+    pool_shape p{6, 3, 16, kvd};
+    std::vector<bf16> fused = random_bf16((size_t)T * width), fused_apart = fused;
+    std::vector<bf16> pool = random_bf16(p.size()), pool_apart = pool;
+    std::vector<bf16> q((size_t)T * qd, NAN_BF16), q_apart = q, k((size_t)T * kvd), v = k;
+    std::vector<int32_t> slot(T), pos(T);
+    for (int t = 0; t < T; t++) {
+        slot[t] = t == 4 ? -1 : (t * 11 + 5) % (p.n_blocks * p.block_size);
+        pos[t] = 17 + 131 * t;
+    }
+    std::vector<float> inv_freq(D / 2);
+    for (int i = 0; i < D / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / D);
+    void *parts[3] = {q_apart.data(), k.data(), v.data()};
+    int widths[3] = {qd, kvd, kvd};
+    weft_cuda_split_columns(queue, fused_apart.data(), parts, widths, 3, T, false, pos.data(),
+                            inv_freq.data(), 0.9f, H + KV, D);
+    weft_cuda_kv_store(queue, pool_apart.data(), p.layers, p.block_size, kvd, layer, slot.data(),
+                       k.data(), v.data(), T);
+    weft_cuda_split_store(queue, fused.data(), q.data(), qd, kvd, T, pos.data(), inv_freq.data(),
+                          0.9f, H + KV, D, pool.data(), p.layers, p.block_size, layer,
+                          slot.data());
+    size_t wrong = 0;
+    auto differ = [](bf16 a, bf16 b) { return memcmp(&a, &b, sizeof a) != 0; };
+    for (size_t i = 0; i < q.size(); i++) wrong += differ(q[i], q_apart[i]);
+    for (size_t i = 0; i < pool.size(); i++) wrong += differ(pool[i], pool_apart[i]);
+    for (size_t i = 0; i < fused.size(); i++) wrong += differ(fused[i], fused_apart[i]);
+    std::string name = "split_store H" + std::to_string(H) + " KV" + std::to_string(KV) + " D" +
+                       std::to_string(D) + " = split (turning), kv_store";
+    printf("%-76s %zu values differ %s\n", name.c_str(), wrong, wrong ? "FAIL" : "ok");
+    failures += wrong != 0;
+}
+
 // A sequence of the cache: `len` positions, the last `rows` of them queried (1: decoding; more: a
 // prefill continuation or a speculative check); its first `shared_blocks` blocks are those of
 // sequence `shares` (the n samples of one prompt share the prompt's full blocks).
@@ -342,6 +378,8 @@ int main() {
     }
     test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), SIMT); // simt only
     for (int width : {1032, 300}) test_kv_store(width); // the threads of a row loop twice
+    test_split_store(4, 2, 64); // 16-byte vectors
+    test_split_store(2, 1, 20); // one value at a time
     // Sequences of every shape a batch holds: one position, a partial block, full blocks and a
     // partial one, a long one; samples sharing a prompt's full blocks, then going their own way.
     auto decode = [](int bs) {

@@ -537,6 +537,14 @@ static void cpu_split_columns(weft_backend *self, void *fused, const weft_column
                     r->head_dim, -1.0);
 }
 
+// The split, then the store, from the parts (a GPU's one launch; here no launch to save).
+static void cpu_split_store(weft_backend *self, void *fused, const weft_column_parts *parts, int T,
+                            const weft_rope_rows *rotate, const weft_kv_pool *pool, int layer,
+                            const int32_t *slot) {
+    cpu_split_columns(self, fused, parts, T, false, rotate);
+    weft_cpu_kv_store(self, pool, layer, slot, parts->part[1], parts->part[2], T);
+}
+
 // ----------------------------------------------------------------------------- elementwise ----
 
 // Gates in chunks of up to GATE_CHUNK of a row: exp(-g) through the row exponential first
@@ -715,6 +723,7 @@ weft_backend *weft_backend_cpu_create(void) {
         .attention_forward = weft_cpu_attention_forward,
         .attention_backward = weft_cpu_attention_backward,
         .kv_store = weft_cpu_kv_store,
+        .split_store = cpu_split_store,
         .paged_attention = weft_cpu_paged_attention,
         .split_columns = cpu_split_columns,
         .swiglu_forward = cpu_swiglu_forward,

@@ -62,6 +62,14 @@ template <int VEC> struct bf16_vec {
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float swiglu(float g, float u) { return u * (g * sigmoid(g)); }
 
+// Offset (in elements) of the keys of (block, layer, offset) in the paged KV cache's pool
+// (kernels.h: (n_blocks, layers, 2, block_size, width)); values follow block_size * width
+// elements later.
+__device__ __forceinline__ size_t pool_row(int layers, int block_size, int width, int block,
+                                           int layer, int offset) {
+    return (((size_t)block * layers + layer) * 2 * block_size + offset) * width;
+}
+
 // 8 when every pointer is 16-byte aligned and `count` (the elements a kernel walks in vectors:
 // the whole tensor, or one row) is a multiple of 8; else 1.
 static inline int vector_width(size_t count, const void *a, const void *b = NULL,

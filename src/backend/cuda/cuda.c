@@ -423,6 +423,17 @@ static void cuda_kv_store(weft_backend *self, const weft_kv_pool *pool, int laye
     launched(self, "kv_store");
 }
 
+static void cuda_split_store(weft_backend *self, void *fused, const weft_column_parts *parts,
+                             int T, const weft_rope_rows *r, const weft_kv_pool *pool, int layer,
+                             const int32_t *slot) {
+    WEFT_CHECK(parts->n == 3 && parts->width[1] == pool->width && parts->width[2] == pool->width,
+               "internal: split_store takes q|k|v rows whose k and v fit the pool");
+    weft_cuda_split_store(STREAM(self), fused, parts->part[0], parts->width[0], pool->width, T,
+                          r->positions, r->inv_freq, r->scale, r->heads, r->head_dim, pool->data,
+                          pool->layers, pool->block_size, layer, slot);
+    launched(self, "split_store");
+}
+
 static void cuda_paged_attention(weft_backend *self, const void *q, const weft_kv_pool *pool,
                                  int layer, const weft_paged_layout *l, void *out, float *lse,
                                  int H, int KV, int D) {
@@ -706,6 +717,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .attention_forward = cuda_attention_forward,
         .attention_backward = cuda_attention_backward,
         .kv_store = cuda_kv_store,
+        .split_store = cuda_split_store,
         .paged_attention = cuda_paged_attention,
         .split_columns = cuda_split_columns,
         .swiglu_forward = cuda_swiglu_forward,

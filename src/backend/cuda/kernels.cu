@@ -313,16 +313,25 @@ extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, int ld, const int32_
 // ------------------------------------------------------------------------------- columns ----
 
 namespace {
+// The parts of fused rows; with `pool`, parts 1 and 2 (k and v) are the paged KV cache's slots
+// instead, row t at slot[t] of `layer` (a negative slot: nowhere), as kv_store puts them.
 struct column_parts {
     bf16 *part[3];
     int width[3];
+    bf16 *pool;
+    const int32_t *slot;
+    int layers, block_size, layer;
 };
 
-// Where column col of a fused row lies: its part and its column there.
+// Where column col of a fused row lies: its part and its column there (NULL: nowhere).
 __device__ __forceinline__ bf16 *part_at(const column_parts &parts, size_t row, int col) {
     int p = 0;
     while (col >= parts.width[p]) col -= parts.width[p++];
-    return parts.part[p] + row * parts.width[p] + col;
+    if (!parts.pool || p == 0) return parts.part[p] + row * parts.width[p] + col;
+    int slot = parts.slot[row], bs = parts.block_size, width = parts.width[p];
+    if (slot < 0) return nullptr;
+    size_t keys = pool_row(parts.layers, bs, width, slot / bs, parts.layer, slot % bs);
+    return parts.pool + keys + (p == 2 ? (size_t)bs * width : 0) + col;
 }
 } // namespace
 
@@ -347,17 +356,34 @@ __global__ void split_columns_kernel(bf16 *fused, column_parts parts, int rows, 
                 bf16 *a = part_at(parts, t, col), *b = part_at(parts, t, col + half);
                 const bf16 *from_a = join ? a : row + col, *from_b = join ? b : row + col + half;
                 rotate_pair(to_f32(*from_a), to_f32(*from_b), c, sn, &row[col], &row[col + half]);
-                if (!join) *a = row[col], *b = row[col + half];
+                if (!join && a) *a = row[col], *b = row[col + half];
             }
             continue;
         }
         size_t j = i - pairs, t = j / vectors;
         int col = turned + (int)(j % vectors) * VEC;
         bf16 *part = part_at(parts, t, col), *at = fused + t * width + col;
+        if (!part) continue; // a padding row's keys and values
         bf16_vec<VEC> v;
         v.load(join ? part : at);
         v.store(join ? at : part);
     }
+}
+
+// The launch of split_columns_kernel for parts p (theirs, or with p.pool the cache's slots).
+static void split_parts(weft_cuda_stream s, void *fused, column_parts p, int n, int rows,
+                        bool join, const int32_t *positions, const float *inv_freq, float scale,
+                        int heads, int D) {
+    int width = 0, vec = vector_width(heads * D, fused, p.pool);
+    for (int i = 0; i < n && i < 3; i++) {
+        width += p.width[i];
+        vec = vec == 8 ? vector_width(p.width[i], p.part[i]) : 1;
+    }
+    rope_rows r = {positions, inv_freq, scale, join ? -1.0f : 1.0f, heads, D};
+    size_t N = (size_t)rows * (heads > 0 ? D / 2 : 0) + (size_t)rows * (width - heads * D) / vec;
+    if (N == 0) return;
+    WEFT_LAUNCH_VECTORIZED(split_columns_kernel, vec, grid_for(N), 256, 0, s, (bf16 *)fused, p,
+                           rows, width, join, r);
 }
 
 extern "C" void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *const *parts,
@@ -365,17 +391,23 @@ extern "C" void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *c
                                         const int32_t *positions, const float *inv_freq,
                                         float scale, int heads, int D) {
     column_parts p = {};
-    int width = 0, vec = vector_width(heads * D, fused);
-    for (int i = 0; i < n && i < 3; i++) {
-        p.part[i] = (bf16 *)parts[i], p.width[i] = widths[i];
-        width += widths[i];
-        vec = vec == 8 ? vector_width(widths[i], parts[i]) : 1;
-    }
-    rope_rows r = {positions, inv_freq, scale, join ? -1.0f : 1.0f, heads, D};
-    size_t N = (size_t)rows * (heads > 0 ? D / 2 : 0) + (size_t)rows * (width - heads * D) / vec;
-    if (N == 0) return;
-    WEFT_LAUNCH_VECTORIZED(split_columns_kernel, vec, grid_for(N), 256, 0, s, (bf16 *)fused, p,
-                           rows, width, join, r);
+    for (int i = 0; i < n && i < 3; i++) p.part[i] = (bf16 *)parts[i], p.width[i] = widths[i];
+    split_parts(s, fused, p, n, rows, join, positions, inv_freq, scale, heads, D);
+}
+
+extern "C" void weft_cuda_split_store(weft_cuda_stream s, void *fused, void *q, int q_width,
+                                      int kv_width, int rows, const int32_t *positions,
+                                      const float *inv_freq, float scale, int heads, int D,
+                                      void *pool, int layers, int block_size, int layer,
+                                      const int32_t *slot) {
+    column_parts p = {{(bf16 *)q, (bf16 *)pool, (bf16 *)pool},
+                      {q_width, kv_width, kv_width},
+                      (bf16 *)pool,
+                      slot,
+                      layers,
+                      block_size,
+                      layer};
+    split_parts(s, fused, p, 3, rows, false, positions, inv_freq, scale, heads, D);
 }
 
 // ---------------------------------------------------------------------------------- swiglu ----

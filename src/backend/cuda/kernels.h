@@ -184,6 +184,13 @@ typedef struct weft_cuda_paged_args {
     int split_keys; // positions per split-K block; 0: the launcher's choice (tests force splits)
 } weft_cuda_paged_args;
 
+// weft_cuda_split_columns of q|k|v rows turning their first `heads` heads, with k and v (each
+// kv_width wide) going to the pool as weft_cuda_kv_store puts them rather than to parts of their
+// own: q (rows, q_width). A decode step's split and store in one launch.
+void weft_cuda_split_store(weft_cuda_stream s, void *fused, void *q, int q_width, int kv_width,
+                           int rows, const int32_t *positions, const float *inv_freq, float scale,
+                           int heads, int D, void *pool, int layers, int block_size, int layer,
+                           const int32_t *slot);
 // Rows t of k, v (T, width) bf16 to the pool's slot[t] (block * block_size + offset) of `layer`.
 void weft_cuda_kv_store(weft_cuda_stream s, void *pool, int layers, int block_size, int width,
                         int layer, const int32_t *slot, const void *k, const void *v, int T);

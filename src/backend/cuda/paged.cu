@@ -34,12 +34,6 @@ constexpr int MAX_VECTORS = 8;        // query vectors (row, head) per block
 constexpr int MIN_SPLIT_KEYS = 256;   // a split never holds fewer keys than this
 constexpr int TARGET_BLOCKS = 528;    // 4 per SM of an H100 (132 SMs): the split-K goal
 
-// Offset (in elements) of the keys of (block, layer, offset) in the pool; values follow
-// block_size * width elements later.
-__device__ __forceinline__ size_t pool_row(int layers, int block_size, int width, int block,
-                                           int layer, int offset) {
-    return (((size_t)block * layers + layer) * 2 * block_size + offset) * width;
-}
 
 // ------------------------------------------------------------------------------ kv_store ----
 
