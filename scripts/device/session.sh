@@ -39,6 +39,20 @@ py_tests() {
   return $rc
 }
 
+# Runs the command; if it fails, runs it again with WEFT_CUDA_EARLY_LAUNCH=0 (each kernel launched
+# after the last ends, kernels.h) and says whether that passes, so a failure is pinned on early
+# launch or not in the same session. Fails either way: the default must pass.
+with_early_launch_check() {
+  "$@" && return 0
+  echo "== failed with early launch (the default); again with WEFT_CUDA_EARLY_LAUNCH=0:"
+  if WEFT_CUDA_EARLY_LAUNCH=0 "$@"; then
+    echo "== passes with WEFT_CUDA_EARLY_LAUNCH=0: early launch is what fails"
+  else
+    echo "== fails with WEFT_CUDA_EARLY_LAUNCH=0 too: not early launch alone"
+  fi
+  return 1
+}
+
 ensure_env() { # the kit's exports (each step is its own process; setup.sh is idempotent)
   source scripts/device/setup.sh >/dev/null || true
 }
@@ -46,10 +60,10 @@ ensure_env() { # the kit's exports (each step is its own process; setup.sh is id
 run_step() {
   case $1 in
     build) info; bash scripts/device/build.sh ;;
-    ops) ensure_env; ./build/tests/backend_test_cuda_ops_match_cpu build/weft ;;
+    ops) ensure_env; with_early_launch_check ./build/tests/backend_test_cuda_ops_match_cpu build/weft ;;
     parity) # device=cuda against device=cpu, and against itself: two runs of one job, every bit equal
       ensure_env
-      py_tests tests/backend/test_cuda_matches_cpu_backend.py \
+      with_early_launch_check py_tests tests/backend/test_cuda_matches_cpu_backend.py \
                tests/backend/test_cuda_training_repeats_bit_for_bit.py ;;
     rollout) # generation on the GPU: decode steps replayed from CUDA graphs equal launching every
       # kernel, and generated log-probs equal the trainer's (device draws, speculation included)
@@ -102,7 +116,7 @@ for s in "${steps[@]}"; do
 done
 rows=()
 built_ok=1
-export -f run_step info ensure_env results py_tests
+export -f run_step info ensure_env results py_tests with_early_launch_check
 export LOGDIR
 for s in "${steps[@]}"; do
   left=$((BUDGET - (SECONDS - START)))
