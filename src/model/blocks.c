@@ -9,29 +9,26 @@ static const void *weight_of(const weft_model *m, weight_view w) {
            (size_t)w.col * weft_dtype_size(m->be->param_dtype);
 }
 
-// y (T, out), rows ld_y apart, = x W^T + beta * c_in (NULL: y itself).
+// y (T, out), rows ld_y apart, = x W^T + beta * c_in (NULL: y itself) + bias (NULL: none).
 static void linear_into(weft_model *m, const void *x, weight_view w, float beta, const void *c_in,
-                        void *y, int ld_y, int T, int in, int out) {
+                        const void *bias, void *y, int ld_y, int T, int in, int out) {
     weft_backend *be = m->be;
     weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
-    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, c_in, NULL,
+    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weight_of(m, w), w.ld, beta, c_in, bias,
                y, ld_y, ty);
 }
 
 void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
                          int out, float beta) {
-    linear_into(m, x, w, beta, NULL, y, out, T, in, out);
+    linear_into(m, x, w, beta, NULL, NULL, y, out, T, in, out);
 }
 
 // y (T, out) = x W^T + b for parameters w and b (WEFT_ABSENT: no bias): the bias added in the
 // matmul, which on a GPU's few-row products is the same launch.
 static void linear_bias(weft_model *m, const void *x, int w, int b, void *y, int T, int in,
                         int out) {
-    weft_backend *be = m->be;
-    weft_matmul_types ty = {be->act_dtype, be->param_dtype, be->act_dtype};
     const void *bias = b == WEFT_ABSENT ? NULL : weft_model_param(m, b);
-    be->matmul(be, false, true, T, out, in, 1.0f, x, in, weft_model_param(m, w), in, 0.0f, NULL,
-               bias, y, out, ty);
+    linear_into(m, x, whole_weight(w, in), 0.0f, NULL, bias, y, out, T, in, out);
 }
 
 // weft_linear_backward for a dy whose rows are ld_dy apart.
@@ -54,7 +51,7 @@ void weft_linear_backward(weft_model *m, const void *x, weight_view w, const voi
 // y (T, out) = x W^T + residual, the residual read where it lies rather than copied into y first.
 static void linear_residual(weft_model *m, const void *x, int w, const void *residual, void *y,
                             int T, int in, int out) {
-    linear_into(m, x, whole_weight(w, in), 1.0f, residual, y, out, T, in, out);
+    linear_into(m, x, whole_weight(w, in), 1.0f, residual, NULL, y, out, T, in, out);
 }
 
 static void linear_backward(weft_model *m, const void *x, int w, const void *dy, void *dx, int T,
@@ -90,13 +87,14 @@ static bool gate_up_adjacent(const weft_model *m, const weft_layer_params *p) {
 static void gate_up_forward(weft_model *m, const weft_layer_params *p, const void *x,
                             void *gate_up, dims d) {
     if (gate_up_adjacent(m, p)) {
-        linear_into(m, x, whole_weight(p->gate_w, d.C), 0.0f, NULL, gate_up, 2 * d.I, d.T, d.C,
-                    2 * d.I);
+        linear_into(m, x, whole_weight(p->gate_w, d.C), 0.0f, NULL, NULL, gate_up, 2 * d.I, d.T,
+                    d.C, 2 * d.I);
         return;
     }
     char *up = (char *)gate_up + weft_dtype_size(m->be->act_dtype) * d.I;
-    linear_into(m, x, whole_weight(p->gate_w, d.C), 0.0f, NULL, gate_up, 2 * d.I, d.T, d.C, d.I);
-    linear_into(m, x, whole_weight(p->up_w, d.C), 0.0f, NULL, up, 2 * d.I, d.T, d.C, d.I);
+    linear_into(m, x, whole_weight(p->gate_w, d.C), 0.0f, NULL, NULL, gate_up, 2 * d.I, d.T, d.C,
+                d.I);
+    linear_into(m, x, whole_weight(p->up_w, d.C), 0.0f, NULL, NULL, up, 2 * d.I, d.T, d.C, d.I);
 }
 
 // dx (T, C) = dL/dx through both projections from d_gate_up (T, 2I); their weights' gradients.
