@@ -8,8 +8,11 @@ passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON rea
 (q, k and v are one product; gate and up another, which with its SwiGLU is one "swiglu_product
 (few rows)" launch) and 1, and the prefill's output head (on its one last row) are few-row calls,
 the prefill's 20-row projections are not; with the switch off there are none, and the products
-are the same number of cuBLASLt calls. Runs on
-weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
+are the same number of cuBLASLt calls. The decode forwards' other fused launches are checked too,
+so none falls back to the separate ops unseen: the q|k|v biases come in the few-row launch (no
+"bias_add" but the prefill's, one a layer), and each layer's split also stores the keys and
+values ("split_store"; the prefill, whose sequence is new, splits and then runs "kv_store"). Runs
+on weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
 """
 import json
 import os
@@ -25,8 +28,7 @@ FEW = ("matmul (few rows)", "swiglu_product (few rows)")
 
 
 def generate(emulated, mdir, prompts, tmp, name, few_rows):
-    """The profile's product calls {op: calls} (matmuls, and the gate|up products with their
-    SwiGLU) and the run's statistics."""
+    """The profile's calls {op: calls} and the run's statistics."""
     prof, out = os.path.join(tmp, f"{name}.json"), os.path.join(tmp, f"{name}.jsonl")
     env = dict(os.environ, OMP_NUM_THREADS="1", WEFT_CUDA_PROFILE=prof,
                WEFT_CUDA_FEW_ROWS="1" if few_rows else "0")
@@ -37,10 +39,14 @@ def generate(emulated, mdir, prompts, tmp, name, few_rows):
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     with open(prof) as f:
-        ops = {o["op"]: o["calls"] for o in json.load(f)["ops"]
-               if o["op"].startswith(("matmul", "swiglu_product"))}
+        ops = {o["op"]: o["calls"] for o in json.load(f)["ops"]}
     with open(out + ".stats.json") as f:
         return ops, json.load(f)
+
+
+def products(ops):
+    """Calls that multiply: matmuls, and the gate|up products with their SwiGLU."""
+    return sum(n for op, n in ops.items() if op.startswith(("matmul", "swiglu_product")))
 
 
 def cases(emulated, tmp):
@@ -54,20 +60,26 @@ def cases(emulated, tmp):
     per_forward = PROJECTIONS * CFG["num_hidden_layers"] + 1
     few = sum(on.get(op, 0) for op in FEW)
     fused = on.get(FEW[1], 0)
+    layers = CFG["num_hidden_layers"]
     print(f"default: {on}; WEFT_CUDA_FEW_ROWS=0: {off}; {decode_forwards} decode forwards of "
           f"{per_forward} products")
     failures = []
     if few != decode_forwards * per_forward + 1:
         failures.append(f"{few} few-row products, not the decode forwards' "
                         f"{decode_forwards * per_forward} and the prefill's output head")
-    if fused != decode_forwards * CFG["num_hidden_layers"]:
+    if fused != decode_forwards * layers:
         failures.append(f"{fused} gate|up products with their SwiGLU in one launch, not one a "
                         "layer of every decode forward")
     if any(op in off for op in FEW):
         failures.append("WEFT_CUDA_FEW_ROWS=0 still ran the few-row kernel")
-    if sum(on.values()) != sum(off.values()):
-        failures.append(f"{sum(on.values())} products by default, {sum(off.values())} without "
+    if products(on) != products(off):
+        failures.append(f"{products(on)} products by default, {products(off)} without "
                         "the few-row kernel")
+    # One forward's worth of each (the prefill's) and no more: the decode forwards fused them.
+    for op, n in (("bias_add", layers), ("kv_store", layers),
+                  ("split_store", decode_forwards * layers)):
+        if on.get(op, 0) != n:
+            failures.append(f"{on.get(op, 0)} {op} launches, expected {n}")
     return failures
 
 
