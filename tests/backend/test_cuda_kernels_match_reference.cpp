@@ -519,6 +519,7 @@ int main() {
     test_split_columns(5, 12, 4, 4);   // one value at a time
     test_split_columns_turning(6, 4, 2, 64); // 16-byte vectors past the turned heads
     test_split_columns_turning(3, 2, 1, 20); // one value at a time
+    test_split_columns_turning(8192, 4, 1, 8); // many rows: a thread turns 3 heads, the last 2
     test_swiglu(5, 200);
     test_swiglu(3, 201);
     test_swiglu(1, 1000);

@@ -9,12 +9,19 @@
 
 // ------------------------------------------------------------------------------- embedding ----
 
+// One block per token, its threads over the row VEC columns at a time: a decode step's one row
+// of 2,048 columns is then one 16-byte copy per thread rather than eight 2-byte copies in a row.
+template <int VEC>
 __global__ void embedding_forward_kernel(const int32_t *ids, const bf16 *table, bf16 *out, int C) {
     wait_for_earlier_kernels();
     int t = blockIdx.x;
     const bf16 *src = table + (size_t)ids[t] * C;
     bf16 *dst = out + (size_t)t * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dst[c] = src[c];
+    for (int c = threadIdx.x * VEC; c < C; c += blockDim.x * VEC) {
+        bf16_vec<VEC> v;
+        v.load(src + c);
+        v.store(dst + c);
+    }
 }
 
 // One block per token t. A token whose id occurred earlier leaves; the first occurrence of an id
@@ -64,7 +71,9 @@ __global__ void embedding_backward_kernel(const int32_t *ids, const bf16 *dout, 
 extern "C" void weft_cuda_embedding_forward(weft_cuda_stream s, const int32_t *ids,
                                             const void *table, void *out, int T, int C) {
     if (T == 0) return;
-    WEFT_LAUNCH(embedding_forward_kernel, T, 256, 0, s, ids, (const bf16 *)table, (bf16 *)out, C);
+    int vec = vector_width(C, table, out);
+    WEFT_LAUNCH_VECTORIZED(embedding_forward_kernel, vec, T, 256, 0, s, ids, (const bf16 *)table,
+                           (bf16 *)out, C);
 }
 
 extern "C" void weft_cuda_embedding_backward(weft_cuda_stream s, const int32_t *ids,
@@ -338,21 +347,24 @@ __device__ __forceinline__ bf16 *part_at(const column_parts &parts, size_t row, 
 // The fused rows (rows, width) to or from their parts. With r.H > 0 the row's first r.H heads
 // turn on the way, after the join as rope with r.sign -1 turns them, before the split as rope
 // with +1 (written back to fused too, so fused ends as rope would leave it): threads i < pairs
-// take one RoPE pair of one row through every turned head; the rest take VEC columns of the
-// columns past the turned ones (every part's width, and theirs, a multiple of VEC).
+// take one RoPE pair of one row through `per` consecutive turned heads (a group); the rest take
+// VEC columns of the columns past the turned ones (every part's width, and theirs, a multiple
+// of VEC).
 template <int VEC>
 __global__ void split_columns_kernel(bf16 *fused, column_parts parts, int rows, int width,
-                                     bool join, rope_rows r) {
+                                     bool join, rope_rows r, int per) {
     wait_for_earlier_kernels();
     int half = r.D / 2, turned = r.H * r.D, vectors = (width - turned) / VEC;
-    size_t pairs = r.H > 0 ? (size_t)rows * half : 0, N = pairs + (size_t)rows * vectors;
+    int groups = r.H > 0 ? (r.H + per - 1) / per : 0;
+    size_t pairs = (size_t)rows * groups * half, N = pairs + (size_t)rows * vectors;
     for (size_t i = global_index(); i < N; i += global_stride()) {
         if (i < pairs) {
-            int pair = (int)(i % half), t = (int)(i / half);
+            int pair = (int)(i % half), group = (int)(i / half % groups);
+            int t = (int)(i / half / groups), h_end = min(r.H, (group + 1) * per);
             float c, sn;
             rope_factors(r, t, pair, &c, &sn);
             bf16 *row = fused + (size_t)t * width;
-            for (int h = 0, col = pair; h < r.H; h++, col += r.D) {
+            for (int h = group * per, col = pair + h * r.D; h < h_end; h++, col += r.D) {
                 bf16 *a = part_at(parts, t, col), *b = part_at(parts, t, col + half);
                 const bf16 *from_a = join ? a : row + col, *from_b = join ? b : row + col + half;
                 rotate_pair(to_f32(*from_a), to_f32(*from_b), c, sn, &row[col], &row[col + half]);
@@ -370,6 +382,18 @@ __global__ void split_columns_kernel(bf16 *fused, column_parts parts, int rows, 
     }
 }
 
+// How many heads one RoPE thread of split_columns_kernel turns. One thread per (row, pair)
+// through every head forms the factors (a double sincos) once per row and pair, but a decode
+// step's few rows then leave a thread 36 heads of dependent loads and stores one after another
+// (20 us a layer at batch 1 on an H200); so the heads are split into groups until some 64K
+// threads run, each group's thread forming the same factors (the same bits).
+static int heads_per_thread(int rows, int pairs, int heads) {
+    long per_group = (long)rows * pairs;
+    long groups = per_group > 0 ? (65536 + per_group - 1) / per_group : 1;
+    if (heads <= 0 || groups >= heads) return 1;
+    return (int)((heads + groups - 1) / groups);
+}
+
 // The launch of split_columns_kernel for parts p (theirs, or with p.pool the cache's slots).
 static void split_parts(weft_cuda_stream s, void *fused, column_parts p, int n, int rows,
                         bool join, const int32_t *positions, const float *inv_freq, float scale,
@@ -380,10 +404,12 @@ static void split_parts(weft_cuda_stream s, void *fused, column_parts p, int n, 
         vec = vec == 8 ? vector_width(p.width[i], p.part[i]) : 1;
     }
     rope_rows r = {positions, inv_freq, scale, join ? -1.0f : 1.0f, heads, D};
-    size_t N = (size_t)rows * (heads > 0 ? D / 2 : 0) + (size_t)rows * (width - heads * D) / vec;
+    int per = heads_per_thread(rows, D / 2, heads);
+    int groups = heads > 0 ? (heads + per - 1) / per : 0;
+    size_t N = (size_t)rows * groups * (D / 2) + (size_t)rows * (width - heads * D) / vec;
     if (N == 0) return;
     WEFT_LAUNCH_VECTORIZED(split_columns_kernel, vec, grid_for(N), 256, 0, s, (bf16 *)fused, p,
-                           rows, width, join, r);
+                           rows, width, join, r, per);
 }
 
 extern "C" void weft_cuda_split_columns(weft_cuda_stream s, void *fused, void *const *parts,
