@@ -404,6 +404,7 @@ int main() {
         {"prefill H4 KV1 D40 bs32", 4, 1, 40, 32, prefill(32)},
         {"prefill H4 KV2 D16 bs16", 4, 2, 16, 16, prefill(16)},
         {"prefill H6 KV3 D20 bs16", 6, 3, 20, 16, prefill(16)},
+        {"prefill H8 KV1 D64 bs16", 8, 1, 64, 16, prefill(16)}, // a block per row, as decoding
     };
     for (bool early : {false, true}) {
         emu::g_copies_land_at_issue = early;

@@ -114,6 +114,10 @@ struct task {
 // the keys its rows see).
 __device__ bool find_task(const weft_cuda_paged_args &a, const work &w, task *t) {
     int item = blockIdx.x / w.splits, lo = 0, hi = a.n_seqs;
+    // A decode step's item is its sequence (one row each): two loads side by side say so, where
+    // the search takes log2(sequences) dependent ones.
+    if (w.rows == 1 && item < a.n_seqs && a.cu_q[item] == item && a.cu_q[item + 1] == item + 1)
+        lo = hi = item;
     while (hi - lo > 1) { // the last sequence whose first item is at most `item`
         int mid = (lo + hi) / 2;
         if (first_item(a.cu_q[mid], mid, w.rows) <= item) lo = mid;
