@@ -4,7 +4,7 @@
 concurrent sequences.
 
     make && python3 bench/gpu_generate_throughput.py --weft build/weft [--model 1b|small]
-        [--batches 1,64,256] [--new-tokens 128] [--prompt-tokens 128] [--profile-batches 1,256]
+        [--batches 1,64,256] [--new-tokens 128] [--prompt-tokens 128] [--profile-batches 1,64,256]
         [--json runs/gpu_generate_throughput.json]
 
 Model: bench/gpu_train_throughput.py's (its writer and MODELS): "1b" is a Qwen2-format decoder
@@ -20,13 +20,13 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   replay recorded CUDA graphs (rollout.cuda_graphs, the default); `--stats` says how many.
 - weft eager: the same with rollout.cuda_graphs=false (every kernel launched from the host):
   what the graphs save.
-- weft cublas, at batches up to 8 on a GPU: weft with WEFT_CUDA_FEW_ROWS=0, every matmul on
-  cuBLASLt, where weft's default multiplies up to 8 rows with its own kernel (few_rows.cu): what
-  that kernel gains.
+- weft cublas, at batches up to 64 on a GPU: weft with WEFT_CUDA_FEW_ROWS=0, every matmul on
+  cuBLASLt, where weft's default multiplies up to 8 rows with its own kernel (few_rows.cu) and
+  9 to 64 with its tensor-core one (skinny.cu): what those kernels gain.
 - weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
   one before it has ended, where weft's default on sm_90 launches it early (programmatic
   dependent launch, kernels.h): what hiding the launches gains.
-- weft at --profile-batches (default 1,256) under WEFT_CUDA_PROFILE=1, before the static-cache
+- weft at --profile-batches (default 1,64,256) under WEFT_CUDA_PROFILE=1, before the static-cache
   peer: the GPU time of every op of the run (kernels launched one by one), printed and kept in
   the JSON: where a decode step goes, for the kernel work that follows.
 - transformers default: AutoModelForCausalLM in bf16 on the GPU (its default attention, SDPA
@@ -79,11 +79,12 @@ from reference.fixtures import gpus_listed  # noqa: E402
 from reference.generation import random_prompts, write_prompts  # noqa: E402
 
 # Decode steps replayed as CUDA graphs; launched kernel by kernel; replayed with every matmul on
-# cuBLASLt (no few-row kernel, which serves batches up to FEW_ROWS); and replayed with each kernel
-# launched after the last ends (no programmatic dependent launch). The environment of each.
+# cuBLASLt (neither the few-row nor the skinny kernel, which serve batches up to SKINNY_ROWS);
+# and replayed with each kernel launched after the last ends (no programmatic dependent launch).
+# The environment of each.
 WEFT_RUNNERS = ("weft", "eager", "cublas", "serial")
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
-FEW_ROWS = 8
+SKINNY_ROWS = 64  # kernels.h's WEFT_CUDA_SKINNY_ROWS
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
 BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # the copy that measures the bandwidth
 
@@ -361,10 +362,9 @@ def parse_args():
     p.add_argument("--batches", type=batch_list, default=[1, 64, 256],
                    help="comma-separated numbers of concurrent sequences (default 1,64,256)")
     p.add_argument("--profile-batches", type=lambda t: [] if t == "none" else batch_list(t),
-                   default=[1, 256], help="batches at which to print weft's GPU time per op "
-                   "(CUDA profile, kernels launched one by one), or none (default 1,256: a step "
-                   "bound by weights and one bound by rows; the H100 run reached 23%% and 17%% of "
-                   "the bandwidth bound there)")
+                   default=[1, 64, 256], help="batches at which to print weft's GPU time per op "
+                   "(CUDA profile, kernels launched one by one), or none (default 1,64,256: a "
+                   "step on the few-row kernel, one on the skinny kernel, one on cuBLASLt)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--prompt-tokens", type=int, default=128, help="tokens of each prompt")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -454,7 +454,8 @@ def run(a):
         if who == PEERS[-1]:
             profile(a, doc)
         for batch in a.batches:
-            if who in RUNNER_ENV and a.device != "cuda" or who == "cublas" and batch > FEW_ROWS:
+            if (who in RUNNER_ENV and a.device != "cuda"
+                    or who == "cublas" and batch > SKINNY_ROWS):
                 continue  # the same kernels and launches as "weft" there
             runs[batch][who] = run_one(a, who, batch)
             doc["rows"] = [make_row(a, b, runs[b], bandwidth) for b in a.batches]

@@ -11,3 +11,4 @@
 #include "backend/cuda/kernels.cu"
 #include "backend/cuda/paged.cu"
 #include "backend/cuda/sampling.cu"
+#include "backend/cuda/skinny.cu"

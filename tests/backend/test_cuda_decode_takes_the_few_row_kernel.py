@@ -1,5 +1,6 @@
-"""A decode step's products of up to 8 rows run on weft's few-row kernel (few_rows.cu), and
-WEFT_CUDA_FEW_ROWS=0 sends exactly those to cuBLASLt instead.
+"""A decode step's products of up to 8 rows run on weft's few-row kernel (few_rows.cu), those of
+9 to 64 rows on its skinny one (skinny.cu), and WEFT_CUDA_FEW_ROWS=0 sends exactly those to
+cuBLASLt instead.
 
 test_cuda_ops_match_cpu checks the kernel's values and that each row is the same bits alone; this
 checks that decoding reaches it at all (a covers() that refused every call would leave that test
@@ -7,10 +8,11 @@ passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON rea
 (WEFT_CUDA_PROFILE=<file>.json): every decode forward's projections and output head, 4 per layer
 (q, k and v are one product; gate and up another, which with its SwiGLU is one "swiglu_product
 (few rows)" launch) and 1, and the prefill's output head (on its one last row) are few-row calls,
-the prefill's 20-row projections are not; with the switch off there are none, and the products
-are the same number of cuBLASLt calls. The decode forwards' other fused launches are checked too,
-so none falls back to the separate ops unseen: the q|k|v biases come in the few-row launch (no
-"bias_add" but the prefill's, one a layer), and each layer's split also stores the keys and
+the prefill's 20-row projections are not: they are skinny.cu's tensor-core calls ("matmul
+(skinny)", 9 to 64 rows); with the switch off there are neither, and the products are the same
+number of cuBLASLt calls. The decode forwards' other fused launches are checked too,
+so none falls back to the separate ops unseen: the q|k|v biases come in the few-row launch, and
+the prefill's in the skinny one (no "bias_add" at all), and each layer's split also stores the keys and
 values ("split_store"; the prefill, whose sequence is new, splits and then runs "kv_store"). Runs
 on weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
 """
@@ -70,13 +72,17 @@ def cases(emulated, tmp):
     if fused != decode_forwards * layers:
         failures.append(f"{fused} gate|up products with their SwiGLU in one launch, not one a "
                         "layer of every decode forward")
-    if any(op in off for op in FEW):
-        failures.append("WEFT_CUDA_FEW_ROWS=0 still ran the few-row kernel")
+    skinny = on.get("matmul (skinny)", 0)
+    if skinny != PROJECTIONS * layers:
+        failures.append(f"{skinny} skinny products, not the prefill's {PROJECTIONS * layers} "
+                        "projections of 20 rows")
+    if any(op in off for op in FEW + ("matmul (skinny)",)):
+        failures.append("WEFT_CUDA_FEW_ROWS=0 still ran the few-row or skinny kernel")
     if products(on) != products(off):
         failures.append(f"{products(on)} products by default, {products(off)} without "
                         "the few-row kernel")
-    # One forward's worth of each (the prefill's) and no more: the decode forwards fused them.
-    for op, n in (("bias_add", layers), ("kv_store", layers),
+    # kv_store: one forward's worth (the prefill's) and no more: the decode forwards fused them.
+    for op, n in (("bias_add", 0), ("kv_store", layers),
                   ("split_store", decode_forwards * layers)):
         if on.get(op, 0) != n:
             failures.append(f"{on.get(op, 0)} {op} launches, expected {n}")

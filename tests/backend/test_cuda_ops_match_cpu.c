@@ -132,9 +132,10 @@ static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
     release(&a), release(&b), release(&c), release(&r);
 }
 
-// The decode step's products of a few rows (few_rows.cu: x W^T, bf16), against the CPU; and each
-// row the same bits as that row multiplied alone, since a sequence's logits must not depend on
-// what else the batch holds.
+// The decode step's products (x W^T, bf16) against the CPU: of a few rows (few_rows.cu), each
+// row also the same bits as that row multiplied alone, since a sequence's logits must not depend
+// on what else the batch holds; of 9 to 64 rows (skinny.cu, mma.sync), the same bits when run
+// again (its warps' sums are added in a fixed order).
 static void test_few_rows(int m, int n, int k, bool residual) {
     int lda = k + 8, ldb = k + 16, ldc = n + 3;
     size_t esz = sizeof(uint16_t);
@@ -149,12 +150,29 @@ static void test_few_rows(int m, int n, int k, bool residual) {
     gpu->matmul(gpu, false, true, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL,
                 NULL, c.g, ldc, tg);
     char name[96];
-    snprintf(name, sizeof name, "matmul few rows m=%d n=%d k=%d%s", m, n, k,
-             residual ? " + R" : "");
+    snprintf(name, sizeof name, "matmul %s rows m=%d n=%d k=%d%s", m > 8 ? "skinny" : "few", m, n,
+             k, residual ? " + R" : "");
     compare(name, &c, BF16_TOL);
     uint16_t *batch = weft_alloc((size_t)m * ldc * esz), *row = weft_alloc((size_t)ldc * esz);
     gpu->to_host(gpu, batch, c.g, (size_t)m * ldc * esz);
     int differ = 0;
+    if (m > 8) { // again, into a zeroed C
+        twin again = zeros((size_t)m * ldc, WEFT_BF16);
+        gpu->matmul(gpu, false, true, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta,
+                    residual ? r.g : NULL, NULL, again.g, ldc, tg);
+        uint16_t *second = weft_alloc((size_t)m * ldc * esz);
+        gpu->to_host(gpu, second, again.g, (size_t)m * ldc * esz);
+        for (int i = 0; i < m; i++) {
+            size_t at = (size_t)i * ldc;
+            differ += memcmp(second + at, batch + at, (size_t)n * esz) != 0;
+        }
+        printf("%-52s %d of %d rows differ when run again %s\n", name, differ, m,
+               differ ? "FAIL" : "ok");
+        failures += differ != 0;
+        weft_free(batch), weft_free(row), weft_free(second);
+        release(&a), release(&b), release(&c), release(&r), release(&alone), release(&again);
+        return;
+    }
     for (int i = 0; i < m; i++) {
         const void *res = residual ? (const char *)r.g + (size_t)i * ldc * esz : NULL;
         gpu->matmul(gpu, false, true, 1, n, k, 0.5f, (const char *)a.g + (size_t)i * lda * esz,
@@ -231,12 +249,15 @@ static void test_rmsnorm(void) {
         release(&dw);
 }
 
-// A matmul's bias, on a GEMM's rows (T of them) and on the few-row kernel's (1 and 5, where it
-// is added in the same launch): against the CPU, and on the GPU the bits of the product rounded
-// to bf16 and then the bias added (a separate add's). Then its backward, the column sums.
+// A matmul's bias, on a GEMM's rows (T of them) and on the few-row and skinny kernels' (1, 5
+// and 20, where it is added in the same launch): against the CPU, and on the GPU the bits of the
+// product rounded to bf16 and then the bias added (a separate add's). Then its backward, the
+// column sums.
 static void test_bias(void) {
-    int C = 40, K = 72;
-    for (int T = 1; T <= 70; T += T == 1 ? 4 : 65) {
+    int C = 40, K = 96;
+    const int row_counts[] = {1, 5, 20, 70}; // few rows, few rows, skinny, GEMM
+    for (int i_rows = 0; i_rows < 4; i_rows++) {
+        int T = row_counts[i_rows];
         twin x = act((size_t)T * K, 1), w = act((size_t)C * K, 1), b = act(C, 1);
         twin y = zeros((size_t)T * C, WEFT_BF16), plain = zeros((size_t)T * C, WEFT_BF16);
         weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32};
@@ -619,6 +640,10 @@ int main(void) {
     test_swiglu_product(6, 40, 264);   // rows rounded up to 8, one column a block
     test_swiglu_product(11, 72, 64);   // more rows than the kernel takes: the two ops
     test_few_rows(4, 2048, 1024, false);    // the 1B model's q projection, 4 sequences
+    test_few_rows(9, 40, 64, false);        // skinny: one row tile, a partial block of columns
+    test_few_rows(16, 48, 96, true);        // onto a residual, 3 chunks (one warp in 8 has work)
+    test_few_rows(33, 1030, 544, false);    // 3 row tiles, warps over 2 or 3 chunks each
+    test_few_rows(64, 2048, 1024, true);    // the 1B model's output projection at batch 64
     test_embedding();
     test_rmsnorm();
     test_bias();

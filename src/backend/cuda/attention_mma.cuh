@@ -27,6 +27,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
 
 #include <float.h>
 
@@ -48,20 +49,6 @@ __device__ __forceinline__ uint32_t load_u32(const bf16 *p) {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { // lo in the low half
     return (uint32_t)__bfloat16_as_ushort(to_bf16(lo)) |
            (uint32_t)__bfloat16_as_ushort(to_bf16(hi)) << 16;
-}
-
-// c (16x8) += a (16x16) b (16x8)
-__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-#if defined(WEFT_CUDA_EMULATION) // the CPU test harness (tests/backend/cuda_emulation.h)
-    weft_emulated_mma(c, a, b0, b1);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    __trap(); // the launcher never selects these kernels below sm_80
-#endif
 }
 
 // Four 8x8 bf16 matrices from shared memory: lane l names row (l & 15), columns 8 * (l >> 4) ..

@@ -25,6 +25,7 @@ typedef struct cuda_state {
     bool attention_hopper_named; // by WEFT_CUDA_ATTENTION=hopper
     bool attention_ordered_dq;   // the hopper backward's dQ in its dK/dV kernel (ordered sums)
     bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
+    bool skinny;                 // and up to WEFT_CUDA_SKINNY_ROWS on skinny.cu's (sm_80 and up)
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
@@ -223,6 +224,12 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
         weft_cuda_few_rows(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
                            ldc);
         launched(self, "matmul (few rows)");
+        return; // the bias added in the same launch
+    } else if (!ta && tb && types.c == WEFT_BF16 && st->skinny &&
+               weft_cuda_skinny_covers(m, k, a, lda, b, ldb)) {
+        weft_cuda_skinny(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
+                         ldc);
+        launched(self, "matmul (skinny)");
         return; // the bias added in the same launch
     } else {
         weft_cuda_gemm(st->gemms, op_stream(self), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
@@ -671,9 +678,10 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper,
                             &st->attention_hopper_named);
     st->profile = weft_cuda_profile_create(st->stream);
-    // WEFT_CUDA_FEW_ROWS=0 sends the few-row products to cuBLASLt too, to time one against the
-    // other.
+    // WEFT_CUDA_FEW_ROWS=0 sends the few-row and skinny products to cuBLASLt too, to time one
+    // against the other.
     st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
+    st->skinny = st->few_rows && weft_cuda_compute_capability(st->device) >= 80;
     // Programmatic dependent launch (kernels.h's early_launch) where the GPU has it, sm_90 and
     // newer; WEFT_CUDA_EARLY_LAUNCH=0 starts each kernel after the one before it ends, to time one
     // against the other.
