@@ -512,6 +512,14 @@ inline double atomicAdd(double *p, double x) {
     *p = old + x;
     return old;
 }
+inline int atomicAdd(int *p, int x) {
+    int old = *p;
+    *p = old + x;
+    return old;
+}
+// One address space, and a thread runs until its next rendezvous: every write is seen at once.
+inline void __threadfence() {}
+template <typename T> inline T __ldcg(const T *p) { return *p; }
 inline int atomicMax(int *p, int x) {
     int old = *p;
     *p = x > old ? x : old;

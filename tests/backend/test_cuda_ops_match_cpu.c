@@ -135,7 +135,9 @@ static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
 // The decode step's products (x W^T, bf16) against the CPU: of a few rows (few_rows.cu), each
 // row also the same bits as that row multiplied alone, since a sequence's logits must not depend
 // on what else the batch holds; of 9 to 64 rows (skinny.cu, mma.sync), the same bits when run
-// again (its warps' sums are added in a fixed order).
+// again: its blocks' sums over ranges of K are added in split order whichever block arrives
+// last (the emulator runs a launch's blocks in an order drawn per launch), and its counters
+// are left at zero for the next call.
 static void test_few_rows(int m, int n, int k, bool residual) {
     int lda = k + 8, ldb = k + 16, ldc = n + 3;
     size_t esz = sizeof(uint16_t);
@@ -642,8 +644,9 @@ int main(void) {
     test_few_rows(4, 2048, 1024, false);    // the 1B model's q projection, 4 sequences
     test_few_rows(9, 40, 64, false);        // skinny: one row tile, a partial block of columns
     test_few_rows(16, 48, 96, true);        // onto a residual, 3 chunks (one warp in 8 has work)
-    test_few_rows(33, 1030, 544, false);    // 3 row tiles, warps over 2 or 3 chunks each
-    test_few_rows(64, 2048, 1024, true);    // the 1B model's output projection at batch 64
+    test_few_rows(33, 1030, 544, false);    // 3 row tiles, K in 4 splits, a partial block
+    test_few_rows(64, 2048, 1024, true);    // the 1B model's output projection at batch 64: 8
+                                            // splits of K
     test_embedding();
     test_rmsnorm();
     test_bias();

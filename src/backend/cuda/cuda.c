@@ -26,6 +26,7 @@ typedef struct cuda_state {
     bool attention_ordered_dq;   // the hopper backward's dQ in its dK/dV kernel (ordered sums)
     bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
     bool skinny;                 // and up to WEFT_CUDA_SKINNY_ROWS on skinny.cu's (sm_80 and up)
+    int *skinny_arrived;         // its counters (WEFT_CUDA_SKINNY_COUNTERS, zero between calls)
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     size_t scratch_bytes;
@@ -227,8 +228,9 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
         return; // the bias added in the same launch
     } else if (!ta && tb && types.c == WEFT_BF16 && st->skinny &&
                weft_cuda_skinny_covers(m, k, a, lda, b, ldb)) {
+        float *partials = scratch(self, weft_cuda_skinny_partials_bytes(m, n, k));
         weft_cuda_skinny(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
-                         ldc);
+                         ldc, partials, st->skinny_arrived);
         launched(self, "matmul (skinny)");
         return; // the bias added in the same launch
     } else {
@@ -605,6 +607,7 @@ static void cuda_destroy(weft_backend *self) {
     cudaStreamSynchronize(st->stream);
     weft_cuda_profile_finish(st->profile, self->host_waits);
     cudaFree(st->scratch);
+    cudaFree(st->skinny_arrived);
     cudaFree(st->sum_result);
     cudaFree(st->sum_partials);
     weft_cuda_gemms_free(st->gemms);
@@ -682,6 +685,9 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     // against the other.
     st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
     st->skinny = st->few_rows && weft_cuda_compute_capability(st->device) >= 80;
+    size_t counter_bytes = sizeof(int) * WEFT_CUDA_SKINNY_COUNTERS;
+    CUDA_CHECK(cudaMalloc((void **)&st->skinny_arrived, counter_bytes));
+    CUDA_CHECK(cudaMemsetAsync(st->skinny_arrived, 0, counter_bytes, st->stream));
     // Programmatic dependent launch (kernels.h's early_launch) where the GPU has it, sm_90 and
     // newer; WEFT_CUDA_EARLY_LAUNCH=0 starts each kernel after the one before it ends, to time one
     // against the other.

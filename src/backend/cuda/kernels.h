@@ -65,15 +65,18 @@ void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, co
                         int ldx, const void *w, int ldw, float beta, const void *c_in,
                         const void *bias, void *y, int ldc);
 // The same product for WEFT_CUDA_FEW_ROWS < M <= WEFT_CUDA_SKINNY_ROWS on the tensor cores
-// (mma.sync, compute capability 8.0 and up): a block per 16 columns, its warps splitting K and
-// summed in a fixed order, so runs repeat bit for bit (skinny.cu); rows are not independent of
-// the batch there. covers: M in range, K a multiple of 32, ldx and ldw of 8, x and W 16-byte
-// aligned; else use the GEMM.
-enum { WEFT_CUDA_SKINNY_ROWS = 64 };
+// (mma.sync, compute capability 8.0 and up): blocks of 64 columns and a range of K, whose fp32
+// sums the last block of each column block adds in a fixed order, so runs repeat bit for bit
+// (skinny.cu); rows are not independent of the batch there. partials: device scratch of
+// weft_cuda_skinny_partials_bytes; arrived: WEFT_CUDA_SKINNY_COUNTERS device ints, zero before
+// the first call (each call leaves them zero). covers: M in range, K a multiple of 32, ldx and
+// ldw of 8, x and W 16-byte aligned; else use the GEMM.
+enum { WEFT_CUDA_SKINNY_ROWS = 64, WEFT_CUDA_SKINNY_COUNTERS = 1024 };
 bool weft_cuda_skinny_covers(int M, int K, const void *x, int ldx, const void *w, int ldw);
+size_t weft_cuda_skinny_partials_bytes(int M, int N, int K);
 void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
                       int ldx, const void *w, int ldw, float beta, const void *c_in,
-                      const void *bias, void *y, int ldc);
+                      const void *bias, void *y, int ldc, float *partials, int *arrived);
 // y (M, width) bf16 = swiglu of x W^T (M, 2 width), W (2 width, K) the gate rows then the up
 // rows (ldw apart): the bits of weft_cuda_few_rows into (M, 2 width) and then
 // weft_cuda_swiglu_forward, in one launch and without the product. Where covers says so.

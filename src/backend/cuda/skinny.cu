@@ -2,18 +2,23 @@
 // projections at batches past few_rows.cu's 8 rows. A GEMM's 128-wide column tiles give the 1B
 // model's 2,048-column projections 16 blocks a row tile, too few to stream W (the whole cost of
 // such a product) at HBM bandwidth: on an H200 a batch-64 decode step ran at a sixth of the
-// bandwidth bound on cuBLASLt. Here a block owns BN = 16 columns (16 rows of W) and all the
-// rows of x, and its 8 warps split K: warp w multiplies the 32-wide chunks w, w + 8, .. of K
-// with mma.sync (bf16 in, fp32 sums), then the block adds the warps' sums in warp order. So N =
-// 2,048 makes 128 blocks, each W element is read once, and the result is the same bits on every
-// run (no atomics, no split-K across blocks).
+// bandwidth bound on cuBLASLt.
+//
+// A block owns BN = 64 columns (64 rows of W), all the rows of x, and one of S contiguous ranges
+// of K (split-K across blocks, S chosen so that some 264 blocks run: 8 for N = 2,048, 1 for the
+// output head). Its 8 warps are 4 column groups of 16 times 2 halves of the range's 32-wide
+// chunks; each multiplies with mma.sync (bf16 in, fp32 sums). So each W element is read once,
+// and x once per block (as many bytes as W at 64 rows, where 16-column blocks read it 4 times
+// over). The block adds its two halves, and with S > 1 writes the fp32 sum to `partials`; the
+// last block of a column block to arrive (a counter per column block, reset by that block) adds
+// the S sums in split order and writes y. Every sum has one order: runs repeat bit for bit.
 //
 // The fragments come straight from global memory, 16 bytes a lane: for chunk k0, lane (g, t) =
-// (lane / 4, lane % 4) loads columns k0 + 8t .. 8t + 7 of W rows n0 + g and n0 + 8 + g and of x
-// rows g and g + 8 of each 16-row tile. The two mma of the chunk then take, as their logical
-// columns 2t, 2t + 1 and 2t + 8, 2t + 9 (mma.cuh), the loaded columns 8t + 0..3 and 8t + 4..7:
-// A and B are permuted alike along K, so each mma still sums products of matching columns, and
-// the two together cover all 32.
+// (lane / 4, lane % 4) loads columns k0 + 8t .. 8t + 7 of W rows g and 8 + g of its column group
+// and of x rows g and g + 8 of each 16-row tile. The two mma of the chunk then take, as their
+// logical columns 2t, 2t + 1 and 2t + 8, 2t + 9 (mma.cuh), the loaded columns 8t + 0..3 and
+// 8t + 4..7: A and B are permuted alike along K, so each mma still sums products of matching
+// columns, and the two together cover all 32.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/mma.cuh"
 
@@ -21,17 +26,20 @@ namespace {
 namespace skinny {
 
 constexpr int WARPS = 8, THREADS = 32 * WARPS;
-constexpr int BN = 16; // columns (rows of W) a block
-constexpr int KC = 32; // K per chunk: two mma of k 16
-constexpr int MAX_TILES = WEFT_CUDA_SKINNY_ROWS / 16;
+constexpr int GROUP = 16;                   // columns a warp: two mma n-tiles
+constexpr int GROUPS = 4, HALVES = WARPS / GROUPS;
+constexpr int BN = GROUP * GROUPS;          // columns a block
+constexpr int KC = 32;                      // K per chunk: two mma of k 16
+constexpr int TARGET_BLOCKS = 264;          // two an SM of an H100 or H200 (132 SMs)
+constexpr int MIN_SPLIT_CHUNKS = 4;         // a split gives each warp at least two chunks
 
 __device__ __forceinline__ uint4 load16(const bf16 *p) {
     return *reinterpret_cast<const uint4 *>(p);
 }
 
 // One chunk's products for one lane: acc[mt][nt] (16 x 8 fp32) += x rows (g, g + 8) of row
-// tile mt times W rows (8 nt + g) w[nt], their columns k .. k + 31 as the file's comment says.
-// x_at[mt][h]: where this lane's x row 16 mt + 8 h + g starts (element offsets past x_lane).
+// tile mt times W rows (8 nt + g of the group) w[nt], their columns k .. k + 31 as the file's
+// comment says. x_at[mt][h]: where this lane's x row 16 mt + 8 h + g starts, past x_lane.
 template <int MT>
 __device__ __forceinline__ void multiply_chunk(const uint4 *w, const bf16 *x_lane,
                                                const int (*x_at)[2], int k, float (*acc)[2][4]) {
@@ -47,66 +55,125 @@ __device__ __forceinline__ void multiply_chunk(const uint4 *w, const bf16 *x_lan
     }
 }
 
-// MT row tiles of 16 (rows past M read row M - 1 and are not stored). The next chunk's W (the
-// stream from HBM) is loaded before this chunk's products; x, which every block reads and the L2
-// holds, is loaded as it is used: so registers allow two blocks an SM (16 warps) without spills.
+// The warp's sums over its chunks of [c0, c1): chunks c0 + half, + HALVES, .. The next chunk's
+// W (the stream from HBM) is loaded before this chunk's products; x, which the L2 holds, as it
+// is used: so registers allow two blocks an SM (16 warps) without spills.
 template <int MT>
-__global__ void __launch_bounds__(THREADS, 2)
-    skinny_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw, int M,
-                  int N, int K, float alpha, float beta, const bf16 *c_in, const bf16 *bias,
-                  bf16 *y, int ldc) {
+__device__ __forceinline__ void warp_sums(const bf16 *const *wr, const bf16 *x_lane,
+                                          const int (*x_at)[2], int c0, int c1, int half,
+                                          float (*acc)[2][4]) {
+    uint4 now[2], next[2];
+    int c = c0 + half;
+    if (c < c1) now[0] = load16(wr[0] + c * KC), now[1] = load16(wr[1] + c * KC);
+#pragma unroll 1 // the products unroll; the chunks need not (unrolled, ptxas spilled)
+    for (; c < c1; c += HALVES) {
+        int k_next = (c + HALVES) * KC;
+        if (c + HALVES < c1) next[0] = load16(wr[0] + k_next), next[1] = load16(wr[1] + k_next);
+        multiply_chunk<MT>(now, x_lane, x_at, c * KC, acc);
+        now[0] = next[0], now[1] = next[1];
+    }
+}
+
+// The epilogue of one output: alpha sum + beta c_in, rounded, then the bias added to the stored
+// product as a separate add would.
+__device__ __forceinline__ void store_output(float sum, float alpha, float beta, const bf16 *c_in,
+                                             const bf16 *bias, bf16 *y, int ldc, int m, int n) {
+    float out = alpha * sum;
+    if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
+    bf16 stored = to_bf16(out);
+    y[(size_t)m * ldc + n] = bias ? to_bf16(to_f32(stored) + to_f32(bias[n])) : stored;
+}
+
+struct product {
+    const bf16 *x, *w;
+    int ldx, ldw, M, N, K, ldc;
+    float alpha, beta;
+    const bf16 *c_in, *bias;
+    bf16 *y;
+    int splits;       // S
+    float *partials;  // (column blocks, S, MT * 16, BN) fp32 where S > 1
+    int *arrived;     // a counter per column block, zero between launches
+};
+
+// MT row tiles of 16 (rows past M read row M - 1 and are not stored). blockIdx.x = column block
+// * S + split.
+template <int MT>
+__global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     wait_for_earlier_kernels();
-    __shared__ float partial[WARPS][MT * 16][BN + 1]; // + 1: the epilogue's column walk
+    constexpr int ROWS = MT * 16;
+    __shared__ float sums[HALVES][ROWS][BN + 1]; // + 1: the epilogue's column walk
+    __shared__ bool last;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    int n0 = blockIdx.x * BN;
-    const bf16 *wr[2], *x_lane = x + 8 * t;
+    int group = warp % GROUPS, half = warp / GROUPS;
+    int block = blockIdx.x / p.splits, split = blockIdx.x % p.splits, n0 = block * BN;
+    int chunks = p.K / KC, per_split = (chunks + p.splits - 1) / p.splits;
+    int c0 = split * per_split, c1 = min(chunks, c0 + per_split);
+
+    const bf16 *wr[2], *x_lane = p.x + 8 * t;
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) wr[nt] = w + (size_t)min(n0 + 8 * nt + g, N - 1) * ldw + 8 * t;
+    for (int nt = 0; nt < 2; nt++) {
+        int n = min(n0 + GROUP * group + 8 * nt + g, p.N - 1);
+        wr[nt] = p.w + (size_t)n * p.ldw + 8 * t;
+    }
     int x_at[MT][2]; // 32-bit offsets: M <= 64 rows, so they fit, in half the registers
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, M - 1) * ldx;
-
+        for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, p.M - 1) * p.ldx;
     float acc[MT][2][4] = {};
-    int chunks = K / KC;
-    uint4 now[2], next[2];
-    if (warp < chunks) now[0] = load16(wr[0] + warp * KC), now[1] = load16(wr[1] + warp * KC);
-#pragma unroll 1 // the products unroll; the chunks need not (unrolled, ptxas spilled)
-    for (int c = warp; c < chunks; c += WARPS) {
-        int k = c * KC, k_next = k + WARPS * KC;
-        if (c + WARPS < chunks) next[0] = load16(wr[0] + k_next), next[1] = load16(wr[1] + k_next);
-        multiply_chunk<MT>(now, x_lane, x_at, k, acc);
-        now[0] = next[0], now[1] = next[1];
-    }
+    warp_sums<MT>(wr, x_lane, x_at, c0, c1, half, acc);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                partial[warp][16 * mt + g + 8 * (e >> 1)][8 * nt + 2 * t + (e & 1)] =
-                    acc[mt][nt][e];
+            for (int e = 0; e < 4; e++) {
+                int row = 16 * mt + g + 8 * (e >> 1);
+                sums[half][row][GROUP * group + 8 * nt + 2 * t + (e & 1)] = acc[mt][nt][e];
+            }
     __syncthreads();
-    for (int i = threadIdx.x; i < MT * 16 * BN; i += THREADS) {
-        int m = i / BN, n = n0 + i % BN;
-        if (m >= M || n >= N) continue;
-        float sum = 0.0f;
-        for (int v = 0; v < WARPS; v++) sum += partial[v][m][i % BN];
-        float out = alpha * sum;
-        if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
-        bf16 stored = to_bf16(out); // a bias as a separate add would: to the stored product
-        y[(size_t)m * ldc + n] = bias ? to_bf16(to_f32(stored) + to_f32(bias[n])) : stored;
+    if (p.splits == 1) {
+        for (int i = threadIdx.x; i < ROWS * BN; i += THREADS) {
+            int m = i / BN, col = i % BN, n = n0 + col;
+            if (m < p.M && n < p.N)
+                store_output(sums[0][m][col] + sums[1][m][col], p.alpha, p.beta, p.c_in, p.bias,
+                             p.y, p.ldc, m, n);
+        }
+        return;
     }
+    float *tiles = p.partials + (size_t)block * p.splits * ROWS * BN; // (S, ROWS, BN)
+    for (int i = threadIdx.x; i < ROWS * BN; i += THREADS)
+        tiles[(size_t)split * ROWS * BN + i] = sums[0][i / BN][i % BN] + sums[1][i / BN][i % BN];
+    __threadfence(); // this block's tile is visible before it counts itself in
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&p.arrived[block], 1) == p.splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); // the other blocks' tiles, which they made visible before counting
+    for (int i = threadIdx.x; i < ROWS * BN; i += THREADS) {
+        int m = i / BN, n = n0 + i % BN;
+        if (m >= p.M || n >= p.N) continue;
+        float sum = 0.0f;
+        for (int s = 0; s < p.splits; s++) sum += __ldcg(&tiles[(size_t)s * ROWS * BN + i]);
+        store_output(sum, p.alpha, p.beta, p.c_in, p.bias, p.y, p.ldc, m, n);
+    }
+    if (threadIdx.x == 0) p.arrived[block] = 0; // for the next launch
 }
 
-template <int MT>
-void launch(weft_cuda_stream s, int M, int N, int K, float alpha, const bf16 *x, int ldx,
-            const bf16 *w, int ldw, float beta, const bf16 *c_in, const bf16 *bias, bf16 *y,
-            int ldc) {
+// S: enough splits of K for TARGET_BLOCKS blocks, each of at least MIN_SPLIT_CHUNKS chunks, and
+// none where the column blocks outnumber the counters.
+inline int splits_for(int N, int K) {
+    int blocks = (N + BN - 1) / BN, chunks = K / KC;
+    if (blocks > WEFT_CUDA_SKINNY_COUNTERS) return 1;
+    int want = (TARGET_BLOCKS + blocks - 1) / blocks, most = chunks / MIN_SPLIT_CHUNKS;
+    int splits = max(1, min(want, most)), per_split = (chunks + splits - 1) / splits;
+    return (chunks + per_split - 1) / per_split; // none left empty
+}
+
+template <int MT> void launch(weft_cuda_stream s, const product &p) {
     static constexpr auto kernel = skinny_kernel<MT>;
-    WEFT_LAUNCH(kernel, (unsigned)((N + BN - 1) / BN), THREADS, 0, s, x, ldx, w, ldw, M, N, K,
-                alpha, beta, c_in, bias, y, ldc);
+    unsigned blocks = (unsigned)((p.N + BN - 1) / BN * p.splits);
+    WEFT_LAUNCH(kernel, blocks, THREADS, 0, s, p);
 }
 
 } // namespace skinny
@@ -119,19 +186,26 @@ extern "C" bool weft_cuda_skinny_covers(int M, int K, const void *x, int ldx, co
            ldx % 8 == 0 && ldw % 8 == 0 && bits % 16 == 0;
 }
 
+extern "C" size_t weft_cuda_skinny_partials_bytes(int M, int N, int K) {
+    int splits = skinny::splits_for(N, K), rows = (M + 15) / 16 * 16;
+    if (splits == 1) return 0;
+    return sizeof(float) * (size_t)(N + skinny::BN - 1) / skinny::BN * splits * rows * skinny::BN;
+}
+
 extern "C" void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float alpha,
                                  const void *x, int ldx, const void *w, int ldw, float beta,
-                                 const void *c_in, const void *bias, void *y, int ldc) {
+                                 const void *c_in, const void *bias, void *y, int ldc,
+                                 float *partials, int *arrived) {
     if (M == 0 || N == 0) return;
-    const bf16 *xb = (const bf16 *)x, *wb = (const bf16 *)w, *cb = (const bf16 *)c_in;
-    const bf16 *bb = (const bf16 *)bias;
-    bf16 *yb = (bf16 *)y;
+    skinny::product p = {(const bf16 *)x, (const bf16 *)w, ldx, ldw, M, N, K, ldc, alpha, beta,
+                         (const bf16 *)c_in, (const bf16 *)bias, (bf16 *)y,
+                         skinny::splits_for(N, K), partials, arrived};
     switch ((M + 15) / 16) {
-    case 1: skinny::launch<1>(s, M, N, K, alpha, xb, ldx, wb, ldw, beta, cb, bb, yb, ldc); break;
-    case 2: skinny::launch<2>(s, M, N, K, alpha, xb, ldx, wb, ldw, beta, cb, bb, yb, ldc); break;
-    case 3: skinny::launch<3>(s, M, N, K, alpha, xb, ldx, wb, ldw, beta, cb, bb, yb, ldc); break;
+    case 1: skinny::launch<1>(s, p); break;
+    case 2: skinny::launch<2>(s, p); break;
+    case 3: skinny::launch<3>(s, p); break;
     default:
-        static_assert(skinny::MAX_TILES == 4, "a launch per row-tile count");
-        skinny::launch<4>(s, M, N, K, alpha, xb, ldx, wb, ldw, beta, cb, bb, yb, ldc);
+        static_assert(WEFT_CUDA_SKINNY_ROWS == 64, "a launch per row-tile count, up to 4");
+        skinny::launch<4>(s, p);
     }
 }
