@@ -161,7 +161,10 @@ cudaError_t cudaGetDeviceCount(int *n) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int) {
-    *value = attr == cudaDevAttrComputeCapabilityMajor ? 9 : 0; // an H100, for the kernel choice
+    // An H100, for the kernel choice (and its 132 SMs, for the GEMMs' split of K).
+    *value = attr == cudaDevAttrComputeCapabilityMajor ? 9
+             : attr == cudaDevAttrMultiProcessorCount  ? 132
+                                                       : 0;
     return cudaSuccess;
 }
 // "Device" memory is host memory here: report the host's, as the CPU backend does.
@@ -309,6 +312,30 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// Every algorithm may split K; the emulated product ignores the algorithm, so any split is fine.
+cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(const cublasLtMatmulAlgo_t *,
+                                                 cublasLtMatmulAlgoCapAttributes_t attr,
+                                                 void *buf, size_t bytes, size_t *written) {
+    if (attr != CUBLASLT_ALGO_CAP_SPLITK_SUPPORT || bytes < sizeof(int32_t))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    *(int32_t *)buf = 1;
+    *written = sizeof(int32_t);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoConfigSetAttribute(cublasLtMatmulAlgo_t *,
+                                                    cublasLtMatmulAlgoConfigAttributes_t,
+                                                    const void *, size_t) {
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t, cublasLtMatmulDesc_t,
+                                       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                       const cublasLtMatmulAlgo_t *,
+                                       cublasLtMatmulHeuristicResult_t *result) {
+    *result = cublasLtMatmulHeuristicResult_t{};
+    result->state = CUBLAS_STATUS_SUCCESS;
+    return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
                               cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,

@@ -137,8 +137,8 @@ static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
 // on what else the batch holds; of 9 to 64 rows (skinny.cu, mma.sync), the same bits when run
 // again: its blocks' sums over ranges of K are added in split order whichever block arrives
 // last (the emulator runs a launch's blocks in an order drawn per launch), and its counters
-// are left at zero for the next call.
-static void test_few_rows(int m, int n, int k, bool residual) {
+// are left at zero for the next call. Past 64 rows, cuBLASLt's (run again too).
+static void test_projection(int m, int n, int k, bool residual) {
     int lda = k + 8, ldb = k + 16, ldc = n + 3;
     size_t esz = sizeof(uint16_t);
     twin a = act((size_t)m * lda, 1), b = act((size_t)n * ldb, 1);
@@ -152,8 +152,8 @@ static void test_few_rows(int m, int n, int k, bool residual) {
     gpu->matmul(gpu, false, true, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL,
                 NULL, c.g, ldc, tg);
     char name[96];
-    snprintf(name, sizeof name, "matmul %s rows m=%d n=%d k=%d%s", m > 8 ? "skinny" : "few", m, n,
-             k, residual ? " + R" : "");
+    snprintf(name, sizeof name, "matmul %s m=%d n=%d k=%d%s",
+             m <= 8 ? "few rows" : m <= 64 ? "skinny" : "GEMM", m, n, k, residual ? " + R" : "");
     compare(name, &c, BF16_TOL);
     uint16_t *batch = weft_alloc((size_t)m * ldc * esz), *row = weft_alloc((size_t)ldc * esz);
     gpu->to_host(gpu, batch, c.g, (size_t)m * ldc * esz);
@@ -633,19 +633,19 @@ int main(void) {
         for (int tb = 0; tb < 2; tb++) test_matmul(ta, tb, false, false);
     test_matmul(true, false, true, false); // the dW product
     test_matmul(false, true, false, true); // a projection onto the residual stream
-    test_few_rows(1, 1030, 136, false);     // 4 columns a block
-    test_few_rows(3, 48, 72, false);        // one column a block, rows rounded up to 4
-    test_few_rows(2, 64, 4104, true);       // several chunks per thread; onto a residual
-    test_few_rows(5, 1100, 64, true);       // rows rounded up to 8, 2 columns a block
-    test_few_rows(8, 40, 264, false);
+    test_projection(1, 1030, 136, false);     // 4 columns a block
+    test_projection(3, 48, 72, false);        // one column a block, rows rounded up to 4
+    test_projection(2, 64, 4104, true);       // several chunks per thread; onto a residual
+    test_projection(5, 1100, 64, true);       // rows rounded up to 8, 2 columns a block
+    test_projection(8, 40, 264, false);
     test_swiglu_product(1, 1030, 136); // the fused kernel: 4 columns (and 4 ups) a block
     test_swiglu_product(6, 40, 264);   // rows rounded up to 8, one column a block
     test_swiglu_product(11, 72, 64);   // more rows than the kernel takes: the two ops
-    test_few_rows(4, 2048, 1024, false);    // the 1B model's q projection, 4 sequences
-    test_few_rows(9, 40, 64, false);        // skinny: one row tile, a partial block of columns
-    test_few_rows(16, 48, 96, true);        // onto a residual, 3 chunks (one warp in 8 has work)
-    test_few_rows(33, 1030, 544, false);    // 3 row tiles, K in 4 splits, a partial block
-    test_few_rows(64, 2048, 1024, true);    // the 1B model's output projection at batch 64: 8
+    test_projection(4, 2048, 1024, false);    // the 1B model's q projection, 4 sequences
+    test_projection(9, 40, 64, false);        // skinny: one row tile, a partial block of columns
+    test_projection(16, 48, 96, true);        // onto a residual, 3 chunks (one warp in 8 has work)
+    test_projection(33, 1030, 544, false);    // 3 row tiles, K in 4 splits, a partial block
+    test_projection(64, 2048, 1024, true);    // the 1B model's output projection at batch 64: 8
                                             // splits of K
     test_embedding();
     test_rmsnorm();
@@ -659,6 +659,14 @@ int main(void) {
     test_paged(4, 2, 32, 16);
     test_paged(8, 2, 128, 32);
     test_paged(4, 4, 40, 16);
+    weft_backend_destroy(gpu);
+    // cuBLASLt splitting K where the tiles leave SMs idle (WEFT_CUDA_GEMM_SPLIT_K=1, off by
+    // default): a decode step's product past skinny.cu's rows, onto the residual, and a wide one.
+    setenv("WEFT_CUDA_GEMM_SPLIT_K", "1", 1);
+    gpu = weft_backend_cuda_create(0);
+    test_projection(100, 256, 2048, true);
+    test_projection(256, 640, 1024, false);
+    unsetenv("WEFT_CUDA_GEMM_SPLIT_K");
     weft_backend_destroy(gpu);
     // Every attention kernel family the GPU has, each on a backend of its own (hopper: 128-row,
     // 128-key tiles, so the longer documents span several; its backward both ways).

@@ -234,9 +234,11 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
         launched(self, "matmul (skinny)");
         return; // the bias added in the same launch
     } else {
-        weft_cuda_gemm(st->gemms, op_stream(self), ta, tb, m, n, k, alpha, a, lda, b, ldb, beta,
-                       c_in, c, ldc, types);
-        launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)" : "matmul");
+        bool split = weft_cuda_gemm(st->gemms, op_stream(self), ta, tb, m, n, k, alpha, a, lda,
+                                    b, ldb, beta, c_in, c, ldc, types);
+        launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)"
+                       : split             ? "matmul (split K)"
+                                           : "matmul");
     }
     if (bias) { // rounded as the product was stored: a separate add's bits, whichever path ran
         weft_cuda_bias_forward(op_queue(self), c, bias, m, n);
@@ -667,6 +669,21 @@ static bool env_switch(const char *name, const char *off) {
     return !v || strcmp(v, "0") != 0;
 }
 
+// WEFT_CUDA_GEMM_SPLIT_K=1 lets cuBLASLt split K where a product's tiles leave SMs idle
+// (matmul.h); off by default until a GPU run says it pays (bench/gpu_generate_throughput.py
+// times it as its splitk runner). The SMs to fill, or 0.
+static int gemm_split_k(int device) {
+    const char *v = getenv("WEFT_CUDA_GEMM_SPLIT_K");
+    WEFT_CHECK(!v || !*v || !strcmp(v, "0") || !strcmp(v, "1"),
+               "WEFT_CUDA_GEMM_SPLIT_K=%s: expected 0 (the default) or 1 (split K where a "
+               "product's tiles leave SMs idle)", v);
+    int sms = 0;
+    if (!v || strcmp(v, "1") != 0 ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return 0;
+    return sms;
+}
+
 weft_backend *weft_backend_cuda_create(int local_rank) {
     int n = weft_cuda_device_count();
     WEFT_CHECK(n > 0, "device=cuda: no CUDA GPU is visible to this process (check the driver "
@@ -675,7 +692,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     st->device = local_rank % n; // one GPU per rank on a node, in local rank order
     CUDA_CHECK(cudaSetDevice(st->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
-    st->gemms = weft_cuda_gemms_create();
+    st->gemms = weft_cuda_gemms_create(gemm_split_k(st->device));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_partials, sizeof(double) * WEFT_CUDA_SUM_PARTIALS));
     attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper,

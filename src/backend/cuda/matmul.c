@@ -24,10 +24,12 @@ typedef struct matmul_plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
+    bool split; // K split (split_k)
 } matmul_plan;
 
 struct weft_cuda_gemms {
     cublasLtHandle_t lt;
+    int split_k_sms; // matmul.h
     void *workspace;
     matmul_plan plans[MATMUL_CACHE];
     int next_plan; // round-robin replacement once the cache is full
@@ -35,8 +37,9 @@ struct weft_cuda_gemms {
 
 static void warm_up(weft_cuda_gemms *g);
 
-weft_cuda_gemms *weft_cuda_gemms_create(void) {
+weft_cuda_gemms *weft_cuda_gemms_create(int split_k_sms) {
     weft_cuda_gemms *g = weft_alloc(sizeof *g);
+    g->split_k_sms = split_k_sms;
     LT_CHECK(cublasLtCreate(&g->lt));
     cudaError_t err = cudaMalloc(&g->workspace, WORKSPACE_BYTES);
     WEFT_CHECK(err == cudaSuccess, "cuda: cublasLt workspace: %s", cudaGetErrorString(err));
@@ -50,6 +53,35 @@ static cudaDataType_t cuda_type(weft_dtype t) { return t == WEFT_BF16 ? CUDA_R_1
 static int common_alignment(const void *a, const void *b, const void *c, const void *d) {
     uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | 256;
     return (int)(bits & (~bits + 1));
+}
+
+// With split_k_sms, a product whose 128 x 128 tiles number fewer than the SMs (at 256 rows, the
+// 1B model's 2,048-column projections make 32 for 132 SMs) gets its K split in up to 16 parts of
+// at least 256, summed by cuBLASLt out of place in fp32 (a fixed order: runs repeat bit for
+// bit), where the chosen algorithm supports it and cublasLtMatmulAlgoCheck accepts the change.
+static void split_k(weft_cuda_gemms *g, matmul_plan *p) {
+    int tiles = ((p->m + 127) / 128) * ((p->n + 127) / 128);
+    int parts = (g->split_k_sms + tiles - 1) / tiles, most = p->k / 256;
+    parts = parts < most ? parts : most;
+    parts = parts < 16 ? parts : 16;
+    int32_t supported = 0;
+    size_t written = 0;
+    if (parts < 2 ||
+        cublasLtMatmulAlgoCapGetAttribute(&p->algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &supported,
+                                          sizeof supported, &written) != CUBLAS_STATUS_SUCCESS ||
+        !supported)
+        return;
+    cublasLtMatmulAlgo_t algo = p->algo;
+    uint32_t splits = (uint32_t)parts, scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulHeuristicResult_t check;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                             sizeof splits) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                             &scheme, sizeof scheme) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoCheck(g->lt, p->op, p->la, p->lb, p->lc, p->lc, &algo, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= WORKSPACE_BYTES)
+        p->algo = algo, p->split = true;
 }
 
 // Row-major C (m, n) = op(A) op(B) is column-major C^T (n, m) = op(B)^T op(A)^T: cuBLASLt's "A"
@@ -86,6 +118,7 @@ static void build_plan(weft_cuda_gemms *g, matmul_plan *p) {
     WEFT_CHECK(found > 0, "cublasLt: no algorithm for a %dx%dx%d GEMM (types %d,%d,%d)", p->m,
                p->n, p->k, p->types.a, p->types.b, p->types.c);
     p->algo = result.algo;
+    if (g->split_k_sms > 0) split_k(g, p);
 }
 
 static void destroy_plan(matmul_plan *p) {
@@ -124,7 +157,7 @@ void weft_cuda_gemms_free(weft_cuda_gemms *g) {
     weft_free(g);
 }
 
-void weft_cuda_gemm(weft_cuda_gemms *g, cudaStream_t stream, bool ta, bool tb, int m, int n,
+bool weft_cuda_gemm(weft_cuda_gemms *g, cudaStream_t stream, bool ta, bool tb, int m, int n,
                     int k, float alpha, const void *a, int lda, const void *b, int ldb,
                     float beta, const void *c_in, void *c, int ldc, weft_matmul_types types) {
     // cuBLASLt's C (read) and D (written) may differ: the residual is read where it lies.
@@ -135,6 +168,7 @@ void weft_cuda_gemm(weft_cuda_gemms *g, cudaStream_t stream, bool ta, bool tb, i
     const matmul_plan *p = find_plan(g, &want);
     LT_CHECK(cublasLtMatmul(g->lt, p->op, &alpha, b, p->la, a, p->lb, &beta, c_in, p->lc, c,
                             p->lc, &p->algo, g->workspace, WORKSPACE_BYTES, stream));
+    return p->split;
 }
 
 // cuBLASLt's first product in a process pays for its own set-up (its heuristics, the kernels
