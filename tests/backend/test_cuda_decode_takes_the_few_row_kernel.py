@@ -9,8 +9,8 @@ passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON rea
 (q, k and v are one product; gate and up another, which with its SwiGLU is one "swiglu_product
 (few rows)" launch) and 1, and the prefill's output head (on its one last row) are few-row calls,
 the prefill's 20-row projections are not: they are skinny.cu's tensor-core calls ("matmul
-(skinny)", 9 to 64 rows); with the switch off there are neither, and the products are the same
-number of cuBLASLt calls. The decode forwards' other fused launches are checked too,
+(skinny)", 9 to 64 rows; the gate|up one with its SwiGLU, "swiglu_product (skinny)"); with the
+switch off there are neither, and the products are the same number of cuBLASLt calls. The decode forwards' other fused launches are checked too,
 so none falls back to the separate ops unseen: the q|k|v biases come in the few-row launch, and
 the prefill's in the skinny one (no "bias_add" at all), and each layer's split also stores the keys and
 values ("split_store"; the prefill, whose sequence is new, splits and then runs "kv_store"). Runs
@@ -27,6 +27,7 @@ from reference.generation import random_prompts, write_prompts
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 PROJECTIONS = 4  # q|k|v, o, gate|up (each one product: blocks.c), down
 FEW = ("matmul (few rows)", "swiglu_product (few rows)")
+SKINNY = ("matmul (skinny)", "swiglu_product (skinny)")
 
 
 def generate(emulated, mdir, prompts, tmp, name, few_rows):
@@ -72,11 +73,11 @@ def cases(emulated, tmp):
     if fused != decode_forwards * layers:
         failures.append(f"{fused} gate|up products with their SwiGLU in one launch, not one a "
                         "layer of every decode forward")
-    skinny = on.get("matmul (skinny)", 0)
-    if skinny != PROJECTIONS * layers:
+    skinny = sum(on.get(op, 0) for op in SKINNY)
+    if skinny != PROJECTIONS * layers or on.get(SKINNY[1], 0) != layers:
         failures.append(f"{skinny} skinny products, not the prefill's {PROJECTIONS * layers} "
-                        "projections of 20 rows")
-    if any(op in off for op in FEW + ("matmul (skinny)",)):
+                        "projections of 20 rows, one a layer with its SwiGLU")
+    if any(op in off for op in FEW + SKINNY):
         failures.append("WEFT_CUDA_FEW_ROWS=0 still ran the few-row or skinny kernel")
     if products(on) != products(off):
         failures.append(f"{products(on)} products by default, {products(off)} without "

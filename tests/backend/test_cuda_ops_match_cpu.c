@@ -190,8 +190,8 @@ static void test_projection(int m, int n, int k, bool residual) {
 }
 
 // A forward-only pass's MLP input (swiglu_product): the same bits as the product followed by
-// swiglu_forward on the GPU, whether a decode step's few rows take the fused kernel or more rows
-// the two ops; and the CPU's values.
+// swiglu_forward on the GPU, whether a decode step's rows take a fused kernel (few rows, or
+// skinny's up to 64) or more rows the two ops; and the CPU's values.
 static void test_swiglu_product(int rows, int width, int k) {
     size_t esz = sizeof(uint16_t), n = (size_t)rows * width;
     twin x = act((size_t)rows * k, 1), w = act((size_t)2 * width * k, 1);
@@ -640,7 +640,9 @@ int main(void) {
     test_projection(8, 40, 264, false);
     test_swiglu_product(1, 1030, 136); // the fused kernel: 4 columns (and 4 ups) a block
     test_swiglu_product(6, 40, 264);   // rows rounded up to 8, one column a block
-    test_swiglu_product(11, 72, 64);   // more rows than the kernel takes: the two ops
+    test_swiglu_product(11, 72, 64);   // skinny: 32 gates and their ups a block
+    test_swiglu_product(40, 1024, 1024); // skinny, K in 8 splits
+    test_swiglu_product(70, 72, 64);   // more rows than either kernel takes: the two ops
     test_projection(4, 2048, 1024, false);    // the 1B model's q projection, 4 sequences
     test_projection(9, 40, 64, false);        // skinny: one row tile, a partial block of columns
     test_projection(16, 48, 96, true);        // onto a residual, 3 chunks (one warp in 8 has work)

@@ -410,9 +410,17 @@ static void cuda_swiglu_forward(weft_backend *self, const void *gate_up, void *o
 // both ops.
 static void cuda_swiglu_product(weft_backend *self, const void *x, const void *w, void *gate_up,
                                 void *out, int rows, int C, int width) {
-    if (state(self)->few_rows && weft_cuda_few_rows_covers(rows, C, x, C, w, C)) {
+    cuda_state *st = state(self);
+    if (st->few_rows && weft_cuda_few_rows_covers(rows, C, x, C, w, C)) {
         weft_cuda_few_rows_swiglu(STREAM(self), rows, width, C, x, C, w, C, out, width);
         launched(self, "swiglu_product (few rows)");
+        return;
+    }
+    if (st->skinny && weft_cuda_skinny_covers(rows, C, x, C, w, C)) {
+        float *partials = scratch(self, weft_cuda_skinny_partials_bytes(rows, 2 * width, C));
+        weft_cuda_skinny_swiglu(STREAM(self), rows, width, C, x, C, w, C, out, width, partials,
+                                st->skinny_arrived);
+        launched(self, "swiglu_product (skinny)");
         return;
     }
     weft_matmul_types types = {WEFT_BF16, WEFT_BF16, WEFT_BF16};

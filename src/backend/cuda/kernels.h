@@ -77,6 +77,12 @@ size_t weft_cuda_skinny_partials_bytes(int M, int N, int K);
 void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
                       int ldx, const void *w, int ldw, float beta, const void *c_in,
                       const void *bias, void *y, int ldc, float *partials, int *arrived);
+// y (M, width) = swiglu of x W^T (M, 2 width), as weft_cuda_few_rows_swiglu for such rows: the
+// bits of weft_cuda_skinny into (M, 2 width) and then weft_cuda_swiglu_forward; partials of
+// weft_cuda_skinny_partials_bytes(M, 2 width, K).
+void weft_cuda_skinny_swiglu(weft_cuda_stream s, int M, int width, int K, const void *x, int ldx,
+                             const void *w, int ldw, void *y, int ldy, float *partials,
+                             int *arrived);
 // y (M, width) bf16 = swiglu of x W^T (M, 2 width), W (2 width, K) the gate rows then the up
 // rows (ldw apart): the bits of weft_cuda_few_rows into (M, 2 width) and then
 // weft_cuda_swiglu_forward, in one launch and without the product. Where covers says so.

@@ -13,6 +13,12 @@
 // last block of a column block to arrive (a counter per column block, reset by that block) adds
 // the S sums in split order and writes y. Every sum has one order: runs repeat bit for bit.
 //
+// A forward-only pass's MLP input (weft_cuda_skinny_swiglu, W the gate rows then the up rows)
+// runs the same product with each block's 64 columns 32 gates and their 32 ups, and writes only
+// swiglu of each pair, rounded as the product and then swiglu_forward would round: the same
+// bits, as K splits by the same rule (N = 2 width) and each column's sums are alike wherever the
+// column sits.
+//
 // The fragments come straight from global memory, 16 bytes a lane: for chunk k0, lane (g, t) =
 // (lane / 4, lane % 4) loads columns k0 + 8t .. 8t + 7 of W rows g and 8 + g of its column group
 // and of x rows g and g + 8 of each 16-row tile. The two mma of the chunk then take, as their
@@ -90,14 +96,55 @@ struct product {
     float alpha, beta;
     const bf16 *c_in, *bias;
     bf16 *y;
+    int width;        // with SWIGLU: the activation's columns (N = 2 width: gates, then ups)
     int splits;       // S
     float *partials;  // (column blocks, S, MT * 16, BN) fp32 where S > 1
     int *arrived;     // a counter per column block, zero between launches
 };
 
+// Where column col (0 .. BN) of column block `block` reads W: its row. With SWIGLU the block's
+// first BN / 2 columns are gates and the rest the ups that go with them (rows width further).
+template <bool SWIGLU> __device__ __forceinline__ int w_row(const product &p, int block, int col) {
+    if (!SWIGLU) return min(block * BN + col, p.N - 1);
+    constexpr int HALF = BN / 2;
+    return col / HALF * p.width + min(block * HALF + col % HALF, p.width - 1);
+}
+
+// The product at (m, col) of the block: its two halves' sums; with tiles (S > 1) every split's
+// such sum, added in split order.
+template <int ROWS>
+__device__ __forceinline__ float column_total(const float (*sums)[ROWS][BN + 1],
+                                              const float *tiles, int splits, int m, int col) {
+    if (!tiles) return sums[0][m][col] + sums[1][m][col];
+    float sum = 0.0f;
+    for (int s = 0; s < splits; s++) sum += __ldcg(&tiles[((size_t)s * ROWS + m) * BN + col]);
+    return sum;
+}
+
+// The block's outputs: y = the epilogue of each product, or with SWIGLU swiglu of each gate and
+// up, both rounded to bf16 as the product would be stored (the bits of the product followed by
+// swiglu_forward).
+template <int ROWS, bool SWIGLU>
+__device__ void write_outputs(const product &p, int block, const float (*sums)[ROWS][BN + 1],
+                              const float *tiles) {
+    constexpr int COLS = SWIGLU ? BN / 2 : BN; // outputs a row of the block
+    for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
+        int m = i / COLS, col = i % COLS, n = block * COLS + col;
+        if (m >= p.M || n >= (SWIGLU ? p.width : p.N)) continue;
+        float total = column_total<ROWS>(sums, tiles, p.splits, m, col);
+        if constexpr (SWIGLU) {
+            float up = column_total<ROWS>(sums, tiles, p.splits, m, col + COLS);
+            float gate = to_f32(to_bf16(total));
+            p.y[(size_t)m * p.ldc + n] = to_bf16(swiglu(gate, to_f32(to_bf16(up))));
+        } else {
+            store_output(total, p.alpha, p.beta, p.c_in, p.bias, p.y, p.ldc, m, n);
+        }
+    }
+}
+
 // MT row tiles of 16 (rows past M read row M - 1 and are not stored). blockIdx.x = column block
 // * S + split.
-template <int MT>
+template <int MT, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     wait_for_earlier_kernels();
     constexpr int ROWS = MT * 16;
@@ -105,16 +152,14 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     __shared__ bool last;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int group = warp % GROUPS, half = warp / GROUPS;
-    int block = blockIdx.x / p.splits, split = blockIdx.x % p.splits, n0 = block * BN;
+    int block = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
     int chunks = p.K / KC, per_split = (chunks + p.splits - 1) / p.splits;
     int c0 = split * per_split, c1 = min(chunks, c0 + per_split);
 
     const bf16 *wr[2], *x_lane = p.x + 8 * t;
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) {
-        int n = min(n0 + GROUP * group + 8 * nt + g, p.N - 1);
-        wr[nt] = p.w + (size_t)n * p.ldw + 8 * t;
-    }
+    for (int nt = 0; nt < 2; nt++)
+        wr[nt] = p.w + (size_t)w_row<SWIGLU>(p, block, GROUP * group + 8 * nt + g) * p.ldw + 8 * t;
     int x_at[MT][2]; // 32-bit offsets: M <= 64 rows, so they fit, in half the registers
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -133,12 +178,7 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
             }
     __syncthreads();
     if (p.splits == 1) {
-        for (int i = threadIdx.x; i < ROWS * BN; i += THREADS) {
-            int m = i / BN, col = i % BN, n = n0 + col;
-            if (m < p.M && n < p.N)
-                store_output(sums[0][m][col] + sums[1][m][col], p.alpha, p.beta, p.c_in, p.bias,
-                             p.y, p.ldc, m, n);
-        }
+        write_outputs<ROWS, SWIGLU>(p, block, sums, nullptr);
         return;
     }
     float *tiles = p.partials + (size_t)block * p.splits * ROWS * BN; // (S, ROWS, BN)
@@ -150,13 +190,7 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     __syncthreads();
     if (!last) return;
     __threadfence(); // the other blocks' tiles, which they made visible before counting
-    for (int i = threadIdx.x; i < ROWS * BN; i += THREADS) {
-        int m = i / BN, n = n0 + i % BN;
-        if (m >= p.M || n >= p.N) continue;
-        float sum = 0.0f;
-        for (int s = 0; s < p.splits; s++) sum += __ldcg(&tiles[(size_t)s * ROWS * BN + i]);
-        store_output(sum, p.alpha, p.beta, p.c_in, p.bias, p.y, p.ldc, m, n);
-    }
+    write_outputs<ROWS, SWIGLU>(p, block, sums, tiles);
     if (threadIdx.x == 0) p.arrived[block] = 0; // for the next launch
 }
 
@@ -170,10 +204,23 @@ inline int splits_for(int N, int K) {
     return (chunks + per_split - 1) / per_split; // none left empty
 }
 
-template <int MT> void launch(weft_cuda_stream s, const product &p) {
-    static constexpr auto kernel = skinny_kernel<MT>;
+template <int MT, bool SWIGLU> void launch(weft_cuda_stream s, const product &p) {
+    static constexpr auto kernel = skinny_kernel<MT, SWIGLU>;
     unsigned blocks = (unsigned)((p.N + BN - 1) / BN * p.splits);
     WEFT_LAUNCH(kernel, blocks, THREADS, 0, s, p);
+}
+
+// The launch for p.M rows (in row tiles of 16), p.splits set.
+template <bool SWIGLU> void launch_rows(weft_cuda_stream s, const product &p) {
+    if (p.M == 0 || p.N == 0) return;
+    switch ((p.M + 15) / 16) {
+    case 1: launch<1, SWIGLU>(s, p); break;
+    case 2: launch<2, SWIGLU>(s, p); break;
+    case 3: launch<3, SWIGLU>(s, p); break;
+    default:
+        static_assert(WEFT_CUDA_SKINNY_ROWS == 64, "a launch per row-tile count, up to 4");
+        launch<4, SWIGLU>(s, p);
+    }
 }
 
 } // namespace skinny
@@ -196,16 +243,17 @@ extern "C" void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float 
                                  const void *x, int ldx, const void *w, int ldw, float beta,
                                  const void *c_in, const void *bias, void *y, int ldc,
                                  float *partials, int *arrived) {
-    if (M == 0 || N == 0) return;
     skinny::product p = {(const bf16 *)x, (const bf16 *)w, ldx, ldw, M, N, K, ldc, alpha, beta,
-                         (const bf16 *)c_in, (const bf16 *)bias, (bf16 *)y,
+                         (const bf16 *)c_in, (const bf16 *)bias, (bf16 *)y, 0,
                          skinny::splits_for(N, K), partials, arrived};
-    switch ((M + 15) / 16) {
-    case 1: skinny::launch<1>(s, p); break;
-    case 2: skinny::launch<2>(s, p); break;
-    case 3: skinny::launch<3>(s, p); break;
-    default:
-        static_assert(WEFT_CUDA_SKINNY_ROWS == 64, "a launch per row-tile count, up to 4");
-        skinny::launch<4>(s, p);
-    }
+    skinny::launch_rows<false>(s, p);
+}
+
+extern "C" void weft_cuda_skinny_swiglu(weft_cuda_stream s, int M, int width, int K,
+                                        const void *x, int ldx, const void *w, int ldw, void *y,
+                                        int ldy, float *partials, int *arrived) {
+    skinny::product p = {(const bf16 *)x, (const bf16 *)w, ldx, ldw, M, 2 * width, K, ldy, 1.0f,
+                         0.0f, NULL, NULL, (bf16 *)y, width, skinny::splits_for(2 * width, K),
+                         partials, arrived};
+    skinny::launch_rows<true>(s, p);
 }
