@@ -211,6 +211,7 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
     if (m == 0 || n == 0) return;
     cuda_state *st = state(self);
     if (!c_in) c_in = c;
+    bool projection = !ta && tb && types.c == WEFT_BF16; // x W^T into bf16: a layer's forward
     if (k == 0) { // an empty sum: C = beta * C_in, and the model only ever asks for beta 0 or 1
         WEFT_CHECK(beta == 0.0f || beta == 1.0f, "internal: empty GEMM with beta %g", beta);
         size_t esz = weft_dtype_size(types.c), pitch = (size_t)ldc * esz;
@@ -220,14 +221,12 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
             CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, (size_t)n * esz, (size_t)m,
                                          cudaMemcpyDeviceToDevice, op_stream(self)));
         launched(self, "matmul (empty sum)");
-    } else if (!ta && tb && types.c == WEFT_BF16 && st->few_rows &&
-               weft_cuda_few_rows_covers(m, k, a, lda, b, ldb)) {
+    } else if (projection && st->few_rows && weft_cuda_few_rows_covers(m, k, a, lda, b, ldb)) {
         weft_cuda_few_rows(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
                            ldc);
         launched(self, "matmul (few rows)");
         return; // the bias added in the same launch
-    } else if (!ta && tb && types.c == WEFT_BF16 && st->skinny &&
-               weft_cuda_skinny_covers(m, k, a, lda, b, ldb)) {
+    } else if (projection && st->skinny && weft_cuda_skinny_covers(m, k, a, lda, b, ldb)) {
         float *partials = scratch(self, weft_cuda_skinny_partials_bytes(m, n, k));
         weft_cuda_skinny(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
                          ldc, partials, st->skinny_arrived);

@@ -96,18 +96,19 @@ struct product {
     float alpha, beta;
     const bf16 *c_in, *bias;
     bf16 *y;
-    int width;        // with SWIGLU: the activation's columns (N = 2 width: gates, then ups)
     int splits;       // S
     float *partials;  // (column blocks, S, MT * 16, BN) fp32 where S > 1
     int *arrived;     // a counter per column block, zero between launches
 };
 
-// Where column col (0 .. BN) of column block `block` reads W: its row. With SWIGLU the block's
-// first BN / 2 columns are gates and the rest the ups that go with them (rows width further).
+// Where column col (0 .. BN) of column block `block` reads W: its row. With SWIGLU (N = 2 width:
+// the gate rows, then the up rows) the block's first BN / 2 columns are gates and the rest the
+// ups that go with them, width rows further.
 template <bool SWIGLU> __device__ __forceinline__ int w_row(const product &p, int block, int col) {
     if (!SWIGLU) return min(block * BN + col, p.N - 1);
     constexpr int HALF = BN / 2;
-    return col / HALF * p.width + min(block * HALF + col % HALF, p.width - 1);
+    int width = p.N / 2;
+    return col / HALF * width + min(block * HALF + col % HALF, width - 1);
 }
 
 // The product at (m, col) of the block: its two halves' sums; with tiles (S > 1) every split's
@@ -130,7 +131,7 @@ __device__ void write_outputs(const product &p, int block, const float (*sums)[R
     constexpr int COLS = SWIGLU ? BN / 2 : BN; // outputs a row of the block
     for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
         int m = i / COLS, col = i % COLS, n = block * COLS + col;
-        if (m >= p.M || n >= (SWIGLU ? p.width : p.N)) continue;
+        if (m >= p.M || n >= (SWIGLU ? p.N / 2 : p.N)) continue;
         float total = column_total<ROWS>(sums, tiles, p.splits, m, col);
         if constexpr (SWIGLU) {
             float up = column_total<ROWS>(sums, tiles, p.splits, m, col + COLS);
@@ -244,7 +245,7 @@ extern "C" void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float 
                                  const void *c_in, const void *bias, void *y, int ldc,
                                  float *partials, int *arrived) {
     skinny::product p = {(const bf16 *)x, (const bf16 *)w, ldx, ldw, M, N, K, ldc, alpha, beta,
-                         (const bf16 *)c_in, (const bf16 *)bias, (bf16 *)y, 0,
+                         (const bf16 *)c_in, (const bf16 *)bias, (bf16 *)y,
                          skinny::splits_for(N, K), partials, arrived};
     skinny::launch_rows<false>(s, p);
 }
@@ -253,7 +254,7 @@ extern "C" void weft_cuda_skinny_swiglu(weft_cuda_stream s, int M, int width, in
                                         const void *x, int ldx, const void *w, int ldw, void *y,
                                         int ldy, float *partials, int *arrived) {
     skinny::product p = {(const bf16 *)x, (const bf16 *)w, ldx, ldw, M, 2 * width, K, ldy, 1.0f,
-                         0.0f, NULL, NULL, (bf16 *)y, width, skinny::splits_for(2 * width, K),
+                         0.0f, NULL, NULL, (bf16 *)y, skinny::splits_for(2 * width, K),
                          partials, arrived};
     skinny::launch_rows<true>(s, p);
 }
