@@ -15,6 +15,8 @@ so none falls back to the separate ops unseen: the q|k|v biases come in the few-
 the prefill's in the skinny one (no "bias_add" at all), and each layer's split also stores the keys and
 values ("split_store"; the prefill, whose sequence is new, splits and then runs "kv_store"). Runs
 on weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
+Last, `WEFT_CUDA_GEMM_SPLIT_K=1` must split exactly the products whose tiles leave SMs idle and
+whose K allows it (split_k_cases).
 """
 import json
 import os
@@ -30,11 +32,12 @@ FEW = ("matmul (few rows)", "swiglu_product (few rows)")
 SKINNY = ("matmul (skinny)", "swiglu_product (skinny)")
 
 
-def generate(emulated, mdir, prompts, tmp, name, few_rows):
+def generate(emulated, mdir, prompts, tmp, name, few_rows, split_k=False):
     """The profile's calls {op: calls} and the run's statistics."""
     prof, out = os.path.join(tmp, f"{name}.json"), os.path.join(tmp, f"{name}.jsonl")
     env = dict(os.environ, OMP_NUM_THREADS="1", WEFT_CUDA_PROFILE=prof,
-               WEFT_CUDA_FEW_ROWS="1" if few_rows else "0")
+               WEFT_CUDA_FEW_ROWS="1" if few_rows else "0",
+               WEFT_CUDA_GEMM_SPLIT_K="1" if split_k else "0")
     cmd = [emulated, "generate", "--model", mdir, "--prompts", prompts, "--out", out,
            "--stats", out + ".stats.json", "device=cuda", "sampling.max_tokens=6",
            "sampling.stop_token_ids=[]"]
@@ -87,6 +90,28 @@ def cases(emulated, tmp):
                   ("split_store", decode_forwards * layers)):
         if on.get(op, 0) != n:
             failures.append(f"{on.get(op, 0)} {op} launches, expected {n}")
+    failures += split_k_cases(emulated, tmp, prompts)
+    return failures
+
+
+def split_k_cases(emulated, tmp, prompts):
+    """WEFT_CUDA_GEMM_SPLIT_K=1 (with every product on cuBLASLt): the down projections, whose K
+    (512) allows two parts of 256 and whose single 128 x 128 tile leaves the emulated GPU's 132
+    SMs idle, run split ("matmul (split K)"), one a layer of every forward; nothing else does, and
+    without the switch none."""
+    mdir = os.path.join(tmp, "wide_model")
+    cfg = dict(CFG, intermediate_size=512)
+    files.make_model(mdir, cfg, 5, std=0.05)
+    on, stats = generate(emulated, mdir, prompts, tmp, "split_on", False, split_k=True)
+    off, _ = generate(emulated, mdir, prompts, tmp, "split_off", False)
+    want = stats["forwards"] * cfg["num_hidden_layers"]
+    print(f"WEFT_CUDA_GEMM_SPLIT_K=1: {on}")
+    failures = []
+    if on.get("matmul (split K)", 0) != want:
+        failures.append(f"{on.get('matmul (split K)', 0)} products split K, not the {want} down "
+                        "projections")
+    if "matmul (split K)" in off or products(on) != products(off):
+        failures.append("without WEFT_CUDA_GEMM_SPLIT_K the products differ or split K")
     return failures
 
 
