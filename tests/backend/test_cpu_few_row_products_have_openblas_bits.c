@@ -43,12 +43,12 @@ static void check_shape(const weft_cpu_few_rows_kind *kind, int n, int k, bool t
         size_t nc = (size_t)rows[i] * n;
         memcpy(want, c0, sizeof(float) * nc), memcpy(got, c0, sizeof(float) * nc);
         openblas_one_thread(tb, rows[i], n, k, alpha, a, b, beta, want);
-        weft_cpu_few_rows_product(kind, tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, NULL, beta,
-                                  got, n);
+        weft_cpu_few_rows_product(kind, tb, rows[i], n, k, alpha, a, k, b, tb ? k : n,
+                                  (weft_cpu_panels){0}, beta, got, n);
         differing += elements_differing(got, want, nc);
-        memcpy(got, c0, sizeof(float) * nc); // and from panels packed ahead
-        weft_cpu_few_rows_product(kind, tb, rows[i], n, k, alpha, a, k, b, tb ? k : n, panels,
-                                  beta, got, n);
+        memcpy(got, c0, sizeof(float) * nc); // and from panels packed ahead (the same next)
+        weft_cpu_few_rows_product(kind, tb, rows[i], n, k, alpha, a, k, b, tb ? k : n,
+                                  (weft_cpu_panels){panels, panels, n}, beta, got, n);
         differing += elements_differing(got, want, nc);
     }
     char what[224];

@@ -95,21 +95,26 @@ static void pack_panel(const float *b, int ldb, bool tb, int j0, int cols, int k
 // its stores were the bottleneck). With 8 accumulators (R P V = 8) a step keeps the pipes busy;
 // one row against one panel waits on its adds' latency.
 //
-// Each step also asks for one line (a PANEL row) of `ahead`, for the first `n_ahead` steps: the
-// weights a later call reads, on their way from memory while these rows compute (see
-// rows_against_panels).
+// Each step also asks for one line (a PANEL row) of `ask`: the weights a later call reads, on their
+// way from memory while these rows compute (see rows_against_panels).
+typedef struct asks {
+    const float *at[2]; // two runs of lines, PANEL floats apart: n[0] from at[0], then n[1]
+    int n[2];
+} asks;
+
 static inline __attribute__((always_inline)) void tile(const float *a, int lda, int R,
                                                        const float *panel, size_t next, int P,
                                                        int kb, bool fused, float alpha, float *c,
-                                                       int ldc, int cols, const float *ahead,
-                                                       int n_ahead) {
+                                                       int ldc, int cols, asks ask) {
     vec acc[MAX_ROWS][MAX_VECS];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < P * V; v++) acc[r][v] = VZERO();
     for (int k = 0; k < kb; k++) {
-        if (k < n_ahead) __builtin_prefetch(ahead + (size_t)k * PANEL, 0, 2);
+        if (k < ask.n[0]) __builtin_prefetch(ask.at[0] + (size_t)k * PANEL, 0, 2);
+        else if (k - ask.n[0] < ask.n[1])
+            __builtin_prefetch(ask.at[1] + (size_t)(k - ask.n[0]) * PANEL, 0, 2);
         vec w[MAX_VECS];
 #pragma GCC unroll 4
         for (int v = 0; v < P * V; v++) {
@@ -146,8 +151,8 @@ static inline __attribute__((always_inline)) void tile(const float *a, int lda, 
 // One tile of R rows (up to TILE_ROWS) against one panel: tile's R made constant. With AVX
 // (TILE_ROWS 4) the switch's value is clamped to 4, so the wider cases compile to nothing.
 static void rows_tile(const float *a, int lda, int R, const float *panel, int kb, bool fused,
-                      float alpha, float *c, int ldc, int cols, const float *ahead, int n_ahead) {
-#define ROWS_TILE(r, f) tile(a, lda, r, panel, 0, 1, kb, f, alpha, c, ldc, cols, ahead, n_ahead)
+                      float alpha, float *c, int ldc, int cols, asks ask) {
+#define ROWS_TILE(r, f) tile(a, lda, r, panel, 0, 1, kb, f, alpha, c, ldc, cols, ask)
 #define ROWS_TILES(f)                                                                          \
     do {                                                                                       \
         switch (TILE_ROWS >= 8 ? R : R > 4 ? 4 : R) {                                          \
@@ -170,8 +175,8 @@ static void rows_tile(const float *a, int lda, int R, const float *panel, int kb
 // R rows (1 or 2, or up to WIDE_ROWS) against the P (1 to STREAM_PANELS) panels a step of packed
 // weights covers: tile's R and P made constant.
 static void panels_tile(const float *a, int lda, int R, const float *panel, size_t next, int P,
-                        int kb, bool fused, float alpha, float *c, int ldc, int cols) {
-#define PANELS_TILE(r, p, f) tile(a, lda, r, panel, next, p, kb, f, alpha, c, ldc, cols, NULL, 0)
+                        int kb, bool fused, float alpha, float *c, int ldc, int cols, asks ask) {
+#define PANELS_TILE(r, p, f) tile(a, lda, r, panel, next, p, kb, f, alpha, c, ldc, cols, ask)
 #define PANELS(r, f)                                                                           \
     do {                                                                                       \
         if (STREAM_PANELS >= 4 && P == 4) PANELS_TILE(r, 4, f);                                \
@@ -195,10 +200,30 @@ static void panels_tile(const float *a, int lda, int R, const float *panel, size
 #undef PANELS_TILE
 }
 
-// Of kb lines shared `share` to a tile, how many tile t asks for.
-static int tail_lines(int kb, int t, int share) {
-    int left = kb - t * share;
-    return left < 0 ? 0 : left < share ? left : share;
+// The panel lines a product's next call reads: P panels `next` floats apart from `first`, `lines`
+// PANEL rows each.
+typedef struct panel_lines {
+    const float *first;
+    size_t next;
+    int P, lines;
+} panel_lines;
+
+// Tile t of `tiles` (kb steps each) asks for an even share of the lines `then` holds, taken in
+// order: at most one panel's run and the start of the next, and no more lines than it has steps.
+static asks share_of(const panel_lines *then, int t, int tiles, int kb) {
+    asks ask = {{NULL, NULL}, {0, 0}};
+    if (!then) return ask;
+    int total = then->P * then->lines, share = (total + tiles - 1) / tiles;
+    if (share > kb) share = kb;
+    if (share > then->lines) share = then->lines;
+    int from = t * share, count = total - from < share ? total - from : share;
+    if (count <= 0) return ask;
+    int panel = from / then->lines, line = from % then->lines;
+    ask.at[0] = then->first + (size_t)panel * then->next + (size_t)line * PANEL;
+    ask.n[0] = then->lines - line < count ? then->lines - line : count;
+    ask.at[1] = then->first + (size_t)(panel + 1) * then->next;
+    ask.n[1] = count - ask.n[0];
+    return ask;
 }
 
 // C columns [0, cols) of the P panels from `panel` for all m rows, over K block kb: 1 or 2 rows
@@ -207,31 +232,25 @@ static int tail_lines(int kb, int t, int share) {
 // on one panel (P = 1), whose lines stay in L1 while they pass.
 //
 // Packed weights are read in address order, and a decode step's weights come from memory (a
-// model's do not fit in the caches): with several row tiles on one panel the kb lines that follow
-// the block (the next block's) are asked for into L2 while its rows compute, spread over the
-// tiles, so that memory and arithmetic overlap instead of taking turns (the hardware prefetcher
-// stops at the block's end while the later tiles reread it from L1): 32 rows, 10-20% faster on a
-// Zen 3.
+// model's do not fit in the caches): while the tiles compute, the lines of the product's next
+// call (`then`, when packed panels have one) are asked for into L2, spread evenly over the tiles,
+// so that memory and arithmetic overlap instead of taking turns (the hardware prefetcher stops at
+// a block's end while the later tiles reread it from L1 or L2): 32 rows, 10-20% faster on a Zen
+// 3 and on a Xeon.
 static void rows_against_panels(const float *a, int lda, int m, const float *panel, size_t next,
                                 int P, int kb, bool fused, float alpha, float *c, int ldc,
-                                int cols, bool prefetch) {
-    if (m <= 2 || (WIDE_ROWS && P > 1)) { // streaming: the hardware prefetcher keeps up
-        for (int i = 0; i < m;) {
-            int R = m - i < WIDE_ROWS || m <= 2 ? m - i : WIDE_ROWS;
+                                int cols, const panel_lines *then) {
+    bool streaming = m <= 2 || (WIDE_ROWS && P > 1);
+    int rows = streaming ? (m <= 2 ? m : WIDE_ROWS) : TILE_ROWS, tiles = (m + rows - 1) / rows;
+    for (int i = 0, t = 0; i < m; i += rows, t++) {
+        int R = m - i < rows ? m - i : rows;
+        asks ask = share_of(then, t, tiles, kb);
+        if (streaming)
             panels_tile(a + (size_t)i * lda, lda, R, panel, next, P, kb, fused, alpha,
-                        c + (size_t)i * ldc, ldc, cols);
-            i += R;
-        }
-        return;
-    }
-    int tiles = (m + TILE_ROWS - 1) / TILE_ROWS;
-    int share = prefetch ? (kb + tiles - 1) / tiles : 0;
-    const float *ahead = panel + (size_t)kb * PANEL;
-    for (int i = 0, t = 0; i < m; t++) {
-        int R = m - i < TILE_ROWS ? m - i : TILE_ROWS;
-        rows_tile(a + (size_t)i * lda, lda, R, panel, kb, fused, alpha, c + (size_t)i * ldc, ldc,
-                  cols, ahead + (size_t)t * share * PANEL, tail_lines(kb, t, share));
-        i += R;
+                        c + (size_t)i * ldc, ldc, cols, ask);
+        else
+            rows_tile(a + (size_t)i * lda, lda, R, panel, kb, fused, alpha, c + (size_t)i * ldc,
+                      ldc, cols, ask);
     }
 }
 
@@ -247,7 +266,8 @@ void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, floa
 
 void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb,
-                               const float *panels, float beta, float *c, int ldc) {
+                               weft_cpu_panels packed, float beta, float *c, int ldc) {
+    const float *panels = packed.at;
     if (beta != 1.0f)
         for (int i = 0; i < m; i++)
             for (int j = 0; j < n; j++) {
@@ -266,8 +286,17 @@ void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int 
             kb = k_block(k - k0, kind->q);
             const float *panel = panels ? panels + (size_t)j0 * k + (size_t)k0 * PANEL : here;
             if (!panels) pack_panel(b, ldb, tb, j0, cols, k0, kb, here);
+            // The next call's K block: this panel's next, the next columns' first, or the first
+            // of the columns after.
+            int j1 = k0 + kb < k ? j0 : j0 + step, k1 = k0 + kb < k ? k0 + kb : 0;
+            bool last = j1 >= n;
+            int next_cols = last ? packed.after_cols : n - j1;
+            panel_lines then = {last ? packed.after : panels + (size_t)j1 * k + (size_t)k1 * PANEL,
+                                (size_t)PANEL * k,
+                                ((next_cols < step ? next_cols : step) + PANEL - 1) / PANEL,
+                                k_block(k - k1, kind->q)};
             rows_against_panels(a + k0, lda, m, panel, (size_t)PANEL * k, P, kb, kind->fused,
-                                alpha, c + j0, ldc, cols, panels != NULL);
+                                alpha, c + j0, ldc, cols, panels && then.first ? &then : NULL);
         }
     }
 }
@@ -301,8 +330,8 @@ bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *k
 #pragma omp master
             weft_cpu_openblas_product(self, tb, m, n, k, alpha, a, k, b, tb ? k : n, beta, want,
                                       n);
-            weft_cpu_few_rows_product(kind, tb, m, n, k, alpha, a, k, b, tb ? k : n, NULL, beta,
-                                      got, n);
+            weft_cpu_few_rows_product(kind, tb, m, n, k, alpha, a, k, b, tb ? k : n,
+                                      (weft_cpu_panels){0}, beta, got, n);
             same = memcmp(want, got, sizeof(float) * nc) == 0;
             weft_free(x);
         }

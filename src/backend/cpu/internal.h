@@ -96,7 +96,7 @@ void weft_cpu_openblas_product(weft_backend *self, bool tb, int m, int n, int k,
 // bits of weft_cpu_openblas_product, for the OpenBLAS kernels whose order it knows (`kind`, from
 // the core OpenBLAS runs), which weft_cpu_few_rows_agree checks on this machine's library (false
 // where they differ or the CPU has no AVX: then OpenBLAS does the product). B's columns go
-// through 16-column panels, packed per call, or read from `panels` (NULL: pack here) that
+// through 16-column panels, packed per call, or read from `packed.at` that
 // weft_cpu_few_rows_pack made from the same B, weft_cpu_few_rows_panel_floats(n, k) floats.
 typedef struct weft_cpu_few_rows_kind {
     bool available;      // an OpenBLAS kernel few_rows.c reproduces
@@ -105,9 +105,16 @@ typedef struct weft_cpu_few_rows_kind {
     bool untransposed_b; // products with B as stored too, not only x W^T
 } weft_cpu_few_rows_kind;
 weft_cpu_few_rows_kind weft_cpu_few_rows_kind_for(const char *openblas_corename);
+// B's packed panels for a product: `at` (NULL: packed per call); with them, the panels of the
+// `after_cols` columns (same K) the thread will likely multiply next, or NULL: their first K block
+// is asked for from memory while the product's last one computes.
+typedef struct weft_cpu_panels {
+    const float *at, *after;
+    int after_cols;
+} weft_cpu_panels;
 void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb,
-                               const float *panels, float beta, float *c, int ldc);
+                               weft_cpu_panels packed, float beta, float *c, int ldc);
 size_t weft_cpu_few_rows_panel_floats(int n, int k);
 void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, float *panels);
 bool weft_cpu_few_rows_agree(weft_backend *self, const weft_cpu_few_rows_kind *kind);

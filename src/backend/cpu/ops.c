@@ -220,7 +220,8 @@ void weft_cpu_openblas_product(weft_backend *self, bool tb, int m, int n, int k,
 // one single-threaded OpenBLAS call.
 static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, int k,
                             float alpha, const float *a, int lda, const float *b, int ldb,
-                            const packed_weight *packed, float beta, float *c, int ldc) {
+                            const packed_weight *packed, int j_after, float beta, float *c,
+                            int ldc) {
     int n = j1 - j0;
     b += tb ? (size_t)j0 * ldb : (size_t)j0, c += j0;
     cpu_state *st = self->impl;
@@ -230,9 +231,15 @@ static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, 
         return;
     }
     if (few_rows_take(st, tb, m)) {
-        weft_cpu_few_rows_product(&st->few_rows, tb, m, n, k, alpha, a, lda, b, ldb,
-                                  packed ? (const float *)packed->panels + (size_t)j0 * k : NULL,
-                                  beta, c, ldc);
+        weft_cpu_panels panels = {0};
+        if (packed) {
+            const float *at = packed->panels;
+            panels = (weft_cpu_panels){at + (size_t)j0 * k,
+                                       j_after < packed->n ? at + (size_t)j_after * k : NULL,
+                                       packed->n - j_after < n ? packed->n - j_after : n};
+        }
+        weft_cpu_few_rows_product(&st->few_rows, tb, m, n, k, alpha, a, lda, b, ldb, panels, beta,
+                                  c, ldc);
         return;
     }
     weft_cpu_openblas_product(self, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -246,6 +253,33 @@ static void product_columns(weft_backend *self, bool tb, int m, int j0, int j1, 
 // would get other bits than the same row in a training batch. Single-threaded calls split K by
 // K alone.
 enum { COLUMN_ALIGN = 64 };
+
+// A few-row product's column slices on `threads` threads: a decode step's products read the
+// weights from memory, in address order. Each thread walks its own contiguous run of slices in
+// order, asking for the next slice's packed weights while it computes one (with the slices dealt
+// out in turn, each thread's stream broke at every slice: 20% slower on a Xeon); a thread done
+// with its run then claims slices of the others' runs, so that a thread the machine slows does not
+// hold the rest at the barrier.
+static void few_row_slices(weft_backend *self, bool tb, int m, int n, int k, float alpha,
+                           const float *a, int lda, const float *b, int ldb,
+                           const packed_weight *packed, float beta, float *c, int ldc,
+                           int threads) {
+    int slices = (n + COLUMN_ALIGN - 1) / COLUMN_ALIGN, claimed[threads];
+    for (int r = 0; r < threads; r++) claimed[r] = slices * r / threads;
+#pragma omp parallel num_threads(threads)
+    for (int i = 0, me = omp_get_thread_num(); i < threads; i++) {
+        int r = (me + i) % threads, end = slices * (r + 1) / threads;
+        for (;;) {
+            int s;
+#pragma omp atomic capture
+            s = claimed[r]++;
+            if (s >= end) break;
+            int j0 = s * COLUMN_ALIGN, j1 = j0 + COLUMN_ALIGN;
+            product_columns(self, tb, m, j0, j1 < n ? j1 : n, k, alpha, a, lda, b, ldb, packed,
+                            s + 1 < end ? j1 : n, beta, c, ldc);
+        }
+    }
+}
 
 // matmul's C = alpha op(A) op(B) + beta C_in, its threads over column slices.
 static void product(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
@@ -266,19 +300,21 @@ static void product(weft_backend *self, bool ta, bool tb, int m, int n, int k, f
     if (threads > slices) threads = slices;
     if (!weft_cpu_on_team((size_t)m * n * k)) threads = 1;
     if (threads == 1) {
-        product_columns(self, tb, m, 0, n, k, alpha, a, lda, b, ldb, packed, beta, c, ldc);
+        product_columns(self, tb, m, 0, n, k, alpha, a, lda, b, ldb, packed, n, beta, c, ldc);
         return;
     }
-    // Runs of slices handed out as threads come free: few-row products (few_rows.c reads A in
-    // place) a slice at a time, since a decode step's products read the weights from memory and
-    // a thread the machine slows held the other at the barrier (the step's barrier spin halved);
-    // an OpenBLAS call repacks A, so those take one run a thread.
-    int run = packed || few_rows_take(st, tb, m) ? 1 : (slices + threads - 1) / threads;
+    // An OpenBLAS call repacks A: those take one run of slices a thread, handed out as threads
+    // come free. Few-row products (few_rows.c reads A in place) go a slice at a time.
+    if (packed || few_rows_take(st, tb, m)) {
+        few_row_slices(self, tb, m, n, k, alpha, a, lda, b, ldb, packed, beta, c, ldc, threads);
+        return;
+    }
+    int run = (slices + threads - 1) / threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int s0 = 0; s0 < slices; s0 += run) {
         int j0 = s0 * COLUMN_ALIGN, j1 = (s0 + run) * COLUMN_ALIGN;
-        product_columns(self, tb, m, j0, j1 < n ? j1 : n, k, alpha, a, lda, b, ldb, packed, beta,
-                        c, ldc);
+        product_columns(self, tb, m, j0, j1 < n ? j1 : n, k, alpha, a, lda, b, ldb, packed, n,
+                        beta, c, ldc);
     }
 }
 
