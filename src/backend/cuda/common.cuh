@@ -163,6 +163,33 @@ __device__ __forceinline__ void wait_for_earlier_kernels() {
 #endif
 }
 
+// Rows of a bf16 matrix that no kernel writes while a forward runs (a product's weights): `rows`
+// rows from `first`, `ld` elements apart, `cols` elements each.
+struct fixed_rows {
+    const bf16 *first;
+    size_t ld;
+    int rows, cols;
+};
+
+// wait_for_earlier_kernels, having first asked L2 for the rows of `a` and `b` (a thread a row,
+// one bulk prefetch each: cp.async.bulk.prefetch, sm_90; rows 16-byte aligned, `cols` a multiple
+// of 8). A prefetch brings nothing into the thread and has no effect on what later loads see (L2
+// is where every write lands), so it may come before the wait: an early-launched product starts
+// streaming its weights from memory while the small kernel before it still runs, where a decode
+// step otherwise reads nothing at all. Early launches are sm_90's, and so is this.
+__device__ __forceinline__ void prefetch_rows(const fixed_rows &r, int thread) {
+#if !defined(WEFT_CUDA_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (thread >= 0 && thread < r.rows && r.cols > 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.first + thread * r.ld),
+                     "r"(r.cols * (int)sizeof(bf16)));
+#endif
+}
+__device__ __forceinline__ void wait_for_earlier_kernels(fixed_rows a, fixed_rows b = {}) {
+    prefetch_rows(a, (int)threadIdx.x);
+    prefetch_rows(b, (int)threadIdx.x - a.rows);
+    wait_for_earlier_kernels();
+}
+
 // The block's dynamic shared memory (the bytes given at launch), as an array of T. Every kernel
 // reaches it through this one declaration, which the CPU test harness can stand in for.
 #ifndef WEFT_CUDA_EMULATION

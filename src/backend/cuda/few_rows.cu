@@ -27,6 +27,14 @@ inline int threads_for(int K) {
     return 32 * (warps < 1 ? 1 : warps > MAX_THREADS / 32 ? MAX_THREADS / 32 : warps);
 }
 
+// The block's R rows of W (part 1: the ups `N` further that go with them, for SWIGLU), which it
+// asks L2 for before it waits for the kernels before it.
+template <int R>
+__device__ __forceinline__ fixed_rows block_weights(const bf16 *w, int ldw, int K, int N, int part) {
+    int n0 = blockIdx.x * R;
+    return fixed_rows{w + ((size_t)n0 + (size_t)part * N) * ldw, (size_t)ldw, min(R, N - n0), K};
+}
+
 // MR rows of x (the first `rows` real; the rest read the last real row and are not stored) times
 // R rows of W, from column n0 = blockIdx.x * R; with SWIGLU also the R rows `N` further (the ups),
 // y = swiglu of the pair (N the activation's width, alpha 1, beta 0).
@@ -35,7 +43,8 @@ __global__ void __launch_bounds__(MAX_THREADS)
     few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
                     int K, int N, float alpha, float beta, const bf16 *c_in, const bf16 *bias,
                     bf16 *y, int ldc, int rows) {
-    wait_for_earlier_kernels();
+    wait_for_earlier_kernels(block_weights<R>(w, ldw, K, N, 0),
+                             SWIGLU ? block_weights<R>(w, ldw, K, N, 1) : fixed_rows{});
     constexpr int WR = SWIGLU ? 2 * R : R; // rows of W a block reads
     __shared__ float partial[MAX_THREADS / 32][MR * WR];
     int n0 = blockIdx.x * R;

@@ -143,11 +143,24 @@ __device__ void write_outputs(const product &p, int block, const float (*sums)[R
     }
 }
 
+// The weights block `blockIdx.x` reads over its split of K: its columns' rows of W (with SWIGLU,
+// part 0 the gates and part 1 the ups that go with them), asked for before the kernel waits.
+template <bool SWIGLU>
+__device__ __forceinline__ fixed_rows block_weights(const product &p, int part) {
+    int block = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
+    int chunks = p.K / KC, per_split = (chunks + p.splits - 1) / p.splits;
+    int c0 = split * per_split, c1 = min(chunks, c0 + per_split);
+    int cols = SWIGLU ? BN / 2 : BN, width = SWIGLU ? p.N / 2 : p.N;
+    int first = block * cols, rows = part == 1 && !SWIGLU ? 0 : min(cols, width - first);
+    return fixed_rows{p.w + ((size_t)first + (size_t)part * width) * p.ldw + (size_t)c0 * KC,
+                      (size_t)p.ldw, rows, (c1 - c0) * KC};
+}
+
 // MT row tiles of 16 (rows past M read row M - 1 and are not stored). blockIdx.x = column block
 // * S + split.
 template <int MT, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
-    wait_for_earlier_kernels();
+    wait_for_earlier_kernels(block_weights<SWIGLU>(p, 0), block_weights<SWIGLU>(p, 1));
     constexpr int ROWS = MT * 16;
     __shared__ float sums[HALVES][ROWS][BN + 1]; // + 1: the epilogue's column walk
     __shared__ bool last;
