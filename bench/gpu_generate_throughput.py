@@ -26,6 +26,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - weft splitk, at batches past 64 on a GPU: weft with WEFT_CUDA_GEMM_SPLIT_K=1, cuBLASLt
   splitting K where a product's tiles leave SMs idle (src/backend/cuda/matmul.h; off by
   default): whether it should be the default.
+- weft noprefetch, at batches up to 64 on a GPU: weft with WEFT_CUDA_PREFETCH_WEIGHTS=0, where
+  by default an early-launched few-row or skinny product asks L2 for its weights while the kernel
+  before it still runs (common.cuh's fixed_rows): what that prefetch gains.
 - weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
   one before it has ended, where weft's default on sm_90 launches it early (programmatic
   dependent launch, kernels.h): what hiding the launches gains.
@@ -83,11 +86,12 @@ from reference.generation import random_prompts, write_prompts  # noqa: E402
 
 # Decode steps replayed as CUDA graphs; launched kernel by kernel; replayed with every matmul on
 # cuBLASLt (neither the few-row nor the skinny kernel, which serve batches up to SKINNY_ROWS);
-# replayed with cuBLASLt splitting K where tiles leave SMs idle (past SKINNY_ROWS); and replayed
-# with each kernel launched after the last ends (no programmatic dependent launch). The
-# environment of each.
-WEFT_RUNNERS = ("weft", "eager", "cublas", "splitk", "serial")
+# replayed with cuBLASLt splitting K where tiles leave SMs idle (past SKINNY_ROWS); replayed with
+# no weights asked for before a product's wait (up to SKINNY_ROWS); and replayed with each kernel
+# launched after the last ends (no programmatic dependent launch). The environment of each.
+WEFT_RUNNERS = ("weft", "eager", "cublas", "splitk", "noprefetch", "serial")
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
+              "noprefetch": {"WEFT_CUDA_PREFETCH_WEIGHTS": "0"},
               "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
 SKINNY_ROWS = 64  # kernels.h's WEFT_CUDA_SKINNY_ROWS
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
@@ -295,7 +299,7 @@ def make_row(a, batch, runs, bandwidth):
     w, wt = tps["weft"], runs.get("weft", {}).get("tokens")
     return dict(batch=batch, weft_tokens_per_s=w, eager_tokens_per_s=tps["eager"],
                 cublas_tokens_per_s=tps["cublas"], splitk_tokens_per_s=tps["splitk"],
-                serial_tokens_per_s=tps["serial"],
+                noprefetch_tokens_per_s=tps["noprefetch"], serial_tokens_per_s=tps["serial"],
                 default_tokens_per_s=tps["default"],
                 static_tokens_per_s=tps["static"],
                 weft_over_peer=w / max(peers) if w and peers else None,
@@ -306,7 +310,8 @@ def make_row(a, batch, runs, bandwidth):
                 runs={k: {x: y for x, y in r.items() if x != "tokens"} for k, r in runs.items()})
 
 
-HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'cublas':>7} {'splitk':>7} {'serial':>7} "
+HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'cublas':>7} {'splitk':>7} "
+        f"{'noprefetch':>10} {'serial':>7} "
         f"{'tf default':>11} "
         f"{'tf static':>10} "
         f"{'weft/peer':>9} {'bound tok/s':>11} {'weft/bound':>10} {'agree d/s':>13}")
@@ -320,6 +325,7 @@ def table_line(row):
             f"{fmt(row['eager_tokens_per_s'], '.0f'):>7} "
             f"{fmt(row.get('cublas_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('splitk_tokens_per_s'), '.0f'):>7} "
+            f"{fmt(row.get('noprefetch_tokens_per_s'), '.0f'):>10} "
             f"{fmt(row.get('serial_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row['default_tokens_per_s'], '.0f'):>11} "
             f"{fmt(row['static_tokens_per_s'], '.0f'):>10} {ratio:>9} "
@@ -462,7 +468,7 @@ def run(a):
             profile(a, doc)
         for batch in a.batches:
             if (who in RUNNER_ENV and a.device != "cuda"
-                    or who == "cublas" and batch > SKINNY_ROWS
+                    or who in ("cublas", "noprefetch") and batch > SKINNY_ROWS
                     or who == "splitk" and batch <= SKINNY_ROWS):
                 continue  # the same kernels and launches as "weft" there
             runs[batch][who] = run_one(a, who, batch)

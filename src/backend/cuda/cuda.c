@@ -718,7 +718,10 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     st->queue = (weft_cuda_queue){
         .stream = st->stream,
         .early_launch = env_switch("WEFT_CUDA_EARLY_LAUNCH", "each kernel after the last ends") &&
-                        weft_cuda_compute_capability(st->device) >= 90};
+                        weft_cuda_compute_capability(st->device) >= 90,
+        // WEFT_CUDA_PREFETCH_WEIGHTS=0: products read their weights only after the wait.
+        .prefetch_weights = env_switch("WEFT_CUDA_PREFETCH_WEIGHTS", "no weights asked for "
+                                       "before a product waits for the kernel before it")};
     // WEFT_CUDA_ATTENTION_DQ=ordered sums the hopper backward's dQ in its dK/dV kernel, in turns;
     // recompute, the default, gives dQ a kernel of its own, which on an H100 was 1.6-1.9x faster
     // than the ordered dQ's first two versions (bench/README.md).

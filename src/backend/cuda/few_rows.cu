@@ -30,9 +30,11 @@ inline int threads_for(int K) {
 // The block's R rows of W (part 1: the ups `N` further that go with them, for SWIGLU), which it
 // asks L2 for before it waits for the kernels before it.
 template <int R>
-__device__ __forceinline__ fixed_rows block_weights(const bf16 *w, int ldw, int K, int N, int part) {
+__device__ __forceinline__ fixed_rows block_weights(const bf16 *w, int ldw, int K, int N, int part,
+                                                    bool prefetch) {
     int n0 = blockIdx.x * R;
-    return fixed_rows{w + ((size_t)n0 + (size_t)part * N) * ldw, (size_t)ldw, min(R, N - n0), K};
+    return fixed_rows{w + ((size_t)n0 + (size_t)part * N) * ldw, (size_t)ldw,
+                      prefetch ? min(R, N - n0) : 0, K};
 }
 
 // MR rows of x (the first `rows` real; the rest read the last real row and are not stored) times
@@ -42,9 +44,9 @@ template <int MR, int R, bool SWIGLU>
 __global__ void __launch_bounds__(MAX_THREADS)
     few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
                     int K, int N, float alpha, float beta, const bf16 *c_in, const bf16 *bias,
-                    bf16 *y, int ldc, int rows) {
-    wait_for_earlier_kernels(block_weights<R>(w, ldw, K, N, 0),
-                             SWIGLU ? block_weights<R>(w, ldw, K, N, 1) : fixed_rows{});
+                    bf16 *y, int ldc, int rows, bool prefetch) {
+    wait_for_earlier_kernels(block_weights<R>(w, ldw, K, N, 0, prefetch),
+                             block_weights<R>(w, ldw, K, N, 1, SWIGLU && prefetch));
     constexpr int WR = SWIGLU ? 2 * R : R; // rows of W a block reads
     __shared__ float partial[MAX_THREADS / 32][MR * WR];
     int n0 = blockIdx.x * R;
@@ -100,7 +102,7 @@ void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, 
             int rows) {
     static constexpr auto kernel = few_rows_kernel<MR, R, SWIGLU>;
     WEFT_LAUNCH(kernel, (unsigned)((N + R - 1) / R), threads_for(K), 0, s, x, ldx, w, ldw, K, N,
-                alpha, beta, c_in, bias, y, ldc, rows);
+                alpha, beta, c_in, bias, y, ldc, rows, s->prefetch_weights);
 }
 
 // Columns a block: 4 where that still leaves the GPU a few blocks per SM, one for the small

@@ -15,9 +15,11 @@ extern "C" {
 // kernel first waits until the kernels before it have finished (common.cuh's
 // wait_for_earlier_kernels), so an early launch hides only the launch's latency: the same work in
 // the same order, the same bits. cuda.c owns the one queue; the launchers only read it.
+// prefetch_weights: the few-row and skinny products ask L2 for their weights before that wait
+// (common.cuh's fixed_rows), so an early-launched product streams them meanwhile.
 typedef struct weft_cuda_queue {
     struct CUstream_st *stream;
-    bool early_launch;
+    bool early_launch, prefetch_weights;
 } weft_cuda_queue;
 typedef const weft_cuda_queue *weft_cuda_stream;
 

@@ -99,6 +99,7 @@ struct product {
     int splits;       // S
     float *partials;  // (column blocks, S, MT * 16, BN) fp32 where S > 1
     int *arrived;     // a counter per column block, zero between launches
+    bool prefetch;    // the queue's prefetch_weights
 };
 
 // Where column col (0 .. BN) of column block `block` reads W: its row. With SWIGLU (N = 2 width:
@@ -151,7 +152,8 @@ __device__ __forceinline__ fixed_rows block_weights(const product &p, int part) 
     int chunks = p.K / KC, per_split = (chunks + p.splits - 1) / p.splits;
     int c0 = split * per_split, c1 = min(chunks, c0 + per_split);
     int cols = SWIGLU ? BN / 2 : BN, width = SWIGLU ? p.N / 2 : p.N;
-    int first = block * cols, rows = part == 1 && !SWIGLU ? 0 : min(cols, width - first);
+    int first = block * cols;
+    int rows = !p.prefetch || (part == 1 && !SWIGLU) ? 0 : min(cols, width - first);
     return fixed_rows{p.w + ((size_t)first + (size_t)part * width) * p.ldw + (size_t)c0 * KC,
                       (size_t)p.ldw, rows, (c1 - c0) * KC};
 }
@@ -259,7 +261,7 @@ extern "C" void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float 
                                  float *partials, int *arrived) {
     skinny::product p = {(const bf16 *)x, (const bf16 *)w, ldx, ldw, M, N, K, ldc, alpha, beta,
                          (const bf16 *)c_in, (const bf16 *)bias, (bf16 *)y,
-                         skinny::splits_for(N, K), partials, arrived};
+                         skinny::splits_for(N, K), partials, arrived, s->prefetch_weights};
     skinny::launch_rows<false>(s, p);
 }
 
@@ -268,6 +270,6 @@ extern "C" void weft_cuda_skinny_swiglu(weft_cuda_stream s, int M, int width, in
                                         int ldy, float *partials, int *arrived) {
     skinny::product p = {(const bf16 *)x, (const bf16 *)w, ldx, ldw, M, 2 * width, K, ldy, 1.0f,
                          0.0f, NULL, NULL, (bf16 *)y, skinny::splits_for(2 * width, K),
-                         partials, arrived};
+                         partials, arrived, s->prefetch_weights};
     skinny::launch_rows<true>(s, p);
 }
