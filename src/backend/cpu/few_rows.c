@@ -352,7 +352,7 @@ void weft_cpu_few_rows_pack(bool tb, int n, int k, const float *b, int ldb, floa
 
 void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int m, int n, int k,
                                float alpha, const float *a, int lda, const float *b, int ldb,
-                               const float *panels, float beta, float *c, int ldc) {
+                               weft_cpu_panels packed, float beta, float *c, int ldc) {
     WEFT_CHECK(false, "internal: few-row products need AVX (weft_cpu_few_rows_agree said no)");
 }
 
