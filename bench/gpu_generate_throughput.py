@@ -44,7 +44,8 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   compile the decode step with torch.compile; the warm-up call absorbs the compile).
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
-after another, each at every batch (weft, weft eager, the default cache, weft's profile, then the
+after another, each at every batch (weft, then the runners that decide a default: cublas, splitk
+and noprefetch; then weft eager and serial, the default cache, weft's profile, and last the
 static cache, whose compiles take longest), and the JSON is rewritten after each run, so a run
 cut off by a time limit keeps what it measured.
 
@@ -84,12 +85,13 @@ from generate_throughput import agreement  # noqa: E402
 from reference.fixtures import gpus_listed  # noqa: E402
 from reference.generation import random_prompts, write_prompts  # noqa: E402
 
-# Decode steps replayed as CUDA graphs; launched kernel by kernel; replayed with every matmul on
-# cuBLASLt (neither the few-row nor the skinny kernel, which serve batches up to SKINNY_ROWS);
-# replayed with cuBLASLt splitting K where tiles leave SMs idle (past SKINNY_ROWS); replayed with
-# no weights asked for before a product's wait (up to SKINNY_ROWS); and replayed with each kernel
-# launched after the last ends (no programmatic dependent launch). The environment of each.
-WEFT_RUNNERS = ("weft", "eager", "cublas", "splitk", "noprefetch", "serial")
+# Decode steps replayed as CUDA graphs; replayed with every matmul on cuBLASLt (neither the
+# few-row nor the skinny kernel, which serve batches up to SKINNY_ROWS); replayed with cuBLASLt
+# splitting K where tiles leave SMs idle (past SKINNY_ROWS); replayed with no weights asked for
+# before a product's wait (up to SKINNY_ROWS); launched kernel by kernel; and replayed with each
+# kernel launched after the last ends (no programmatic dependent launch). In the order they run
+# (the ones that decide a default first); the environment of each.
+WEFT_RUNNERS = ("weft", "cublas", "splitk", "noprefetch", "eager", "serial")
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
               "noprefetch": {"WEFT_CUDA_PREFETCH_WEIGHTS": "0"},
               "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
