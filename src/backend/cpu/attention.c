@@ -243,11 +243,6 @@ static void weighted_values(const float *P, int rows, int keys, const kv_rows *v
             else
                 value_block(P + (size_t)i * keys, keys, VALUE_ROWS, 1, keys, v, c, D,
                             out + (size_t)i * ldo, ldo);
-        // Two rows (a decode step's GQA pair) still fill the pipes: one row's chains wait on
-        // their FMAs' latency.
-        for (; wide && i + 2 <= rows; i += 2)
-            value_block(P + (size_t)i * keys, keys, 2, VALUE_CHUNKS, keys, v, c, D,
-                        out + (size_t)i * ldo, ldo);
         for (; i < rows; i++)
             if (wide)
                 value_block(P + (size_t)i * keys, keys, 1, VALUE_CHUNKS, keys, v, c, D,
