@@ -62,6 +62,22 @@ template <int VEC> struct bf16_vec {
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float swiglu(float g, float u) { return u * (g * sigmoid(g)); }
 
+// The weft-owned product kernels' outputs (few_rows.cu, skinny.cu), from a column's fp32 sum, with
+// the bits of the matmul op's: alpha sum + beta c_in rounded as stored, then the bias added to the
+// stored product as a separate add would; and with the gate|up sums, swiglu of the two rounded as
+// the product would be stored, as swiglu_forward then reads them.
+__device__ __forceinline__ bf16 projection_output(float sum, float alpha, float beta,
+                                                  const bf16 *c_in, const bf16 *bias, size_t at,
+                                                  int n) {
+    float out = alpha * sum;
+    if (beta != 0.0f) out += beta * to_f32(c_in[at]);
+    bf16 stored = to_bf16(out);
+    return bias ? to_bf16(to_f32(stored) + to_f32(bias[n])) : stored;
+}
+__device__ __forceinline__ bf16 swiglu_output(float gate_sum, float up_sum) {
+    return to_bf16(swiglu(to_f32(to_bf16(gate_sum)), to_f32(to_bf16(up_sum))));
+}
+
 // Offset (in elements) of the keys of (block, layer, offset) in the paged KV cache's pool
 // (kernels.h: (n_blocks, layers, 2, block_size, width)); values follow block_size * width
 // elements later.

@@ -86,13 +86,11 @@ __global__ void __launch_bounds__(MAX_THREADS)
     for (int v = 0; v < (int)blockDim.x / 32; v++) sum += partial[v][m * WR + r];
     if constexpr (SWIGLU) {
         for (int v = 0; v < (int)blockDim.x / 32; v++) up += partial[v][m * WR + R + r];
-        y[(size_t)m * ldc + n] = to_bf16(swiglu(to_f32(to_bf16(sum)), to_f32(to_bf16(up))));
+        y[(size_t)m * ldc + n] = swiglu_output(sum, up);
         return;
     }
-    float out = alpha * sum;
-    if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
-    bf16 stored = to_bf16(out);
-    y[(size_t)m * ldc + n] = bias ? to_bf16(to_f32(stored) + to_f32(bias[n])) : stored;
+    size_t at = (size_t)m * ldc + n;
+    y[at] = projection_output(sum, alpha, beta, c_in, bias, at, n);
 }
 
 // Launches the kernel for rows rounded up to MR, R columns a block.

@@ -80,16 +80,6 @@ __device__ __forceinline__ void warp_sums(const bf16 *const *wr, const bf16 *x_l
     }
 }
 
-// The epilogue of one output: alpha sum + beta c_in, rounded, then the bias added to the stored
-// product as a separate add would.
-__device__ __forceinline__ void store_output(float sum, float alpha, float beta, const bf16 *c_in,
-                                             const bf16 *bias, bf16 *y, int ldc, int m, int n) {
-    float out = alpha * sum;
-    if (beta != 0.0f) out += beta * to_f32(c_in[(size_t)m * ldc + n]);
-    bf16 stored = to_bf16(out);
-    y[(size_t)m * ldc + n] = bias ? to_bf16(to_f32(stored) + to_f32(bias[n])) : stored;
-}
-
 struct product {
     const bf16 *x, *w;
     int ldx, ldw, M, N, K, ldc;
@@ -134,23 +124,33 @@ __device__ void write_outputs(const product &p, int block, const float (*sums)[R
         int m = i / COLS, col = i % COLS, n = block * COLS + col;
         if (m >= p.M || n >= (SWIGLU ? p.N / 2 : p.N)) continue;
         float total = column_total<ROWS>(sums, tiles, p.splits, m, col);
+        size_t at = (size_t)m * p.ldc + n;
         if constexpr (SWIGLU) {
             float up = column_total<ROWS>(sums, tiles, p.splits, m, col + COLS);
-            float gate = to_f32(to_bf16(total));
-            p.y[(size_t)m * p.ldc + n] = to_bf16(swiglu(gate, to_f32(to_bf16(up))));
+            p.y[at] = swiglu_output(total, up);
         } else {
-            store_output(total, p.alpha, p.beta, p.c_in, p.bias, p.y, p.ldc, m, n);
+            p.y[at] = projection_output(total, p.alpha, p.beta, p.c_in, p.bias, at, n);
         }
     }
 }
 
-// The weights block `blockIdx.x` reads over its split of K: its columns' rows of W (with SWIGLU,
-// part 0 the gates and part 1 the ups that go with them), asked for before the kernel waits.
+// Block blockIdx.x's share: its column block, and chunks [c0, c1) of K (its split).
+struct share {
+    int block, c0, c1;
+};
+__device__ __forceinline__ share share_of(const product &p) {
+    int split = blockIdx.x % p.splits;
+    int chunks = p.K / KC, per_split = (chunks + p.splits - 1) / p.splits;
+    int c0 = split * per_split;
+    return share{(int)blockIdx.x / p.splits, c0, min(chunks, c0 + per_split)};
+}
+
+// The weights the block reads over its split of K: its columns' rows of W (with SWIGLU, part 0
+// the gates and part 1 the ups that go with them), asked for before the kernel waits.
 template <bool SWIGLU>
 __device__ __forceinline__ fixed_rows block_weights(const product &p, int part) {
-    int block = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
-    int chunks = p.K / KC, per_split = (chunks + p.splits - 1) / p.splits;
-    int c0 = split * per_split, c1 = min(chunks, c0 + per_split);
+    share s = share_of(p);
+    int block = s.block, c0 = s.c0, c1 = s.c1;
     int cols = SWIGLU ? BN / 2 : BN, width = SWIGLU ? p.N / 2 : p.N;
     int first = block * cols;
     int rows = !p.prefetch || (part == 1 && !SWIGLU) ? 0 : min(cols, width - first);
@@ -168,9 +168,8 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     __shared__ bool last;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int group = warp % GROUPS, half = warp / GROUPS;
-    int block = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
-    int chunks = p.K / KC, per_split = (chunks + p.splits - 1) / p.splits;
-    int c0 = split * per_split, c1 = min(chunks, c0 + per_split);
+    share s = share_of(p);
+    int block = s.block, split = blockIdx.x % p.splits;
 
     const bf16 *wr[2], *x_lane = p.x + 8 * t;
 #pragma unroll
@@ -182,7 +181,7 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
 #pragma unroll
         for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, p.M - 1) * p.ldx;
     float acc[MT][2][4] = {};
-    warp_sums<MT>(wr, x_lane, x_at, c0, c1, half, acc);
+    warp_sums<MT>(wr, x_lane, x_at, s.c0, s.c1, half, acc);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
