@@ -668,24 +668,25 @@ int weft_cuda_compute_capability(int device) {
     return 10 * major + minor;
 }
 
-// A switch of the environment that is on unless set to 0 (what 0 does: `off`).
-static bool env_switch(const char *name, const char *off) {
+// A switch of the environment, 0 or 1, `by_default` when unset (what the other value does:
+// `other`).
+static bool env_switch_of(const char *name, bool by_default, const char *other) {
     const char *v = getenv(name);
     WEFT_CHECK(!v || !*v || !strcmp(v, "0") || !strcmp(v, "1"),
-               "%s=%s: expected 1 (the default) or 0 (%s)", name, v, off);
-    return !v || strcmp(v, "0") != 0;
+               "%s=%s: expected %d (the default) or %d (%s)", name, v, by_default, !by_default,
+               other);
+    return !v || !*v ? by_default : strcmp(v, "1") == 0;
 }
+// One that is on unless set to 0 (what 0 does: `off`).
+static bool env_switch(const char *name, const char *off) { return env_switch_of(name, true, off); }
 
 // WEFT_CUDA_GEMM_SPLIT_K=1 lets cuBLASLt split K where a product's tiles leave SMs idle
 // (matmul.h); off by default until a GPU run says it pays (bench/gpu_generate_throughput.py
 // times it as its splitk runner). The SMs to fill, or 0.
 static int gemm_split_k(int device) {
-    const char *v = getenv("WEFT_CUDA_GEMM_SPLIT_K");
-    WEFT_CHECK(!v || !*v || !strcmp(v, "0") || !strcmp(v, "1"),
-               "WEFT_CUDA_GEMM_SPLIT_K=%s: expected 0 (the default) or 1 (split K where a "
-               "product's tiles leave SMs idle)", v);
     int sms = 0;
-    if (!v || strcmp(v, "1") != 0 ||
+    if (!env_switch_of("WEFT_CUDA_GEMM_SPLIT_K", false,
+                       "split K where a product's tiles leave SMs idle") ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
         return 0;
     return sms;
