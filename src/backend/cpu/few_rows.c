@@ -254,6 +254,20 @@ static void rows_against_panels(const float *a, int lda, int m, const float *pan
     }
 }
 
+// The lines of packed panels the call after the one ending at K row k_end of columns j0 reads:
+// those columns' next K block, the next columns' first, or the first of the columns after
+// (packed->after); false when there is none.
+static bool next_call(const weft_cpu_panels *packed, int n, int k, int q, int step, int j0,
+                      int k_end, panel_lines *then) {
+    int j1 = k_end < k ? j0 : j0 + step, k1 = k_end < k ? k_end : 0;
+    const float *first = j1 < n ? packed->at + (size_t)j1 * k + (size_t)k1 * PANEL : packed->after;
+    int cols = j1 < n ? n - j1 : packed->after_cols;
+    if (!first) return false;
+    int P = ((cols < step ? cols : step) + PANEL - 1) / PANEL;
+    *then = (panel_lines){first, (size_t)PANEL * k, P, k_block(k - k1, q)};
+    return true;
+}
+
 size_t weft_cpu_few_rows_panel_floats(int n, int k) {
     return (size_t)(n + PANEL - 1) / PANEL * PANEL * k;
 }
@@ -286,17 +300,10 @@ void weft_cpu_few_rows_product(const weft_cpu_few_rows_kind *kind, bool tb, int 
             kb = k_block(k - k0, kind->q);
             const float *panel = panels ? panels + (size_t)j0 * k + (size_t)k0 * PANEL : here;
             if (!panels) pack_panel(b, ldb, tb, j0, cols, k0, kb, here);
-            // The next call's K block: this panel's next, the next columns' first, or the first
-            // of the columns after.
-            int j1 = k0 + kb < k ? j0 : j0 + step, k1 = k0 + kb < k ? k0 + kb : 0;
-            bool last = j1 >= n;
-            int next_cols = last ? packed.after_cols : n - j1;
-            panel_lines then = {last ? packed.after : panels + (size_t)j1 * k + (size_t)k1 * PANEL,
-                                (size_t)PANEL * k,
-                                ((next_cols < step ? next_cols : step) + PANEL - 1) / PANEL,
-                                k_block(k - k1, kind->q)};
+            panel_lines then;
+            bool ahead = panels && next_call(&packed, n, k, kind->q, step, j0, k0 + kb, &then);
             rows_against_panels(a + k0, lda, m, panel, (size_t)PANEL * k, P, kb, kind->fused,
-                                alpha, c + j0, ldc, cols, panels && then.first ? &then : NULL);
+                                alpha, c + j0, ldc, cols, ahead ? &then : NULL);
         }
     }
 }
