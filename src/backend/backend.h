@@ -93,6 +93,12 @@ struct weft_backend {
     // stream comes after it).
     void *(*host_alloc)(weft_backend *self, size_t bytes);
     void (*host_free)(weft_backend *self, void *p);
+    // Optional (NULL: to_host is the only download). A download queued behind the work before it
+    // into host memory from host_alloc, returning at once, so the host prepares the next step
+    // while the device runs this one; download_wait(ticket) returns once the bytes are there.
+    // Every ticket is waited for exactly once.
+    void *(*download_begin)(weft_backend *self, void *dst, const void *src, size_t bytes);
+    void (*download_wait)(weft_backend *self, void *ticket);
 
     // C (m, n) = alpha * op(A) op(B) + beta * C_in (+ bias), row-major; op(A) is (m, k), op(B)
     // is (k, n). lda/ldb/ldc are row strides of the stored (untransposed) matrices; c_in (laid out
@@ -214,6 +220,11 @@ struct weft_backend {
     void (*sample_tokens)(weft_backend *self, const void *logits, const int32_t *rows,
                           const double *u, int n, int V, float temperature, int32_t *tokens,
                           float *processed);
+    // tokens[r] = drawn[from[r]] for the rows r < n with from[r] >= 0 (int32 on the device; the
+    // other rows keep theirs): token ids drawn by the step before, which the host has not read
+    // yet, fed to the next. Optional with sample_tokens.
+    void (*take_tokens)(weft_backend *self, int32_t *tokens, const int32_t *drawn,
+                        const int32_t *from, int n);
     // In place on logits (T, V): the gradient of sum_t (d_logprob[t] * logp_t + d_entropy[t] *
     // H_t) with respect to them. Rows with a target become d_logprob[t] * (onehot - p) -
     // d_entropy[t] * p * (log p + H), other rows 0. d_entropy may be NULL. With d_entropy NULL and

@@ -449,6 +449,24 @@ void test_sample_tokens(int V, float temperature) {
     compare(name + " processed log-prob", processed, want_processed, F32_TOL);
 }
 
+// Token ids fed from the draws before (rows with a source) beside ids that stay, over more rows
+// than one block's threads.
+void test_take_tokens(int n) {
+    std::vector<int32_t> drawn(n / 2 + 1), from(n), tokens(n), want(n);
+    for (size_t d = 0; d < drawn.size(); d++) drawn[d] = 1000 + (int32_t)(d * 37 % 501);
+    for (int r = 0; r < n; r++) {
+        from[r] = r % 3 == 0 ? -1 : (r * 5) % (int)drawn.size();
+        tokens[r] = want[r] = r;
+        if (from[r] >= 0) want[r] = drawn[from[r]];
+    }
+    weft_cuda_take_tokens(queue, tokens.data(), drawn.data(), from.data(), n);
+    int wrong = 0;
+    for (int r = 0; r < n; r++) wrong += tokens[r] != want[r];
+    std::string name = "take_tokens " + std::to_string(n) + " rows";
+    printf("%-76s %d of %d tokens differ %s\n", name.c_str(), wrong, n, wrong ? "FAIL" : "ok");
+    failures += wrong > 0;
+}
+
 // The gradient of sum_t w_t logp_t + u_t H_t: w (onehot - p) - u p (log p + H), with u = 0 on some
 // rows (cross-entropy's own expression).
 void test_logits_backward(int V) {
@@ -530,6 +548,7 @@ int main() {
         test_logits_backward(V);
         for (float temperature : {0.0f, 1.0f, 0.6f}) test_sample_tokens(V, temperature);
     }
+    for (int n : {1, 7, 300}) test_take_tokens(n);
     test_adamw();
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;

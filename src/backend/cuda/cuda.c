@@ -11,6 +11,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/profile.h"
+#include "backend/cuda/staging.h"
 
 typedef struct cuda_state {
     int device;
@@ -29,6 +30,7 @@ typedef struct cuda_state {
     int *skinny_arrived;         // its counters (WEFT_CUDA_SKINNY_COUNTERS, zero between calls)
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
+    weft_cuda_staging *staging;  // small uploads' pinned slots
     size_t scratch_bytes;
     // Live allocations and their sizes, for the byte count (cudaFree is not told the size).
     void **live;
@@ -140,13 +142,16 @@ static void cuda_host_free(weft_backend *self, void *p) {
     if (p) CUDA_CHECK(cudaFreeHost(p));
 }
 
-// An upload from pageable host memory returns once the driver has staged the bytes, so the caller
-// may reuse its buffer at once, and it waits for nothing queued before it: the host keeps queueing
-// the next micro-batch while the GPU finishes the last one.
+// An upload returns once its bytes are staged, so the caller may reuse its buffer at once, and it
+// waits for nothing queued before it: the host keeps queueing the next micro-batch or decode step
+// while the GPU runs the last. Small ones go through pinned slots (staging.h); from pageable
+// memory the driver stages larger ones itself.
 static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_t bytes) {
     not_capturing(self, "an upload");
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, op_stream(self)));
+    cudaStream_t s = op_stream(self);
+    if (!weft_cuda_staging_upload(state(self)->staging, dst, src, bytes, s))
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
     launched(self, "upload");
 }
 
@@ -158,6 +163,25 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
     launched(self, "download");
     CUDA_CHECK(cudaStreamSynchronize(s));
+    self->host_waits++;
+}
+
+// The ticket is an event recorded behind the copy: waiting on it waits for nothing queued later.
+static void *cuda_download_begin(weft_backend *self, void *dst, const void *src, size_t bytes) {
+    not_capturing(self, "a download");
+    cudaStream_t s = op_stream(self);
+    cudaEvent_t done;
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    launched(self, "download");
+    CUDA_CHECK(cudaEventRecord(done, s));
+    return done;
+}
+
+static void cuda_download_wait(weft_backend *self, void *ticket) {
+    cudaEvent_t done = ticket;
+    CUDA_CHECK(cudaEventSynchronize(done));
+    CUDA_CHECK(cudaEventDestroy(done));
     self->host_waits++;
 }
 
@@ -484,6 +508,12 @@ static void cuda_sample_tokens(weft_backend *self, const void *logits, const int
     launched(self, "sample_tokens");
 }
 
+static void cuda_take_tokens(weft_backend *self, int32_t *tokens, const int32_t *drawn,
+                             const int32_t *from, int n) {
+    weft_cuda_take_tokens(STREAM(self), tokens, drawn, from, n);
+    launched(self, "take_tokens");
+}
+
 static void cuda_logprobs(weft_backend *self, const void *logits, const int32_t *targets,
                           float *logprob, float *entropy, float *correct, int T, int V) {
     weft_cuda_logprobs(STREAM(self), logits, targets, logprob, entropy, correct, T, V);
@@ -615,6 +645,7 @@ static void cuda_destroy(weft_backend *self) {
     cuda_state *st = state(self);
     cudaStreamSynchronize(st->stream);
     weft_cuda_profile_finish(st->profile, self->host_waits);
+    weft_cuda_staging_free(st->staging);
     cudaFree(st->scratch);
     cudaFree(st->skinny_arrived);
     cudaFree(st->sum_result);
@@ -706,6 +737,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper,
                             &st->attention_hopper_named);
     st->profile = weft_cuda_profile_create(st->stream);
+    st->staging = weft_cuda_staging_create();
     // WEFT_CUDA_FEW_ROWS=0 sends the few-row and skinny products to cuBLASLt too, to time one
     // against the other.
     st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
@@ -744,6 +776,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .to_host = cuda_to_host,
         .host_alloc = cuda_host_alloc,
         .host_free = cuda_host_free,
+        .download_begin = cuda_download_begin,
+        .download_wait = cuda_download_wait,
         .copy = cuda_copy,
         .zero = cuda_zero,
         .synchronize = cuda_synchronize,
@@ -769,6 +803,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .cross_entropy = cuda_cross_entropy,
         .logprobs = cuda_logprobs,
         .sample_tokens = cuda_sample_tokens,
+        .take_tokens = cuda_take_tokens,
         .logits_backward = cuda_logits_backward,
         .sum_f32 = cuda_sum_f32,
         .sumsq_f32 = cuda_sumsq_f32,

@@ -135,6 +135,9 @@ void weft_cuda_logprobs(weft_cuda_stream s, const void *logits, const int32_t *t
 void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits, const int32_t *rows,
                              const double *u, int n, int V, float temperature, int32_t *tokens,
                              float *processed);
+// backend.h's take_tokens (sampling.cu).
+void weft_cuda_take_tokens(weft_cuda_stream s, int32_t *tokens, const int32_t *drawn,
+                           const int32_t *from, int n);
 // In place on logits (T, V) bf16: the gradient of sum_t d_logprob[t] logp_t + d_entropy[t] H_t
 // (d_entropy may be NULL); rows without a target become 0.
 void weft_cuda_logits_backward(weft_cuda_stream s, void *logits, const int32_t *targets,

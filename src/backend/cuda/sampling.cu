@@ -109,3 +109,22 @@ extern "C" void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits,
     WEFT_LAUNCH(sample_kernel, n, SAMPLE_THREADS, 0, s, (const bf16 *)logits, rows, u, V,
                 temperature, tokens, processed);
 }
+
+namespace {
+
+__global__ void take_tokens_kernel(int32_t *tokens, const int32_t *drawn, const int32_t *from,
+                                   int n) {
+    wait_for_earlier_kernels();
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += gridDim.x * blockDim.x)
+        if (from[r] >= 0) tokens[r] = drawn[from[r]];
+}
+
+} // namespace
+
+extern "C" void weft_cuda_take_tokens(weft_cuda_stream s, int32_t *tokens, const int32_t *drawn,
+                                      const int32_t *from, int n) {
+    if (n == 0) return;
+    int threads = 256, blocks = (n + threads - 1) / threads;
+    WEFT_LAUNCH(take_tokens_kernel, blocks < 64 ? blocks : 64, threads, 0, s, tokens, drawn, from,
+                n);
+}
