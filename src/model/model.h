@@ -101,6 +101,10 @@ typedef struct weft_pass_options {
     // A forward without keep whose inputs weft_model_upload_inputs sent before (same batch, same
     // chosen rows): it queues device work alone, which a backend graph can record and replay.
     bool uploaded;
+    // Token ids the host does not know yet (drawn on the device by the step before, their
+    // download still in flight): row r's id is token_source[token_from[r]] where token_from[r]
+    // >= 0 (both device arrays; backend take_tokens), the batch's id elsewhere. NULL: the batch's.
+    const int32_t *token_source, *token_from;
 } weft_pass_options;
 
 // Fixed at creation.

@@ -53,7 +53,11 @@ static weft_activations *prepare_inputs(weft_model *m, keep_mode keep, const wef
     dims d = dims_of(m, batch);
     if (out && out->rows) d.logits_rows = out->logits ? 0 : out->n_rows; // head_on_rows
     weft_activations *a = weft_activations_prepare(m, keep, d, gathered);
-    if (!(pass && pass->uploaded)) upload_batch(m->be, a, batch, out);
+    if (!(pass && pass->uploaded)) {
+        upload_batch(m->be, a, batch, out);
+        if (pass && pass->token_from)
+            m->be->take_tokens(m->be, a->tokens, pass->token_source, pass->token_from, d.T);
+    }
     a->layout = (weft_attention_layout){.n_docs = d.n_docs, .Tq = d.T, .Tkv = d.T_kv,
                                         .cu_q = a->cu_seqlens, .cu_kv = a->cu_seqlens_kv,
                                         .q_pos = a->positions};
