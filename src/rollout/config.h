@@ -31,6 +31,9 @@ typedef struct weft_rollout_config {
     int speculative_tokens;   // tokens the MTP modules draft per step (0: no speculation)
     bool draft_bf16;          // drafts read the weights rounded to bf16 where the backend can
     bool cuda_graphs;         // decode steps as recorded graphs where the backend has them
+    // Decode steps queued one ahead of the host where the backend downloads asynchronously: the
+    // next step is launched on the device's draws before the host has read them (async.c).
+    bool async_scheduling;
 } weft_rollout_config;
 
 weft_sampling_config weft_sampling_config_default(void);

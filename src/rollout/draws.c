@@ -25,23 +25,25 @@ static draw draw_token(weft_engine *e, int seq, int row, const float *logits) {
     return d;
 }
 
-// Device room for n draws: (draws_cap) rows, then their uniform numbers (one upload sends both),
-// then tokens, log-probs and processed log-probs (one download reads the three); and the draws'
-// logits rows (draws_cap, V). draws_cap is even, so the doubles stay aligned.
+// Device room for n draws: (draws_cap) rows, the rows' token sources (feed), then the draws'
+// uniform numbers (one upload sends the three), then tokens, log-probs and processed log-probs
+// (one download reads the three); and the draws' logits rows (draws_cap, V). draws_cap is even,
+// so the doubles stay aligned.
 static void draw_buffers(weft_engine *e, int n) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     int V = e->model->cfg.vocab_size, cap = b->draws_cap;
     b->draw_rows = weft_rollout_grown(be, b->draw_rows, &cap, n,
-                                      sizeof(int32_t) * 4 + sizeof(double));
+                                      sizeof(int32_t) * 5 + sizeof(double));
     if (cap == b->draws_cap) return;
     if (b->draw_logits) be->free(be, b->draw_logits);
     b->draw_logits = be->alloc(be, weft_dtype_size(be->act_dtype) * (size_t)cap * V);
     b->draws_cap = cap;
-    b->draw_u = (double *)(b->draw_rows + cap);
-    b->draw_tokens = b->draw_rows + 3 * cap;
-    b->draw_logprobs = (float *)(b->draw_rows + 4 * cap);
-    b->draw_processed = (float *)(b->draw_rows + 5 * cap);
+    b->draw_feed = b->draw_rows + cap;
+    b->draw_u = (double *)(b->draw_rows + 2 * cap);
+    b->draw_tokens = b->draw_rows + 4 * cap;
+    b->draw_logprobs = (float *)(b->draw_rows + 5 * cap);
+    b->draw_processed = (float *)(b->draw_rows + 6 * cap);
 }
 
 // Each drawn token's log-prob under the model (temperature 1, no filter), by the backend's
@@ -76,15 +78,16 @@ bool weft_rollout_draws_on_device(const weft_engine *e) {
     return e->be->sample_tokens && !filtered && e->rc.speculative_tokens == 0;
 }
 
-void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n) {
+void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32_t *feed) {
     step_buffers *b = &e->buf;
     draw_buffers(e, n);
     int cap = b->draws_cap;
-    size_t bytes = sizeof(int32_t) * cap + sizeof(double) * n;
+    size_t bytes = sizeof(int32_t) * 2 * cap + sizeof(double) * n;
     int32_t *rows = weft_alloc(bytes);
-    double *u = (double *)(rows + cap);
+    double *u = (double *)(rows + 2 * cap);
     for (int i = 0; i < n; i++) {
         rows[i] = d[i].row;
+        rows[cap + i] = feed ? feed[i] : -1;
         if (d[i].seq < 0) continue; // a padding row's draw, dropped
         const gen_seq *s = &e->seqs[d[i].seq];
         u[i] = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
@@ -181,7 +184,7 @@ int weft_rollout_draw_tokens(weft_engine *e, const due_seqs *due, const float *l
     draw *d = weft_alloc(sizeof(draw) * cap);
     int n = collect_draws(e, due, logits, d);
     if (logits == NULL) { // on the device
-        weft_rollout_upload_draws(e, d, n);
+        weft_rollout_upload_draws(e, d, n, NULL);
         weft_rollout_sample_on_device(e, n);
         int still = weft_rollout_finish_draws(e, d, n, took);
         weft_free(d);

@@ -29,7 +29,7 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
     weft_sampling_config_validate(sc);
     weft_rollout_config_validate(rc, m->cfg.num_mtp, "given to the engine");
     weft_engine *e = weft_alloc(sizeof *e);
-    *e = (weft_engine){.model = m, .be = m->be, .rc = *rc, .sc = *sc, .tok = tok};
+    *e = (weft_engine){.model = m, .be = m->be, .rc = *rc, .sc = *sc, .tok = tok, .in_flight = -1};
     const weft_model_config *c = &m->cfg;
     // The MTP modules that draft keep their keys and values in the same blocks, after the
     // decoder's layers.
@@ -52,6 +52,7 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
 
 void weft_engine_free(weft_engine *e) {
     if (!e) return;
+    weft_rollout_pending_free(e);
     weft_kv_cache_free(e->cache);
     weft_rollout_step_buffers_free(e);
     weft_arena_free(&e->step_scratch);
@@ -330,7 +331,7 @@ void weft_rollout_after_token(weft_engine *e, int i) {
     gen_seq *s = &e->seqs[i];
     e->stats.tokens++;
     if (!finished(e, s)) return;
-    weft_kv_seq_release(e->cache, s->kv);
+    if (s->kv >= 0) weft_kv_seq_release(e->cache, s->kv); // none while preempted
     s->kv = -1;
     s->state = SEQ_DONE;
     e->done_samples++;
@@ -367,6 +368,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
         if (progress) progress(progress_ctx, (int)(e->done_samples / e->sc.n), n_prompts,
                                e->stats.tokens);
     }
+    weft_rollout_settle(e); // a step of finished samples' rows only may still be in flight
     // Samples in (prompt, sample) order: sequences of one prompt were added in sample order.
     for (int i = 0; i < e->n_seqs; i++) {
         const gen_seq *s = &e->seqs[i];

@@ -45,6 +45,9 @@ typedef struct weft_rollout_stats {
     double draft_seconds;
     // Decode steps run as recorded backend graphs: graphs recorded, and steps replayed from one.
     long graph_captures, graph_steps;
+    // Decode steps queued ahead of the host (rollout.async_scheduling), and the rows they gave
+    // samples that had stopped at the step before (computed in vain).
+    long async_steps, async_wasted_rows;
     weft_kv_cache_stats kv;
 } weft_rollout_stats;
 

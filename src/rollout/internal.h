@@ -30,6 +30,9 @@ typedef struct gen_seq {
     // This step: the main forward's rows for this sequence, positions [main_lo, main_hi] at
     // rows main_row0 + position of its hidden states.
     int main_row0, main_lo, main_hi;
+    // Asynchronous scheduling (async.c): the last in_flight tokens are placeholders for draws
+    // whose download has not been read; the last of them is draw fed_by of the step in flight.
+    int in_flight, fed_by;
 } gen_seq;
 
 // Device buffers of one step, grown as needed and kept.
@@ -40,6 +43,7 @@ typedef struct step_buffers {
     int32_t *cu_fresh;                      // (seqs + 1): the fresh sequences' rows, from 0
     void *logits, *draw_logits;             // (head rows, V), (draws, V)
     int32_t *draw_rows, *draw_tokens;       // (draws)
+    int32_t *draw_feed;                     // (draws) the draw of the step before a row's token is
     float *draw_logprobs, *draw_processed;  // (draws)
     double *draw_u;                         // (draws): the uniform numbers of device draws
     float *host_logits;                     // (head rows, V) f32 on the host, for the draws
@@ -67,6 +71,16 @@ typedef struct step_graphs {
     step_graph last_eager; // the last step run kernel by kernel: a repeat of it is recorded
 } step_graphs;
 
+// A decode step queued ahead of the host (async.c): where its draws' tokens go once they are back.
+typedef struct pending_step {
+    int n, cap;     // draws; room in seq and at
+    int *seq, *at;  // (n) the sequence and the token index each draw fills (seq -1: padding)
+    void *ticket;   // its download's (backend download_begin); NULL: nothing in flight
+    int32_t *host;  // pinned: the tokens, log-probs and processed log-probs of draws_cap draws
+    size_t host_cap; // int32s
+    int draws_cap;  // the step's, which laid them out
+} pending_step;
+
 struct weft_engine {
     weft_model *model;
     weft_backend *be;
@@ -84,6 +98,8 @@ struct weft_engine {
     weft_batch draft_batch; // one MTP module's rows
     step_buffers buf;
     step_graphs graphs;
+    pending_step pending[2]; // the step in flight and the one being queued (async.c)
+    int in_flight;           // which of them is in flight, -1: none
     weft_arena step_scratch; // a step's host lists and staging rows, reset as each step begins
 };
 
@@ -188,8 +204,24 @@ bool weft_rollout_draws_on_device(const weft_engine *e);
 int weft_rollout_draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took);
 // The same on the device in three parts, so that the device work between can be recorded as a
 // graph: the draws d[0, n)'s rows and uniform numbers go up (one upload; seq < 0: a padding
-// row's draw, whose token is never used); the draws and their base log-probs are queued (device
-// work alone); one download, then the first n draws' tokens are appended.
-void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n);
+// row's draw, whose token is never used), with feed (n; NULL: none) the batch rows' token
+// sources (draw_feed: pass options token_from); the draws and their base log-probs are queued
+// (device work alone); one download, then the first n draws' tokens are appended.
+void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32_t *feed);
 void weft_rollout_sample_on_device(weft_engine *e, int n);
 int weft_rollout_finish_draws(weft_engine *e, draw *d, int n, int *took);
+
+// async.c
+// Whether the next step may be queued before the host reads the step in flight's tokens: the
+// engine and backend allow it, every running sequence is a sample decoding one token drawn on
+// the device, and the pool holds each one's next row without preempting.
+bool weft_rollout_async_ready(const weft_engine *e);
+// The draw of the step in flight that sequence s's next row's token comes from (-1: known).
+int weft_rollout_fed_from(const gen_seq *s);
+// After a decode step's device work d[0, n) (padding draws included) is queued: its draws'
+// download begins, each due sequence takes a placeholder token, then the step before (if one
+// is in flight) is settled: this one is now in flight.
+void weft_rollout_queue_ahead(weft_engine *e, const draw *d, int n);
+// Waits for the step in flight (if any) and appends its tokens and log-probs.
+void weft_rollout_settle(weft_engine *e);
+void weft_rollout_pending_free(weft_engine *e);

@@ -173,6 +173,9 @@ static int choose_participants(weft_engine *e, participant *part) {
     for (int k = 0; k < running && budget > 0; k++) {
         int i = line[k].seq;
         if (e->seqs[i].state != SEQ_RUNNING) continue; // preempted for an older one
+        // A sample whose in-flight token reaches its length limit is done whatever the token.
+        if (e->seqs[i].in_flight > 0 && e->seqs[i].len >= weft_rollout_token_limit(e, &e->seqs[i]))
+            continue;
         int rows = rows_within(&e->seqs[i], budget);
         if (rows == 0) continue;
         bool last = rows == weft_rollout_pending_rows(&e->seqs[i]);
@@ -289,13 +292,22 @@ static void pad_batch(weft_engine *e, int rows) {
     }
 }
 
+// Each batch row's token source: the draw of the step in flight that gives participant j's token
+// (-1: the batch holds it, and for the padding). One row per participant, as in every decode step
+// whose draws are on the device.
+static int32_t *feed_of(weft_engine *e, const participant *part, int n, int rows) {
+    int32_t *feed = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * rows);
+    for (int r = 0; r < rows; r++) feed[r] = r < n ? weft_rollout_fed_from(&e->seqs[part[r].seq]) : -1;
+    return feed;
+}
+
 // A decode step: the batch padded (weft_rollout_decode_rows; padding rows are one-row documents
 // after the participants, with a head row and, drawing on the device, a draw each), every upload
 // first (the batch, the provider's metadata, the draws' rows and numbers), then the forward (and
 // the device draws) as device work alone, which graphs.c records or replays; then one download of
 // the draws, or of the logits the host draws from (filters, speculation's verification).
 static int decode_step(weft_engine *e, const participant *part, int n, const due_seqs *due,
-                       const int32_t *due_rows, int *took) {
+                       const int32_t *due_rows, int *took, bool ahead) {
     bool on_device = weft_rollout_draws_on_device(e);
     int T = e->batch.T, pads = weft_rollout_decode_rows(e, T) - T;
     int n_docs = n + pads, n_head = due->rows + pads, n_draws = on_device ? due->n + pads : 0;
@@ -311,12 +323,20 @@ static int decode_step(weft_engine *e, const participant *part, int n, const due
                           : (draw){.seq = -1, .row = due->rows + k - due->n, .depth = -1};
     main_pass mp;
     main_pass_setup(e, seqs, n_docs, head_rows, n_head, &mp);
-    mp.pass.uploaded = true;
+    if (n_draws > 0) weft_rollout_upload_draws(e, d, n_draws, feed_of(e, part, n, n_draws));
+    if (ahead && e->in_flight >= 0) { // rows whose token the step in flight draws
+        mp.pass.token_source = e->buf.draw_tokens;
+        mp.pass.token_from = e->buf.draw_feed;
+    }
     weft_model_upload_inputs(e->model, &e->batch, &mp.pass, &mp.out);
-    if (n_draws > 0) weft_rollout_upload_draws(e, d, n_draws);
+    mp.pass.uploaded = true;
     decode_work work = {.mp = &mp, .n_draws = n_draws};
     weft_rollout_run_graphed(e, e->batch.T, n_docs, mp.storage.layout.max_blocks,
                              decode_device_work, &work);
+    if (ahead) {
+        weft_rollout_queue_ahead(e, d, n_draws);
+        return 0; // no drafts to make: nothing reads took
+    }
     int still;
     if (on_device) {
         still = weft_rollout_finish_draws(e, d, due->n, took); // the padding's draws are dropped
@@ -330,9 +350,15 @@ static int decode_step(weft_engine *e, const participant *part, int n, const due
 bool weft_rollout_step(weft_engine *e) {
     weft_arena *scratch = &e->step_scratch;
     weft_arena_reset(scratch);
+    bool ahead = weft_rollout_async_ready(e);
+    if (!ahead) weft_rollout_settle(e); // every token known before the rows are chosen
     participant *part = weft_arena_alloc(scratch, sizeof(participant) * (size_t)e->n_seqs);
     int n = choose_participants(e, part);
-    if (n == 0) return false;
+    if (n == 0) { // only samples at their length limit, whose last token is in flight
+        if (e->in_flight < 0) return false;
+        weft_rollout_settle(e);
+        return true;
+    }
     build_batch(e, part, n);
     // Sequences whose rows reach their last token (and drafts) are due: the head runs on those
     // rows only. The rest (prompt chunks, and prompts about to fork) feed the MTP modules first.
@@ -360,8 +386,9 @@ bool weft_rollout_step(weft_engine *e) {
     int *took = weft_arena_alloc(scratch, sizeof(int) * (e->n_seqs + forks + 1)), n_took = 0;
     bool speculating = e->rc.speculative_tokens > 0;
     if (decodes_alone(e, part, n, &due)) {
-        n_took = decode_step(e, part, n, &due, head_rows, took);
+        n_took = decode_step(e, part, n, &due, head_rows, took, ahead);
     } else {
+        WEFT_CHECK(!ahead, "internal: a step queued ahead of the host is not a decode step");
         bool on_device = weft_rollout_draws_on_device(e);
         main_forward(e, part, n, &due, head_rows, !on_device);
         if (speculating) weft_rollout_draft(e, before, n_before, false);

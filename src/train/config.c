@@ -137,6 +137,10 @@ static const key_def KEYS[] = {
     {"rollout.cuda_graphs", KEY_BOOL, F(rollout.cuda_graphs),
      "device=cuda: replay decode steps as recorded CUDA graphs; false: launch every kernel",
      NULL},
+    {"rollout.async_scheduling", KEY_BOOL, F(rollout.async_scheduling),
+     "device=cuda: launch each decode step before the host has read the last one's tokens (a "
+     "sample that stops computes one row in vain); false: each step waits for the last's tokens",
+     NULL},
     {"rl.policy_loss", KEY_CHOICE, F(rl.policy_loss),
      "ppo (token-level ratio) or gspo (sequence-level ratio)", POLICY_LOSSES},
     {"rl.clip_ratio_low", KEY_REAL, F(rl.clip_ratio_low), "ratio clipped below at 1 - this", NULL},
