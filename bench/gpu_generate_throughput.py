@@ -20,6 +20,10 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   replay recorded CUDA graphs (rollout.cuda_graphs, the default); `--stats` says how many.
 - weft eager: the same with rollout.cuda_graphs=false (every kernel launched from the host):
   what the graphs save.
+- weft sync, on a GPU: the same with rollout.async_scheduling=false, each decode step launched
+  only once the host has read the last one's tokens, where by default it is queued while the last
+  one runs (its tokens taken on the GPU, src/rollout/async.c): what hiding the host's turnaround
+  gains.
 - weft cublas, at batches up to 64 on a GPU: weft with WEFT_CUDA_FEW_ROWS=0, every matmul on
   cuBLASLt, where weft's default multiplies up to 8 rows with its own kernel (few_rows.cu) and
   9 to 64 with its tensor-core one (skinny.cu): what those kernels gain.
@@ -44,8 +48,8 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   compile the decode step with torch.compile; the warm-up call absorbs the compile).
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
-after another, each at every batch (weft, then the runners that decide a default: cublas, splitk
-and noprefetch; then weft eager and serial, the default cache, weft's profile, and last the
+after another, each at every batch (weft, then the runners that decide a default: sync, cublas,
+splitk and noprefetch; then weft eager and serial, the default cache, weft's profile, and last the
 static cache, whose compiles take longest), and the JSON is rewritten after each run, so a run
 cut off by a time limit keeps what it measured.
 
@@ -91,10 +95,12 @@ from reference.generation import random_prompts, write_prompts  # noqa: E402
 # before a product's wait (up to SKINNY_ROWS); launched kernel by kernel; and replayed with each
 # kernel launched after the last ends (no programmatic dependent launch). In the order they run
 # (the ones that decide a default first); the environment of each.
-WEFT_RUNNERS = ("weft", "cublas", "splitk", "noprefetch", "eager", "serial")
+WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "noprefetch", "eager", "serial")
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
               "noprefetch": {"WEFT_CUDA_PREFETCH_WEIGHTS": "0"},
               "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
+RUNNER_SETTINGS = {"eager": ["rollout.cuda_graphs=false"],
+                   "sync": ["rollout.async_scheduling=false"]}
 SKINNY_ROWS = 64  # kernels.h's WEFT_CUDA_SKINNY_ROWS
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
 BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # the copy that measures the bandwidth
@@ -223,20 +229,19 @@ def run_peer(a, mode, device, prompts=None):
         return dict(unavailable=f"exit status {r.returncode}: {gtt.last_line(r.stderr)}")
 
 
-def weft_command(a, prompts, out, stats, graphs=True):
+def weft_command(a, prompts, out, stats, settings=()):
     return [a.weft, "generate", "--model", a.mdir, "--prompts", prompts, "--out", out,
             "--stats", stats, f"device={a.device}", "sampling.temperature=0",
-            f"sampling.max_tokens={a.new_tokens}", "sampling.stop_token_ids=[]",
-            f"rollout.cuda_graphs={'true' if graphs else 'false'}"]
+            f"sampling.max_tokens={a.new_tokens}", "sampling.stop_token_ids=[]", *settings]
 
 
-def run_weft(a, prompts, batch, graphs=True, profile=False, env=None):
+def run_weft(a, prompts, batch, settings=(), profile=False, env=None):
     """weft generate on the prompts: engine seconds, every sample's tokens, steps replayed; with
-    `profile`, the CUDA profile's per-op table too (it launches every kernel: no graphs); `env`:
-    a runner's variables (RUNNER_ENV)."""
+    `profile`, the CUDA profile's per-op table too (it launches every kernel: no graphs);
+    `settings` and `env`: a runner's (RUNNER_SETTINGS, RUNNER_ENV)."""
     out = os.path.join(a.tmp, f"weft_{batch}.out.jsonl")
     stats = out + ".stats.json"
-    cmd = weft_command(a, prompts, out, stats, graphs)
+    cmd = weft_command(a, prompts, out, stats, settings)
     profile_json = os.path.join(a.tmp, f"profile_{batch}.json")
     extra = dict(({"WEFT_CUDA_PROFILE": profile_json} if profile else {}), **(env or {}))
     print("$ " + " ".join([f"{k}={v}" for k, v in extra.items()] + cmd), flush=True)
@@ -261,7 +266,8 @@ def run_weft(a, prompts, batch, graphs=True, profile=False, env=None):
             table = dict(json.load(f), printed=lines[start:])
     return dict(seconds=st["generation_seconds"], tokens=tokens, stats_tokens=st["tokens"],
                 peak_batch=st.get("peak_batch"), forwards=st.get("forwards"),
-                graphs=st.get("graphs"), profile=table)
+                graphs=st.get("graphs"), async_steps=st.get("async", {}).get("steps"),
+                profile=table)
 
 
 # ---------------------------------------------------------------------------------- driver ----
@@ -279,14 +285,15 @@ def run_one(a, who, batch):
     """One runner (weft or a transformers cache) on `batch` prompts; adds tokens_per_s."""
     prompts = prompts_file(a, batch)
     if who in WEFT_RUNNERS:
-        r = run_weft(a, prompts, batch, graphs=who != "eager", env=RUNNER_ENV.get(who))
+        r = run_weft(a, prompts, batch, RUNNER_SETTINGS.get(who, ()), env=RUNNER_ENV.get(who))
     else:
         r = run_peer(a, who, a.peer_device, prompts)
     if "seconds" in r:
         r["tokens_per_s"] = batch * a.new_tokens / r["seconds"]
     tps = fmt(r.get("tokens_per_s"), ".0f")
     g = r.get("graphs")
-    replayed = f" ({g['replayed_steps']} of {r['forwards']} steps replayed from graphs)" if g else ""
+    replayed = (f" ({g['replayed_steps']} of {r['forwards']} steps replayed from graphs, "
+                f"{r.get('async_steps')} queued ahead of the host)" if g else "")
     print(f"  {who} at batch {batch}: {tps} tokens/s{replayed}" if "seconds" in r else
           f"  {who} at batch {batch}: unavailable: {r['unavailable']}", flush=True)
     return r
@@ -300,6 +307,7 @@ def make_row(a, batch, runs, bandwidth):
     step_bytes, bound_tps = bound(a.cfg, batch, a.prompt_tokens, a.new_tokens, bandwidth, a.elt)
     w, wt = tps["weft"], runs.get("weft", {}).get("tokens")
     return dict(batch=batch, weft_tokens_per_s=w, eager_tokens_per_s=tps["eager"],
+                sync_tokens_per_s=tps["sync"],
                 cublas_tokens_per_s=tps["cublas"], splitk_tokens_per_s=tps["splitk"],
                 noprefetch_tokens_per_s=tps["noprefetch"], serial_tokens_per_s=tps["serial"],
                 default_tokens_per_s=tps["default"],
@@ -312,7 +320,7 @@ def make_row(a, batch, runs, bandwidth):
                 runs={k: {x: y for x, y in r.items() if x != "tokens"} for k, r in runs.items()})
 
 
-HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'cublas':>7} {'splitk':>7} "
+HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'sync':>7} {'cublas':>7} {'splitk':>7} "
         f"{'noprefetch':>10} {'serial':>7} "
         f"{'tf default':>11} "
         f"{'tf static':>10} "
@@ -325,6 +333,7 @@ def table_line(row):
     ratio = fmt(row["weft_over_peer"], ".2f") + ("x" if row["weft_over_peer"] else "")
     return (f"{row['batch']:>5} {fmt(row['weft_tokens_per_s'], '.0f'):>11} "
             f"{fmt(row['eager_tokens_per_s'], '.0f'):>7} "
+            f"{fmt(row.get('sync_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('cublas_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('splitk_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('noprefetch_tokens_per_s'), '.0f'):>10} "
@@ -433,7 +442,7 @@ def profile(a, doc):
     """weft's GPU time per op at each of a.profile_batches: where a decode step goes."""
     for batch in a.profile_batches if a.device == "cuda" else []:
         print(f"weft's GPU time per op at batch {batch} (every kernel launched, no graphs):")
-        r = run_weft(a, prompts_file(a, batch), batch, graphs=False, profile=True)
+        r = run_weft(a, prompts_file(a, batch), batch, RUNNER_SETTINGS["eager"], profile=True)
         doc.setdefault("profiles", {})[str(batch)] = r.get("profile") or r.get("unavailable")
         print("\n".join(r["profile"]["printed"] if r.get("profile") else
                         [r.get("unavailable", "")]), flush=True)
@@ -469,7 +478,7 @@ def run(a):
         if who == PEERS[-1]:
             profile(a, doc)
         for batch in a.batches:
-            if (who in RUNNER_ENV and a.device != "cuda"
+            if ((who in RUNNER_ENV or who == "sync") and a.device != "cuda"
                     or who in ("cublas", "noprefetch") and batch > SKINNY_ROWS
                     or who == "splitk" and batch <= SKINNY_ROWS):
                 continue  # the same kernels and launches as "weft" there
