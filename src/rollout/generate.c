@@ -285,8 +285,9 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     json_object_set_new(stats, "graphs", json_pack("{s:I, s:I}", "recorded",         // those replayed
                                                    (json_int_t)st.graph_captures, "replayed_steps",
                                                    (json_int_t)st.graph_steps));
-    json_object_set_new(stats, "async", json_pack("{s:I, s:I}", "steps", // rank 0's, ahead of
-                                                  (json_int_t)st.async_steps, "wasted_rows", // the host
+    // Rank 0's decode steps queued ahead of the host, and rows computed for stopped samples.
+    json_object_set_new(stats, "async", json_pack("{s:I, s:I}", "steps", (json_int_t)st.async_steps,
+                                                  "wasted_rows",
                                                   (json_int_t)st.async_wasted_rows));
     json_object_set_new(stats, "memory", json_pack("{s:I, s:I, s:I}", "parameters", // rank 0's
                                                    (json_int_t)weft_model_param_bytes(m),

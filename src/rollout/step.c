@@ -297,7 +297,8 @@ static void pad_batch(weft_engine *e, int rows) {
 // whose draws are on the device.
 static int32_t *feed_of(weft_engine *e, const participant *part, int n, int rows) {
     int32_t *feed = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * rows);
-    for (int r = 0; r < rows; r++) feed[r] = r < n ? weft_rollout_fed_from(&e->seqs[part[r].seq]) : -1;
+    for (int r = 0; r < rows; r++)
+        feed[r] = r < n ? weft_rollout_fed_from(&e->seqs[part[r].seq]) : -1;
     return feed;
 }
 

@@ -7,20 +7,30 @@ while N+1 runs. A sample that stopped at N has a row in N+1 computed in vain, an
 waiting for its blocks is admitted a step later. For each case below the output file equals the
 one with rollout.async_scheduling=false byte for byte (tokens, log-probs, texts), and the
 statistics show steps queued ahead (a test whose steps never overlap proves nothing) and, where
-samples stop at different steps, rows computed in vain. Every case keeps each forward within 8
-rows and each sequence within 128 keys, where the CUDA kernels give a row the same bits whatever
+samples stop at different steps, rows computed in vain. The cases keep every decode step within
+8 rows and each sequence within 128 keys, where the CUDA kernels give a row the same bits whatever
 else the batch holds (few_rows.cu; one split of the keys in paged.cu), so a wasted row or a
-later admission cannot change the others' bits. The cases: every sample to max_tokens (at
-temperature 1, and greedy), stop tokens ending samples one by one, a stop string (with a
-tokenizer), and rollout.max_running below the samples (prompts admitted as samples stop). Runs
-on the GPU where nvidia-smi lists one, else on weft_emulated.
+later admission cannot change the others' bits: every sample to max_tokens (at temperature 1,
+and greedy), stop tokens ending samples one by one, a stop string (with a tokenizer), and
+rollout.max_running below the samples (prompts admitted as samples stop). Last, a pool small
+enough to preempt: queueing ahead then preempts at other steps (its steps wait instead where the
+pool cannot hold every next row), and a recomputed prompt's rows (more than 8) run on other
+kernels than the decode rows they replace, so the bits may differ from waiting's; there every
+recorded log-prob must be the trainer's (`weft grad --logprobs` on prompt + completion) within
+bf16 round-off, as in test_generated_logprobs_equal_trainer_logprobs, which a token placed at
+the wrong position or taken from the wrong draw would break. Runs on the GPU where nvidia-smi
+lists one, else on weft_emulated.
 """
 import filecmp
+import json
 import os
 import sys
 
-from reference import files, fixtures, qwen2
-from reference.generation import generate, random_prompts, write_prompts, write_tokenizer
+import numpy as np
+
+from reference import files, fixtures, qwen2, runner
+from reference.generation import (completions_batch, generate, random_prompts, trainer_logprobs,
+                                  write_prompts, write_tokenizer)
 
 CFG = dict(qwen2.SMALL_CFG, vocab_size=320, hidden_size=128, num_attention_heads=2,
            num_key_value_heads=1)  # the vocabulary of write_tokenizer's tokenizer
@@ -41,6 +51,8 @@ CASES = {
                            f"sampling.stop_token_ids={STOPS}"]),
 }
 STOPPING = {"stop_tokens", "stop_string", "max_running"}
+BY_TRAINER = {"preempting"}  # compared with the trainer's log-probs, not with waiting's bytes
+MAX_DIFF, MEAN_DIFF = 0.1, 0.02  # test_generated_logprobs_equal_trainer_logprobs's bf16 bounds
 
 
 def check_case(program, mdir, tmp, name, lengths, settings, failures):
@@ -55,19 +67,41 @@ def check_case(program, mdir, tmp, name, lengths, settings, failures):
     on, off = stats["true"], stats["false"]
     print(f"{name}: {on['forwards']} steps ({off['forwards']} waiting for each), "
           f"{on['tokens']:.0f} tokens, queued ahead {on['async']['steps']}, rows in vain "
-          f"{on['async']['wasted_rows']}, graphs replayed {on['graphs']['replayed_steps']}")
-    if not filecmp.cmp(outs["true"], outs["false"], shallow=False):
+          f"{on['async']['wasted_rows']}, graphs replayed {on['graphs']['replayed_steps']}, "
+          f"preemptions {on['preemptions']:.0f} ({off['preemptions']:.0f} waiting)")
+    if name in BY_TRAINER:
+        compare_with_trainer(program, mdir, tmp, name, outs["true"], failures)
+    elif not filecmp.cmp(outs["true"], outs["false"], shallow=False):
         failures.append(f"{name}: the output queued ahead differs from waiting for every step")
     if on["async"]["steps"] < on["forwards"] // 2:
         failures.append(f"{name}: only {on['async']['steps']} of {on['forwards']} steps were "
                         "queued ahead")
     if off["async"]["steps"] or off["async"]["wasted_rows"]:
-        failures.append(f"{name}: rollout.async_scheduling=false still queued ahead: {off['async']}")
+        failures.append(f"{name}: rollout.async_scheduling=false still queued ahead: "
+                        f"{off['async']}")
     if name in STOPPING and on["async"]["wasted_rows"] < 1:
         failures.append(f"{name}: no sample stopped before the others (no row in vain)")
-    print(f"  preemptions {on['preemptions']:.0f} ({off['preemptions']:.0f} waiting)")
-    if on["tokens"] != off["tokens"]:
+    if name == "preempting" and on["preemptions"] < 1:
+        failures.append(f"{name}: the pool preempted nothing")
+    if name not in BY_TRAINER and on["tokens"] != off["tokens"]:
         failures.append(f"{name}: {on['tokens']} tokens queued ahead, {off['tokens']} waiting")
+
+
+def compare_with_trainer(program, mdir, tmp, name, out, failures):
+    with open(out) as f:
+        rows = [json.loads(line) for line in f]
+    batch = os.path.join(tmp, f"{name}_batch.jsonl")
+    docs = completions_batch(rows, batch)
+    scored, _ = runner.run_weft(program, fixtures.grad_args(mdir, batch, "--logprobs",
+                                                            "device=cuda"))
+    want = trainer_logprobs(docs, scored["logprobs"])
+    got = [np.asarray(resp["logprobs"], dtype=np.float64) for _, resp in docs]
+    diff = np.concatenate([np.abs(g - w) for g, w in zip(got, want)])
+    print(f"  {name}: {len(docs)} samples, {diff.size} log-probs against the trainer's: max "
+          f"|diff| {diff.max():.3g}, mean {diff.mean():.3g}")
+    if diff.max() > MAX_DIFF or diff.mean() > MEAN_DIFF:
+        failures.append(f"{name}: log-probs queued ahead differ from the trainer's by max "
+                        f"{diff.max():.3g}, mean {diff.mean():.3g}")
 
 
 def cases(_weft, program, _emulated, tmp):
