@@ -192,6 +192,14 @@ struct weft_backend {
                            void *out, int rows, int C, int width);
     void (*swiglu_backward)(weft_backend *self, const void *gate_up, const void *dout,
                             void *d_gate_up, int rows, int width);
+    // Optional (NULL, or false returned: nothing done, and the caller runs the ops one by one). A
+    // forward-only pass's product of normalized rows in one op: rmsnorm_forward of x (rows, C)
+    // with weights norm_w into a buffer, then that buffer times W (N, C) (+ bias (N)) into y
+    // (rows, N) as matmul stores it, or with swiglu (W (2N, C), the gate rows then the up rows;
+    // no bias) as swiglu_product does; the same bits, the normalized rows never written.
+    bool (*norm_product)(weft_backend *self, const void *x, const void *norm_w, float eps,
+                         const void *w, const void *bias, void *y, int rows, int C, int N,
+                         bool swiglu);
 
     // y (N) += x
     void (*add_inplace)(weft_backend *self, void *y, const void *x, size_t N);

@@ -449,6 +449,31 @@ void test_sample_tokens(int V, float temperature) {
     compare(name + " processed log-prob", processed, want_processed, F32_TOL);
 }
 
+// RMSNorm folded into a few-row product: bit for bit weft_cuda_rmsnorm_forward into a buffer and
+// then weft_cuda_few_rows (with a bias) or weft_cuda_few_rows_swiglu, at K where the product's
+// block has the norm's 256 threads (2048; 4104, where a thread sums two vectors) and where it has
+// fewer (896: 128 threads, each taking two of the norm's).
+void test_few_rows_normed(int M, int K, bool swiglu) {
+    int N = swiglu ? 40 : 72, rows_of_w = swiglu ? 2 * N : N; // N: the output's width
+    float eps = 1e-6f;
+    std::vector<bf16> x = random_bf16((size_t)M * K, -3.0f, 3.0f), g = random_bf16(K, 0.5f, 1.5f);
+    std::vector<bf16> w = random_bf16((size_t)rows_of_w * K), bias = random_bf16(N);
+    std::vector<bf16> normed((size_t)M * K), want((size_t)M * N, NAN_BF16);
+    std::vector<bf16> got((size_t)M * N, NAN_BF16);
+    std::vector<float> rstd(M);
+    weft_cuda_rmsnorm_forward(queue, x.data(), g.data(), eps, normed.data(), rstd.data(), M, K);
+    if (swiglu)
+        weft_cuda_few_rows_swiglu(queue, M, N, K, normed.data(), K, w.data(), K, want.data(), N);
+    else
+        weft_cuda_few_rows(queue, M, N, K, 1.0f, normed.data(), K, w.data(), K, 0.0f, nullptr,
+                           bias.data(), want.data(), N);
+    weft_cuda_few_rows_normed(queue, M, N, K, x.data(), g.data(), eps, w.data(),
+                              swiglu ? nullptr : bias.data(), got.data(), swiglu);
+    std::string name = std::string(swiglu ? "few_rows_swiglu" : "few_rows") + " normed M " +
+                       std::to_string(M) + " K " + std::to_string(K) + " = rmsnorm, then it";
+    compare(name, got, widen(want), 0.0);
+}
+
 // Token ids fed from the draws before (rows with a source) beside ids that stay, over more rows
 // than one block's threads.
 void test_take_tokens(int n) {
@@ -549,6 +574,9 @@ int main() {
         for (float temperature : {0.0f, 1.0f, 0.6f}) test_sample_tokens(V, temperature);
     }
     for (int n : {1, 7, 300}) test_take_tokens(n);
+    for (int K : {2048, 4104, 896})
+        for (int M : {1, 3, 8})
+            for (bool swiglu : {false, true}) test_few_rows_normed(M, K, swiglu);
     test_adamw();
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;

@@ -27,6 +27,7 @@ typedef struct cuda_state {
     bool attention_ordered_dq;   // the hopper backward's dQ in its dK/dV kernel (ordered sums)
     bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
     bool skinny;                 // and up to WEFT_CUDA_SKINNY_ROWS on skinny.cu's (sm_80 and up)
+    bool fold_norm;              // a forward-only RMSNorm in the few-row product after it
     int *skinny_arrived;         // its counters (WEFT_CUDA_SKINNY_COUNTERS, zero between calls)
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
@@ -452,6 +453,20 @@ static void cuda_swiglu_product(weft_backend *self, const void *x, const void *w
     cuda_swiglu_forward(self, gate_up, out, rows, width);
 }
 
+// A decode step's few rows: RMSNorm folded into the product that reads it (few_rows.cu), one
+// launch fewer. WEFT_CUDA_FOLD_NORM=0 keeps them apart, to time one against the other.
+static bool cuda_norm_product(weft_backend *self, const void *x, const void *norm_w, float eps,
+                              const void *w, const void *bias, void *y, int rows, int C, int N,
+                              bool swiglu) {
+    cuda_state *st = state(self);
+    if (!st->few_rows || !st->fold_norm || !weft_cuda_few_rows_covers(rows, C, x, C, w, C) ||
+        (uintptr_t)norm_w % 16 != 0)
+        return false;
+    weft_cuda_few_rows_normed(STREAM(self), rows, N, C, x, norm_w, eps, w, bias, y, swiglu);
+    launched(self, swiglu ? "swiglu_product (few rows, normed)" : "matmul (few rows, normed)");
+    return true;
+}
+
 static void cuda_swiglu_backward(weft_backend *self, const void *gate_up, const void *dout,
                                  void *d_gate_up, int rows, int width) {
     weft_cuda_swiglu_backward(STREAM(self), gate_up, dout, d_gate_up, rows, width);
@@ -742,6 +757,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     // against the other.
     st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
     st->skinny = st->few_rows && weft_cuda_compute_capability(st->device) >= 80;
+    st->fold_norm = env_switch("WEFT_CUDA_FOLD_NORM", "each RMSNorm its own launch");
     size_t counter_bytes = sizeof(int) * WEFT_CUDA_SKINNY_COUNTERS;
     CUDA_CHECK(cudaMalloc((void **)&st->skinny_arrived, counter_bytes));
     CUDA_CHECK(cudaMemsetAsync(st->skinny_arrived, 0, counter_bytes, st->stream));
@@ -799,6 +815,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .swiglu_forward = cuda_swiglu_forward,
         .swiglu_backward = cuda_swiglu_backward,
         .swiglu_product = cuda_swiglu_product,
+        .norm_product = cuda_norm_product,
         .add_inplace = cuda_add_inplace,
         .cross_entropy = cuda_cross_entropy,
         .logprobs = cuda_logprobs,

@@ -90,6 +90,13 @@ void weft_cuda_skinny_swiglu(weft_cuda_stream s, int M, int width, int K, const 
 // weft_cuda_swiglu_forward, in one launch and without the product. Where covers says so.
 void weft_cuda_few_rows_swiglu(weft_cuda_stream s, int M, int width, int K, const void *x,
                                int ldx, const void *w, int ldw, void *y, int ldy);
+// weft_cuda_few_rows (alpha 1, beta 0, bias; y (M, N)) or, with swiglu, weft_cuda_few_rows_swiglu
+// (width N) of x's rows normalized on the way in: the bits of weft_cuda_rmsnorm_forward (weights
+// norm_w (K)) into a buffer and then the product, in one launch and without the normalized rows.
+// Rows K apart; where few_rows covers (M, K, x, w) and norm_w is 16-byte aligned.
+void weft_cuda_few_rows_normed(weft_cuda_stream s, int M, int N, int K, const void *x,
+                               const void *norm_w, float eps, const void *w, const void *bias,
+                               void *y, bool swiglu);
 
 // Copies between fused (rows, sum of widths) and n (at most 3) parts (rows, widths[i]): into
 // them, or with join from them (backend.h's weft_column_parts, passed as its fields). bf16.
