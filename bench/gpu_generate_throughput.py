@@ -33,6 +33,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - weft noprefetch, at batches up to 64 on a GPU: weft with WEFT_CUDA_PREFETCH_WEIGHTS=0, where
   by default an early-launched few-row or skinny product asks L2 for its weights while the kernel
   before it still runs (common.cuh's fixed_rows): what that prefetch gains.
+- weft nofold, at batches up to 8 on a GPU: weft with WEFT_CUDA_FOLD_NORM=0, each RMSNorm its
+  own launch, where by default a forward-only pass's few-row q|k|v and gate|up products
+  normalize their rows themselves (few_rows.cu): what the 2 launches a layer fewer gain.
 - weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
   one before it has ended, where weft's default on sm_90 launches it early (programmatic
   dependent launch, kernels.h): what hiding the launches gains.
@@ -49,7 +52,7 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
 after another, each at every batch (weft, then the runners that decide a default: sync, cublas,
-splitk and noprefetch; then weft eager and serial, the default cache, weft's profile, and last the
+splitk, noprefetch and nofold; then weft eager and serial, the default cache, weft's profile, and last the
 static cache, whose compiles take longest), and the JSON is rewritten after each run, so a run
 cut off by a time limit keeps what it measured.
 
@@ -95,13 +98,15 @@ from reference.generation import random_prompts, write_prompts  # noqa: E402
 # before a product's wait (up to SKINNY_ROWS); launched kernel by kernel; and replayed with each
 # kernel launched after the last ends (no programmatic dependent launch). In the order they run
 # (the ones that decide a default first); the environment of each.
-WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "noprefetch", "eager", "serial")
+WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "noprefetch", "nofold", "eager", "serial")
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
               "noprefetch": {"WEFT_CUDA_PREFETCH_WEIGHTS": "0"},
+              "nofold": {"WEFT_CUDA_FOLD_NORM": "0"},
               "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
 RUNNER_SETTINGS = {"eager": ["rollout.cuda_graphs=false"],
                    "sync": ["rollout.async_scheduling=false"]}
 SKINNY_ROWS = 64  # kernels.h's WEFT_CUDA_SKINNY_ROWS
+FEW_ROWS = 8  # kernels.h's WEFT_CUDA_FEW_ROWS
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
 BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # the copy that measures the bandwidth
 
@@ -309,7 +314,8 @@ def make_row(a, batch, runs, bandwidth):
     return dict(batch=batch, weft_tokens_per_s=w, eager_tokens_per_s=tps["eager"],
                 sync_tokens_per_s=tps["sync"],
                 cublas_tokens_per_s=tps["cublas"], splitk_tokens_per_s=tps["splitk"],
-                noprefetch_tokens_per_s=tps["noprefetch"], serial_tokens_per_s=tps["serial"],
+                noprefetch_tokens_per_s=tps["noprefetch"], nofold_tokens_per_s=tps["nofold"],
+                serial_tokens_per_s=tps["serial"],
                 default_tokens_per_s=tps["default"],
                 static_tokens_per_s=tps["static"],
                 weft_over_peer=w / max(peers) if w and peers else None,
@@ -321,7 +327,7 @@ def make_row(a, batch, runs, bandwidth):
 
 
 HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'sync':>7} {'cublas':>7} {'splitk':>7} "
-        f"{'noprefetch':>10} {'serial':>7} "
+        f"{'noprefetch':>10} {'nofold':>7} {'serial':>7} "
         f"{'tf default':>11} "
         f"{'tf static':>10} "
         f"{'weft/peer':>9} {'bound tok/s':>11} {'weft/bound':>10} {'agree d/s':>13}")
@@ -337,6 +343,7 @@ def table_line(row):
             f"{fmt(row.get('cublas_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('splitk_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('noprefetch_tokens_per_s'), '.0f'):>10} "
+            f"{fmt(row.get('nofold_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('serial_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row['default_tokens_per_s'], '.0f'):>11} "
             f"{fmt(row['static_tokens_per_s'], '.0f'):>10} {ratio:>9} "
@@ -480,7 +487,8 @@ def run(a):
         for batch in a.batches:
             if ((who in RUNNER_ENV or who == "sync") and a.device != "cuda"
                     or who in ("cublas", "noprefetch") and batch > SKINNY_ROWS
-                    or who == "splitk" and batch <= SKINNY_ROWS):
+                    or who == "splitk" and batch <= SKINNY_ROWS
+                    or who == "nofold" and batch > FEW_ROWS):
                 continue  # the same kernels and launches as "weft" there
             runs[batch][who] = run_one(a, who, batch)
             doc["rows"] = [make_row(a, b, runs[b], bandwidth) for b in a.batches]

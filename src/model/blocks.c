@@ -123,6 +123,26 @@ static weft_column_parts qkv_parts(void *q, void *k, void *v, dims d) {
 
 // ------------------------------------------------------------------------- decoder layer ----
 
+// out (T, C) = RMSNorm of x (T, C) with the weights of parameter `norm`, and its rstd (T).
+static void norm_rows(weft_model *m, const weft_activations *a, const void *x, int norm,
+                      void *out, float *rstd) {
+    m->be->rmsnorm_forward(m->be, x, weft_model_param(m, norm), (float)m->cfg.rms_norm_eps, out,
+                           rstd, a->d.T, a->d.C);
+}
+
+// y = RMSNorm(x) W^T (+ b) (T, out), or with swiglu the activation of it (W the gate rows then
+// the up rows; y (T, out) of the activation's width), as one op where a forward-only pass lets
+// the backend fold the norm into the product (norm_product: the same bits, a decode step's
+// launch fewer); false, nothing done, where it does not.
+static bool folded_norm_product(weft_model *m, const weft_activations *a, const void *x, int norm,
+                                int w, int b, void *y, int out, bool swiglu) {
+    weft_backend *be = m->be;
+    if (a->keep != KEEP_NONE || !be->norm_product) return false;
+    const void *bias = b == WEFT_ABSENT ? NULL : weft_model_param(m, b);
+    return be->norm_product(be, x, weft_model_param(m, norm), (float)m->cfg.rms_norm_eps,
+                            weft_model_param(m, w), bias, y, a->d.T, a->d.C, out, swiglu);
+}
+
 // Fills a->k_full / v_full with every key row layer l's attention sees, through the provider.
 static void gather_kv(int l, const layer_acts *la, weft_activations *a,
                       const weft_kv_provider *kv) {
@@ -152,10 +172,12 @@ static void rope_rows(weft_model *m, const weft_activations *a, void *x, int ld,
                                                       a->d.T, heads, r.head_dim);
 }
 
-// q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias, in the matmul) of layer l. Fused
-// (qkv_fused): one product into a->qkv, whose rows start with the q and k heads, so that with
-// `rotate` the split turns both on the way (one launch), and a provider that stores keys may take
-// the split over (split_store), storing them in the same launch. Whether q and k come out rotated.
+// q (T, qd), k (T, kvd) and la->v = la->ln1 W^T (+ bias, in the matmul) of layer l, la->ln1
+// the input norm of la->x_in. Fused (qkv_fused): one product into a->qkv, whose rows start with
+// the q and k heads, so that with `rotate` the split turns both on the way (one launch), and a
+// provider that stores keys may take the split over (split_store), storing them in the same
+// launch; the norm may be folded into that product (ln1 then unwritten). Whether q and k come
+// out rotated.
 static bool project_qkv(weft_model *m, int l, const weft_layer_params *p, layer_acts *la,
                         weft_activations *a, void *q, void *k, bool rotate,
                         const weft_kv_provider *kv) {
@@ -163,12 +185,17 @@ static bool project_qkv(weft_model *m, int l, const weft_layer_params *p, layer_
     if (qkv_fused(m, p)) {
         int width = d.qd + 2 * d.kvd;
         weft_column_parts parts = qkv_parts(q, k, la->v, d);
-        linear_bias(m, la->ln1, p->q_w, p->q_b, a->qkv, d.T, d.C, width);
+        if (!folded_norm_product(m, a, la->x_in, p->input_norm, p->q_w, p->q_b, a->qkv, width,
+                                 false)) {
+            norm_rows(m, a, la->x_in, p->input_norm, la->ln1, la->rstd1);
+            linear_bias(m, la->ln1, p->q_w, p->q_b, a->qkv, d.T, d.C, width);
+        }
         weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
         if (rotate && kv && kv->split_store) kv->split_store(kv->ctx, l, a->qkv, &parts, &rope);
         else m->be->split_columns(m->be, a->qkv, &parts, d.T, false, rotate ? &rope : NULL);
         return rotate;
     }
+    norm_rows(m, a, la->x_in, p->input_norm, la->ln1, la->rstd1);
     linear_bias(m, la->ln1, p->q_w, p->q_b, q, d.T, d.C, d.qd);
     linear_bias(m, la->ln1, p->k_w, p->k_b, k, d.T, d.C, d.kvd);
     linear_bias(m, la->ln1, p->v_w, p->v_b, la->v, d.T, d.C, d.kvd);
@@ -199,18 +226,24 @@ static void attention_inputs_forward(weft_model *m, int l, const weft_layer_para
     }
 }
 
-// la->act = swiglu(la->ln2 W^T) for the gate and up weights. A forward-only pass keeps no product
-// for a backward, so where the weights are one tensor the backend may form both in one op
-// (swiglu_product: one launch at a decode step's few rows) with the same bits.
+// la->act = swiglu(la->ln2 W^T) for the gate and up weights, la->ln2 the post-attention norm of
+// la->res1. A forward-only pass keeps no product for a backward, so where the weights are one
+// tensor the backend may form both in one op (swiglu_product: one launch at a decode step's few
+// rows), the norm folded in too where it can (ln2 then unwritten), with the same bits.
 static void mlp_input_forward(weft_model *m, const weft_layer_params *p, layer_acts *la,
                               const weft_activations *a) {
     weft_backend *be = m->be;
     dims d = a->d;
     if (a->keep == KEEP_NONE && gate_up_adjacent(m, p)) {
+        if (folded_norm_product(m, a, la->res1, p->post_norm, p->gate_w, WEFT_ABSENT, la->act,
+                                d.I, true))
+            return;
+        norm_rows(m, a, la->res1, p->post_norm, la->ln2, la->rstd2);
         be->swiglu_product(be, la->ln2, weft_model_param(m, p->gate_w), la->gate_up, la->act,
                            d.T, d.C, d.I);
         return;
     }
+    norm_rows(m, a, la->res1, p->post_norm, la->ln2, la->rstd2);
     gate_up_forward(m, p, la->ln2, la->gate_up, d);
     be->swiglu_forward(be, la->gate_up, la->act, d.T, d.I);
 }
@@ -220,11 +253,7 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
     weft_backend *be = m->be;
     const weft_layer_params *p = &m->layers[l];
     dims d = a->d;
-    float eps = (float)m->cfg.rms_norm_eps;
-
-    be->rmsnorm_forward(be, la->x_in, weft_model_param(m, p->input_norm), eps, la->ln1, la->rstd1,
-                        d.T, d.C);
-    attention_inputs_forward(m, l, p, la, a, kv);
+    attention_inputs_forward(m, l, p, la, a, kv); // the input norm too
     const void *k = la->k, *v = la->v;
     if (kv && kv->attend) {
         kv->attend(kv->ctx, l, la->q, la->k, la->att, la->lse);
@@ -236,10 +265,7 @@ void weft_layer_forward(weft_model *m, int l, layer_acts *la, weft_activations *
         be->attention_forward(be, la->q, k, v, &a->layout, la->att, la->lse, d.H, d.KV, d.D);
     }
     linear_residual(m, la->att, p->o_w, la->x_in, la->res1, d.T, d.qd, d.C);
-
-    be->rmsnorm_forward(be, la->res1, weft_model_param(m, p->post_norm), eps, la->ln2, la->rstd2,
-                        d.T, d.C);
-    mlp_input_forward(m, p, la, a);
+    mlp_input_forward(m, p, la, a); // the post-attention norm too
     linear_residual(m, la->act, p->down_w, la->res1, out, d.T, d.I, d.C);
 }
 

@@ -15,9 +15,14 @@ so none falls back to the separate ops unseen: the q|k|v biases come in the few-
 the prefill's in the skinny one (no "bias_add" at all), and each layer's split also stores the keys and
 values ("split_store"; the prefill, whose sequence is new, splits and then runs "kv_store"). Runs
 on weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
-Last, `WEFT_CUDA_GEMM_SPLIT_K=1` must split exactly the products whose tiles leave SMs idle and
-whose K allows it (split_k_cases).
+The decode forwards' RMSNorms before the q|k|v and gate|up products are folded into them ("matmul
+(few rows, normed)", "swiglu_product (few rows, normed)"): "rmsnorm_forward" runs only for the
+prefill's layers and each forward's final norm, and `WEFT_CUDA_FOLD_NORM=0`, which keeps every
+norm its own launch, writes the same output file byte for byte (the kernel test checks the
+folded products' bits against the norm and then the product). Last, `WEFT_CUDA_GEMM_SPLIT_K=1`
+must split exactly the products whose tiles leave SMs idle and whose K allows it (split_k_cases).
 """
+import filecmp
 import json
 import os
 import subprocess
@@ -28,16 +33,18 @@ from reference.generation import random_prompts, write_prompts
 
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 PROJECTIONS = 4  # q|k|v, o, gate|up (each one product: blocks.c), down
-FEW = ("matmul (few rows)", "swiglu_product (few rows)")
+NORMED = ("matmul (few rows, normed)", "swiglu_product (few rows, normed)")
+FEW = ("matmul (few rows)", "swiglu_product (few rows)") + NORMED
 SKINNY = ("matmul (skinny)", "swiglu_product (skinny)")
 
 
-def generate(emulated, mdir, prompts, tmp, name, few_rows, split_k=False):
-    """The profile's calls {op: calls} and the run's statistics."""
+def generate(emulated, mdir, prompts, tmp, name, few_rows, split_k=False, fold_norm=True):
+    """The profile's calls {op: calls} and the run's statistics (its output: tmp/name.jsonl)."""
     prof, out = os.path.join(tmp, f"{name}.json"), os.path.join(tmp, f"{name}.jsonl")
     env = dict(os.environ, OMP_NUM_THREADS="1", WEFT_CUDA_PROFILE=prof,
                WEFT_CUDA_FEW_ROWS="1" if few_rows else "0",
-               WEFT_CUDA_GEMM_SPLIT_K="1" if split_k else "0")
+               WEFT_CUDA_GEMM_SPLIT_K="1" if split_k else "0",
+               WEFT_CUDA_FOLD_NORM="1" if fold_norm else "0")
     cmd = [emulated, "generate", "--model", mdir, "--prompts", prompts, "--out", out,
            "--stats", out + ".stats.json", "device=cuda", "sampling.max_tokens=6",
            "sampling.stop_token_ids=[]"]
@@ -65,7 +72,7 @@ def cases(emulated, tmp):
     decode_forwards = stats["forwards"] - 1
     per_forward = PROJECTIONS * CFG["num_hidden_layers"] + 1
     few = sum(on.get(op, 0) for op in FEW)
-    fused = on.get(FEW[1], 0)
+    fused = on.get(FEW[1], 0) + on.get(NORMED[1], 0)
     layers = CFG["num_hidden_layers"]
     print(f"default: {on}; WEFT_CUDA_FEW_ROWS=0: {off}; {decode_forwards} decode forwards of "
           f"{per_forward} products")
@@ -90,7 +97,31 @@ def cases(emulated, tmp):
                   ("split_store", decode_forwards * layers)):
         if on.get(op, 0) != n:
             failures.append(f"{on.get(op, 0)} {op} launches, expected {n}")
+    failures += fold_norm_cases(emulated, tmp, mdir, prompts, on, stats)
     failures += split_k_cases(emulated, tmp, prompts)
+    return failures
+
+
+def fold_norm_cases(emulated, tmp, mdir, prompts, on, stats):
+    """The decode forwards' two norms a layer folded into their products; without the fold the
+    same output, every norm its own launch."""
+    layers, forwards = CFG["num_hidden_layers"], stats["forwards"]
+    apart, _ = generate(emulated, mdir, prompts, tmp, "apart", True, fold_norm=False)
+    failures = []
+    for op in NORMED:
+        if on.get(op, 0) != (forwards - 1) * layers:
+            failures.append(f"{on.get(op, 0)} {op} launches, not one a layer of every decode "
+                            "forward")
+        if op in apart:
+            failures.append(f"WEFT_CUDA_FOLD_NORM=0 still ran {op}")
+    for ops, want, how in ((on, 2 * layers + forwards, "folded"),
+                           (apart, 2 * layers * forwards + forwards, "WEFT_CUDA_FOLD_NORM=0")):
+        if ops.get("rmsnorm_forward", 0) != want:
+            failures.append(f"{how}: {ops.get('rmsnorm_forward', 0)} rmsnorm_forward launches, "
+                            f"expected {want}")
+    if not filecmp.cmp(os.path.join(tmp, "on.jsonl"), os.path.join(tmp, "apart.jsonl"),
+                       shallow=False):
+        failures.append("the output with the norms folded differs from WEFT_CUDA_FOLD_NORM=0's")
     return failures
 
 
