@@ -12,6 +12,7 @@
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/profile.h"
 #include "backend/cuda/staging.h"
+#include "backend/cuda/switches.h"
 
 typedef struct cuda_state {
     int device;
@@ -670,37 +671,6 @@ static void cuda_destroy(weft_backend *self) {
     weft_free(st->live), weft_free(st->live_bytes);
 }
 
-// WEFT_CUDA_ATTENTION=mma|simt|hopper picks the attention kernels: hopper, the forward and
-// backward on TMA and wgmma where they cover the shape, mma elsewhere (compute capability 9.0 and
-// a plugin built for sm_90a), the default where it can run: on an H100 its forward was 1.4-1.7x
-// the mma one's, forward+backward 1.2-1.8x, at 4K-32K tokens; mma, the tensor-core kernels of
-// compute capability 8.0 and up, the default elsewhere and the reference; simt, fp32, to compare
-// against.
-static void attention_kernel_choice(int device, bool *mma, bool *hopper, bool *named) {
-    int major = weft_cuda_compute_capability(device) / 10;
-    weft_cuda_hopper_code code = major == 9 ? weft_cuda_attention_hopper_code() : WEFT_HOPPER_ABSENT;
-    bool built = code == WEFT_HOPPER_BUILT;
-    const char *env = getenv("WEFT_CUDA_ATTENTION");
-    bool from_env = env && *env;
-    const char *choice = from_env ? env : built ? "hopper" : major >= 8 ? "mma" : "simt";
-    WEFT_CHECK(!strcmp(choice, "mma") || !strcmp(choice, "simt") || !strcmp(choice, "hopper"),
-               "WEFT_CUDA_ATTENTION=%s: expected mma, simt or hopper", choice);
-    WEFT_CHECK(!strcmp(choice, "simt") || major >= 8,
-               "WEFT_CUDA_ATTENTION=%s: GPU %d (compute capability %d.x) has no bf16 mma; use "
-               "simt",
-               choice, device, major);
-    WEFT_CHECK(strcmp(choice, "hopper") || major == 9,
-               "WEFT_CUDA_ATTENTION=hopper: GPU %d has compute capability %d.x, the kernels are "
-               "built for 9.0 (H100, H200); use mma",
-               device, major);
-    WEFT_CHECK(strcmp(choice, "hopper") || code != WEFT_HOPPER_ABSENT,
-               "WEFT_CUDA_ATTENTION=hopper: this build of weft's CUDA plugin holds no sm_90a "
-               "code; rebuild with CMAKE_CUDA_ARCHITECTURES including 90a, or use mma");
-    *mma = strcmp(choice, "simt") != 0;
-    *hopper = !strcmp(choice, "hopper");
-    *named = *hopper && from_env;
-}
-
 int weft_cuda_device_count(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -714,28 +684,9 @@ int weft_cuda_compute_capability(int device) {
     return 10 * major + minor;
 }
 
-// A switch of the environment, 0 or 1, `by_default` when unset (what the other value does:
-// `other`).
-static bool env_switch_of(const char *name, bool by_default, const char *other) {
-    const char *v = getenv(name);
-    WEFT_CHECK(!v || !*v || !strcmp(v, "0") || !strcmp(v, "1"),
-               "%s=%s: expected %d (the default) or %d (%s)", name, v, by_default, !by_default,
-               other);
-    return !v || !*v ? by_default : strcmp(v, "1") == 0;
-}
-// One that is on unless set to 0 (what 0 does: `off`).
-static bool env_switch(const char *name, const char *off) { return env_switch_of(name, true, off); }
-
-// WEFT_CUDA_GEMM_SPLIT_K=1 lets cuBLASLt split K where a product's tiles leave SMs idle
-// (matmul.h); off by default until a GPU run says it pays (bench/gpu_generate_throughput.py
-// times it as its splitk runner). The SMs to fill, or 0.
-static int gemm_split_k(int device) {
-    int sms = 0;
-    if (!env_switch_of("WEFT_CUDA_GEMM_SPLIT_K", false,
-                       "split K where a product's tiles leave SMs idle") ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-        return 0;
-    return sms;
+// A switch of the environment that is on unless set to 0 (`off`: what 0 does).
+static bool env_switch(const char *name, const char *off) {
+    return weft_cuda_env_switch(name, true, off);
 }
 
 weft_backend *weft_backend_cuda_create(int local_rank) {
@@ -746,11 +697,11 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     st->device = local_rank % n; // one GPU per rank on a node, in local rank order
     CUDA_CHECK(cudaSetDevice(st->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking));
-    st->gemms = weft_cuda_gemms_create(gemm_split_k(st->device));
+    st->gemms = weft_cuda_gemms_create(weft_cuda_gemm_split_k(st->device));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_result, sizeof(double)));
     CUDA_CHECK(cudaMalloc((void **)&st->sum_partials, sizeof(double) * WEFT_CUDA_SUM_PARTIALS));
-    attention_kernel_choice(st->device, &st->attention_mma, &st->attention_hopper,
-                            &st->attention_hopper_named);
+    weft_cuda_attention_choice(st->device, &st->attention_mma, &st->attention_hopper,
+                               &st->attention_hopper_named);
     st->profile = weft_cuda_profile_create(st->stream);
     st->staging = weft_cuda_staging_create();
     // WEFT_CUDA_FEW_ROWS=0 sends the few-row and skinny products to cuBLASLt too, to time one

@@ -1,0 +1,52 @@
+// The CUDA backend's choices that the environment may override (switches.h).
+#include "backend/cuda/switches.h"
+
+#include <cuda_runtime_api.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/kernels.h"
+#include "core/core.h"
+
+bool weft_cuda_env_switch(const char *name, bool by_default, const char *other) {
+    const char *v = getenv(name);
+    WEFT_CHECK(!v || !*v || !strcmp(v, "0") || !strcmp(v, "1"),
+               "%s=%s: expected %d (the default) or %d (%s)", name, v, by_default, !by_default,
+               other);
+    return !v || !*v ? by_default : strcmp(v, "1") == 0;
+}
+
+int weft_cuda_gemm_split_k(int device) {
+    int sms = 0;
+    if (!weft_cuda_env_switch("WEFT_CUDA_GEMM_SPLIT_K", false,
+                              "split K where a product's tiles leave SMs idle") ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+        return 0;
+    return sms;
+}
+
+void weft_cuda_attention_choice(int device, bool *mma, bool *hopper, bool *named) {
+    int major = weft_cuda_compute_capability(device) / 10;
+    weft_cuda_hopper_code code = major == 9 ? weft_cuda_attention_hopper_code() : WEFT_HOPPER_ABSENT;
+    bool built = code == WEFT_HOPPER_BUILT;
+    const char *env = getenv("WEFT_CUDA_ATTENTION");
+    bool from_env = env && *env;
+    const char *choice = from_env ? env : built ? "hopper" : major >= 8 ? "mma" : "simt";
+    WEFT_CHECK(!strcmp(choice, "mma") || !strcmp(choice, "simt") || !strcmp(choice, "hopper"),
+               "WEFT_CUDA_ATTENTION=%s: expected mma, simt or hopper", choice);
+    WEFT_CHECK(!strcmp(choice, "simt") || major >= 8,
+               "WEFT_CUDA_ATTENTION=%s: GPU %d (compute capability %d.x) has no bf16 mma; use "
+               "simt",
+               choice, device, major);
+    WEFT_CHECK(strcmp(choice, "hopper") || major == 9,
+               "WEFT_CUDA_ATTENTION=hopper: GPU %d has compute capability %d.x, the kernels are "
+               "built for 9.0 (H100, H200); use mma",
+               device, major);
+    WEFT_CHECK(strcmp(choice, "hopper") || code != WEFT_HOPPER_ABSENT,
+               "WEFT_CUDA_ATTENTION=hopper: this build of weft's CUDA plugin holds no sm_90a "
+               "code; rebuild with CMAKE_CUDA_ARCHITECTURES including 90a, or use mma");
+    *mma = strcmp(choice, "simt") != 0;
+    *hopper = !strcmp(choice, "hopper");
+    *named = *hopper && from_env;
+}
