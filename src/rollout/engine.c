@@ -331,7 +331,7 @@ void weft_rollout_after_token(weft_engine *e, int i) {
     gen_seq *s = &e->seqs[i];
     e->stats.tokens++;
     if (!finished(e, s)) return;
-    if (s->kv >= 0) weft_kv_seq_release(e->cache, s->kv); // none while preempted
+    weft_kv_seq_release(e->cache, s->kv);
     s->kv = -1;
     s->state = SEQ_DONE;
     e->done_samples++;

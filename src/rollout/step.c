@@ -324,7 +324,8 @@ static int decode_step(weft_engine *e, const participant *part, int n, const due
                           : (draw){.seq = -1, .row = due->rows + k - due->n, .depth = -1};
     main_pass mp;
     main_pass_setup(e, seqs, n_docs, head_rows, n_head, &mp);
-    if (n_draws > 0) weft_rollout_upload_draws(e, d, n_draws, feed_of(e, part, n, n_draws));
+    if (n_draws > 0)
+        weft_rollout_upload_draws(e, d, n_draws, ahead ? feed_of(e, part, n, n_draws) : NULL);
     if (ahead && e->in_flight >= 0) { // rows whose token the step in flight draws
         mp.pass.token_source = e->buf.draw_tokens;
         mp.pass.token_from = e->buf.draw_feed;

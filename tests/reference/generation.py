@@ -48,6 +48,17 @@ def generate(weft, mdir, prompts_path, out, *settings, ranks=1, timeout=300, che
         return rows, json.load(f), r
 
 
+def generate_each_way(weft, mdir, prompts_path, tmp, name, key, *settings):
+    """weft generate with the boolean setting `key` true and then false, the other settings alike:
+    ({"true": output path, "false": ...}, {"true": statistics, "false": ...})."""
+    outs, stats = {}, {}
+    for value in ("true", "false"):
+        outs[value] = os.path.join(tmp, f"{name}_{value}.jsonl")
+        _, stats[value], _ = generate(weft, mdir, prompts_path, outs[value], *settings,
+                                      f"{key}={value}")
+    return outs, stats
+
+
 def completions_batch(rows, path):
     """Each sample as a document of prompt + completion, the completion's tokens the targets;
     returns [(prompt length, response)] in the file's order."""

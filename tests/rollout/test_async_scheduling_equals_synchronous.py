@@ -29,8 +29,8 @@ import sys
 import numpy as np
 
 from reference import files, fixtures, qwen2, runner
-from reference.generation import (completions_batch, generate, random_prompts, trainer_logprobs,
-                                  write_prompts, write_tokenizer)
+from reference.generation import (completions_batch, generate_each_way, random_prompts,
+                                  trainer_logprobs, write_prompts, write_tokenizer)
 
 CFG = dict(qwen2.SMALL_CFG, vocab_size=320, hidden_size=128, num_attention_heads=2,
            num_key_value_heads=1)  # the vocabulary of write_tokenizer's tokenizer
@@ -58,12 +58,8 @@ MAX_DIFF, MEAN_DIFF = 0.1, 0.02  # test_generated_logprobs_equal_trainer_logprob
 def check_case(program, mdir, tmp, name, lengths, settings, failures):
     prompts = write_prompts(os.path.join(tmp, f"{name}_prompts.jsonl"),
                             random_prompts(lengths, CFG["vocab_size"], 3))
-    outs, stats = {}, {}
-    for mode in ("true", "false"):
-        out = os.path.join(tmp, f"{name}_{mode}.jsonl")
-        _, stats[mode], _ = generate(program, mdir, prompts, out, *COMMON, *settings,
-                                     f"rollout.async_scheduling={mode}")
-        outs[mode] = out
+    outs, stats = generate_each_way(program, mdir, prompts, tmp, name,
+                                    "rollout.async_scheduling", *COMMON, *settings)
     on, off = stats["true"], stats["false"]
     print(f"{name}: {on['forwards']} steps ({off['forwards']} waiting for each), "
           f"{on['tokens']:.0f} tokens, queued ahead {on['async']['steps']}, rows in vain "

@@ -20,7 +20,7 @@ import os
 import sys
 
 from reference import files, fixtures, qwen2
-from reference.generation import generate, random_prompts, write_prompts
+from reference.generation import generate_each_way, random_prompts, write_prompts
 
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 LENGTHS = [3, 17, 40, 9, 25, 60]  # crossing KV blocks of 16, and block-table widths 4 to 8
@@ -42,12 +42,8 @@ MTP_CASES = {"speculative"}
 
 
 def check_case(program, mdir, prompts, tmp, name, settings, failures):
-    outs, stats = {}, {}
-    for graphs in ("true", "false"):
-        out = os.path.join(tmp, f"{name}_{graphs}.jsonl")
-        _, stats[graphs], _ = generate(program, mdir, prompts, out, *COMMON, *settings,
-                                       f"rollout.cuda_graphs={graphs}")
-        outs[graphs] = out
+    outs, stats = generate_each_way(program, mdir, prompts, tmp, name, "rollout.cuda_graphs",
+                                    *COMMON, *settings)
     g, off = stats["true"]["graphs"], stats["false"]["graphs"]
     st = stats["true"]
     print(f"{name}: {st['forwards']} steps, {st['tokens']:.0f} tokens, graphs recorded "

@@ -9,8 +9,7 @@ enum { SLOTS = 8, SLOT_BYTES = 256 << 10 }; // a decode step makes three uploads
 
 struct weft_cuda_staging {
     char *pinned; // (SLOTS, SLOT_BYTES)
-    cudaEvent_t copied[SLOTS];
-    bool used[SLOTS];
+    cudaEvent_t copied[SLOTS]; // a slot's last copy out (never recorded: at once)
     int next;
 };
 
@@ -44,11 +43,10 @@ bool weft_cuda_staging_upload(weft_cuda_staging *s, void *dst, const void *src, 
     }
     int i = s->next;
     s->next = (i + 1) % SLOTS;
-    if (s->used[i]) check(cudaEventSynchronize(s->copied[i]), "cudaEventSynchronize"); // long done
+    check(cudaEventSynchronize(s->copied[i]), "cudaEventSynchronize"); // long done
     char *slot = s->pinned + (size_t)i * SLOT_BYTES;
     memcpy(slot, src, bytes);
     check(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
     check(cudaEventRecord(s->copied[i], stream), "cudaEventRecord");
-    s->used[i] = true;
     return true;
 }
