@@ -118,6 +118,15 @@ void end_block_hopper(block_state &b);
 // waiting for it reads stale bytes) or at issue (the earliest: refilling a buffer before every
 // warp is done with it clobbers data still being read). Tests run both.
 inline bool g_copies_land_at_issue = false;
+// In which order the scheduler runs a block's threads from one rendezvous to the next: by index,
+// or (g_threads_in_reverse) from the last thread to the first. A GPU promises neither, so a
+// missing barrier shows up one way or the other: a thread that reads shared memory another
+// writes in the same phase reads stale bytes when the reader runs first. Tests run both orders;
+// WEFT_EMULATED_THREADS_REVERSED=1 reverses them for a whole program.
+inline bool g_threads_in_reverse = [] {
+    const char *v = getenv("WEFT_EMULATED_THREADS_REVERSED");
+    return v && *v && strcmp(v, "0") != 0;
+}();
 inline uint3 g_block_index;
 inline dim3 g_block_dim, g_grid_dim;
 
@@ -349,11 +358,13 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
     start_block_hopper(b);
     for (;;) {
         bool ran = false;
-        for (auto &t : b.threads)
+        for (int i = 0; i < threads; i++) {
+            thread_state &t = b.threads[g_threads_in_reverse ? threads - 1 - i : i];
             if (t.op == OP_RUNNABLE) {
                 run_until_rendezvous(b, t);
                 ran = true;
             }
+        }
         bool all_done = true;
         for (auto &t : b.threads) all_done = all_done && t.op == OP_DONE;
         if (all_done) break;
@@ -559,6 +570,16 @@ inline void weft_emulated_cp_async_wait(int pending_groups) {
         }
     }
     t->copies = later;
+}
+// cp.async.bulk.prefetch.L2.global (common.cuh's prefetch_rows): it reads nothing into the
+// kernel, but the PTX ISA asks for a 16-byte aligned address and a size a multiple of 16, and the
+// bytes must be the kernel's to read; both ends are touched, so AddressSanitizer builds see a row
+// that runs past its allocation.
+inline void weft_emulated_bulk_prefetch(const void *src, uint32_t bytes) {
+    if (bytes == 0 || bytes % 16 || (uintptr_t)src % 16)
+        emu::fail("cp.async.bulk.prefetch: size and address must be nonzero multiples of 16 bytes");
+    const volatile unsigned char *p = static_cast<const unsigned char *>(src);
+    (void)p[0], (void)p[bytes - 1];
 }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

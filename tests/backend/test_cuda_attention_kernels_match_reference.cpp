@@ -346,6 +346,17 @@ void test_paged_attention(const paged_case &c, int split_keys, const char *note 
 
 } // namespace
 
+// When the emulator lands cp.async copies and in which order it runs a block's threads
+// (cuda_emulation.h); compare() names the reversed order itself.
+struct schedule {
+    bool copies_early, threads_reversed;
+    void apply() const {
+        emu::g_copies_land_at_issue = copies_early;
+        emu::g_threads_in_reverse = threads_reversed;
+    }
+    const char *name() const { return copies_early ? " (copies land early)" : ""; }
+};
+
 int main() {
     std::vector<int> mixed = {1, 33, 5, 70, 2};
     const layout layouts[] = {
@@ -369,12 +380,14 @@ int main() {
         whole("whole [400,1,333] H8 KV1 D128 (grouped, steps)", 8, 1, 128, {400, 1, 333}),
     };
     for (const layout &l : layouts) test_attention(l, SIMT);
-    for (bool early : {false, true}) { // copies landing as late, then as early as allowed
-        emu::g_copies_land_at_issue = early;
-        const char *when = early ? " (copies land early)" : "";
-        for (const layout &l : layouts) test_attention(l, MMA, when);
-        for (const layout &l : hopper_layouts) test_attention(l, HOPPER, when);
-        for (const layout &l : hopper_layouts) test_attention(l, HOPPER_ORDERED, when);
+    // Copies landing as late, then as early as allowed; then threads run last to first between
+    // rendezvous (late copies): a missing barrier or copy wait shows up one of the three ways.
+    const schedule schedules[] = {{false, false}, {true, false}, {false, true}};
+    for (const schedule &when : schedules) {
+        when.apply();
+        for (const layout &l : layouts) test_attention(l, MMA, when.name());
+        for (const layout &l : hopper_layouts) test_attention(l, HOPPER, when.name());
+        for (const layout &l : hopper_layouts) test_attention(l, HOPPER_ORDERED, when.name());
     }
     test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), SIMT); // simt only
     for (int width : {1032, 300}) test_kv_store(width); // the threads of a row loop twice
@@ -406,12 +419,12 @@ int main() {
         {"prefill H6 KV3 D20 bs16", 6, 3, 20, 16, prefill(16)},
         {"prefill H8 KV1 D64 bs16", 8, 1, 64, 16, prefill(16)}, // a block per row, as decoding
     };
-    for (bool early : {false, true}) {
-        emu::g_copies_land_at_issue = early;
+    for (const schedule &when : schedules) {
+        when.apply();
         for (const paged_case &c : paged_cases)
-            for (int split_keys : {0, 40})
-                test_paged_attention(c, split_keys, early ? " (copies land early)" : "");
+            for (int split_keys : {0, 40}) test_paged_attention(c, split_keys, when.name());
     }
+    schedule{false, false}.apply();
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;
 }

@@ -545,7 +545,9 @@ void test_adamw() {
 
 } // namespace
 
-int main() {
+// Every kernel, its threads run in index order between rendezvous, then in reverse
+// (cuda_emulation.h's g_threads_in_reverse): a missing barrier reads stale shared memory one way.
+static void test_every_kernel() {
     test_embedding(37, 300);
     test_embedding(600, 2100);
     for (int C : {2056, 300}) { // a thread loops twice over 16-byte vectors at 2056
@@ -578,6 +580,13 @@ int main() {
         for (int M : {1, 3, 8})
             for (bool swiglu : {false, true}) test_few_rows_normed(M, K, swiglu);
     test_adamw();
+}
+
+int main() {
+    for (bool reversed : {false, true}) {
+        emu::g_threads_in_reverse = reversed;
+        test_every_kernel();
+    }
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;
 }

@@ -194,10 +194,15 @@ struct fixed_rows {
 // streaming its weights from memory while the small kernel before it still runs, where a decode
 // step otherwise reads nothing at all. Early launches are sm_90's, and so is this.
 __device__ __forceinline__ void prefetch_rows(const fixed_rows &r, int thread) {
-#if !defined(WEFT_CUDA_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (thread >= 0 && thread < r.rows && r.cols > 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.first + thread * r.ld),
-                     "r"(r.cols * (int)sizeof(bf16)));
+#if defined(WEFT_CUDA_EMULATION) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    if (thread < 0 || thread >= r.rows || r.cols <= 0) return;
+    const bf16 *row = r.first + thread * r.ld;
+    uint32_t bytes = (uint32_t)r.cols * (uint32_t)sizeof(bf16);
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_bulk_prefetch(row, bytes);
+#else
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(bytes));
+#endif
 #endif
 }
 __device__ __forceinline__ void wait_for_earlier_kernels(fixed_rows a, fixed_rows b = {}) {
