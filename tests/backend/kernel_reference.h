@@ -74,6 +74,13 @@ inline std::string sized(const char *what, size_t n) {
     return std::string(what) + " (" + std::to_string(n) + ")";
 }
 
+// A property that holds or not, printed as compare() prints a tolerance.
+inline void expect(const std::string &what, bool holds) {
+    std::string name = what + (emu::g_threads_in_reverse ? " (threads reversed)" : "");
+    printf("%-76s %s\n", name.c_str(), holds ? "ok" : "FAIL");
+    failures += !holds;
+}
+
 // Fails unless the launcher's vector_width takes the path the size was chosen for, so neither
 // path goes untested unnoticed.
 inline void expect_path(const char *what, size_t n, int width) {

@@ -325,23 +325,38 @@ void paged_reference(const paged_case &c, const paged_batch &b, const std::vecto
 }
 
 // With split_keys 0 the launcher chooses the splits (here, with few blocks, it splits the long
-// sequences in two); a small split_keys makes many splits of up to one tile per warp.
+// sequences in two); a small split_keys makes many splits of up to one tile per warp. Split
+// sequences are combined by their last block (arrival counters), and again by the second kernel
+// (no counters): the same bits both ways, and the counters left zero.
 void test_paged_attention(const paged_case &c, int split_keys, const char *note = "") {
     paged_batch b = make_paged_batch(c);
     int Tq = b.Tq();
-    std::vector<bf16> q = random_bf16((size_t)Tq * c.H * c.D), out(q.size(), NAN_BF16);
-    std::vector<float> lse((size_t)c.H * Tq, NAN);
+    std::vector<bf16> q = random_bf16((size_t)Tq * c.H * c.D);
     std::vector<double> want_out, want_lse;
     paged_reference(c, b, q, want_out, want_lse);
     weft_cuda_paged_args a = {b.pool.data(), b.p.layers, b.p.block_size, b.p.width,
                               (int)c.seqs.size(), Tq, b.max_blocks, c.H, c.KV, c.D,
                               b.cu_q.data(), b.q_pos.data(), b.tables.data(), split_keys};
-    std::vector<float> partials(weft_cuda_paged_partials_bytes(&a) / sizeof(float), NAN);
-    weft_cuda_paged_attention(queue, &a, 1, q.data(), out.data(), lse.data(), partials.data());
+    std::vector<int> arrived(WEFT_CUDA_ARRIVAL_COUNTERS, 0);
+    std::vector<bf16> outs[2];
+    std::vector<float> lses[2];
+    for (int counted = 1; counted >= 0; counted--) {
+        std::vector<bf16> &out = outs[counted];
+        std::vector<float> &lse = lses[counted];
+        out.assign(q.size(), NAN_BF16);
+        lse.assign((size_t)c.H * Tq, NAN);
+        std::vector<float> partials(weft_cuda_paged_partials_bytes(&a) / sizeof(float), NAN);
+        weft_cuda_paged_attention(queue, &a, 1, q.data(), out.data(), lse.data(),
+                                  partials.data(), counted ? arrived.data() : nullptr);
+    }
     std::string name = "paged_attention " + c.label + " split " +
                        (split_keys ? std::to_string(split_keys) : std::string("auto")) + note;
-    compare(name + " out", out, want_out, BF16_TOL);
-    compare(name + " lse", lse, want_lse, F32_TOL);
+    compare(name + " out", outs[1], want_out, BF16_TOL);
+    compare(name + " lse", lses[1], want_lse, F32_TOL);
+    bool same = memcmp(outs[0].data(), outs[1].data(), sizeof(bf16) * q.size()) == 0 &&
+                memcmp(lses[0].data(), lses[1].data(), sizeof(float) * lses[0].size()) == 0;
+    bool zero = std::all_of(arrived.begin(), arrived.end(), [](int n) { return n == 0; });
+    expect(name + ": the second kernel's bits, counters left zero", same && zero);
 }
 
 } // namespace

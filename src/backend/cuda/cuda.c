@@ -29,7 +29,7 @@ typedef struct cuda_state {
     bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
     bool skinny;                 // and up to WEFT_CUDA_SKINNY_ROWS on skinny.cu's (sm_80 and up)
     bool fold_norm;              // a forward-only RMSNorm in the few-row product after it
-    int *skinny_arrived;         // its counters (WEFT_CUDA_SKINNY_COUNTERS, zero between calls)
+    int *arrived;                // arrival counters (kernels.h), zero between calls
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     weft_cuda_staging *staging;  // small uploads' pinned slots
@@ -255,7 +255,7 @@ static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int 
     } else if (projection && st->skinny && weft_cuda_skinny_covers(m, k, a, lda, b, ldb)) {
         float *partials = scratch(self, weft_cuda_skinny_partials_bytes(m, n, k));
         weft_cuda_skinny(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
-                         ldc, partials, st->skinny_arrived);
+                         ldc, partials, st->arrived);
         launched(self, "matmul (skinny)");
         return; // the bias added in the same launch
     } else {
@@ -444,7 +444,7 @@ static void cuda_swiglu_product(weft_backend *self, const void *x, const void *w
     if (st->skinny && weft_cuda_skinny_covers(rows, C, x, C, w, C)) {
         float *partials = scratch(self, weft_cuda_skinny_partials_bytes(rows, 2 * width, C));
         weft_cuda_skinny_swiglu(STREAM(self), rows, width, C, x, C, w, C, out, width, partials,
-                                st->skinny_arrived);
+                                st->arrived);
         launched(self, "swiglu_product (skinny)");
         return;
     }
@@ -502,7 +502,8 @@ static void cuda_paged_attention(weft_backend *self, const void *q, const weft_k
                               .H = H, .KV = KV, .D = D, .cu_q = l->cu_q, .q_pos = l->q_pos,
                               .block_tables = l->block_tables};
     float *partials = scratch(self, weft_cuda_paged_partials_bytes(&a));
-    weft_cuda_paged_attention(STREAM(self), &a, layer, q, out, lse, partials);
+    weft_cuda_paged_attention(STREAM(self), &a, layer, q, out, lse, partials,
+                              state(self)->arrived);
     launched(self, "paged_attention");
 }
 
@@ -663,7 +664,7 @@ static void cuda_destroy(weft_backend *self) {
     weft_cuda_profile_finish(st->profile, self->host_waits);
     weft_cuda_staging_free(st->staging);
     cudaFree(st->scratch);
-    cudaFree(st->skinny_arrived);
+    cudaFree(st->arrived);
     cudaFree(st->sum_result);
     cudaFree(st->sum_partials);
     weft_cuda_gemms_free(st->gemms);
@@ -709,9 +710,9 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
     st->skinny = st->few_rows && weft_cuda_compute_capability(st->device) >= 80;
     st->fold_norm = env_switch("WEFT_CUDA_FOLD_NORM", "each RMSNorm its own launch");
-    size_t counter_bytes = sizeof(int) * WEFT_CUDA_SKINNY_COUNTERS;
-    CUDA_CHECK(cudaMalloc((void **)&st->skinny_arrived, counter_bytes));
-    CUDA_CHECK(cudaMemsetAsync(st->skinny_arrived, 0, counter_bytes, st->stream));
+    size_t counter_bytes = sizeof(int) * WEFT_CUDA_ARRIVAL_COUNTERS;
+    CUDA_CHECK(cudaMalloc((void **)&st->arrived, counter_bytes));
+    CUDA_CHECK(cudaMemsetAsync(st->arrived, 0, counter_bytes, st->stream));
     // Programmatic dependent launch (kernels.h's early_launch) where the GPU has it, sm_90 and
     // newer; WEFT_CUDA_EARLY_LAUNCH=0 starts each kernel after the one before it ends, to time one
     // against the other.

@@ -70,10 +70,15 @@ void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, co
 // (mma.sync, compute capability 8.0 and up): blocks of 64 columns and a range of K, whose fp32
 // sums the last block of each column block adds in a fixed order, so runs repeat bit for bit
 // (skinny.cu); rows are not independent of the batch there. partials: device scratch of
-// weft_cuda_skinny_partials_bytes; arrived: WEFT_CUDA_SKINNY_COUNTERS device ints, zero before
-// the first call (each call leaves them zero). covers: M in range, K a multiple of 32, ldx and
-// ldw of 8, x and W 16-byte aligned; else use the GEMM.
-enum { WEFT_CUDA_SKINNY_ROWS = 64, WEFT_CUDA_SKINNY_COUNTERS = 1024 };
+// weft_cuda_skinny_partials_bytes; arrived: the arrival counters. covers: M in range, K a
+// multiple of 32, ldx and ldw of 8, x and W 16-byte aligned; else use the GEMM.
+enum { WEFT_CUDA_SKINNY_ROWS = 64 };
+// Arrival counters: WEFT_CUDA_ARRIVAL_COUNTERS device ints, zero before the first call of a
+// kernel that takes them, which leaves them zero. A kernel's blocks count themselves in there
+// so that the last to finish of a group adds the group's partial sums in a fixed order. Kernels
+// on one stream never overlap (each waits for the one before: wait_for_earlier_kernels), so
+// they share one set.
+enum { WEFT_CUDA_ARRIVAL_COUNTERS = 1024 };
 bool weft_cuda_skinny_covers(int M, int K, const void *x, int ldx, const void *w, int ldw);
 size_t weft_cuda_skinny_partials_bytes(int M, int N, int K);
 void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
@@ -227,10 +232,14 @@ void weft_cuda_kv_store(weft_cuda_stream s, void *pool, int layers, int block_si
                         int layer, const int32_t *slot, const void *k, const void *v, int T);
 // Causal attention of q (Tq, H, D) bf16 over `layer`'s pooled keys and values: out (Tq, H, D)
 // bf16, lse (H, Tq) f32. Long sequences are split over several blocks whose partial results
-// need weft_cuda_paged_partials_bytes(a) of device scratch (0 when the call does not split).
+// need weft_cuda_paged_partials_bytes(a) of device scratch (0 when the call does not split);
+// the last block of a split sequence combines them where `arrived` (the arrival counters) has a
+// counter for each sequence's blocks, else a second kernel does, with the same bits. NULL: the
+// second kernel always.
 size_t weft_cuda_paged_partials_bytes(const weft_cuda_paged_args *a);
 void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_paged_args *a, int layer,
-                               const void *q, void *out, float *lse, float *partials);
+                               const void *q, void *out, float *lse, float *partials,
+                               int *arrived);
 
 #ifdef __cplusplus
 }

@@ -9,10 +9,12 @@
 //    read from the pool once for all of them.
 //  - Long sequences are split over several blocks (split-K) of split_keys positions each, so a
 //    batch of a few sequences still fills the GPU. A block whose rows see keys past its split
-//    writes, per (row, head), its softmax-normalized output and log-sum-exp as fp32 partials; a
-//    second kernel combines them in split order (deterministic, no atomics). Rows whose keys all
-//    lie in the first split are written by that block directly, and with one split (a batch of
-//    many sequences) the second kernel does not run.
+//    writes, per (row, head), its softmax-normalized output and log-sum-exp as fp32 partials,
+//    which are combined in split order (deterministic, no float atomics): by the last of the
+//    item's blocks to finish (a counter per item, reset by that block, as skinny.cu's column
+//    blocks do), or, where the call has more items than counters, by a second kernel. Rows whose
+//    keys all lie in the first split are written by that block directly, and with one split (a
+//    batch of many sequences) nothing is combined.
 //  - In a block each of the 4 warps streams its own tiles of 32 keys (warp w takes tiles w, w + 4,
 //    .. of the split) through its own shared memory, with 16-byte cp.async copies straight from
 //    the pool's blocks and no barrier between warps, so one warp's copies overlap the others'
@@ -113,6 +115,13 @@ struct task {
     int seq, r0, r1, kvh, h0, n_heads, split, k0, k1;
 };
 
+// The most keys any of the task's rows sees.
+__device__ __forceinline__ int task_keys(const weft_cuda_paged_args &a, const task &t) {
+    int keys = 0;
+    for (int r = t.r0; r < t.r1; r++) keys = max(keys, a.q_pos[r] + 1);
+    return keys;
+}
+
 // This block's task; false when it has none (an item past its sequence's rows, or a split past
 // the keys its rows see).
 __device__ bool find_task(const weft_cuda_paged_args &a, const work &w, task *t) {
@@ -133,11 +142,9 @@ __device__ bool find_task(const weft_cuda_paged_args &a, const work &w, task *t)
     t->kvh = blockIdx.y / w.head_blocks;
     t->h0 = t->kvh * group + part * w.heads;
     t->n_heads = min(w.heads, group - part * w.heads);
-    int keys = 0;
-    for (int r = t->r0; r < t->r1; r++) keys = max(keys, a.q_pos[r] + 1);
     t->split = blockIdx.x % w.splits;
     t->k0 = t->split * w.split_keys;
-    t->k1 = min(keys, t->k0 + w.split_keys);
+    t->k1 = min(task_keys(a, *t), t->k0 + w.split_keys);
     return t->k0 < t->k1;
 }
 
@@ -326,6 +333,53 @@ __device__ void write_block_result(const weft_cuda_paged_args &a, const work &w,
     }
 }
 
+// Split-K's combine, by one warp for (row, head), whose keys span n = pos / split_keys + 1
+// splits: where n > 1, its n partials in split order: lse = log sum_k exp(lse_k), out = sum_k
+// exp(lse_k - lse) out_k (n = 1: written by its block).
+__device__ void combine_partials(const weft_cuda_paged_args &a, const work &w, int row, int h,
+                                 const float *partials, bf16 *out, float *lse) {
+    int lane = threadIdx.x & 31, D = a.D, n = a.q_pos[row] / w.split_keys + 1;
+    if (n == 1) return;
+    size_t item = (size_t)row * a.H + h;
+    const float *part_lse = partials + item * w.splits;
+    const float *part_out = partials + partial_lse_floats(a.Tq, a.H, w.splits) +
+                            item * w.splits * D;
+    float M = -INFINITY, L = 0.0f;
+    for (int k = 0; k < n; k++) M = fmaxf(M, part_lse[k]);
+    for (int k = 0; k < n; k++) L += __expf(part_lse[k] - M);
+    float total = M + logf(L);
+    for (int d = lane; d < D; d += 32) {
+        float o = 0.0f;
+        for (int k = 0; k < n; k++) o += __expf(part_lse[k] - total) * part_out[(size_t)k * D + d];
+        out[item * D + d] = to_bf16(o);
+    }
+    if (lane == 0) lse[(size_t)h * a.Tq + row] = total;
+}
+
+// With arrival counters (a counter per item along x and kv head part along y, zero between
+// launches), after the block's results: the block counts itself in among its item's blocks
+// with work (those of the first ceil(keys / split_keys) splits), and the last to arrive combines
+// every vector of the item, a warp a vector, from the partials the others made visible first.
+template <int NQ>
+__device__ void combine_if_last(const weft_cuda_paged_args &a, const work &w, const task &t,
+                                const float *partials, bf16 *out, float *lse, int *arrived) {
+    int with_work = (task_keys(a, t) - 1) / w.split_keys + 1; // (recounted: one register less)
+    if (with_work == 1) return; // its rows were written directly
+    __shared__ bool last;
+    int *counter = arrived + (size_t)(blockIdx.x / w.splits) * gridDim.y + blockIdx.y;
+    __threadfence(); // this block's partials are visible before it counts itself in
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == with_work - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); // the other blocks' partials, which they made visible before counting
+    for (int v = threadIdx.x >> 5; v < NQ; v += WARPS) {
+        int row, h;
+        if (vector_of(t, w, v, &row, &h)) combine_partials(a, w, row, h, partials, out, lse);
+    }
+    if (threadIdx.x == 0) *counter = 0; // for the next launch
+}
+
 // ---------------------------------------------------------------------------- the kernels ----
 
 // Causal attention of the block's query vectors over the key positions of its split (see the
@@ -339,7 +393,7 @@ __device__ void write_block_result(const weft_cuda_paged_args &a, const work &w,
 template <int NQ>
 __global__ void __launch_bounds__(THREADS, 5)
     paged_attention_kernel(weft_cuda_paged_args a, work w, int layer, const bf16 *q, bf16 *out,
-                           float *lse, float *partials) {
+                           float *lse, float *partials, int *arrived) {
     wait_for_earlier_kernels();
     task t;
     if (!find_task(a, w, &t)) return;
@@ -392,31 +446,20 @@ __global__ void __launch_bounds__(THREADS, 5)
     store_warp_result<NQ>(m, l, acc, DQ, lanes_per_key, ms, ls, accs);
     __syncthreads();
     write_block_result<NQ>(a, w, t, ms, ls, accs, out, lse, partials);
+    if (arrived) {
+        task again; // found anew: the task's fields held through the key loop spill at 96
+        find_task(a, w, &again);
+        combine_if_last<NQ>(a, w, again, partials, out, lse, arrived);
+    }
 }
 
-// Split-K's second pass: one warp per (row, head) whose keys span n > 1 splits combines the n
-// partials in split order: lse = log sum_k exp(lse_k), out = sum_k exp(lse_k - lse) out_k.
+// Split-K's second pass where the call has no counters: a warp per (row, head).
 __global__ void paged_combine_kernel(weft_cuda_paged_args a, work w, const float *partials,
                                      bf16 *out, float *lse) {
     wait_for_earlier_kernels();
     size_t item = (size_t)blockIdx.x * WARPS + (threadIdx.x >> 5); // row * H + h
     if (item >= (size_t)a.Tq * a.H) return;
-    int lane = threadIdx.x & 31, row = (int)(item / a.H), h = (int)(item % a.H), D = a.D;
-    int n = a.q_pos[row] / w.split_keys + 1;
-    if (n == 1) return; // written by its block
-    const float *part_lse = partials + item * w.splits;
-    const float *part_out = partials + partial_lse_floats(a.Tq, a.H, w.splits) +
-                            item * w.splits * D;
-    float M = -INFINITY, L = 0.0f;
-    for (int k = 0; k < n; k++) M = fmaxf(M, part_lse[k]);
-    for (int k = 0; k < n; k++) L += __expf(part_lse[k] - M);
-    float total = M + logf(L);
-    for (int d = lane; d < D; d += 32) {
-        float o = 0.0f;
-        for (int k = 0; k < n; k++) o += __expf(part_lse[k] - total) * part_out[(size_t)k * D + d];
-        out[item * D + d] = to_bf16(o);
-    }
-    if (lane == 0) lse[(size_t)h * a.Tq + row] = total;
+    combine_partials(a, w, (int)(item / a.H), (int)(item % a.H), partials, out, lse);
 }
 
 // ------------------------------------------------------------------------------ the plan ----
@@ -481,15 +524,18 @@ extern "C" size_t weft_cuda_paged_partials_bytes(const weft_cuda_paged_args *a) 
 
 extern "C" void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_paged_args *a,
                                           int layer, const void *q, void *out, float *lse,
-                                          float *partials) {
+                                          float *partials, int *arrived) {
     if (a->Tq == 0) return;
     int nq;
     paged::work w = paged::plan(a, &nq);
-    dim3 grid(paged::first_item(a->Tq, a->n_seqs, w.rows) * w.splits, a->KV * w.head_blocks);
+    int items = paged::first_item(a->Tq, a->n_seqs, w.rows);
+    dim3 grid(items * w.splits, a->KV * w.head_blocks);
+    // Counters for the last block of each item to combine its splits, where there are enough.
+    if (w.splits == 1 || (long)items * grid.y > WEFT_CUDA_ARRIVAL_COUNTERS) arrived = NULL;
     size_t smem = paged::block_smem(a->D, nq);
 #define LAUNCH(NQ)                                                                                 \
     WEFT_LAUNCH(paged::paged_attention_kernel<NQ>, grid, paged::THREADS, smem, s, *a, w, layer,    \
-                (const bf16 *)q, (bf16 *)out, lse, partials)
+                (const bf16 *)q, (bf16 *)out, lse, partials, arrived)
     switch (nq) {
     case 1: LAUNCH(1); break;
     case 2: LAUNCH(2); break;
@@ -497,7 +543,7 @@ extern "C" void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_pa
     default: LAUNCH(8); break;
     }
 #undef LAUNCH
-    if (w.splits == 1) return;
+    if (w.splits == 1 || arrived) return;
     unsigned blocks = (unsigned)(((size_t)a->Tq * a->H + paged::WARPS - 1) / paged::WARPS);
     WEFT_LAUNCH(paged::paged_combine_kernel, blocks, paged::THREADS, 0, s, *a, w, partials,
                 (bf16 *)out, lse);

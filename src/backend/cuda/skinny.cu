@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
 // none where the column blocks outnumber the counters.
 inline int splits_for(int N, int K) {
     int blocks = (N + BN - 1) / BN, chunks = K / KC;
-    if (blocks > WEFT_CUDA_SKINNY_COUNTERS) return 1;
+    if (blocks > WEFT_CUDA_ARRIVAL_COUNTERS) return 1;
     int want = (TARGET_BLOCKS + blocks - 1) / blocks, most = chunks / MIN_SPLIT_CHUNKS;
     int splits = max(1, min(want, most)), per_split = (chunks + splits - 1) / splits;
     return (chunks + per_split - 1) / per_split; // none left empty
