@@ -57,6 +57,14 @@ typedef struct weft_rope_rows {
     int heads, head_dim;
 } weft_rope_rows;
 
+// A forward-only pass's product of normalized rows, as norm_product takes it: RMSNorm of x
+// (rows, C) with weights norm_w and eps, times W (N, C) (+ bias (N)).
+typedef struct weft_norm_product {
+    const void *x, *norm_w, *w, *bias;
+    float eps;
+    int rows, C;
+} weft_norm_product;
+
 // Which pooled keys the query rows of a paged attention see: rows [cu_q[s], cu_q[s + 1]) belong
 // to sequence s, row r at position q_pos[r] sees that sequence's positions 0..q_pos[r], in the
 // blocks block_tables[s * max_blocks + j]. Arrays on the device; counts on the host.
@@ -200,6 +208,12 @@ struct weft_backend {
     bool (*norm_product)(weft_backend *self, const void *x, const void *norm_w, float eps,
                          const void *w, const void *bias, void *y, int rows, int C, int N,
                          bool swiglu);
+    // Optional, as norm_product. A decode step's q|k|v in one op: norm_product of np into fused
+    // (np->rows, the parts' widths) and then split_store of those rows, the same bits in part q
+    // and the pool; fused and the parts k and v may be left unwritten.
+    bool (*norm_product_store)(weft_backend *self, const weft_norm_product *np, void *fused,
+                               const weft_column_parts *parts, const weft_rope_rows *rotate,
+                               const weft_kv_pool *pool, int layer, const int32_t *slot);
 
     // y (N) += x
     void (*add_inplace)(weft_backend *self, void *y, const void *x, size_t N);

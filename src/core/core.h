@@ -33,6 +33,11 @@ void weft_set_error_rank(int rank, void (*end_job)(void));
         if (!(cond)) weft_fatal(__VA_ARGS__);                                                      \
     } while (0)
 
+// bf16 on the host, as 16 bits: from f32 rounded to nearest, ties to even (the device's
+// __float2bfloat16_rn), a NaN kept a NaN; and back, exactly.
+uint16_t weft_bf16_from_f32(float x);
+float weft_f32_from_bf16(uint16_t h);
+
 // Host allocation, 64-byte aligned and zeroed; aborts on exhaustion instead of returning NULL.
 void *weft_alloc(size_t bytes);
 void weft_free(void *p);

@@ -143,6 +143,19 @@ static bool folded_norm_product(weft_model *m, const weft_activations *a, const 
                             weft_model_param(m, w), bias, y, a->d.T, a->d.C, out, swiglu);
 }
 
+// A forward-only pass's q|k|v product of layer l's normed input and the provider's store of its
+// rows in one op, where the provider and the backend have it; false: nothing done.
+static bool stored_with_product(weft_model *m, const weft_layer_params *p, const layer_acts *la,
+                                const weft_activations *a, int l, const weft_kv_provider *kv,
+                                const weft_column_parts *parts, const weft_rope_rows *rope) {
+    if (a->keep != KEEP_NONE || !kv->norm_product_store) return false;
+    weft_norm_product np = {.x = la->x_in, .norm_w = weft_model_param(m, p->input_norm),
+                            .w = weft_model_param(m, p->q_w),
+                            .bias = p->q_b == WEFT_ABSENT ? NULL : weft_model_param(m, p->q_b),
+                            .eps = (float)m->cfg.rms_norm_eps, .rows = a->d.T, .C = a->d.C};
+    return kv->norm_product_store(kv->ctx, l, &np, a->qkv, parts, rope);
+}
+
 // Fills a->k_full / v_full with every key row layer l's attention sees, through the provider.
 static void gather_kv(int l, const layer_acts *la, weft_activations *a,
                       const weft_kv_provider *kv) {
@@ -185,13 +198,15 @@ static bool project_qkv(weft_model *m, int l, const weft_layer_params *p, layer_
     if (qkv_fused(m, p)) {
         int width = d.qd + 2 * d.kvd;
         weft_column_parts parts = qkv_parts(q, k, la->v, d);
+        weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
+        bool stores = rotate && kv && kv->split_store;
+        if (stores && stored_with_product(m, p, la, a, l, kv, &parts, &rope)) return rotate;
         if (!folded_norm_product(m, a, la->x_in, p->input_norm, p->q_w, p->q_b, a->qkv, width,
                                  false)) {
             norm_rows(m, a, la->x_in, p->input_norm, la->ln1, la->rstd1);
             linear_bias(m, la->ln1, p->q_w, p->q_b, a->qkv, d.T, d.C, width);
         }
-        weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
-        if (rotate && kv && kv->split_store) kv->split_store(kv->ctx, l, a->qkv, &parts, &rope);
+        if (stores) kv->split_store(kv->ctx, l, a->qkv, &parts, &rope);
         else m->be->split_columns(m->be, a->qkv, &parts, d.T, false, rotate ? &rope : NULL);
         return rotate;
     }

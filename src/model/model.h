@@ -84,6 +84,11 @@ typedef struct weft_kv_provider {
     // unwritten): one launch where a split and a store were two.
     void (*split_store)(void *ctx, int layer, void *fused, const weft_column_parts *parts,
                         const weft_rope_rows *rope);
+    // Optional, beside split_store: the normed q|k|v product before it too (np), where the
+    // backend does both in one op; false: nothing done, the caller runs the product and then
+    // split_store.
+    bool (*norm_product_store)(void *ctx, int layer, const weft_norm_product *np, void *fused,
+                               const weft_column_parts *parts, const weft_rope_rows *rope);
 } weft_kv_provider;
 
 // Called during backward whenever the gradients of parameters [first_param, n_params) are final

@@ -49,6 +49,19 @@ static void split_store(void *ctx, int layer, void *fused, const weft_column_par
     p->stored_layer = layer;
 }
 
+// The q|k|v product and split_store in one backend op, where it has one for these rows.
+static bool norm_product_store(void *ctx, int layer, const weft_norm_product *np, void *fused,
+                               const weft_column_parts *parts, const weft_rope_rows *rope) {
+    paged_provider *p = ctx;
+    weft_backend *be = p->e->be;
+    if (!be->norm_product_store ||
+        !be->norm_product_store(be, np, fused, parts, rope, weft_kv_cache_pool(p->e->cache),
+                                layer, p->slots))
+        return false;
+    p->stored_layer = layer;
+    return true;
+}
+
 // lse (H, rows) is written per part, each (H, its rows): nothing reads it in a forward-only pass.
 static void attend(void *ctx, int layer, const void *q, const void *kv, void *out, float *lse) {
     paged_provider *p = ctx;
@@ -134,7 +147,8 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
                                           .cu_kv = b->cu_fresh, .q_pos = b->q_pos + T0},
                                 .stored_layer = -1};
     return (weft_kv_provider){.ctx = storage, .attend = attend,
-                              .split_store = n_fresh == 0 ? split_store : NULL};
+                              .split_store = n_fresh == 0 ? split_store : NULL,
+                              .norm_product_store = n_fresh == 0 ? norm_product_store : NULL};
 }
 
 // ---------------------------------------------------------------------------- the batch ----

@@ -196,19 +196,39 @@ void test_kv_store(int width) {
 // A decode step's split and store in one launch: q|k|v rows of H + KV + KV heads of D split with
 // their q and k heads turned and k and v stored in the pool (padding rows, slot -1, nowhere): the
 // same bits as the split with its turn followed by kv_store, in q and in every pool entry.
+// Rows whose keys and values go to the pool: each row's slot (row `padding` a padding row's -1,
+// if there is one) and position, and RoPE's inverse frequencies.
+struct stored_rows {
+    std::vector<int32_t> slot, pos;
+    std::vector<float> inv_freq;
+};
+
+stored_rows make_stored_rows(int T, int padding, const pool_shape &p, int D) {
+    stored_rows r{std::vector<int32_t>(T), std::vector<int32_t>(T), std::vector<float>(D / 2)};
+    for (int t = 0; t < T; t++) {
+        r.slot[t] = t == padding ? -1 : (t * 11 + 5) % (p.n_blocks * p.block_size);
+        r.pos[t] = 17 + 131 * t;
+    }
+    for (int i = 0; i < D / 2; i++) r.inv_freq[i] = (float)pow(10000.0, -2.0 * i / D);
+    return r;
+}
+
+// How many values of a and b differ in any bit.
+size_t values_differ(const std::vector<bf16> &a, const std::vector<bf16> &b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); i++) n += memcmp(&a[i], &b[i], sizeof(bf16)) != 0;
+    return n;
+}
+
 void test_split_store(int H, int KV, int D) {
     int T = 9, layer = 1, qd = H * D, kvd = KV * D, width = qd + 2 * kvd;
     pool_shape p{6, 3, 16, kvd};
     std::vector<bf16> fused = random_bf16((size_t)T * width), fused_apart = fused;
     std::vector<bf16> pool = random_bf16(p.size()), pool_apart = pool;
     std::vector<bf16> q((size_t)T * qd, NAN_BF16), q_apart = q, k((size_t)T * kvd), v = k;
-    std::vector<int32_t> slot(T), pos(T);
-    for (int t = 0; t < T; t++) {
-        slot[t] = t == 4 ? -1 : (t * 11 + 5) % (p.n_blocks * p.block_size);
-        pos[t] = 17 + 131 * t;
-    }
-    std::vector<float> inv_freq(D / 2);
-    for (int i = 0; i < D / 2; i++) inv_freq[i] = (float)pow(10000.0, -2.0 * i / D);
+    stored_rows r = make_stored_rows(T, 4, p, D);
+    std::vector<int32_t> &slot = r.slot, &pos = r.pos;
+    std::vector<float> &inv_freq = r.inv_freq;
     void *parts[3] = {q_apart.data(), k.data(), v.data()};
     int widths[3] = {qd, kvd, kvd};
     weft_cuda_split_columns(queue, fused_apart.data(), parts, widths, 3, T, false, pos.data(),
@@ -218,13 +238,41 @@ void test_split_store(int H, int KV, int D) {
     weft_cuda_split_store(queue, fused.data(), q.data(), qd, kvd, T, pos.data(), inv_freq.data(),
                           0.9f, H + KV, D, pool.data(), p.layers, p.block_size, layer,
                           slot.data());
-    size_t wrong = 0;
-    auto differ = [](bf16 a, bf16 b) { return memcmp(&a, &b, sizeof a) != 0; };
-    for (size_t i = 0; i < q.size(); i++) wrong += differ(q[i], q_apart[i]);
-    for (size_t i = 0; i < pool.size(); i++) wrong += differ(pool[i], pool_apart[i]);
-    for (size_t i = 0; i < fused.size(); i++) wrong += differ(fused[i], fused_apart[i]);
+    size_t wrong = values_differ(q, q_apart) + values_differ(pool, pool_apart) +
+                   values_differ(fused, fused_apart);
     std::string name = "split_store H" + std::to_string(H) + " KV" + std::to_string(KV) + " D" +
                        std::to_string(D) + " = split (turning), kv_store";
+    printf("%-76s %zu values differ %s\n", name.c_str(), wrong, wrong ? "FAIL" : "ok");
+    failures += wrong != 0;
+}
+
+// A decode step's q|k|v product with its norm folded in, storing its rows as split_store does
+// (few_rows.cu's ROPE_STORE): q and the whole pool equal the normed product into fused rows
+// followed by split_store, bit for bit (a padding row stores nothing; entries no row writes stay).
+void test_normed_store(int M, int H, int KV, int D, int K, bool bias) {
+    int layer = 1, qd = H * D, kvd = KV * D, width = qd + 2 * kvd;
+    float eps = 1e-6f;
+    pool_shape p{6, 3, 16, kvd};
+    std::vector<bf16> x = random_bf16((size_t)M * K, -3.0f, 3.0f), g = random_bf16(K, 0.5f, 1.5f);
+    std::vector<bf16> w = random_bf16((size_t)width * K), b = random_bf16(width);
+    std::vector<bf16> fused((size_t)M * width), pool = random_bf16(p.size()), pool_apart = pool;
+    std::vector<bf16> q((size_t)M * qd, NAN_BF16), q_apart = q;
+    stored_rows r = make_stored_rows(M, 2, p, D);
+    std::vector<int32_t> &slot = r.slot, &pos = r.pos;
+    std::vector<float> &inv_freq = r.inv_freq;
+    const bf16 *bp = bias ? b.data() : nullptr;
+    weft_cuda_few_rows_normed(queue, M, width, K, x.data(), g.data(), eps, w.data(), bp,
+                              fused.data(), false);
+    weft_cuda_split_store(queue, fused.data(), q_apart.data(), qd, kvd, M, pos.data(),
+                          inv_freq.data(), 0.9f, H + KV, D, pool_apart.data(), p.layers,
+                          p.block_size, layer, slot.data());
+    weft_cuda_few_rows_normed_store(queue, M, K, x.data(), g.data(), eps, w.data(), bp, q.data(),
+                                    qd, kvd, pos.data(), inv_freq.data(), 0.9f, H + KV, D,
+                                    pool.data(), p.layers, p.block_size, layer, slot.data());
+    size_t wrong = values_differ(q, q_apart) + values_differ(pool, pool_apart);
+    std::string name = "few_rows normed store M" + std::to_string(M) + " H" + std::to_string(H) +
+                       " KV" + std::to_string(KV) + " D" + std::to_string(D) +
+                       (bias ? " bias" : "") + " = normed product, split_store";
     printf("%-76s %zu values differ %s\n", name.c_str(), wrong, wrong ? "FAIL" : "ok");
     failures += wrong != 0;
 }
@@ -408,6 +456,10 @@ int main() {
     for (int width : {1032, 300}) test_kv_store(width); // the threads of a row loop twice
     test_split_store(4, 2, 64); // 16-byte vectors
     test_split_store(2, 1, 20); // one value at a time
+    // Two RoPE pairs a block (D % 4 == 0, up to 4 rows), one (8 rows, or D % 4 == 2).
+    for (int M : {1, 3, 8}) test_normed_store(M, 4, 2, 64, 256, M != 3);
+    test_normed_store(2, 2, 1, 20, 136, true);
+    test_normed_store(4, 2, 2, 6, 64, false);
     // Sequences of every shape a batch holds: one position, a partial block, full blocks and a
     // partial one, a long one; samples sharing a prompt's full blocks, then going their own way.
     auto decode = [](int bs) {

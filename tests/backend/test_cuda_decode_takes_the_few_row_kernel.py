@@ -13,13 +13,15 @@ the prefill's 20-row projections are not: they are skinny.cu's tensor-core calls
 switch off there are neither, and the products are the same number of cuBLASLt calls. The decode forwards' other fused launches are checked too,
 so none falls back to the separate ops unseen: the q|k|v biases come in the few-row launch, and
 the prefill's in the skinny one (no "bias_add" at all), and each layer's split also stores the keys and
-values ("split_store"; the prefill, whose sequence is new, splits and then runs "kv_store"). Runs
-on weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
-The decode forwards' RMSNorms before the q|k|v and gate|up products are folded into them ("matmul
-(few rows, normed)", "swiglu_product (few rows, normed)"): "rmsnorm_forward" runs only for the
-prefill's layers and each forward's final norm, and `WEFT_CUDA_FOLD_NORM=0`, which keeps every
-norm its own launch, writes the same output file byte for byte (the kernel test checks the
-folded products' bits against the norm and then the product). Last, `WEFT_CUDA_GEMM_SPLIT_K=1`
+values; the prefill, whose sequence is new, splits and then runs "kv_store". Runs on
+weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
+The decode forwards' RMSNorms before the q|k|v and gate|up products are folded into them, and
+the q|k|v product stores its rows as split_store would ("matmul (few rows, normed, stored)",
+"swiglu_product (few rows, normed)"): "rmsnorm_forward" runs only for the prefill's layers and
+each forward's final norm, no "split_store" runs, and `WEFT_CUDA_FOLD_NORM=0`, which keeps every
+norm its own launch (and the split and store one of their own, "split_store"), writes the same
+output file byte for byte (the kernel tests check the folded products' bits against the norm,
+the product and split_store). Last, `WEFT_CUDA_GEMM_SPLIT_K=1`
 must split exactly the products whose tiles leave SMs idle and whose K allows it (split_k_cases).
 """
 import filecmp
@@ -33,7 +35,7 @@ from reference.generation import random_prompts, write_prompts
 
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 PROJECTIONS = 4  # q|k|v, o, gate|up (each one product: blocks.c), down
-NORMED = ("matmul (few rows, normed)", "swiglu_product (few rows, normed)")
+NORMED = ("matmul (few rows, normed, stored)", "swiglu_product (few rows, normed)")
 FEW = ("matmul (few rows)", "swiglu_product (few rows)") + NORMED
 SKINNY = ("matmul (skinny)", "swiglu_product (skinny)")
 
@@ -92,9 +94,9 @@ def cases(emulated, tmp):
     if products(on) != products(off):
         failures.append(f"{products(on)} products by default, {products(off)} without "
                         "the few-row kernel")
-    # kv_store: one forward's worth (the prefill's) and no more: the decode forwards fused them.
-    for op, n in (("bias_add", 0), ("kv_store", layers),
-                  ("split_store", decode_forwards * layers)):
+    # kv_store: one forward's worth (the prefill's) and no more: the decode forwards' q|k|v
+    # products stored their keys and values (split_store without the fold: fold_norm_cases).
+    for op, n in (("bias_add", 0), ("kv_store", layers), ("split_store", 0)):
         if on.get(op, 0) != n:
             failures.append(f"{on.get(op, 0)} {op} launches, expected {n}")
     failures += fold_norm_cases(emulated, tmp, mdir, prompts, on, stats)
@@ -114,6 +116,9 @@ def fold_norm_cases(emulated, tmp, mdir, prompts, on, stats):
                             "forward")
         if op in apart:
             failures.append(f"WEFT_CUDA_FOLD_NORM=0 still ran {op}")
+    if apart.get("split_store", 0) != (forwards - 1) * layers:
+        failures.append(f"WEFT_CUDA_FOLD_NORM=0: {apart.get('split_store', 0)} split_store "
+                        "launches, not one a layer of every decode forward")
     for ops, want, how in ((on, 2 * layers + forwards, "folded"),
                            (apart, 2 * layers * forwards + forwards, "WEFT_CUDA_FOLD_NORM=0")):
         if ops.get("rmsnorm_forward", 0) != want:

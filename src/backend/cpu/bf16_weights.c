@@ -15,15 +15,6 @@
 #include "backend/cpu/internal.h"
 #include "backend/cpu/simd.h"
 
-// Round to nearest, ties to even; NaNs stay NaNs.
-static uint16_t to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 #ifdef __AVX2__
 
 #ifdef __AVX512F__
@@ -52,7 +43,7 @@ void weft_cpu_bf16_pack(int n, int k, const float *b, int ldb, uint16_t *halves)
             uint16_t *row = halves + (size_t)j0 * k + (size_t)kk * GROUP;
             for (int col = 0; col < GROUP; col++) {
                 int j = j0 + col;
-                row[(col % W) * 2 + col / W] = to_bf16(j < n ? b[(size_t)j * ldb + kk] : 0.0f);
+                row[(col % W) * 2 + col / W] = weft_bf16_from_f32(j < n ? b[(size_t)j * ldb + kk] : 0.0f);
             }
         }
 }
@@ -139,7 +130,6 @@ bool weft_cpu_bf16_available(void) { return false; }
 size_t weft_cpu_bf16_halves(int n, int k) { return 0; }
 
 void weft_cpu_bf16_pack(int n, int k, const float *b, int ldb, uint16_t *halves) {
-    (void)to_bf16;
     WEFT_CHECK(false, "internal: bf16 weights need AVX2 (weft_cpu_bf16_available said no)");
 }
 

@@ -468,6 +468,27 @@ static bool cuda_norm_product(weft_backend *self, const void *x, const void *nor
     return true;
 }
 
+// Where q and k turn (rotate's heads are the q heads then the k heads) and every part is whole
+// heads, a q|k|v product of few enough rows stores its rows itself (few_rows.cu).
+static bool cuda_norm_product_store(weft_backend *self, const weft_norm_product *np, void *fused,
+                                    const weft_column_parts *parts, const weft_rope_rows *r,
+                                    const weft_kv_pool *pool, int layer, const int32_t *slot) {
+    cuda_state *st = state(self);
+    int D = r->head_dim, qd = parts->width[0], kvd = pool->width, C = np->C;
+    bool heads = parts->n == 3 && parts->width[1] == kvd && parts->width[2] == kvd &&
+                 D % 2 == 0 && qd % D == 0 && kvd % D == 0 && r->heads * D == qd + kvd;
+    if (!st->few_rows || !st->fold_norm || !heads || (uintptr_t)np->norm_w % 16 != 0 ||
+        !weft_cuda_few_rows_covers(np->rows, C, np->x, C, np->w, C))
+        return false;
+    (void)fused; // left unwritten
+    weft_cuda_few_rows_normed_store(STREAM(self), np->rows, C, np->x, np->norm_w, np->eps, np->w,
+                                    np->bias, parts->part[0], qd, kvd, r->positions, r->inv_freq,
+                                    r->scale, r->heads, D, pool->data, pool->layers,
+                                    pool->block_size, layer, slot);
+    launched(self, "matmul (few rows, normed, stored)");
+    return true;
+}
+
 static void cuda_swiglu_backward(weft_backend *self, const void *gate_up, const void *dout,
                                  void *d_gate_up, int rows, int width) {
     weft_cuda_swiglu_backward(STREAM(self), gate_up, dout, d_gate_up, rows, width);
@@ -581,22 +602,6 @@ static void cuda_adamw(weft_backend *self, void *param, float *master, const flo
 
 // ------------------------------------------------------------------------- conversions ----
 
-// Round to nearest even, as __float2bfloat16_rn does on the device; NaN stays NaN.
-static uint16_t bf16_from_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float f32_from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 static void cuda_from_f32(weft_backend *self, void *dst, weft_dtype dst_type, const float *src,
                           size_t N) {
     if (dst_type == WEFT_F32) {
@@ -604,7 +609,7 @@ static void cuda_from_f32(weft_backend *self, void *dst, weft_dtype dst_type, co
         return;
     }
     uint16_t *h = weft_alloc(N * sizeof(uint16_t) + 1);
-    for (size_t i = 0; i < N; i++) h[i] = bf16_from_f32(src[i]);
+    for (size_t i = 0; i < N; i++) h[i] = weft_bf16_from_f32(src[i]);
     cuda_to_device(self, dst, h, N * sizeof(uint16_t));
     weft_free(h);
 }
@@ -617,7 +622,7 @@ static void cuda_to_f32(weft_backend *self, float *dst, const void *src, weft_dt
     }
     uint16_t *h = weft_alloc(N * sizeof(uint16_t) + 1);
     cuda_to_host(self, h, src, N * sizeof(uint16_t));
-    for (size_t i = 0; i < N; i++) dst[i] = f32_from_bf16(h[i]);
+    for (size_t i = 0; i < N; i++) dst[i] = weft_f32_from_bf16(h[i]);
     weft_free(h);
 }
 
@@ -768,6 +773,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .swiglu_backward = cuda_swiglu_backward,
         .swiglu_product = cuda_swiglu_product,
         .norm_product = cuda_norm_product,
+        .norm_product_store = cuda_norm_product_store,
         .add_inplace = cuda_add_inplace,
         .cross_entropy = cuda_cross_entropy,
         .logprobs = cuda_logprobs,

@@ -14,6 +14,13 @@
 // with them, rounds both sums to bf16 as the product would be stored, and writes only the
 // activation: the bits of the product followed by swiglu_forward, one launch fewer and the
 // product never written.
+//
+// And a decode step's q|k|v product, with its norm folded in, can store its rows where
+// split_store would (weft_cuda_few_rows_normed_store): a block then owns R / 2 RoPE pairs of one
+// head (columns p .. and the same D / 2 further), rounds its sums to bf16 as the product would be
+// stored, turns the q and k heads' pairs with RoPE's own factors and rotation, and writes q to
+// its rows and k and v to the pool's slots: the bits of the product followed by split_store, one
+// launch fewer a layer.
 #include "backend/cuda/common.cuh"
 
 namespace {
@@ -21,20 +28,47 @@ namespace few {
 
 constexpr int MAX_THREADS = 256, CHUNK = 8; // bf16 per 16-byte chunk
 
+// What a block does with its sums: store y (alpha, beta, bias), store swiglu of each gate and
+// up pair (W's gate rows then its up rows, N further), or store q|k|v as split_store would.
+enum epilogue { STORE, SWIGLU, ROPE_STORE };
+
+// ROPE_STORE's destination: rows of q|k|v (q_width, then kv_width of keys and of values), the
+// first rope.H heads turned, q to q (rows, q_width) and keys and values to the pool's slot of
+// each row (kernels.h's weft_cuda_paged_args layout; a negative slot: a padding row, not stored).
+struct rope_store {
+    rope_rows rope;
+    bf16 *q, *pool;
+    const int32_t *slot;
+    int q_width, kv_width, layers, block_size, layer;
+};
+
+// Output column r (0 .. R) of this block: R consecutive columns, or for ROPE_STORE the R / 2
+// consecutive RoPE pairs of one head that the block owns, first halves then second halves.
+template <int R, int EPI> __device__ __forceinline__ int block_column(int r, int D) {
+    if constexpr (EPI == ROPE_STORE) {
+        constexpr int P = R / 2;
+        int half = D / 2, per_head = half / P, head = blockIdx.x / per_head;
+        return head * D + blockIdx.x % per_head * P + r % P + r / P * half;
+    }
+    return blockIdx.x * R + r;
+}
+
 // Threads a block: one per chunk of a row of K, in whole warps, at most MAX_THREADS.
 inline int threads_for(int K) {
     int warps = (K / CHUNK + 31) / 32;
     return 32 * (warps < 1 ? 1 : warps > MAX_THREADS / 32 ? MAX_THREADS / 32 : warps);
 }
 
-// The block's R rows of W (part 1: the ups `N` further that go with them, for SWIGLU), which it
-// asks L2 for before it waits for the kernels before it.
-template <int R>
-__device__ __forceinline__ fixed_rows block_weights(const bf16 *w, int ldw, int K, int N, int part,
-                                                    bool prefetch) {
-    int n0 = blockIdx.x * R;
-    return fixed_rows{w + ((size_t)n0 + (size_t)part * N) * ldw, (size_t)ldw,
-                      prefetch ? min(R, N - n0) : 0, K};
+// The block's R rows of W, which it asks L2 for before it waits for the kernels before it, as
+// two runs: SWIGLU, its R gate rows and the R ups `N` further; ROPE_STORE, the pairs' first
+// halves and their second halves; else all R, and no second run.
+template <int R, int EPI>
+__device__ __forceinline__ fixed_rows block_weights(const bf16 *w, int ldw, int K, int N, int D,
+                                                    int part, bool prefetch) {
+    int first = block_column<R, EPI>(EPI == ROPE_STORE ? part * (R / 2) : 0, D);
+    int rows = EPI == ROPE_STORE ? R / 2 : EPI == SWIGLU || part == 0 ? min(R, N - first) : 0;
+    if (EPI == SWIGLU) first += part * N;
+    return fixed_rows{w + (size_t)first * ldw, (size_t)ldw, prefetch ? rows : 0, K};
 }
 
 // x normalized on the way in (a forward-only pass's RMSNorm folded into the product that reads
@@ -80,27 +114,50 @@ __device__ void norm_factors(const bf16 *const *xr, int K, float eps, float *rst
     __syncthreads();
 }
 
+// Turns the pair (a, b) at columns col and col + D / 2 of row t where its head is one of the
+// first rope.H, and stores both where split_store puts them.
+__device__ __forceinline__ void store_pair(const rope_store &st, int t, int col, bf16 a, bf16 b) {
+    int D = st.rope.D, half = D / 2;
+    if (col / D < st.rope.H) {
+        float c, sn;
+        rope_factors(st.rope, t, col % D, &c, &sn);
+        rotate_pair(to_f32(a), to_f32(b), c, sn, &a, &b);
+    }
+    bf16 *to;
+    if (col < st.q_width) {
+        to = st.q + (size_t)t * st.q_width + col;
+    } else {
+        int slot = st.slot[t], kv = col - st.q_width, bs = st.block_size, width = st.kv_width;
+        if (slot < 0) return; // a padding row
+        to = st.pool + pool_row(st.layers, bs, width, slot / bs, st.layer, slot % bs) +
+             (kv >= width ? (size_t)bs * width : 0) + kv % width;
+    }
+    to[0] = a;
+    to[half] = b;
+}
+
 // MR rows of x (the first `rows` real; the rest read the last real row and are not stored) times
-// R rows of W, from column n0 = blockIdx.x * R; with SWIGLU also the R rows `N` further (the ups),
-// y = swiglu of the pair (N the activation's width, alpha 1, beta 0). With norm.w, x's rows are
-// normalized first, rounded to bf16 as rmsnorm_forward stores them.
-template <int MR, int R, bool SWIGLU>
+// the block's R rows of W (block_column); with SWIGLU also the R rows `N` further (the ups),
+// y = swiglu of the pair (N the activation's width, alpha 1, beta 0); with ROPE_STORE (alpha 1,
+// beta 0) the rows go where `st` says. With norm.w, x's rows are normalized first, rounded to
+// bf16 as rmsnorm_forward stores them.
+template <int MR, int R, int EPI>
 __global__ void __launch_bounds__(MAX_THREADS)
     few_rows_kernel(const bf16 *__restrict__ x, int ldx, const bf16 *__restrict__ w, int ldw,
                     int K, int N, float alpha, float beta, const bf16 *c_in, const bf16 *bias,
-                    bf16 *y, int ldc, int rows, bool prefetch, row_norm norm) {
-    wait_for_earlier_kernels(block_weights<R>(w, ldw, K, N, 0, prefetch),
-                             block_weights<R>(w, ldw, K, N, 1, SWIGLU && prefetch));
-    constexpr int WR = SWIGLU ? 2 * R : R; // rows of W a block reads
+                    bf16 *y, int ldc, int rows, bool prefetch, row_norm norm, rope_store st) {
+    wait_for_earlier_kernels(block_weights<R, EPI>(w, ldw, K, N, st.rope.D, 0, prefetch),
+                             block_weights<R, EPI>(w, ldw, K, N, st.rope.D, 1, prefetch));
+    int D = st.rope.D;
+    constexpr int WR = EPI == SWIGLU ? 2 * R : R; // rows of W a block reads
     __shared__ float partial[MAX_THREADS / 32][MR * WR];
     __shared__ float rstd[MR];
-    int n0 = blockIdx.x * R;
     const bf16 *xr[MR], *wr[WR];
 #pragma unroll
     for (int m = 0; m < MR; m++) xr[m] = x + (size_t)min(m, rows - 1) * ldx;
 #pragma unroll
     for (int r = 0; r < WR; r++)
-        wr[r] = w + ((size_t)min(n0 + r % R, N - 1) + (r >= R ? N : 0)) * ldw;
+        wr[r] = w + ((size_t)min(block_column<R, EPI>(r % R, D), N - 1) + (r >= R ? N : 0)) * ldw;
     if (norm.w) norm_factors<MR>(xr, K, norm.eps, rstd);
     float acc[MR][WR] = {};
     for (int c = threadIdx.x * CHUNK; c < K; c += blockDim.x * CHUNK) {
@@ -131,11 +188,22 @@ __global__ void __launch_bounds__(MAX_THREADS)
             if (lane == 0) partial[warp][m * WR + r] = v;
         }
     __syncthreads();
-    int i = threadIdx.x, m = i / R, r = i % R, n = n0 + r;
-    if (i >= MR * R || m >= rows || n >= N) return;
+    int i = threadIdx.x, m = i / R, r = i % R, n = block_column<R, EPI>(r, D);
     float sum = 0.0f, up = 0.0f;
-    for (int v = 0; v < (int)blockDim.x / 32; v++) sum += partial[v][m * WR + r];
-    if constexpr (SWIGLU) {
+    if (i < MR * R)
+        for (int v = 0; v < (int)blockDim.x / 32; v++) sum += partial[v][m * WR + r];
+    if constexpr (EPI == ROPE_STORE) { // the pair's halves meet in shared memory
+        __shared__ bf16 stored[MR][R];
+        if (i < MR * R) stored[m][r] = projection_output(sum, 1.0f, 0.0f, NULL, bias, 0, n);
+        __syncthreads();
+        constexpr int P = R / 2;
+        if (i < MR * P && i / P < rows)
+            store_pair(st, i / P, block_column<R, EPI>(i % P, D), stored[i / P][i % P],
+                       stored[i / P][i % P + P]);
+        return;
+    }
+    if (i >= MR * R || m >= rows || n >= N) return;
+    if constexpr (EPI == SWIGLU) {
         for (int v = 0; v < (int)blockDim.x / 32; v++) up += partial[v][m * WR + R + r];
         y[(size_t)m * ldc + n] = swiglu_output(sum, up);
         return;
@@ -144,47 +212,49 @@ __global__ void __launch_bounds__(MAX_THREADS)
     y[at] = projection_output(sum, alpha, beta, c_in, bias, at, n);
 }
 
+// One call's product: y (rows, N) = alpha x W^T + beta c_in (+ bias), or what the epilogue
+// makes of it.
+struct product {
+    const bf16 *x, *w, *c_in, *bias;
+    bf16 *y;
+    int ldx, ldw, ldc, K, N, rows;
+    float alpha, beta;
+    row_norm norm;
+    rope_store st;
+};
+
 // Launches the kernel for rows rounded up to MR, R columns a block.
-template <int MR, int R, bool SWIGLU>
-void launch(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
-            float alpha, float beta, const bf16 *c_in, const bf16 *bias, bf16 *y, int ldc,
-            int rows, row_norm norm) {
-    static constexpr auto kernel = few_rows_kernel<MR, R, SWIGLU>;
-    WEFT_LAUNCH(kernel, (unsigned)((N + R - 1) / R), threads_for(K), 0, s, x, ldx, w, ldw, K, N,
-                alpha, beta, c_in, bias, y, ldc, rows, s->prefetch_weights, norm);
+template <int MR, int R, int EPI> void launch(weft_cuda_stream s, const product &p) {
+    static constexpr auto kernel = few_rows_kernel<MR, R, EPI>;
+    WEFT_LAUNCH(kernel, (unsigned)((p.N + R - 1) / R), threads_for(p.K), 0, s, p.x, p.ldx, p.w,
+                p.ldw, p.K, p.N, p.alpha, p.beta, p.c_in, p.bias, p.y, p.ldc, p.rows,
+                s->prefetch_weights, p.norm, p.st);
 }
 
 // Columns a block: 4 where that still leaves the GPU a few blocks per SM, one for the small
 // projections (k and v, N = 256 in the 1B model), fewer for many rows (registers: MR x R sums,
-// twice that with SWIGLU).
-template <int MR, bool SWIGLU>
-void launch_rows(weft_cuda_stream s, const bf16 *x, int ldx, const bf16 *w, int ldw, int K, int N,
-                 float alpha, float beta, const bf16 *c_in, const bf16 *bias, bf16 *y, int ldc,
-                 int rows, row_norm norm) {
+// twice that with SWIGLU). ROPE_STORE: two RoPE pairs (4 columns) where half a head holds an
+// even number of pairs and the sums allow, else one.
+template <int MR, int EPI> void launch_rows(weft_cuda_stream s, const product &p) {
     constexpr int WIDE = MR <= 4 ? 4 : 2;
-    if (N < 1024)
-        launch<MR, 1, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, bias, y, ldc, rows,
-                              norm);
-    else launch<MR, WIDE, SWIGLU>(s, x, ldx, w, ldw, K, N, alpha, beta, c_in, bias, y, ldc, rows,
-                                  norm);
+    if constexpr (EPI == ROPE_STORE) {
+        if constexpr (WIDE == 4)
+            if (p.st.rope.D % 4 == 0) return launch<MR, 4, EPI>(s, p);
+        launch<MR, 2, EPI>(s, p);
+    } else if (p.N < 1024) {
+        launch<MR, 1, EPI>(s, p);
+    } else {
+        launch<MR, WIDE, EPI>(s, p);
+    }
 }
 
-// The launch for M rows (rounded up to 1, 2, 4 or 8).
-template <bool SWIGLU>
-void launch_any(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x, int ldx,
-                const void *w, int ldw, float beta, const void *c_in, const void *bias, void *y,
-                int ldc, row_norm norm) {
-    if (M == 0 || N == 0) return;
-    const bf16 *xb = (const bf16 *)x, *wb = (const bf16 *)w, *cb = (const bf16 *)c_in;
-    const bf16 *bb = (const bf16 *)bias;
-    bf16 *yb = (bf16 *)y;
-    if (M == 1)
-        launch_rows<1, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M, norm);
-    else if (M == 2)
-        launch_rows<2, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M, norm);
-    else if (M <= 4)
-        launch_rows<4, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M, norm);
-    else launch_rows<8, SWIGLU>(s, xb, ldx, wb, ldw, K, N, alpha, beta, cb, bb, yb, ldc, M, norm);
+// The launch for p.rows rows (rounded up to 1, 2, 4 or 8).
+template <int EPI> void launch_any(weft_cuda_stream s, const product &p) {
+    if (p.rows == 0 || p.N == 0) return;
+    if (p.rows == 1) launch_rows<1, EPI>(s, p);
+    else if (p.rows == 2) launch_rows<2, EPI>(s, p);
+    else if (p.rows <= 4) launch_rows<4, EPI>(s, p);
+    else launch_rows<8, EPI>(s, p);
 }
 
 } // namespace few
@@ -200,19 +270,39 @@ extern "C" bool weft_cuda_few_rows_covers(int M, int K, const void *x, int ldx, 
 extern "C" void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha,
                                    const void *x, int ldx, const void *w, int ldw, float beta,
                                    const void *c_in, const void *bias, void *y, int ldc) {
-    few::launch_any<false>(s, M, N, K, alpha, x, ldx, w, ldw, beta, c_in, bias, y, ldc, {});
+    few::product p = {(const bf16 *)x, (const bf16 *)w, (const bf16 *)c_in, (const bf16 *)bias,
+                      (bf16 *)y, ldx, ldw, ldc, K, N, M, alpha, beta, {}, {}};
+    few::launch_any<few::STORE>(s, p);
 }
 
 extern "C" void weft_cuda_few_rows_swiglu(weft_cuda_stream s, int M, int width, int K,
                                           const void *x, int ldx, const void *w, int ldw, void *y,
                                           int ldy) {
-    few::launch_any<true>(s, M, width, K, 1.0f, x, ldx, w, ldw, 0.0f, NULL, NULL, y, ldy, {});
+    few::product p = {(const bf16 *)x, (const bf16 *)w, NULL, NULL, (bf16 *)y, ldx, ldw, ldy,
+                      K, width, M, 1.0f, 0.0f, {}, {}};
+    few::launch_any<few::SWIGLU>(s, p);
 }
 
 extern "C" void weft_cuda_few_rows_normed(weft_cuda_stream s, int M, int N, int K, const void *x,
                                           const void *norm_w, float eps, const void *w,
                                           const void *bias, void *y, bool swiglu) {
-    few::row_norm norm = {(const bf16 *)norm_w, eps};
-    if (swiglu) few::launch_any<true>(s, M, N, K, 1.0f, x, K, w, K, 0.0f, NULL, NULL, y, N, norm);
-    else few::launch_any<false>(s, M, N, K, 1.0f, x, K, w, K, 0.0f, NULL, bias, y, N, norm);
+    few::product p = {(const bf16 *)x, (const bf16 *)w, NULL, (const bf16 *)bias, (bf16 *)y,
+                      K, K, N, K, N, M, 1.0f, 0.0f, {(const bf16 *)norm_w, eps}, {}};
+    if (swiglu) few::launch_any<few::SWIGLU>(s, p);
+    else few::launch_any<few::STORE>(s, p);
+}
+
+extern "C" void weft_cuda_few_rows_normed_store(weft_cuda_stream s, int M, int K, const void *x,
+                                                const void *norm_w, float eps, const void *w,
+                                                const void *bias, void *q, int q_width,
+                                                int kv_width, const int32_t *positions,
+                                                const float *inv_freq, float scale, int heads,
+                                                int D, void *pool, int layers, int block_size,
+                                                int layer, const int32_t *slot) {
+    few::rope_store st = {{positions, inv_freq, scale, 1.0f, heads, D}, (bf16 *)q, (bf16 *)pool,
+                          slot, q_width, kv_width, layers, block_size, layer};
+    few::product p = {(const bf16 *)x, (const bf16 *)w, NULL, (const bf16 *)bias, NULL,
+                      K, K, 0, K, q_width + 2 * kv_width, M, 1.0f, 0.0f,
+                      {(const bf16 *)norm_w, eps}, st};
+    few::launch_any<few::ROPE_STORE>(s, p);
 }

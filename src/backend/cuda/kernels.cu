@@ -265,35 +265,6 @@ extern "C" void weft_cuda_bias_backward(weft_cuda_stream s, const void *dout, fl
 
 // ------------------------------------------------------------------------------------ rope ----
 
-// A RoPE launch's rows: their first H heads of D values turn by sign * positions[t] * inv_freq[i]
-// (inv_freq (D / 2) f32 on the device), scaled by scale.
-struct rope_rows {
-    const int32_t *positions;
-    const float *inv_freq;
-    float scale, sign;
-    int H, D;
-};
-
-// RoPE's factors for pair `pair` of row t: cos and sign * sin of positions[t] * inv_freq[pair],
-// both scaled. In double as on the CPU (positions reach the tens of thousands, where an fp32
-// angle drifts by more than bf16 can hide), and shared by every kernel that turns rows, so each
-// gives rope's bits.
-__device__ __forceinline__ void rope_factors(const rope_rows &r, int t, int pair, float *c,
-                                             float *s) {
-    double angle = r.positions[t] * (double)r.inv_freq[pair];
-    double sn, cs;
-    sincos(angle, &sn, &cs);
-    *c = (float)(r.scale * cs);
-    *s = (float)(r.scale * r.sign * sn);
-}
-
-// The pair (a, b) turned: (a c - b s, b c + a s).
-__device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, bf16 *to_a,
-                                            bf16 *to_b) {
-    *to_a = to_bf16(a * c - b * s);
-    *to_b = to_bf16(b * c + a * s);
-}
-
 // One thread per (row, pair), looping over the heads: the factors are formed once per row and
 // pair instead of once per head.
 __global__ void rope_kernel(bf16 *x, int ld, rope_rows r, int T) {

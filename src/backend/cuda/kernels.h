@@ -102,6 +102,15 @@ void weft_cuda_few_rows_swiglu(weft_cuda_stream s, int M, int width, int K, cons
 void weft_cuda_few_rows_normed(weft_cuda_stream s, int M, int N, int K, const void *x,
                                const void *norm_w, float eps, const void *w, const void *bias,
                                void *y, bool swiglu);
+// weft_cuda_few_rows_normed of a q|k|v product (N = q_width + 2 kv_width) followed by
+// weft_cuda_split_store of its rows, in one launch: the same bits in q and the pool, the fused
+// rows never written. Also where D % 2 == 0 and q_width and kv_width are multiples of D.
+void weft_cuda_few_rows_normed_store(weft_cuda_stream s, int M, int K, const void *x,
+                                     const void *norm_w, float eps, const void *w,
+                                     const void *bias, void *q, int q_width, int kv_width,
+                                     const int32_t *positions, const float *inv_freq, float scale,
+                                     int heads, int D, void *pool, int layers, int block_size,
+                                     int layer, const int32_t *slot);
 
 // Copies between fused (rows, sum of widths) and n (at most 3) parts (rows, widths[i]): into
 // them, or with join from them (backend.h's weft_column_parts, passed as its fields). bf16.
