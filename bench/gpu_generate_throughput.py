@@ -33,9 +33,10 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - weft noprefetch, at batches up to 64 on a GPU: weft with WEFT_CUDA_PREFETCH_WEIGHTS=0, where
   by default an early-launched few-row or skinny product asks L2 for its weights while the kernel
   before it still runs (common.cuh's fixed_rows): what that prefetch gains.
-- weft nofold, at batches up to 8 on a GPU: weft with WEFT_CUDA_FOLD_NORM=0, each RMSNorm its
-  own launch, where by default a forward-only pass's few-row q|k|v and gate|up products
-  normalize their rows themselves (few_rows.cu): what the 2 launches a layer fewer gain.
+- weft nofold, at batches up to 8 on a GPU: weft with WEFT_CUDA_FOLD_NORM=0, each RMSNorm and
+  the q|k|v split_store their own launches, where by default a forward-only pass's few-row
+  q|k|v and gate|up products normalize their rows themselves and the q|k|v one stores its rows
+  as split_store would (few_rows.cu): what the 3 launches a layer fewer gain.
 - weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
   one before it has ended, where weft's default on sm_90 launches it early (programmatic
   dependent launch, kernels.h): what hiding the launches gains.
