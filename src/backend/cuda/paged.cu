@@ -333,33 +333,55 @@ __device__ void write_block_result(const weft_cuda_paged_args &a, const work &w,
     }
 }
 
-// Split-K's combine, by one warp for (row, head), whose keys span n = pos / split_keys + 1
-// splits: where n > 1, its n partials in split order: lse = log sum_k exp(lse_k), out = sum_k
-// exp(lse_k - lse) out_k (n = 1: written by its block).
-__device__ void combine_partials(const weft_cuda_paged_args &a, const work &w, int row, int h,
-                                 const float *partials, bf16 *out, float *lse) {
-    int lane = threadIdx.x & 31, D = a.D, n = a.q_pos[row] / w.split_keys + 1;
-    if (n == 1) return;
-    size_t item = (size_t)row * a.H + h;
-    const float *part_lse = partials + item * w.splits;
-    const float *part_out = partials + partial_lse_floats(a.Tq, a.H, w.splits) +
-                            item * w.splits * D;
+// The combine of one (row, head)'s n partials by one warp, in split order: lse = log sum_k
+// exp(lse_k), out = sum_k exp(lse_k - lse) out_k. Partials are read from L2 (__ldcg): the last
+// block of an item reads what other blocks of its launch wrote, and this SM's L1 may hold a
+// stale copy of their lines from another item's combine.
+__device__ __forceinline__ void combine_vector(const float *part_lse, const float *part_out,
+                                               int n, int D, bf16 *out, float *lse) {
+    int lane = threadIdx.x & 31;
     float M = -INFINITY, L = 0.0f;
-    for (int k = 0; k < n; k++) M = fmaxf(M, part_lse[k]);
-    for (int k = 0; k < n; k++) L += __expf(part_lse[k] - M);
+    for (int k = 0; k < n; k++) M = fmaxf(M, __ldcg(&part_lse[k]));
+    for (int k = 0; k < n; k++) L += __expf(__ldcg(&part_lse[k]) - M);
     float total = M + logf(L);
     for (int d = lane; d < D; d += 32) {
         float o = 0.0f;
-        for (int k = 0; k < n; k++) o += __expf(part_lse[k] - total) * part_out[(size_t)k * D + d];
-        out[item * D + d] = to_bf16(o);
+        for (int k = 0; k < n; k++)
+            o += __expf(__ldcg(&part_lse[k]) - total) * __ldcg(&part_out[(size_t)k * D + d]);
+        out[d] = to_bf16(o);
     }
-    if (lane == 0) lse[(size_t)h * a.Tq + row] = total;
+    if (lane == 0) *lse = total;
+}
+
+// Split-K's combine for (row, head), whose keys span n = pos / split_keys + 1 splits: where
+// n > 1, combine_vector of its partials (n = 1: written by its block).
+__device__ __forceinline__ void combine_partials(const weft_cuda_paged_args &a, const work &w,
+                                                 int row, int h, const float *partials,
+                                                 bf16 *out, float *lse) {
+    int D = a.D, n = a.q_pos[row] / w.split_keys + 1;
+    if (n == 1) return;
+    size_t item = (size_t)row * a.H + h;
+    combine_vector(partials + item * w.splits,
+                   partials + partial_lse_floats(a.Tq, a.H, w.splits) + item * w.splits * D, n,
+                   D, out + item * D, lse + (size_t)h * a.Tq + row);
+}
+
+// The last block of a task's item combines every vector of the task, a warp a vector. Not
+// inlined, and given the task and the arguments rather than holding them: inlined into the
+// attention kernel it spilled at 96 registers.
+template <int NQ>
+__device__ __attribute__((noinline)) void combine_task(weft_cuda_paged_args a, work w, task t,
+                                          const float *partials, bf16 *out, float *lse) {
+    for (int v = threadIdx.x >> 5; v < NQ; v += WARPS) {
+        int row, h;
+        if (vector_of(t, w, v, &row, &h)) combine_partials(a, w, row, h, partials, out, lse);
+    }
 }
 
 // With arrival counters (a counter per item along x and kv head part along y, zero between
 // launches), after the block's results: the block counts itself in among its item's blocks
 // with work (those of the first ceil(keys / split_keys) splits), and the last to arrive combines
-// every vector of the item, a warp a vector, from the partials the others made visible first.
+// every vector of the item from the partials the others made visible first.
 template <int NQ>
 __device__ void combine_if_last(const weft_cuda_paged_args &a, const work &w, const task &t,
                                 const float *partials, bf16 *out, float *lse, int *arrived) {
@@ -372,12 +394,9 @@ __device__ void combine_if_last(const weft_cuda_paged_args &a, const work &w, co
     if (threadIdx.x == 0) last = atomicAdd(counter, 1) == with_work - 1;
     __syncthreads();
     if (!last) return;
+    if (threadIdx.x == 0) *counter = 0; // every block of the item is in: for the next launch
     __threadfence(); // the other blocks' partials, which they made visible before counting
-    for (int v = threadIdx.x >> 5; v < NQ; v += WARPS) {
-        int row, h;
-        if (vector_of(t, w, v, &row, &h)) combine_partials(a, w, row, h, partials, out, lse);
-    }
-    if (threadIdx.x == 0) *counter = 0; // for the next launch
+    combine_task<NQ>(a, w, t, partials, out, lse);
 }
 
 // ---------------------------------------------------------------------------- the kernels ----
