@@ -616,6 +616,98 @@ static void test_paged(int H, int KV, int D, int bs) {
     release_ints(&slots), release_ints(&cq), release_ints(&pos), release_ints(&tab);
 }
 
+// GPU copies of two tensors alike, printed as a check: the fused op's bits against the ops apart.
+static void expect_same_bits(const char *what, const twin *a, const twin *b) {
+    bool same = same_bits(a, b);
+    printf("%-52s %s\n", what, same ? "ok" : "FAIL");
+    failures += !same;
+}
+
+// A forward-only pass's products of normalized rows: norm_product (q|k|v with a bias, and the
+// MLP's SwiGLU) and a decode step's q|k|v that stores its rows (norm_product_store, RoPE on the q
+// and k heads, keys and values to the pool, a padding row storing nothing). Against the CPU's
+// separate ops, and on the GPU the bits of its own separate ops (rmsnorm_forward, then matmul,
+// swiglu_product or split_store), which is what lets a decode step fold them.
+static void test_norm_products(int rows, int H, int KV, int D, int C) {
+    enum { BLOCKS = 8, LAYERS = 2, BS = 16, WIDTH = 40 };
+    int qd = H * D, kvd = KV * D, N = qd + 2 * kvd;
+    float eps = 1e-6f, table[64];
+    int32_t slot[8], p[8];
+    for (int t = 0; t < rows; t++)
+        slot[t] = t == 2 ? -1 : (t * 11 + 5) % (BLOCKS * BS);
+    for (int t = 0; t < rows; t++)
+        p[t] = 17 + 131 * t;
+    for (int i = 0; i < D / 2; i++)
+        table[i] = (float)pow(1e4, -2.0 * i / D);
+    ints slots = upload_ints(slot, rows), pos = upload_ints(p, rows);
+    twin freq = make(D / 2, WEFT_F32, 0, false);
+    cpu->to_device(cpu, freq.c, table, sizeof(float) * (D / 2));
+    gpu->to_device(gpu, freq.g, table, sizeof(float) * (D / 2));
+    twin x = act((size_t)rows * C, 2), g = act(C, 1), w = act((size_t)N * C, 1), b = act(N, 1);
+    twin wg = act((size_t)2 * WIDTH * C, 1), normed = zeros((size_t)rows * C, WEFT_BF16);
+    twin rstd = zeros(rows, WEFT_F32), fused = zeros((size_t)rows * N, WEFT_BF16);
+    twin folded = zeros((size_t)rows * N, WEFT_BF16),
+         act_out = zeros((size_t)rows * WIDTH, WEFT_BF16);
+    twin act_folded = zeros((size_t)rows * WIDTH, WEFT_BF16),
+         gate_up = zeros((size_t)rows * 2 * WIDTH, WEFT_BF16);
+    weft_matmul_types tc = {WEFT_F32, WEFT_F32, WEFT_F32}, tg = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
+    char name[96];
+    // The ops apart, on both backends.
+    cpu->rmsnorm_forward(cpu, x.c, g.c, eps, normed.c, rstd.c, rows, C);
+    gpu->rmsnorm_forward(gpu, x.g, g.g, eps, normed.g, rstd.g, rows, C);
+    cpu->matmul(cpu, false, true, rows, N, C, 1.0f, normed.c, C, w.c, C, 0.0f, NULL, b.c, fused.c,
+                N, tc);
+    gpu->matmul(gpu, false, true, rows, N, C, 1.0f, normed.g, C, w.g, C, 0.0f, NULL, b.g, fused.g,
+                N, tg);
+    cpu->swiglu_product(cpu, normed.c, wg.c, gate_up.c, act_out.c, rows, C, WIDTH);
+    gpu->swiglu_product(gpu, normed.g, wg.g, gate_up.g, act_out.g, rows, C, WIDTH);
+    // Folded: norm_product, against the CPU's ops apart and the GPU's bits apart.
+    bool took =
+        gpu->norm_product(gpu, x.g, g.g, eps, w.g, b.g, folded.g, rows, C, N, false) &&
+        gpu->norm_product(gpu, x.g, g.g, eps, wg.g, NULL, act_folded.g, rows, C, WIDTH, true);
+    cpu->copy(cpu, folded.c, fused.c, sizeof(float) * rows * N);
+    cpu->copy(cpu, act_folded.c, act_out.c, sizeof(float) * rows * WIDTH);
+    snprintf(name, sizeof name, "norm_product rows=%d N=%d C=%d", rows, N, C);
+    compare(name, &folded, BF16_TOL);
+    expect_same_bits("  the bits of rmsnorm_forward, then matmul", &folded, &fused);
+    snprintf(name, sizeof name, "norm_product swiglu rows=%d width=%d C=%d", rows, WIDTH, C);
+    compare(name, &act_folded, BF16_TOL);
+    expect_same_bits("  the bits of rmsnorm_forward, then swiglu_product", &act_folded, &act_out);
+    // Stored: norm_product_store against split_store of the product, on both backends.
+    twin q_apart = zeros((size_t)rows * qd, WEFT_BF16), q = zeros((size_t)rows * qd, WEFT_BF16);
+    twin k = zeros((size_t)rows * kvd, WEFT_BF16), v = zeros((size_t)rows * kvd, WEFT_BF16);
+    size_t pool_n = (size_t)BLOCKS * LAYERS * 2 * BS * kvd;
+    twin pool_apart = zeros(pool_n, WEFT_BF16), pool = zeros(pool_n, WEFT_BF16);
+    weft_column_parts pc = {{q.c, k.c, v.c}, {qd, kvd, kvd}, 3},
+                      pg = {{q_apart.g, k.g, v.g}, {qd, kvd, kvd}, 3};
+    weft_rope_rows rc = {pos.c, freq.c, 0.9f, H + KV, D}, rg = {pos.g, freq.g, 0.9f, H + KV, D};
+    weft_kv_pool kc = {pool.c, BLOCKS, LAYERS, BS, kvd},
+                 kg = {pool_apart.g, BLOCKS, LAYERS, BS, kvd};
+    cpu->split_store(cpu, fused.c, &pc, rows, &rc, &kc, 1, slots.c);
+    gpu->split_store(gpu, fused.g, &pg, rows, &rg, &kg, 1, slots.g);
+    pg.part[0] = q.g, kg.data = pool.g;
+    weft_norm_product np = {
+        .x = x.g, .norm_w = g.g, .w = w.g, .bias = b.g, .eps = eps, .rows = rows, .C = C};
+    took = took && gpu->norm_product_store(gpu, &np, folded.g, &pg, &rg, &kg, 1, slots.g);
+    printf("%-52s %s\n", "norm_product(_store) taken at these rows", took ? "ok" : "FAIL");
+    failures += !took;
+    snprintf(name, sizeof name, "norm_product_store rows=%d H%d KV%d D%d q", rows, H, KV, D);
+    compare(name, &q, BF16_TOL);
+    twin as_rows = pool;
+    as_rows.c = cpu_pool_as_rows(pool.c, BLOCKS, LAYERS, BS, kvd);
+    snprintf(name, sizeof name, "norm_product_store rows=%d H%d KV%d D%d pool", rows, H, KV, D);
+    compare(name, &as_rows, BF16_TOL);
+    weft_free(as_rows.c);
+    expect_same_bits("  q: the bits of the product, then split_store", &q, &q_apart);
+    expect_same_bits("  pool: the bits of the product, then split_store", &pool, &pool_apart);
+    twin *all[] = {&freq, &x,     &g,      &w,          &b,          &wg,      &normed,
+                   &rstd, &fused, &folded, &act_out,    &act_folded, &gate_up, &q_apart,
+                   &q,    &k,     &v,      &pool_apart, &pool};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        release(all[i]);
+    release_ints(&slots), release_ints(&pos);
+}
+
 int main(void) {
 #if defined(WEFT_TEST_EMULATED) // the emulated backend (CMakeLists.txt): the long shapes take minutes
     const bool emulated = true;
@@ -661,6 +753,9 @@ int main(void) {
     test_paged(4, 2, 32, 16);
     test_paged(8, 2, 128, 32);
     test_paged(4, 4, 40, 16);
+    test_norm_products(1, 4, 2, 32, 136); // two RoPE pairs a block
+    test_norm_products(5, 4, 2, 20, 64);  // rows rounded up to 8: one pair a block
+    test_norm_products(3, 2, 1, 6, 64);   // D % 4 == 2: one pair a block
     weft_backend_destroy(gpu);
     // cuBLASLt splitting K where the tiles leave SMs idle (WEFT_CUDA_GEMM_SPLIT_K=1, off by
     // default): a decode step's product past skinny.cu's rows, onto the residual, and a wide one.
