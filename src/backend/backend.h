@@ -57,8 +57,8 @@ typedef struct weft_rope_rows {
     int heads, head_dim;
 } weft_rope_rows;
 
-// A forward-only pass's product of normalized rows, as norm_product takes it: RMSNorm of x
-// (rows, C) with weights norm_w and eps, times W (N, C) (+ bias (N)).
+// A forward-only pass's product of normalized rows (norm_product, norm_product_store): RMSNorm
+// of x (rows, C) with weights norm_w and eps, times W (N, C) (+ bias (N), or NULL).
 typedef struct weft_norm_product {
     const void *x, *norm_w, *w, *bias;
     float eps;
@@ -201,12 +201,11 @@ struct weft_backend {
     void (*swiglu_backward)(weft_backend *self, const void *gate_up, const void *dout,
                             void *d_gate_up, int rows, int width);
     // Optional (NULL, or false returned: nothing done, and the caller runs the ops one by one). A
-    // forward-only pass's product of normalized rows in one op: rmsnorm_forward of x (rows, C)
-    // with weights norm_w into a buffer, then that buffer times W (N, C) (+ bias (N)) into y
-    // (rows, N) as matmul stores it, or with swiglu (W (2N, C), the gate rows then the up rows;
-    // no bias) as swiglu_product does; the same bits, the normalized rows never written.
-    bool (*norm_product)(weft_backend *self, const void *x, const void *norm_w, float eps,
-                         const void *w, const void *bias, void *y, int rows, int C, int N,
+    // forward-only pass's product of normalized rows in one op: rmsnorm_forward of np->x with
+    // np->norm_w into a buffer, then that buffer times W (N, C) (+ bias) into y (rows, N) as
+    // matmul stores it, or with swiglu (W (2N, C), the gate rows then the up rows; no bias) as
+    // swiglu_product does; the same bits, the normalized rows never written.
+    bool (*norm_product)(weft_backend *self, const weft_norm_product *np, void *y, int N,
                          bool swiglu);
     // Optional, as norm_product. A decode step's q|k|v in one op: norm_product of np into fused
     // (np->rows, the parts' widths) and then split_store of those rows, the same bits in part q

@@ -9,6 +9,11 @@ static const void *weight_of(const weft_model *m, weight_view w) {
            (size_t)w.col * weft_dtype_size(m->be->param_dtype);
 }
 
+// Parameter id's values, or NULL for WEFT_ABSENT (a bias the model does not have).
+static const void *param_or_null(const weft_model *m, int id) {
+    return id == WEFT_ABSENT ? NULL : weft_model_param(m, id);
+}
+
 // y (T, out), rows ld_y apart, = x W^T + beta * c_in (NULL: y itself) + bias (NULL: none).
 static void linear_into(weft_model *m, const void *x, weight_view w, float beta, const void *c_in,
                         const void *bias, void *y, int ld_y, int T, int in, int out) {
@@ -27,8 +32,7 @@ void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, i
 // matmul, which on a GPU's few-row products is the same launch.
 static void linear_bias(weft_model *m, const void *x, int w, int b, void *y, int T, int in,
                         int out) {
-    const void *bias = b == WEFT_ABSENT ? NULL : weft_model_param(m, b);
-    linear_into(m, x, whole_weight(w, in), 0.0f, NULL, bias, y, out, T, in, out);
+    linear_into(m, x, whole_weight(w, in), 0.0f, NULL, param_or_null(m, b), y, out, T, in, out);
 }
 
 // weft_linear_backward for a dy whose rows are ld_dy apart.
@@ -130,6 +134,14 @@ static void norm_rows(weft_model *m, const weft_activations *a, const void *x, i
                            rstd, a->d.T, a->d.C);
 }
 
+// RMSNorm(x) with parameter `norm`, times parameter w (+ b), over the batch's rows.
+static weft_norm_product norm_product_of(weft_model *m, const weft_activations *a, const void *x,
+                                         int norm, int w, int b) {
+    return (weft_norm_product){.x = x, .norm_w = weft_model_param(m, norm),
+                               .w = weft_model_param(m, w), .bias = param_or_null(m, b),
+                               .eps = (float)m->cfg.rms_norm_eps, .rows = a->d.T, .C = a->d.C};
+}
+
 // y = RMSNorm(x) W^T (+ b) (T, out), or with swiglu the activation of it (W the gate rows then
 // the up rows; y (T, out) of the activation's width), as one op where a forward-only pass lets
 // the backend fold the norm into the product (norm_product: the same bits, a decode step's
@@ -138,9 +150,8 @@ static bool folded_norm_product(weft_model *m, const weft_activations *a, const 
                                 int w, int b, void *y, int out, bool swiglu) {
     weft_backend *be = m->be;
     if (a->keep != KEEP_NONE || !be->norm_product) return false;
-    const void *bias = b == WEFT_ABSENT ? NULL : weft_model_param(m, b);
-    return be->norm_product(be, x, weft_model_param(m, norm), (float)m->cfg.rms_norm_eps,
-                            weft_model_param(m, w), bias, y, a->d.T, a->d.C, out, swiglu);
+    weft_norm_product np = norm_product_of(m, a, x, norm, w, b);
+    return be->norm_product(be, &np, y, out, swiglu);
 }
 
 // A forward-only pass's q|k|v product of layer l's normed input and the provider's store of its
@@ -149,10 +160,7 @@ static bool stored_with_product(weft_model *m, const weft_layer_params *p, const
                                 const weft_activations *a, int l, const weft_kv_provider *kv,
                                 const weft_column_parts *parts, const weft_rope_rows *rope) {
     if (a->keep != KEEP_NONE || !kv->norm_product_store) return false;
-    weft_norm_product np = {.x = la->x_in, .norm_w = weft_model_param(m, p->input_norm),
-                            .w = weft_model_param(m, p->q_w),
-                            .bias = p->q_b == WEFT_ABSENT ? NULL : weft_model_param(m, p->q_b),
-                            .eps = (float)m->cfg.rms_norm_eps, .rows = a->d.T, .C = a->d.C};
+    weft_norm_product np = norm_product_of(m, a, la->x_in, p->input_norm, p->q_w, p->q_b);
     return kv->norm_product_store(kv->ctx, l, &np, a->qkv, parts, rope);
 }
 

@@ -30,12 +30,7 @@ typedef struct twin {
 } twin;
 
 static float bf16_round(float x) { // as the GPU backend's from_f32 rounds
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
+    return weft_f32_from_bf16(weft_bf16_from_f32(x));
 }
 
 static twin make(size_t n, weft_dtype type, double scale, bool random) {
@@ -662,9 +657,12 @@ static void test_norm_products(int rows, int H, int KV, int D, int C) {
     cpu->swiglu_product(cpu, normed.c, wg.c, gate_up.c, act_out.c, rows, C, WIDTH);
     gpu->swiglu_product(gpu, normed.g, wg.g, gate_up.g, act_out.g, rows, C, WIDTH);
     // Folded: norm_product, against the CPU's ops apart and the GPU's bits apart.
-    bool took =
-        gpu->norm_product(gpu, x.g, g.g, eps, w.g, b.g, folded.g, rows, C, N, false) &&
-        gpu->norm_product(gpu, x.g, g.g, eps, wg.g, NULL, act_folded.g, rows, C, WIDTH, true);
+    weft_norm_product np = {
+        .x = x.g, .norm_w = g.g, .w = w.g, .bias = b.g, .eps = eps, .rows = rows, .C = C};
+    weft_norm_product np_mlp = {
+        .x = x.g, .norm_w = g.g, .w = wg.g, .bias = NULL, .eps = eps, .rows = rows, .C = C};
+    bool took = gpu->norm_product(gpu, &np, folded.g, N, false) &&
+                gpu->norm_product(gpu, &np_mlp, act_folded.g, WIDTH, true);
     cpu->copy(cpu, folded.c, fused.c, sizeof(float) * rows * N);
     cpu->copy(cpu, act_folded.c, act_out.c, sizeof(float) * rows * WIDTH);
     snprintf(name, sizeof name, "norm_product rows=%d N=%d C=%d", rows, N, C);
@@ -686,8 +684,6 @@ static void test_norm_products(int rows, int H, int KV, int D, int C) {
     cpu->split_store(cpu, fused.c, &pc, rows, &rc, &kc, 1, slots.c);
     gpu->split_store(gpu, fused.g, &pg, rows, &rg, &kg, 1, slots.g);
     pg.part[0] = q.g, kg.data = pool.g;
-    weft_norm_product np = {
-        .x = x.g, .norm_w = g.g, .w = w.g, .bias = b.g, .eps = eps, .rows = rows, .C = C};
     took = took && gpu->norm_product_store(gpu, &np, folded.g, &pg, &rg, &kg, 1, slots.g);
     printf("%-52s %s\n", "norm_product(_store) taken at these rows", took ? "ok" : "FAIL");
     failures += !took;

@@ -43,7 +43,8 @@ void weft_cpu_bf16_pack(int n, int k, const float *b, int ldb, uint16_t *halves)
             uint16_t *row = halves + (size_t)j0 * k + (size_t)kk * GROUP;
             for (int col = 0; col < GROUP; col++) {
                 int j = j0 + col;
-                row[(col % W) * 2 + col / W] = weft_bf16_from_f32(j < n ? b[(size_t)j * ldb + kk] : 0.0f);
+                float x = j < n ? b[(size_t)j * ldb + kk] : 0.0f;
+                row[(col % W) * 2 + col / W] = weft_bf16_from_f32(x);
             }
         }
 }

@@ -115,6 +115,36 @@ __device__ __forceinline__ void rotate_pair(float a, float b, float c, float s, 
     *to_b = to_bf16(b * c + a * s);
 }
 
+// The parts of fused rows; with `pool`, parts 1 and 2 (k and v) are the paged KV cache's slots
+// instead, row t at slot[t] of `layer` (a negative slot: nowhere), as kv_store puts them.
+struct column_parts {
+    bf16 *part[3];
+    int width[3];
+    bf16 *pool;
+    const int32_t *slot;
+    int layers, block_size, layer;
+};
+
+// Where column col of a fused row lies: its part and its column there (NULL: nowhere).
+__device__ __forceinline__ bf16 *part_at(const column_parts &parts, size_t row, int col) {
+    int p = 0;
+    while (col >= parts.width[p]) col -= parts.width[p++];
+    if (!parts.pool || p == 0) return parts.part[p] + row * parts.width[p] + col;
+    int slot = parts.slot[row], bs = parts.block_size, width = parts.width[p];
+    if (slot < 0) return nullptr;
+    size_t keys = pool_row(parts.layers, bs, width, slot / bs, parts.layer, slot % bs);
+    return parts.pool + keys + (p == 2 ? (size_t)bs * width : 0) + col;
+}
+
+// A decode step's q|k|v parts as split_store writes them: q (rows, q_width), and keys and values
+// (kv_width each) to the pool's slot[t] of `layer`.
+__host__ __device__ inline column_parts stored_parts(void *q, int q_width, int kv_width, void *pool,
+                                                     const int32_t *slot, int layers,
+                                                     int block_size, int layer) {
+    return column_parts{{(bf16 *)q, (bf16 *)pool, (bf16 *)pool}, {q_width, kv_width, kv_width},
+                        (bf16 *)pool, slot, layers, block_size, layer};
+}
+
 // 8 when every pointer is 16-byte aligned and `count` (the elements a kernel walks in vectors:
 // the whole tensor, or one row) is a multiple of 8; else 1.
 static inline int vector_width(size_t count, const void *a, const void *b = NULL,

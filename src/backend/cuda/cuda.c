@@ -454,36 +454,37 @@ static void cuda_swiglu_product(weft_backend *self, const void *x, const void *w
     cuda_swiglu_forward(self, gate_up, out, rows, width);
 }
 
-// A decode step's few rows: RMSNorm folded into the product that reads it (few_rows.cu), one
-// launch fewer. WEFT_CUDA_FOLD_NORM=0 keeps them apart, to time one against the other.
-static bool cuda_norm_product(weft_backend *self, const void *x, const void *norm_w, float eps,
-                              const void *w, const void *bias, void *y, int rows, int C, int N,
-                              bool swiglu) {
+// Whether np's rows are few enough for few_rows.cu to fold its norm into the product: one
+// launch fewer at a decode step. WEFT_CUDA_FOLD_NORM=0 keeps them apart, to time one against the
+// other.
+static bool folds_norm(weft_backend *self, const weft_norm_product *np) {
     cuda_state *st = state(self);
-    if (!st->few_rows || !st->fold_norm || !weft_cuda_few_rows_covers(rows, C, x, C, w, C) ||
-        (uintptr_t)norm_w % 16 != 0)
-        return false;
-    weft_cuda_few_rows_normed(STREAM(self), rows, N, C, x, norm_w, eps, w, bias, y, swiglu);
+    return st->few_rows && st->fold_norm && (uintptr_t)np->norm_w % 16 == 0 &&
+           weft_cuda_few_rows_covers(np->rows, np->C, np->x, np->C, np->w, np->C);
+}
+
+static bool cuda_norm_product(weft_backend *self, const weft_norm_product *np, void *y, int N,
+                              bool swiglu) {
+    if (!folds_norm(self, np)) return false;
+    weft_cuda_few_rows_normed(STREAM(self), np->rows, N, np->C, np->x, np->norm_w, np->eps,
+                              np->w, np->bias, y, swiglu);
     launched(self, swiglu ? "swiglu_product (few rows, normed)" : "matmul (few rows, normed)");
     return true;
 }
 
 // Where q and k turn (rotate's heads are the q heads then the k heads) and every part is whole
-// heads, a q|k|v product of few enough rows stores its rows itself (few_rows.cu).
+// heads, the q|k|v product stores its rows itself too (few_rows.cu); fused is left unwritten.
 static bool cuda_norm_product_store(weft_backend *self, const weft_norm_product *np, void *fused,
                                     const weft_column_parts *parts, const weft_rope_rows *r,
                                     const weft_kv_pool *pool, int layer, const int32_t *slot) {
-    cuda_state *st = state(self);
-    int D = r->head_dim, qd = parts->width[0], kvd = pool->width, C = np->C;
+    int D = r->head_dim, qd = parts->width[0], kvd = pool->width;
     bool heads = parts->n == 3 && parts->width[1] == kvd && parts->width[2] == kvd &&
                  D % 2 == 0 && qd % D == 0 && kvd % D == 0 && r->heads * D == qd + kvd;
-    if (!st->few_rows || !st->fold_norm || !heads || (uintptr_t)np->norm_w % 16 != 0 ||
-        !weft_cuda_few_rows_covers(np->rows, C, np->x, C, np->w, C))
-        return false;
-    (void)fused; // left unwritten
-    weft_cuda_few_rows_normed_store(STREAM(self), np->rows, C, np->x, np->norm_w, np->eps, np->w,
-                                    np->bias, parts->part[0], qd, kvd, r->positions, r->inv_freq,
-                                    r->scale, r->heads, D, pool->data, pool->layers,
+    if (!heads || !folds_norm(self, np)) return false;
+    (void)fused;
+    weft_cuda_few_rows_normed_store(STREAM(self), np->rows, np->C, np->x, np->norm_w, np->eps,
+                                    np->w, np->bias, parts->part[0], qd, kvd, r->positions,
+                                    r->inv_freq, r->scale, r->heads, D, pool->data, pool->layers,
                                     pool->block_size, layer, slot);
     launched(self, "matmul (few rows, normed, stored)");
     return true;

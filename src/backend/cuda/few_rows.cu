@@ -32,14 +32,11 @@ constexpr int MAX_THREADS = 256, CHUNK = 8; // bf16 per 16-byte chunk
 // up pair (W's gate rows then its up rows, N further), or store q|k|v as split_store would.
 enum epilogue { STORE, SWIGLU, ROPE_STORE };
 
-// ROPE_STORE's destination: rows of q|k|v (q_width, then kv_width of keys and of values), the
-// first rope.H heads turned, q to q (rows, q_width) and keys and values to the pool's slot of
-// each row (kernels.h's weft_cuda_paged_args layout; a negative slot: a padding row, not stored).
+// ROPE_STORE's destination: q|k|v rows whose first rope.H heads turn, stored where split_store
+// puts them (common.cuh's stored_parts).
 struct rope_store {
     rope_rows rope;
-    bf16 *q, *pool;
-    const int32_t *slot;
-    int q_width, kv_width, layers, block_size, layer;
+    column_parts parts;
 };
 
 // Output column r (0 .. R) of this block: R consecutive columns, or for ROPE_STORE the R / 2
@@ -123,15 +120,8 @@ __device__ __forceinline__ void store_pair(const rope_store &st, int t, int col,
         rope_factors(st.rope, t, col % D, &c, &sn);
         rotate_pair(to_f32(a), to_f32(b), c, sn, &a, &b);
     }
-    bf16 *to;
-    if (col < st.q_width) {
-        to = st.q + (size_t)t * st.q_width + col;
-    } else {
-        int slot = st.slot[t], kv = col - st.q_width, bs = st.block_size, width = st.kv_width;
-        if (slot < 0) return; // a padding row
-        to = st.pool + pool_row(st.layers, bs, width, slot / bs, st.layer, slot % bs) +
-             (kv >= width ? (size_t)bs * width : 0) + kv % width;
-    }
+    bf16 *to = part_at(st.parts, t, col); // col + half: the same head, so the same part
+    if (!to) return;                      // a padding row's keys and values
     to[0] = a;
     to[half] = b;
 }
@@ -299,8 +289,9 @@ extern "C" void weft_cuda_few_rows_normed_store(weft_cuda_stream s, int M, int K
                                                 const float *inv_freq, float scale, int heads,
                                                 int D, void *pool, int layers, int block_size,
                                                 int layer, const int32_t *slot) {
-    few::rope_store st = {{positions, inv_freq, scale, 1.0f, heads, D}, (bf16 *)q, (bf16 *)pool,
-                          slot, q_width, kv_width, layers, block_size, layer};
+    column_parts parts =
+        stored_parts(q, q_width, kv_width, pool, slot, layers, block_size, layer);
+    few::rope_store st = {{positions, inv_freq, scale, 1.0f, heads, D}, parts};
     few::product p = {(const bf16 *)x, (const bf16 *)w, NULL, (const bf16 *)bias, NULL,
                       K, K, 0, K, q_width + 2 * kv_width, M, 1.0f, 0.0f,
                       {(const bf16 *)norm_w, eps}, st};

@@ -292,29 +292,6 @@ extern "C" void weft_cuda_rope(weft_cuda_stream s, void *x, int ld, const int32_
 
 // ------------------------------------------------------------------------------- columns ----
 
-namespace {
-// The parts of fused rows; with `pool`, parts 1 and 2 (k and v) are the paged KV cache's slots
-// instead, row t at slot[t] of `layer` (a negative slot: nowhere), as kv_store puts them.
-struct column_parts {
-    bf16 *part[3];
-    int width[3];
-    bf16 *pool;
-    const int32_t *slot;
-    int layers, block_size, layer;
-};
-
-// Where column col of a fused row lies: its part and its column there (NULL: nowhere).
-__device__ __forceinline__ bf16 *part_at(const column_parts &parts, size_t row, int col) {
-    int p = 0;
-    while (col >= parts.width[p]) col -= parts.width[p++];
-    if (!parts.pool || p == 0) return parts.part[p] + row * parts.width[p] + col;
-    int slot = parts.slot[row], bs = parts.block_size, width = parts.width[p];
-    if (slot < 0) return nullptr;
-    size_t keys = pool_row(parts.layers, bs, width, slot / bs, parts.layer, slot % bs);
-    return parts.pool + keys + (p == 2 ? (size_t)bs * width : 0) + col;
-}
-} // namespace
-
 // The fused rows (rows, width) to or from their parts. With r.H > 0 the row's first r.H heads
 // turn on the way, after the join as rope with r.sign -1 turns them, before the split as rope
 // with +1 (written back to fused too, so fused ends as rope would leave it): threads i < pairs
@@ -397,13 +374,7 @@ extern "C" void weft_cuda_split_store(weft_cuda_stream s, void *fused, void *q, 
                                       const float *inv_freq, float scale, int heads, int D,
                                       void *pool, int layers, int block_size, int layer,
                                       const int32_t *slot) {
-    column_parts p = {{(bf16 *)q, (bf16 *)pool, (bf16 *)pool},
-                      {q_width, kv_width, kv_width},
-                      (bf16 *)pool,
-                      slot,
-                      layers,
-                      block_size,
-                      layer};
+    column_parts p = stored_parts(q, q_width, kv_width, pool, slot, layers, block_size, layer);
     split_parts(s, fused, p, 3, rows, false, positions, inv_freq, scale, heads, D);
 }
 

@@ -371,7 +371,8 @@ __device__ __forceinline__ void combine_partials(const weft_cuda_paged_args &a, 
 // attention kernel it spilled at 96 registers.
 template <int NQ>
 __device__ __attribute__((noinline)) void combine_task(weft_cuda_paged_args a, work w, task t,
-                                          const float *partials, bf16 *out, float *lse) {
+                                                       const float *partials, bf16 *out,
+                                                       float *lse) {
     for (int v = threadIdx.x >> 5; v < NQ; v += WARPS) {
         int row, h;
         if (vector_of(t, w, v, &row, &h)) combine_partials(a, w, row, h, partials, out, lse);
