@@ -298,6 +298,15 @@ struct weft_backend {
     // each row's bits still its own alone. Only for passes whose results propose and are then
     // checked, never recorded: speculative drafts (rollout.draft_bf16).
     void (*round_fixed_weights)(weft_backend *self, bool rounded);
+    // Optional (NULL where every forward op already is, as on the CPU: row-stable products, one
+    // attention order). While `on`, the forward-only ops give each row the same bits whatever
+    // other rows share the call and however many: every product x W^T (matmul into the
+    // activation type, swiglu_product) takes one reduction order for any row count,
+    // norm_product and norm_product_store decline, and paged_attention splits a row's keys at a
+    // fixed size. attention_forward is not covered: a caller that needs the same bits routes
+    // every row through paged_attention (rollout.batch_invariant). Errors where the device
+    // cannot.
+    void (*batch_invariant)(weft_backend *self, bool on);
 
     void (*destroy)(weft_backend *self); // frees what impl holds
     void *impl;

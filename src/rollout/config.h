@@ -34,6 +34,9 @@ typedef struct weft_rollout_config {
     // Decode steps queued one ahead of the host where the backend downloads asynchronously: the
     // next step is launched on the device's draws before the host has read them (async.c).
     bool async_scheduling;
+    // Each row's bits independent of what else its step holds, where the backend offers it
+    // (backend.h's batch_invariant; the CPU always is): every row's attention through the pool.
+    bool batch_invariant;
 } weft_rollout_config;
 
 weft_sampling_config weft_sampling_config_default(void);

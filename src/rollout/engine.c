@@ -29,7 +29,9 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
     weft_sampling_config_validate(sc);
     weft_rollout_config_validate(rc, m->cfg.num_mtp, "given to the engine");
     weft_engine *e = weft_alloc(sizeof *e);
-    *e = (weft_engine){.model = m, .be = m->be, .rc = *rc, .sc = *sc, .tok = tok, .in_flight = -1};
+    *e = (weft_engine){.model = m, .be = m->be, .rc = *rc, .sc = *sc, .tok = tok, .in_flight = -1,
+                       .invariant = rc->batch_invariant && m->be->batch_invariant};
+    e->stats.batch_invariant = e->invariant || !m->be->batch_invariant;
     const weft_model_config *c = &m->cfg;
     // The MTP modules that draft keep their keys and values in the same blocks, after the
     // decoder's layers.
@@ -340,20 +342,23 @@ void weft_rollout_after_token(weft_engine *e, int i) {
 // ------------------------------------------------------------------------------- the loop ----
 
 // The parameters do not change while the engine generates (a trainer updates them between
-// rollouts): the backend may keep what it derives from them for as long (backend.h).
-static void hold_params(weft_model *m, bool hold) {
+// rollouts): the backend may keep what it derives from them for as long (backend.h). And its
+// forward ops are batch-invariant for as long, where the engine asks for that.
+static void hold_params(weft_engine *e, bool hold) {
+    weft_model *m = e->model;
     weft_backend *be = m->be;
     if (hold && be->params_fixed)
         be->params_fixed(be, m->param_buf, m->n_elements * weft_dtype_size(be->param_dtype));
     else if (!hold && be->params_released)
         be->params_released(be);
+    if (e->invariant) be->batch_invariant(be, hold);
 }
 
 void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
                           weft_completion *out, weft_progress_fn progress, void *progress_ctx) {
     double t0 = weft_now_seconds();
     weft_engine_check_prompts(e, prompts, n_prompts, NULL);
-    hold_params(e->model, true);
+    hold_params(e, true);
     e->n_seqs = 0, e->done_samples = 0;
     for (int p = 0; p < n_prompts; p++) {
         gen_seq s = seq_for_prompt(e, &prompts[p], -1, 0);
@@ -379,7 +384,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     }
     for (int i = 0; i < e->n_seqs; i++) seq_free(&e->seqs[i]);
     e->n_seqs = 0;
-    hold_params(e->model, false);
+    hold_params(e, false);
     e->stats.prompts += n_prompts;
     e->stats.sequences += total;
     e->stats.seconds += weft_now_seconds() - t0;

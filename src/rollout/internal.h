@@ -101,6 +101,9 @@ struct weft_engine {
     pending_step pending[2]; // the step in flight and the one being queued (async.c)
     int in_flight;           // which of them is in flight, -1: none
     weft_arena step_scratch; // a step's host lists and staging rows, reset as each step begins
+    // rollout.batch_invariant on a backend that has the switch: while generating it is on, and
+    // every row's attention reads the pool, fresh prompts' too (step.c).
+    bool invariant;
 };
 
 // engine.c

@@ -79,9 +79,12 @@ static void attend(void *ctx, int layer, const void *q, const void *kv, void *ou
                           lse + (size_t)p->H * paged, p->H, p->KV, p->D);
 }
 
-// The first of the batch's last sequences that are fresh: rows at positions 0, 1, .. on.
-static int first_fresh(const weft_batch *batch, int n) {
+// The first of the batch's last sequences that are fresh: rows at positions 0, 1, .. on. None
+// where the engine is batch-invariant: the training attention's bits for a row depend on where
+// its document lies in the packed batch, the pool's on the row's own keys alone.
+static int first_fresh(const weft_engine *e, const weft_batch *batch, int n) {
     int j = n;
+    if (e->invariant) return n;
     while (j > 0) {
         int r0 = batch->cu_seqlens[j - 1];
         bool fresh = true;
@@ -114,7 +117,7 @@ weft_kv_provider weft_rollout_provider(weft_engine *e, const weft_batch *batch, 
     max_blocks = weft_rollout_table_width(e, max_blocks);
     // Everything the step's attention reads goes up in one copy: slots (T), q_pos (T), cu_q
     // (n + 1), cu_fresh (fresh + 1), tables (n, max_blocks).
-    int T = batch->T, j0 = first_fresh(batch, n), T0 = batch->cu_seqlens[j0], n_fresh = n - j0;
+    int T = batch->T, j0 = first_fresh(e, batch, n), T0 = batch->cu_seqlens[j0], n_fresh = n - j0;
     int words = 2 * T + (n + 1) + (n_fresh + 1) + n * max_blocks;
     int32_t *meta = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * words);
     int32_t *slots = meta, *q_pos = meta + T;

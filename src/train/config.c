@@ -141,6 +141,10 @@ static const key_def KEYS[] = {
      "device=cuda: launch each decode step before the host has read the last one's tokens (a "
      "sample that stops computes one row in vain); false: each step waits for the last's tokens",
      NULL},
+    {"rollout.batch_invariant", KEY_BOOL, F(rollout.batch_invariant),
+     "device=cuda: every row's bits independent of its batching (one product kernel for every "
+     "row count, all attention paged at fixed splits): byte-identical output whatever the "
+     "batching, pool or ranks, as on the CPU, at some speed; false: the fastest kernels", NULL},
     {"rl.policy_loss", KEY_CHOICE, F(rl.policy_loss),
      "ppo (token-level ratio) or gspo (sequence-level ratio)", POLICY_LOSSES},
     {"rl.clip_ratio_low", KEY_REAL, F(rl.clip_ratio_low), "ratio clipped below at 1 - this", NULL},

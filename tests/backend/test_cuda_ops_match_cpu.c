@@ -5,104 +5,7 @@
 // fp32 outputs computed in fp32 from bf16-exact inputs (gradients accumulated into f32, rstd,
 // reductions, AdamW) get 1e-4 or tighter.
 // Needs a GPU: exits 77 (skipped) where none is visible, so a CPU-only CI reports it skipped.
-#include <math.h>
-#include <stdio.h>
-#include <string.h>
-
-#include "../testing.h"
-#include "backend/backend.h"
-
-// Outputs stored in bf16 carry its rounding (at most 2^-8 of an element); fp32 outputs only
-// summation order (GPU atomics), near 1e-7. Measured on the emulated backend: 4.4e-3 and 1.2e-7.
-static const double BF16_TOL = 1e-2, F32_TOL = 1e-5;
-
-static weft_backend *cpu, *gpu;
-static weft_rng rng;
-static int failures;
-
-// A tensor held by both backends: host values (bf16-exact where the GPU stores bf16), the CPU
-// backend's fp32 copy and the GPU backend's copy in `type`.
-typedef struct twin {
-    size_t n;
-    weft_dtype type;
-    float *host;
-    void *c, *g;
-} twin;
-
-static float bf16_round(float x) { // as the GPU backend's from_f32 rounds
-    return weft_f32_from_bf16(weft_bf16_from_f32(x));
-}
-
-static twin make(size_t n, weft_dtype type, double scale, bool random) {
-    twin t = {n, type, weft_alloc(n * sizeof(float) + 4), NULL, NULL};
-    for (size_t i = 0; i < n && random; i++) {
-        float v = (float)(weft_rng_normal(&rng) * scale);
-        t.host[i] = type == WEFT_BF16 ? bf16_round(v) : v;
-    }
-    t.c = cpu->alloc(cpu, n * sizeof(float));
-    t.g = gpu->alloc(gpu, n * weft_dtype_size(type));
-    cpu->from_f32(cpu, t.c, WEFT_F32, t.host, n);
-    gpu->from_f32(gpu, t.g, type, t.host, n);
-    return t;
-}
-
-static twin act(size_t n, double scale) { return make(n, WEFT_BF16, scale, true); }
-static twin f32(size_t n, double scale) { return make(n, WEFT_F32, scale, true); }
-static twin zeros(size_t n, weft_dtype type) { return make(n, type, 0, false); }
-
-static void release(twin *t) {
-    cpu->free(cpu, t->c);
-    gpu->free(gpu, t->g);
-    weft_free(t->host);
-}
-
-// Integer arrays (ids, positions, offsets) on both devices.
-typedef struct ints {
-    int32_t *c, *g;
-} ints;
-
-static ints upload_ints(const int32_t *v, size_t n) {
-    ints t = {cpu->alloc(cpu, n * 4 + 4), gpu->alloc(gpu, n * 4 + 4)};
-    cpu->to_device(cpu, t.c, v, n * 4);
-    gpu->to_device(gpu, t.g, v, n * 4);
-    return t;
-}
-
-static void release_ints(ints *t) {
-    cpu->free(cpu, t->c);
-    gpu->free(gpu, t->g);
-}
-
-// max|gpu - cpu| / max|cpu| of the tensor's current contents, reported against tol.
-static void compare(const char *what, const twin *t, double tol) {
-    float *a = weft_alloc(t->n * sizeof(float) + 4), *b = weft_alloc(t->n * sizeof(float) + 4);
-    cpu->to_f32(cpu, a, t->c, WEFT_F32, t->n);
-    gpu->to_f32(gpu, b, t->g, t->type, t->n);
-    double diff = 0, ref = 0;
-    bool finite = true;
-    for (size_t i = 0; i < t->n; i++) {
-        finite = finite && isfinite(b[i]);
-        diff = fmax(diff, fabs((double)a[i] - b[i]));
-        ref = fmax(ref, fabs((double)a[i]));
-    }
-    double rel = ref > 0 ? diff / ref : diff;
-    bool ok = finite && rel <= tol;
-    printf("%-52s rel err %.2e (tol %.0e) %s\n", what, rel, tol, ok ? "ok" : "FAIL");
-    failures += !ok;
-    weft_free(a);
-    weft_free(b);
-}
-
-// Whether the GPU copies of a and b hold the same bits (bf16 and f32 both widen exactly).
-static bool same_bits(const twin *a, const twin *b) {
-    float *x = weft_alloc(a->n * sizeof(float) + 4), *y = weft_alloc(b->n * sizeof(float) + 4);
-    gpu->to_f32(gpu, x, a->g, a->type, a->n);
-    gpu->to_f32(gpu, y, b->g, b->type, b->n);
-    bool same = a->n == b->n && !memcmp(x, y, a->n * sizeof(float));
-    weft_free(x);
-    weft_free(y);
-    return same;
-}
+#include "twin_backends.h"
 
 // ---------------------------------------------------------------------------------- tests ----
 
@@ -132,7 +35,10 @@ static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
 // on what else the batch holds; of 9 to 64 rows (skinny.cu, mma.sync), the same bits when run
 // again: its blocks' sums over ranges of K are added in split order whichever block arrives
 // last (the emulator runs a launch's blocks in an order drawn per launch), and its counters
-// are left at zero for the next call. Past 64 rows, cuBLASLt's (run again too).
+// are left at zero for the next call. Past 64 rows, cuBLASLt's (run again too). With the
+// backend's batch_invariant on (`invariant`), every row count on skinny.cu, and every row the
+// bits of that row alone.
+static bool invariant;
 static void test_projection(int m, int n, int k, bool residual) {
     int lda = k + 8, ldb = k + 16, ldc = n + 3;
     size_t esz = sizeof(uint16_t);
@@ -148,12 +54,13 @@ static void test_projection(int m, int n, int k, bool residual) {
                 NULL, c.g, ldc, tg);
     char name[96];
     snprintf(name, sizeof name, "matmul %s m=%d n=%d k=%d%s",
-             m <= 8 ? "few rows" : m <= 64 ? "skinny" : "GEMM", m, n, k, residual ? " + R" : "");
+             invariant ? "invariant" : m <= 8 ? "few rows" : m <= 64 ? "skinny" : "GEMM", m, n,
+             k, residual ? " + R" : "");
     compare(name, &c, BF16_TOL);
     uint16_t *batch = weft_alloc((size_t)m * ldc * esz), *row = weft_alloc((size_t)ldc * esz);
     gpu->to_host(gpu, batch, c.g, (size_t)m * ldc * esz);
     int differ = 0;
-    if (m > 8) { // again, into a zeroed C
+    if (m > 8 && !invariant) { // again, into a zeroed C
         twin again = zeros((size_t)m * ldc, WEFT_BF16);
         gpu->matmul(gpu, false, true, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta,
                     residual ? r.g : NULL, NULL, again.g, ldc, tg);
@@ -737,6 +644,12 @@ int main(void) {
     test_projection(33, 1030, 544, false);    // 3 row tiles, K in 4 splits, a partial block
     test_projection(64, 2048, 1024, true);    // the 1B model's output projection at batch 64: 8
                                             // splits of K
+    gpu->batch_invariant(gpu, invariant = true);
+    test_projection(3, 1030, 544, false);    // few rows' range, on skinny.cu
+    test_projection(150, 136, 96, true);     // 3 blocks of 64 rows, the last partial
+    test_projection(200, 2048, 1024, false); // 8 splits of K: launches of 16 row blocks at most
+    test_swiglu_product(150, 72, 64);        // and the two ops, alike
+    gpu->batch_invariant(gpu, invariant = false);
     test_embedding();
     test_rmsnorm();
     test_bias();

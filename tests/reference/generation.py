@@ -3,6 +3,7 @@ output rows and statistics back; the completions as a `weft grad` batch, so the 
 log-probs can be compared with the rollout's; the processed distribution computed independently
 (sampling.h's filters in numpy) and the chi-square test that draws are compared with it by."""
 
+import filecmp
 import json
 import os
 import subprocess
@@ -57,6 +58,22 @@ def generate_each_way(weft, mdir, prompts_path, tmp, name, key, *settings):
         _, stats[value], _ = generate(weft, mdir, prompts_path, outs[value], *settings,
                                       f"{key}={value}")
     return outs, stats
+
+
+def check_batchings(weft, mdir, prompts_path, ref, variants, tmp, failures, *settings):
+    """weft generate with `settings` once per (name, extra settings, ranks) of `variants`: each
+    output file must equal `ref` byte for byte, and a variant whose name mentions preemptions must
+    have preempted. Prints a line each; appends what fails to `failures`."""
+    for name, extra, ranks in variants:
+        out = os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl")
+        _, st, _ = generate(weft, mdir, prompts_path, out, *settings, *extra, ranks=ranks)
+        same = filecmp.cmp(ref, out, shallow=False)
+        print(f"{name}: {'byte-identical' if same else 'DIFFERS'}; {st['preemptions']:.0f} "
+              f"preemptions, KV blocks peak {st['kv']['peak_used']}")
+        if not same:
+            failures.append(f"{name}: the output differs from all-at-once's")
+        if "preemptions" in name and st["preemptions"] < 1:
+            failures.append(f"{name}: the small pool forced no preemption")
 
 
 def completions_batch(rows, path):

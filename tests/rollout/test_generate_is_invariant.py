@@ -6,12 +6,11 @@ ranks, each generating its share of the prompts. Sampling: temperature 0.8, top-
 per prompt, 10 prompts of 1 to 45 tokens, up to 16 new tokens, stop token 44; a model with
 head_dim 64 (where BLAS would pick other kernels for fewer rows).
 """
-import filecmp
 import os
 import sys
 
 from reference import files, fixtures, qwen2
-from reference.generation import generate, random_prompts, write_prompts
+from reference.generation import check_batchings, generate, random_prompts, write_prompts
 
 LENGTHS = [12, 1, 45, 7, 30, 3, 19, 2, 40, 8]
 SAMPLING = ["sampling.temperature=0.8", "sampling.top_k=20", "sampling.n=2",
@@ -35,16 +34,7 @@ def cases(weft, tmp):
     tokens = sum(len(r["token_ids"]) for row in rows for r in row["responses"])
     stops = sum(r["finish_reason"] == "stop" for row in rows for r in row["responses"])
     print(f"all at once: {tokens} tokens, {stops} samples stopped at token 44")
-    for name, settings, ranks in VARIANTS:
-        out = os.path.join(tmp, f"{name.replace(' ', '_')}.jsonl")
-        _, st, _ = generate(weft, mdir, prompts, out, *SAMPLING, *settings, ranks=ranks)
-        same = filecmp.cmp(ref, out, shallow=False)
-        print(f"{name}: {'byte-identical' if same else 'DIFFERS'}; {st['preemptions']:.0f} "
-              f"preemptions, KV blocks peak {st['kv']['peak_used']}")
-        if not same:
-            failures.append(f"{name}: the output differs from all-at-once's")
-        if "preemptions" in name and st["preemptions"] < 1:
-            failures.append(f"{name}: the small pool forced no preemption")
+    check_batchings(weft, mdir, prompts, ref, VARIANTS, tmp, failures, *SAMPLING)
     return failures
 
 

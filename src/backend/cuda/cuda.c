@@ -7,78 +7,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/backend.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/matmul.h"
-#include "backend/cuda/profile.h"
-#include "backend/cuda/staging.h"
+#include "backend/cuda/internal.h"
 #include "backend/cuda/switches.h"
 
-typedef struct cuda_state {
-    int device;
-    cudaStream_t stream;
-    weft_cuda_queue queue;       // the stream as weft's own launchers see it (kernels.h)
-    weft_cuda_gemms *gemms;      // cuBLASLt (matmul.c)
-    double *sum_result;          // device scalar for sum_f32 / sumsq_f32
-    double *sum_partials;        // their blocks' sums (WEFT_CUDA_SUM_PARTIALS)
-    float *scratch;              // attention's delta and partials, grown on demand
-    bool attention_mma;          // tensor-core attention where the head_dim allows it
-    bool attention_hopper;       // and on TMA and wgmma (the default on sm_90a)
-    bool attention_hopper_named; // by WEFT_CUDA_ATTENTION=hopper
-    bool attention_ordered_dq;   // the hopper backward's dQ in its dK/dV kernel (ordered sums)
-    bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
-    bool skinny;                 // and up to WEFT_CUDA_SKINNY_ROWS on skinny.cu's (sm_80 and up)
-    bool fold_norm;              // a forward-only RMSNorm in the few-row product after it
-    int *arrived;                // arrival counters (kernels.h), zero between calls
-    bool capturing;              // between capture_begin and capture_end
-    weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
-    weft_cuda_staging *staging;  // small uploads' pinned slots
-    size_t scratch_bytes;
-    // Live allocations and their sizes, for the byte count (cudaFree is not told the size).
-    void **live;
-    size_t *live_bytes;
-    int n_live, live_cap;
-} cuda_state;
-
-static cuda_state *state(weft_backend *b) { return b->impl; }
-
-#define CUDA_CHECK(call)                                                                           \
-    do {                                                                                           \
-        cudaError_t err_ = (call);                                                                 \
-        WEFT_CHECK(err_ == cudaSuccess, "cuda: %s failed: %s", #call, cudaGetErrorString(err_));   \
-    } while (0)
-
-// The stream, for an op about to queue its work on it: the profile (if on) marks the op's start.
-static cudaStream_t op_stream(weft_backend *self) {
-    weft_cuda_profile_start(state(self)->profile);
-    return state(self)->stream;
+cudaStream_t weft_cuda_op_stream(weft_backend *self) {
+    weft_cuda_profile_start(weft_cuda_state(self)->profile);
+    return weft_cuda_state(self)->stream;
 }
 
-// The same for an op of weft's own kernels.
-static weft_cuda_stream op_queue(weft_backend *self) {
-    weft_cuda_profile_start(state(self)->profile);
-    return &state(self)->queue;
+weft_cuda_stream weft_cuda_op_queue(weft_backend *self) {
+    weft_cuda_profile_start(weft_cuda_state(self)->profile);
+    return &weft_cuda_state(self)->queue;
 }
 
-// After each op is queued: a bad launch configuration shows up here, named by the op, and the
-// profile (if on) marks the op's end.
-static void launched(weft_backend *self, const char *op) {
+void weft_cuda_launched(weft_backend *self, const char *op) {
     cudaError_t err = cudaGetLastError();
     WEFT_CHECK(err == cudaSuccess, "cuda: %s kernel failed to launch: %s", op,
                cudaGetErrorString(err));
-    weft_cuda_profile_op(state(self)->profile, op);
+    weft_cuda_profile_op(weft_cuda_state(self)->profile, op);
 }
 
 // Allocation, transfers and waits cannot be recorded in a graph: one during a capture is weft's
 // bug, said plainly rather than as the CUDA error the capture would end with.
 static void not_capturing(weft_backend *self, const char *what) {
-    WEFT_CHECK(!state(self)->capturing, "internal: %s while a CUDA graph is being captured", what);
+    WEFT_CHECK(!weft_cuda_state(self)->capturing,
+               "internal: %s while a CUDA graph is being captured", what);
 }
 
 // ------------------------------------------------------------------------------ memory ----
 
 static void remember(weft_backend *self, void *p, size_t bytes) {
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     if (st->n_live == st->live_cap) {
         int cap = st->live_cap;
         st->live = weft_grow(st->live, st->n_live, &cap, sizeof(void *), 256);
@@ -89,7 +48,7 @@ static void remember(weft_backend *self, void *p, size_t bytes) {
 }
 
 static void forget(weft_backend *self, void *p) {
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     for (int i = st->n_live - 1; i >= 0; i--)
         if (st->live[i] == p) {
             weft_backend_count_bytes(self, -(long long)st->live_bytes[i]);
@@ -111,9 +70,9 @@ static void *cuda_alloc(weft_backend *self, size_t bytes) {
         weft_format_bytes(have, sizeof have, free_b);
         weft_fatal("cuda: out of GPU memory allocating %s (%s free on device %d); lower "
                    "train.max_tokens_per_microbatch, turn on train.recompute, or add ranks",
-                   want, have, state(self)->device);
+                   want, have, weft_cuda_state(self)->device);
     }
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, state(self)->stream));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, weft_cuda_state(self)->stream));
     remember(self, p, bytes);
     return p;
 }
@@ -151,19 +110,19 @@ static void cuda_host_free(weft_backend *self, void *p) {
 static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_t bytes) {
     not_capturing(self, "an upload");
     if (bytes == 0) return;
-    cudaStream_t s = op_stream(self);
-    if (!weft_cuda_staging_upload(state(self)->staging, dst, src, bytes, s))
+    cudaStream_t s = weft_cuda_op_stream(self);
+    if (!weft_cuda_staging_upload(weft_cuda_state(self)->staging, dst, src, bytes, s))
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    launched(self, "upload");
+    weft_cuda_launched(self, "upload");
 }
 
 // A download waits for the value: the host reads it next.
 static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t bytes) {
     not_capturing(self, "a download");
     if (bytes == 0) return;
-    cudaStream_t s = op_stream(self);
+    cudaStream_t s = weft_cuda_op_stream(self);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    launched(self, "download");
+    weft_cuda_launched(self, "download");
     CUDA_CHECK(cudaStreamSynchronize(s));
     self->host_waits++;
 }
@@ -171,11 +130,11 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
 // The ticket is an event recorded behind the copy: waiting on it waits for nothing queued later.
 static void *cuda_download_begin(weft_backend *self, void *dst, const void *src, size_t bytes) {
     not_capturing(self, "a download");
-    cudaStream_t s = op_stream(self);
+    cudaStream_t s = weft_cuda_op_stream(self);
     cudaEvent_t done;
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    launched(self, "download");
+    weft_cuda_launched(self, "download");
     CUDA_CHECK(cudaEventRecord(done, s));
     return done;
 }
@@ -189,19 +148,20 @@ static void cuda_download_wait(weft_backend *self, void *ticket) {
 
 static void cuda_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
     if (bytes == 0 || dst == src) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, op_stream(self)));
-    launched(self, "copy");
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                               weft_cuda_op_stream(self)));
+    weft_cuda_launched(self, "copy");
 }
 
 static void cuda_zero(weft_backend *self, void *dst, size_t bytes) {
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, op_stream(self)));
-    launched(self, "zero");
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, weft_cuda_op_stream(self)));
+    weft_cuda_launched(self, "zero");
 }
 
 static void cuda_synchronize(weft_backend *self) {
     not_capturing(self, "a wait for the device");
-    CUDA_CHECK(cudaStreamSynchronize(state(self)->stream));
+    CUDA_CHECK(cudaStreamSynchronize(weft_cuda_state(self)->stream));
     self->host_waits++;
 }
 
@@ -211,10 +171,8 @@ static size_t cuda_memory_available(weft_backend *self) {
     return free_b;
 }
 
-// Scratch of at least `bytes`, kept for later calls. Freed memory may still be in use by queued
-// kernels, so growth waits for the stream first.
-static float *scratch(weft_backend *self, size_t bytes) {
-    cuda_state *st = state(self);
+float *weft_cuda_scratch(weft_backend *self, size_t bytes) {
+    cuda_state *st = weft_cuda_state(self);
     if (bytes > st->scratch_bytes) {
         cuda_synchronize(self);
         cuda_free(self, st->scratch);
@@ -224,99 +182,52 @@ static float *scratch(weft_backend *self, size_t bytes) {
     return st->scratch;
 }
 
-// ------------------------------------------------------------------------------ matmul ----
-
-static void cuda_matmul(weft_backend *self, bool ta, bool tb, int m, int n, int k, float alpha,
-                        const void *a, int lda, const void *b, int ldb, float beta,
-                        const void *c_in, const void *bias, void *c, int ldc,
-                        weft_matmul_types types) {
-    WEFT_CHECK(types.a == WEFT_BF16 && types.b == WEFT_BF16,
-               "internal: the cuda backend multiplies bf16 matrices");
-    WEFT_CHECK(!bias || (types.c == WEFT_BF16 && ldc == n),
-               "internal: a bias on an fp32 or strided product");
-    if (m == 0 || n == 0) return;
-    cuda_state *st = state(self);
-    if (!c_in) c_in = c;
-    bool projection = !ta && tb && types.c == WEFT_BF16; // x W^T into bf16: a layer's forward
-    if (k == 0) { // an empty sum: C = beta * C_in, and the model only ever asks for beta 0 or 1
-        WEFT_CHECK(beta == 0.0f || beta == 1.0f, "internal: empty GEMM with beta %g", beta);
-        size_t esz = weft_dtype_size(types.c), pitch = (size_t)ldc * esz;
-        if (beta == 0.0f)
-            CUDA_CHECK(cudaMemset2DAsync(c, pitch, 0, (size_t)n * esz, (size_t)m, op_stream(self)));
-        else if (c_in != c)
-            CUDA_CHECK(cudaMemcpy2DAsync(c, pitch, c_in, pitch, (size_t)n * esz, (size_t)m,
-                                         cudaMemcpyDeviceToDevice, op_stream(self)));
-        launched(self, "matmul (empty sum)");
-    } else if (projection && st->few_rows && weft_cuda_few_rows_covers(m, k, a, lda, b, ldb)) {
-        weft_cuda_few_rows(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
-                           ldc);
-        launched(self, "matmul (few rows)");
-        return; // the bias added in the same launch
-    } else if (projection && st->skinny && weft_cuda_skinny_covers(m, k, a, lda, b, ldb)) {
-        float *partials = scratch(self, weft_cuda_skinny_partials_bytes(m, n, k));
-        weft_cuda_skinny(op_queue(self), m, n, k, alpha, a, lda, b, ldb, beta, c_in, bias, c,
-                         ldc, partials, st->arrived);
-        launched(self, "matmul (skinny)");
-        return; // the bias added in the same launch
-    } else {
-        bool split = weft_cuda_gemm(st->gemms, op_stream(self), ta, tb, m, n, k, alpha, a, lda,
-                                    b, ldb, beta, c_in, c, ldc, types);
-        launched(self, types.c == WEFT_F32 ? "matmul (fp32 out: dW)"
-                       : split             ? "matmul (split K)"
-                                           : "matmul");
-    }
-    if (bias) { // rounded as the product was stored: a separate add's bits, whichever path ran
-        weft_cuda_bias_forward(op_queue(self), c, bias, m, n);
-        launched(self, "bias_add");
-    }
-}
-
 // ------------------------------------------------------------------------- kernel ops ----
 
-#define STREAM(self) op_queue(self)
+#define STREAM(self) weft_cuda_op_queue(self)
 
 static void cuda_embedding_forward(weft_backend *self, const int32_t *ids, const void *table,
                                    void *out, int T, int C) {
     weft_cuda_embedding_forward(STREAM(self), ids, table, out, T, C);
-    launched(self, "embedding_forward");
+    weft_cuda_launched(self, "embedding_forward");
 }
 
 static void cuda_embedding_backward(weft_backend *self, const int32_t *ids, const void *dout,
                                     float *dtable, int T, int C) {
     weft_cuda_embedding_backward(STREAM(self), ids, dout, dtable, T, C);
-    launched(self, "embedding_backward");
+    weft_cuda_launched(self, "embedding_backward");
 }
 
 static void cuda_rmsnorm_forward(weft_backend *self, const void *x, const void *w, float eps,
                                  void *out, float *rstd, int T, int C) {
     weft_cuda_rmsnorm_forward(STREAM(self), x, w, eps, out, rstd, T, C);
-    launched(self, "rmsnorm_forward");
+    weft_cuda_launched(self, "rmsnorm_forward");
 }
 
 static void cuda_rmsnorm_backward(weft_backend *self, const void *x, const void *w,
                                   const float *rstd, const void *dout, void *dx, float *dw, int T,
                                   int C) {
-    float *partials = scratch(self, weft_cuda_column_partials_bytes(T, C));
+    float *partials = weft_cuda_scratch(self, weft_cuda_column_partials_bytes(T, C));
     weft_cuda_rmsnorm_backward(STREAM(self), x, w, rstd, dout, dx, dw, T, C, partials);
-    launched(self, "rmsnorm_backward");
+    weft_cuda_launched(self, "rmsnorm_backward");
 }
 
 static void cuda_bias_backward(weft_backend *self, const void *dout, float *dbias, int T, int C) {
-    float *partials = scratch(self, weft_cuda_column_partials_bytes(T, C));
+    float *partials = weft_cuda_scratch(self, weft_cuda_column_partials_bytes(T, C));
     weft_cuda_bias_backward(STREAM(self), dout, dbias, T, C, partials);
-    launched(self, "bias_backward");
+    weft_cuda_launched(self, "bias_backward");
 }
 
 static void cuda_rope_forward(weft_backend *self, void *x, int ld, const int32_t *positions,
                               const float *inv_freq, float scale, int T, int H, int D) {
     weft_cuda_rope(STREAM(self), x, ld, positions, inv_freq, scale, T, H, D, 1.0f);
-    launched(self, "rope_forward");
+    weft_cuda_launched(self, "rope_forward");
 }
 
 static void cuda_rope_backward(weft_backend *self, void *dx, int ld, const int32_t *positions,
                                const float *inv_freq, float scale, int T, int H, int D) {
     weft_cuda_rope(STREAM(self), dx, ld, positions, inv_freq, scale, T, H, D, -1.0f);
-    launched(self, "rope_backward");
+    weft_cuda_launched(self, "rope_backward");
 }
 
 static void check_head_dim(int D) {
@@ -337,7 +248,7 @@ static weft_cuda_attention_args attention_args(const weft_attention_layout *l, i
 // 16-byte chunks); the fp32 ones take anything up to the limit.
 static bool attention_on_tensor_cores(weft_backend *self, int D, const void *const *tensors,
                                       int n) {
-    if (!state(self)->attention_mma || D % 16 != 0) return false;
+    if (!weft_cuda_state(self)->attention_mma || D % 16 != 0) return false;
     for (int i = 0; i < n; i++)
         if ((uintptr_t)tensors[i] % 16 != 0) return false;
     return true;
@@ -348,7 +259,7 @@ static bool attention_on_tensor_cores(weft_backend *self, int D, const void *con
 // label; as the default, the job says so once and goes on with the mma kernels.
 static bool hopper_launched(weft_backend *self, bool ok, bool backward,
                             const weft_cuda_attention_args *a) {
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     WEFT_CHECK(ok || !st->attention_hopper_named,
                "WEFT_CUDA_ATTENTION=hopper: the CUDA driver refused the TMA descriptors of the "
                "attention %s (heads %d, kv heads %d, head_dim %d); update the driver (CUDA 12 or "
@@ -361,7 +272,8 @@ static bool hopper_launched(weft_backend *self, bool ok, bool backward,
         st->attention_hopper = false;
         return false;
     }
-    launched(self, backward ? "attention_backward (hopper)" : "attention_forward (hopper)");
+    weft_cuda_launched(self,
+                       backward ? "attention_backward (hopper)" : "attention_forward (hopper)");
     return true;
 }
 
@@ -372,7 +284,7 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     const void *tensors[] = {q, k, v, out};
     bool mma = attention_on_tensor_cores(self, D, tensors, 4);
-    if (mma && state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a) &&
+    if (mma && weft_cuda_state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a) &&
         hopper_launched(self,
                         weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
                         false, &a))
@@ -381,7 +293,7 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
         weft_cuda_attention_forward_mma(STREAM(self), &a, q, k, v, out, lse);
     else
         weft_cuda_attention_forward_simt(STREAM(self), &a, q, k, v, out, lse);
-    launched(self, mma ? "attention_forward (mma)" : "attention_forward (simt)");
+    weft_cuda_launched(self, mma ? "attention_forward (mma)" : "attention_forward (simt)");
 }
 
 static void cuda_attention_backward(weft_backend *self, const void *q, const void *k,
@@ -393,13 +305,14 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     const void *tensors[] = {q, k, v, dout, dq, dk, dv};
     bool mma = attention_on_tensor_cores(self, D, tensors, 7);
     // Scratch: delta (H, Tq), then the kernels' own: per-head dK/dV partials, dQ sums.
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     bool hopper = mma && st->attention_hopper && weft_cuda_attention_hopper_covers(&a);
     size_t delta_floats = ((size_t)H * layout->Tq + 63) / 64 * 64; // partials 256-byte aligned
-    size_t own_bytes = hopper ? weft_cuda_attention_hopper_scratch_bytes(&a, st->attention_ordered_dq)
+    bool ordered = st->attention_ordered_dq;
+    size_t own_bytes = hopper ? weft_cuda_attention_hopper_scratch_bytes(&a, ordered)
                        : mma  ? weft_cuda_attention_partials_bytes(&a)
                               : 0;
-    float *delta = scratch(self, sizeof(float) * delta_floats + own_bytes);
+    float *delta = weft_cuda_scratch(self, sizeof(float) * delta_floats + own_bytes);
     weft_cuda_attention_delta(STREAM(self), out, dout, delta, layout->Tq, H, D);
     if (hopper && hopper_launched(self,
                                   weft_cuda_attention_backward_hopper(
@@ -413,7 +326,7 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     else
         weft_cuda_attention_backward_simt(STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk,
                                           dv);
-    launched(self, mma ? "attention_backward (mma)" : "attention_backward (simt)");
+    weft_cuda_launched(self, mma ? "attention_backward (mma)" : "attention_backward (simt)");
 }
 
 static void cuda_split_columns(weft_backend *self, void *fused, const weft_column_parts *parts,
@@ -422,85 +335,26 @@ static void cuda_split_columns(weft_backend *self, void *fused, const weft_colum
     const weft_rope_rows *r = rotate ? rotate : &none;
     weft_cuda_split_columns(STREAM(self), fused, parts->part, parts->width, parts->n, rows, join,
                             r->positions, r->inv_freq, r->scale, r->heads, r->head_dim);
-    launched(self, join ? "join_columns" : "split_columns");
+    weft_cuda_launched(self, join ? "join_columns" : "split_columns");
 }
 
 static void cuda_swiglu_forward(weft_backend *self, const void *gate_up, void *out, int rows,
                                 int width) {
     weft_cuda_swiglu_forward(STREAM(self), gate_up, out, rows, width);
-    launched(self, "swiglu_forward");
-}
-
-// Few rows (a decode step): the product and the activation in one launch (few_rows.cu); else
-// both ops.
-static void cuda_swiglu_product(weft_backend *self, const void *x, const void *w, void *gate_up,
-                                void *out, int rows, int C, int width) {
-    cuda_state *st = state(self);
-    if (st->few_rows && weft_cuda_few_rows_covers(rows, C, x, C, w, C)) {
-        weft_cuda_few_rows_swiglu(STREAM(self), rows, width, C, x, C, w, C, out, width);
-        launched(self, "swiglu_product (few rows)");
-        return;
-    }
-    if (st->skinny && weft_cuda_skinny_covers(rows, C, x, C, w, C)) {
-        float *partials = scratch(self, weft_cuda_skinny_partials_bytes(rows, 2 * width, C));
-        weft_cuda_skinny_swiglu(STREAM(self), rows, width, C, x, C, w, C, out, width, partials,
-                                st->arrived);
-        launched(self, "swiglu_product (skinny)");
-        return;
-    }
-    weft_matmul_types types = {WEFT_BF16, WEFT_BF16, WEFT_BF16};
-    cuda_matmul(self, false, true, rows, 2 * width, C, 1.0f, x, C, w, C, 0.0f, NULL, NULL, gate_up,
-                2 * width, types);
-    cuda_swiglu_forward(self, gate_up, out, rows, width);
-}
-
-// Whether np's rows are few enough for few_rows.cu to fold its norm into the product: one
-// launch fewer at a decode step. WEFT_CUDA_FOLD_NORM=0 keeps them apart, to time one against the
-// other.
-static bool folds_norm(weft_backend *self, const weft_norm_product *np) {
-    cuda_state *st = state(self);
-    return st->few_rows && st->fold_norm && (uintptr_t)np->norm_w % 16 == 0 &&
-           weft_cuda_few_rows_covers(np->rows, np->C, np->x, np->C, np->w, np->C);
-}
-
-static bool cuda_norm_product(weft_backend *self, const weft_norm_product *np, void *y, int N,
-                              bool swiglu) {
-    if (!folds_norm(self, np)) return false;
-    weft_cuda_few_rows_normed(STREAM(self), np->rows, N, np->C, np->x, np->norm_w, np->eps,
-                              np->w, np->bias, y, swiglu);
-    launched(self, swiglu ? "swiglu_product (few rows, normed)" : "matmul (few rows, normed)");
-    return true;
-}
-
-// Where q and k turn (rotate's heads are the q heads then the k heads) and every part is whole
-// heads, the q|k|v product stores its rows itself too (few_rows.cu); fused is left unwritten.
-static bool cuda_norm_product_store(weft_backend *self, const weft_norm_product *np, void *fused,
-                                    const weft_column_parts *parts, const weft_rope_rows *r,
-                                    const weft_kv_pool *pool, int layer, const int32_t *slot) {
-    int D = r->head_dim, qd = parts->width[0], kvd = pool->width;
-    bool heads = parts->n == 3 && parts->width[1] == kvd && parts->width[2] == kvd &&
-                 D % 2 == 0 && qd % D == 0 && kvd % D == 0 && r->heads * D == qd + kvd;
-    if (!heads || !folds_norm(self, np)) return false;
-    (void)fused;
-    weft_cuda_few_rows_normed_store(STREAM(self), np->rows, np->C, np->x, np->norm_w, np->eps,
-                                    np->w, np->bias, parts->part[0], qd, kvd, r->positions,
-                                    r->inv_freq, r->scale, r->heads, D, pool->data, pool->layers,
-                                    pool->block_size, layer, slot);
-    launched(self, "matmul (few rows, normed, stored)");
-    return true;
+    weft_cuda_launched(self, "swiglu_forward");
 }
 
 static void cuda_swiglu_backward(weft_backend *self, const void *gate_up, const void *dout,
                                  void *d_gate_up, int rows, int width) {
     weft_cuda_swiglu_backward(STREAM(self), gate_up, dout, d_gate_up, rows, width);
-    launched(self, "swiglu_backward");
+    weft_cuda_launched(self, "swiglu_backward");
 }
 
 static void cuda_kv_store(weft_backend *self, const weft_kv_pool *pool, int layer,
                           const int32_t *slot, const void *k, const void *v, int T) {
     weft_cuda_kv_store(STREAM(self), pool->data, pool->layers, pool->block_size, pool->width,
                        layer, slot, k, v, T);
-    launched(self, "kv_store");
+    weft_cuda_launched(self, "kv_store");
 }
 
 static void cuda_split_store(weft_backend *self, void *fused, const weft_column_parts *parts,
@@ -511,7 +365,7 @@ static void cuda_split_store(weft_backend *self, void *fused, const weft_column_
     weft_cuda_split_store(STREAM(self), fused, parts->part[0], parts->width[0], pool->width, T,
                           r->positions, r->inv_freq, r->scale, r->heads, r->head_dim, pool->data,
                           pool->layers, pool->block_size, layer, slot);
-    launched(self, "split_store");
+    weft_cuda_launched(self, "split_store");
 }
 
 static void cuda_paged_attention(weft_backend *self, const void *q, const weft_kv_pool *pool,
@@ -522,59 +376,63 @@ static void cuda_paged_attention(weft_backend *self, const void *q, const weft_k
                               .block_size = pool->block_size, .width = pool->width,
                               .n_seqs = l->n_seqs, .Tq = l->Tq, .max_blocks = l->max_blocks,
                               .H = H, .KV = KV, .D = D, .cu_q = l->cu_q, .q_pos = l->q_pos,
-                              .block_tables = l->block_tables};
-    float *partials = scratch(self, weft_cuda_paged_partials_bytes(&a));
+                              .block_tables = l->block_tables,
+                              .split_keys = weft_cuda_state(self)->batch_invariant
+                                                ? WEFT_CUDA_INVARIANT_SPLIT_KEYS
+                                                : 0};
+    float *partials = weft_cuda_scratch(self, weft_cuda_paged_partials_bytes(&a));
     weft_cuda_paged_attention(STREAM(self), &a, layer, q, out, lse, partials,
-                              state(self)->arrived);
-    launched(self, "paged_attention");
+                              weft_cuda_state(self)->arrived);
+    weft_cuda_launched(self, "paged_attention");
 }
 
 static void cuda_add_inplace(weft_backend *self, void *y, const void *x, size_t N) {
     weft_cuda_add_bf16(STREAM(self), y, x, N);
-    launched(self, "add_inplace");
+    weft_cuda_launched(self, "add_inplace");
 }
 
 static void cuda_cross_entropy(weft_backend *self, void *logits, const int32_t *targets,
                                float scale, float *row_loss, float *correct, int T, int V) {
     weft_cuda_cross_entropy(STREAM(self), logits, targets, scale, row_loss, correct, T, V);
-    launched(self, "cross_entropy");
+    weft_cuda_launched(self, "cross_entropy");
 }
 
 static void cuda_sample_tokens(weft_backend *self, const void *logits, const int32_t *rows,
                                const double *u, int n, int V, float temperature, int32_t *tokens,
                                float *processed) {
     weft_cuda_sample_tokens(STREAM(self), logits, rows, u, n, V, temperature, tokens, processed);
-    launched(self, "sample_tokens");
+    weft_cuda_launched(self, "sample_tokens");
 }
 
 static void cuda_take_tokens(weft_backend *self, int32_t *tokens, const int32_t *drawn,
                              const int32_t *from, int n) {
     weft_cuda_take_tokens(STREAM(self), tokens, drawn, from, n);
-    launched(self, "take_tokens");
+    weft_cuda_launched(self, "take_tokens");
 }
 
 static void cuda_logprobs(weft_backend *self, const void *logits, const int32_t *targets,
                           float *logprob, float *entropy, float *correct, int T, int V) {
     weft_cuda_logprobs(STREAM(self), logits, targets, logprob, entropy, correct, T, V);
-    launched(self, "logprobs");
+    weft_cuda_launched(self, "logprobs");
 }
 
 static void cuda_logits_backward(weft_backend *self, void *logits, const int32_t *targets,
                                  const float *d_logprob, const float *d_entropy, int T, int V) {
     weft_cuda_logits_backward(STREAM(self), logits, targets, d_logprob, d_entropy, T, V);
-    launched(self, "logits_backward");
+    weft_cuda_launched(self, "logits_backward");
 }
 
 static void cuda_accumulate_f32(weft_backend *self, const float *x, size_t N, bool squares,
                                 double scale, double *acc) {
-    weft_cuda_sum_f32(STREAM(self), x, N, squares, scale, true, acc, state(self)->sum_partials);
-    launched(self, "accumulate_f32");
+    weft_cuda_sum_f32(STREAM(self), x, N, squares, scale, true, acc,
+                      weft_cuda_state(self)->sum_partials);
+    weft_cuda_launched(self, "accumulate_f32");
 }
 
 static double reduce_f32(weft_backend *self, const float *x, size_t N, bool squares) {
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     weft_cuda_sum_f32(STREAM(self), x, N, squares, 1.0, false, st->sum_result, st->sum_partials);
-    launched(self, "sum_f32");
+    weft_cuda_launched(self, "sum_f32");
     double result;
     cuda_to_host(self, &result, st->sum_result, sizeof result);
     return result;
@@ -590,7 +448,7 @@ static double cuda_sumsq_f32(weft_backend *self, const float *x, size_t N) {
 
 static void cuda_scale_f32(weft_backend *self, float *x, float s, size_t N) {
     weft_cuda_scale_f32(STREAM(self), x, s, N);
-    launched(self, "scale_f32");
+    weft_cuda_launched(self, "scale_f32");
 }
 
 static void cuda_adamw(weft_backend *self, void *param, float *master, const float *grad, float *m,
@@ -598,7 +456,7 @@ static void cuda_adamw(weft_backend *self, void *param, float *master, const flo
                        float weight_decay, int step) {
     weft_cuda_adamw(STREAM(self), param, master, grad, m, v, N, lr, beta1, beta2, eps,
                     weight_decay, step);
-    launched(self, "adamw");
+    weft_cuda_launched(self, "adamw");
 }
 
 // ------------------------------------------------------------------------- conversions ----
@@ -632,7 +490,7 @@ static void cuda_to_f32(weft_backend *self, float *dst, const void *src, weft_dt
 // Thread-local capture: another thread's CUDA calls (an MPI progress thread, NCCL) are not
 // caught up in it. The profile's per-op events would be recorded too, so it captures nothing.
 static bool cuda_capture_begin(weft_backend *self) {
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     if (st->profile) return false;
     not_capturing(self, "a capture");
     CUDA_CHECK(cudaStreamBeginCapture(st->stream, cudaStreamCaptureModeThreadLocal));
@@ -641,7 +499,7 @@ static bool cuda_capture_begin(weft_backend *self) {
 }
 
 static void *cuda_capture_end(weft_backend *self) {
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     WEFT_CHECK(st->capturing, "internal: a CUDA graph capture ends that never began");
@@ -654,8 +512,8 @@ static void *cuda_capture_end(weft_backend *self) {
 
 static void cuda_graph_launch(weft_backend *self, void *graph) {
     not_capturing(self, "a graph launch");
-    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, state(self)->stream));
-    launched(self, "graph");
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, weft_cuda_state(self)->stream));
+    weft_cuda_launched(self, "graph");
 }
 
 static void cuda_graph_free(weft_backend *self, void *graph) {
@@ -665,7 +523,7 @@ static void cuda_graph_free(weft_backend *self, void *graph) {
 // ------------------------------------------------------------------------------- table ----
 
 static void cuda_destroy(weft_backend *self) {
-    cuda_state *st = state(self);
+    cuda_state *st = weft_cuda_state(self);
     cudaStreamSynchronize(st->stream);
     weft_cuda_profile_finish(st->profile, self->host_waits);
     weft_cuda_staging_free(st->staging);
@@ -756,7 +614,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .zero = cuda_zero,
         .synchronize = cuda_synchronize,
         .memory_available = cuda_memory_available,
-        .matmul = cuda_matmul,
+        .matmul = weft_cuda_op_matmul,
         .embedding_forward = cuda_embedding_forward,
         .embedding_backward = cuda_embedding_backward,
         .rmsnorm_forward = cuda_rmsnorm_forward,
@@ -772,9 +630,10 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .split_columns = cuda_split_columns,
         .swiglu_forward = cuda_swiglu_forward,
         .swiglu_backward = cuda_swiglu_backward,
-        .swiglu_product = cuda_swiglu_product,
-        .norm_product = cuda_norm_product,
-        .norm_product_store = cuda_norm_product_store,
+        .swiglu_product = weft_cuda_op_swiglu_product,
+        .norm_product = weft_cuda_op_norm_product,
+        .norm_product_store = weft_cuda_op_norm_product_store,
+        .batch_invariant = weft_cuda_op_batch_invariant,
         .add_inplace = cuda_add_inplace,
         .cross_entropy = cuda_cross_entropy,
         .logprobs = cuda_logprobs,

@@ -69,9 +69,12 @@ void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, co
 // The same product for WEFT_CUDA_FEW_ROWS < M <= WEFT_CUDA_SKINNY_ROWS on the tensor cores
 // (mma.sync, compute capability 8.0 and up): blocks of 64 columns and a range of K, whose fp32
 // sums the last block of each column block adds in a fixed order, so runs repeat bit for bit
-// (skinny.cu); rows are not independent of the batch there. partials: device scratch of
-// weft_cuda_skinny_partials_bytes; arrived: the arrival counters. covers: M in range, K a
-// multiple of 32, ldx and ldw of 8, x and W 16-byte aligned; else use the GEMM.
+// (skinny.cu). It takes any M (blocks of 64 rows past 64), and each row's result is the same
+// bits whatever rows come with it, from 1 to thousands (not few_rows.cu's bits: another order),
+// which batch-invariant generation relies on. partials: device scratch of
+// weft_cuda_skinny_partials_bytes; arrived: the arrival counters. fits: K a multiple of 32, ldx
+// and ldw of 8, x and W 16-byte aligned; covers: that, and M in the range above; else use the
+// GEMM.
 enum { WEFT_CUDA_SKINNY_ROWS = 64 };
 // Arrival counters: WEFT_CUDA_ARRIVAL_COUNTERS device ints, zero before the first call of a
 // kernel that takes them, which leaves them zero. A kernel's blocks count themselves in there
@@ -79,6 +82,7 @@ enum { WEFT_CUDA_SKINNY_ROWS = 64 };
 // on one stream never overlap (each waits for the one before: wait_for_earlier_kernels), so
 // they share one set.
 enum { WEFT_CUDA_ARRIVAL_COUNTERS = 1024 };
+bool weft_cuda_skinny_fits(int K, const void *x, int ldx, const void *w, int ldw);
 bool weft_cuda_skinny_covers(int M, int K, const void *x, int ldx, const void *w, int ldw);
 size_t weft_cuda_skinny_partials_bytes(int M, int N, int K);
 void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
@@ -228,6 +232,9 @@ typedef struct weft_cuda_paged_args {
     const int32_t *cu_q, *q_pos, *block_tables; // device arrays
     int split_keys; // positions per split-K block; 0: the launcher's choice (tests force splits)
 } weft_cuda_paged_args;
+// split_keys of a batch-invariant call (the backend's batch_invariant): fixed, so a row's splits,
+// and its bits, depend on its own keys alone. Two tiles a warp (paged.cu).
+enum { WEFT_CUDA_INVARIANT_SPLIT_KEYS = 256 };
 
 // weft_cuda_split_columns of q|k|v rows turning their first `heads` heads, with k and v (each
 // kv_width wide) going to the pool as weft_cuda_kv_store puts them rather than to parts of their

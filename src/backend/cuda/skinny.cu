@@ -1,8 +1,9 @@
 // y = alpha x W^T + beta c for 9 to 64 rows of x on the tensor cores: the decode step's
-// projections at batches past few_rows.cu's 8 rows. A GEMM's 128-wide column tiles give the 1B
-// model's 2,048-column projections 16 blocks a row tile, too few to stream W (the whole cost of
-// such a product) at HBM bandwidth: on an H200 a batch-64 decode step ran at a sixth of the
-// bandwidth bound on cuBLASLt.
+// projections at batches past few_rows.cu's 8 rows; and, for generation that must not depend
+// on its batching (the backend's batch_invariant), for any number of rows. A GEMM's 128-wide
+// column tiles give the 1B model's 2,048-column projections 16 blocks a row tile, too few to
+// stream W (the whole cost of such a product) at HBM bandwidth: on an H200 a batch-64 decode
+// step ran at a sixth of the bandwidth bound on cuBLASLt.
 //
 // A block owns BN = 64 columns (64 rows of W), all the rows of x, and one of S contiguous ranges
 // of K (split-K across blocks, S chosen so that some 264 blocks run: 8 for N = 2,048, 1 for the
@@ -12,6 +13,12 @@
 // over). The block adds its two halves, and with S > 1 writes the fp32 sum to `partials`; the
 // last block of a column block to arrive (a counter per column block, reset by that block) adds
 // the S sums in split order and writes y. Every sum has one order: runs repeat bit for bit.
+//
+// Past 64 rows the rows go in blocks of 64 along the grid's y, each such row block a copy of the
+// 64-row product; launches take as many row blocks as the counters allow (S > 1). A row's sums
+// are those of its 16-row tile's mma, which add each output of the tile from its own row of x
+// alone, in an order fixed by N and K (S, the halves, the chunks): so a row has the same bits
+// whatever rows share the call, from 1 row to thousands.
 //
 // A forward-only pass's MLP input (weft_cuda_skinny_swiglu, W the gate rows then the up rows)
 // runs the same product with each block's 64 columns 32 gates and their 32 ups, and writes only
@@ -87,8 +94,8 @@ struct product {
     const bf16 *c_in, *bias;
     bf16 *y;
     int splits;       // S
-    float *partials;  // (column blocks, S, MT * 16, BN) fp32 where S > 1
-    int *arrived;     // a counter per column block, zero between launches
+    float *partials;  // (row blocks, column blocks, S, MT * 16, BN) fp32 where S > 1
+    int *arrived;     // a counter per (row block, column block), zero between launches
     bool prefetch;    // the queue's prefetch_weights
 };
 
@@ -120,11 +127,12 @@ template <int ROWS, bool SWIGLU>
 __device__ void write_outputs(const product &p, int block, const float (*sums)[ROWS][BN + 1],
                               const float *tiles) {
     constexpr int COLS = SWIGLU ? BN / 2 : BN; // outputs a row of the block
+    int row0 = ROWS * blockIdx.y;
     for (int i = threadIdx.x; i < ROWS * COLS; i += THREADS) {
         int m = i / COLS, col = i % COLS, n = block * COLS + col;
-        if (m >= p.M || n >= (SWIGLU ? p.N / 2 : p.N)) continue;
+        if (row0 + m >= p.M || n >= (SWIGLU ? p.N / 2 : p.N)) continue;
         float total = column_total<ROWS>(sums, tiles, p.splits, m, col);
-        size_t at = (size_t)m * p.ldc + n;
+        size_t at = (size_t)(row0 + m) * p.ldc + n;
         if constexpr (SWIGLU) {
             float up = column_total<ROWS>(sums, tiles, p.splits, m, col + COLS);
             p.y[at] = swiglu_output(total, up);
@@ -159,7 +167,7 @@ __device__ __forceinline__ fixed_rows block_weights(const product &p, int part) 
 }
 
 // MT row tiles of 16 (rows past M read row M - 1 and are not stored). blockIdx.x = column block
-// * S + split.
+// * S + split; blockIdx.y = row block (of MT * 16 rows: 64 wherever there is more than one).
 template <int MT, bool SWIGLU>
 __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     wait_for_earlier_kernels(block_weights<SWIGLU>(p, 0), block_weights<SWIGLU>(p, 1));
@@ -171,15 +179,16 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     share s = share_of(p);
     int block = s.block, split = blockIdx.x % p.splits;
 
-    const bf16 *wr[2], *x_lane = p.x + 8 * t;
+    int row0 = ROWS * blockIdx.y, rows = p.M - row0;
+    const bf16 *wr[2], *x_lane = p.x + (size_t)row0 * p.ldx + 8 * t;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
         wr[nt] = p.w + (size_t)w_row<SWIGLU>(p, block, GROUP * group + 8 * nt + g) * p.ldw + 8 * t;
-    int x_at[MT][2]; // 32-bit offsets: M <= 64 rows, so they fit, in half the registers
+    int x_at[MT][2]; // 32-bit offsets within the row block's 64 rows, in half the registers
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, p.M - 1) * p.ldx;
+        for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, rows - 1) * p.ldx;
     float acc[MT][2][4] = {};
     warp_sums<MT>(wr, x_lane, x_at, s.c0, s.c1, half, acc);
 #pragma unroll
@@ -196,17 +205,18 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
         write_outputs<ROWS, SWIGLU>(p, block, sums, nullptr);
         return;
     }
-    float *tiles = p.partials + (size_t)block * p.splits * ROWS * BN; // (S, ROWS, BN)
+    int column_blocks = gridDim.x / p.splits, group_at = blockIdx.y * column_blocks + block;
+    float *tiles = p.partials + (size_t)group_at * p.splits * ROWS * BN; // (S, ROWS, BN)
     for (int i = threadIdx.x; i < ROWS * BN; i += THREADS)
         tiles[(size_t)split * ROWS * BN + i] = sums[0][i / BN][i % BN] + sums[1][i / BN][i % BN];
     __threadfence(); // this block's tile is visible before it counts itself in
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&p.arrived[block], 1) == p.splits - 1;
+    if (threadIdx.x == 0) last = atomicAdd(&p.arrived[group_at], 1) == p.splits - 1;
     __syncthreads();
     if (!last) return;
     __threadfence(); // the other blocks' tiles, which they made visible before counting
     write_outputs<ROWS, SWIGLU>(p, block, sums, tiles);
-    if (threadIdx.x == 0) p.arrived[block] = 0; // for the next launch
+    if (threadIdx.x == 0) p.arrived[group_at] = 0; // for the next launch
 }
 
 // S: enough splits of K for TARGET_BLOCKS blocks, each of at least MIN_SPLIT_CHUNKS chunks, and
@@ -219,38 +229,64 @@ inline int splits_for(int N, int K) {
     return (chunks + per_split - 1) / per_split; // none left empty
 }
 
-template <int MT, bool SWIGLU> void launch(weft_cuda_stream s, const product &p) {
-    static constexpr auto kernel = skinny_kernel<MT, SWIGLU>;
-    unsigned blocks = (unsigned)((p.N + BN - 1) / BN * p.splits);
-    WEFT_LAUNCH(kernel, blocks, THREADS, 0, s, p);
+// Row blocks of 64 that one launch takes past 64 rows: all of them without splits; with splits,
+// as many as the arrival counters serve (a counter per row block and column block) and at most
+// 16, which bounds the partials (4 MB a row block at N = K = 2,048).
+inline int row_blocks_per_launch(int N, int splits, int row_blocks) {
+    int most = splits == 1 ? 65535 : min(16, WEFT_CUDA_ARRIVAL_COUNTERS / ((N + BN - 1) / BN));
+    return max(1, min(most, row_blocks));
 }
 
-// The launch for p.M rows (in row tiles of 16), p.splits set.
+template <int MT, bool SWIGLU>
+void launch(weft_cuda_stream s, const product &p, int row_blocks) {
+    static constexpr auto kernel = skinny_kernel<MT, SWIGLU>;
+    dim3 grid((unsigned)((p.N + BN - 1) / BN * p.splits), (unsigned)row_blocks);
+    WEFT_LAUNCH(kernel, grid, THREADS, 0, s, p);
+}
+
+// The launch for p.M rows (in row tiles of 16; past 64, launches of row blocks of 64), p.splits
+// set.
 template <bool SWIGLU> void launch_rows(weft_cuda_stream s, const product &p) {
     if (p.M == 0 || p.N == 0) return;
+    static_assert(WEFT_CUDA_SKINNY_ROWS == 64, "a launch per row-tile count, up to 4");
     switch ((p.M + 15) / 16) {
-    case 1: launch<1, SWIGLU>(s, p); break;
-    case 2: launch<2, SWIGLU>(s, p); break;
-    case 3: launch<3, SWIGLU>(s, p); break;
-    default:
-        static_assert(WEFT_CUDA_SKINNY_ROWS == 64, "a launch per row-tile count, up to 4");
-        launch<4, SWIGLU>(s, p);
+    case 1: return launch<1, SWIGLU>(s, p, 1);
+    case 2: return launch<2, SWIGLU>(s, p, 1);
+    case 3: return launch<3, SWIGLU>(s, p, 1);
+    case 4: return launch<4, SWIGLU>(s, p, 1);
+    }
+    constexpr int ROWS = 64;
+    int total = (p.M + ROWS - 1) / ROWS, per = row_blocks_per_launch(p.N, p.splits, total);
+    for (int first = 0; first < total; first += per) { // the partials serve one launch at a time
+        size_t r0 = (size_t)first * ROWS;
+        product part = p;
+        part.x += r0 * p.ldx;
+        part.y += r0 * p.ldc;
+        if (p.c_in) part.c_in += r0 * p.ldc;
+        part.M = min(per * ROWS, p.M - (int)r0);
+        launch<4, SWIGLU>(s, part, min(per, total - first));
     }
 }
 
 } // namespace skinny
 } // namespace
 
+extern "C" bool weft_cuda_skinny_fits(int K, const void *x, int ldx, const void *w, int ldw) {
+    uintptr_t bits = (uintptr_t)x | (uintptr_t)w;
+    return K % skinny::KC == 0 && ldx % 8 == 0 && ldw % 8 == 0 && bits % 16 == 0;
+}
+
 extern "C" bool weft_cuda_skinny_covers(int M, int K, const void *x, int ldx, const void *w,
                                         int ldw) {
-    uintptr_t bits = (uintptr_t)x | (uintptr_t)w;
-    return M > WEFT_CUDA_FEW_ROWS && M <= WEFT_CUDA_SKINNY_ROWS && K % skinny::KC == 0 &&
-           ldx % 8 == 0 && ldw % 8 == 0 && bits % 16 == 0;
+    return M > WEFT_CUDA_FEW_ROWS && M <= WEFT_CUDA_SKINNY_ROWS &&
+           weft_cuda_skinny_fits(K, x, ldx, w, ldw);
 }
 
 extern "C" size_t weft_cuda_skinny_partials_bytes(int M, int N, int K) {
-    int splits = skinny::splits_for(N, K), rows = (M + 15) / 16 * 16;
-    if (splits == 1) return 0;
+    int splits = skinny::splits_for(N, K), blocks = (M + 63) / 64;
+    if (splits == 1 || M == 0) return 0;
+    int rows = M <= 64 ? (M + 15) / 16 * 16
+                       : 64 * skinny::row_blocks_per_launch(N, splits, blocks);
     return sizeof(float) * (size_t)(N + skinny::BN - 1) / skinny::BN * splits * rows * skinny::BN;
 }
 
