@@ -37,6 +37,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
   the q|k|v split_store their own launches, where by default a forward-only pass's few-row
   q|k|v and gate|up products normalize their rows themselves and the q|k|v one stores its rows
   as split_store would (few_rows.cu): what the 3 launches a layer fewer gain.
+- weft invariant, on a GPU: weft with rollout.batch_invariant=true, every row's bits its own
+  whatever the batching (every product on skinny.cu, every row's attention paged at fixed
+  splits): what byte-identical output across batchings costs.
 - weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
   one before it has ended, where weft's default on sm_90 launches it early (programmatic
   dependent launch, kernels.h): what hiding the launches gains.
@@ -53,8 +56,8 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
 after another, each at every batch (weft, then the runners that decide a default: sync, cublas,
-splitk, noprefetch and nofold; then weft eager and serial, the default cache, weft's profile, and last the
-static cache, whose compiles take longest), and the JSON is rewritten after each run, so a run
+splitk, noprefetch and nofold; then weft invariant, eager and serial, the default cache, weft's
+profile, and last the static cache, whose compiles take longest), and the JSON is rewritten after each run, so a run
 cut off by a time limit keeps what it measured.
 
 Bound: the tokens/s at which the GPU could stream what each decode step must read, at its
@@ -96,16 +99,18 @@ from reference.generation import random_prompts, write_prompts  # noqa: E402
 # Decode steps replayed as CUDA graphs; replayed with every matmul on cuBLASLt (neither the
 # few-row nor the skinny kernel, which serve batches up to SKINNY_ROWS); replayed with cuBLASLt
 # splitting K where tiles leave SMs idle (past SKINNY_ROWS); replayed with no weights asked for
-# before a product's wait (up to SKINNY_ROWS); launched kernel by kernel; and replayed with each
-# kernel launched after the last ends (no programmatic dependent launch). In the order they run
-# (the ones that decide a default first); the environment of each.
-WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "noprefetch", "nofold", "eager", "serial")
+# before a product's wait (up to SKINNY_ROWS); batch-invariant; launched kernel by kernel; and
+# replayed with each kernel launched after the last ends (no programmatic dependent launch). In
+# the order they run (the ones that decide a default first); the environment of each.
+WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "noprefetch", "nofold", "invariant", "eager",
+                "serial")
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
               "noprefetch": {"WEFT_CUDA_PREFETCH_WEIGHTS": "0"},
               "nofold": {"WEFT_CUDA_FOLD_NORM": "0"},
               "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
 RUNNER_SETTINGS = {"eager": ["rollout.cuda_graphs=false"],
-                   "sync": ["rollout.async_scheduling=false"]}
+                   "sync": ["rollout.async_scheduling=false"],
+                   "invariant": ["rollout.batch_invariant=true"]}
 SKINNY_ROWS = 64  # kernels.h's WEFT_CUDA_SKINNY_ROWS
 FEW_ROWS = 8  # kernels.h's WEFT_CUDA_FEW_ROWS
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
@@ -316,7 +321,7 @@ def make_row(a, batch, runs, bandwidth):
                 sync_tokens_per_s=tps["sync"],
                 cublas_tokens_per_s=tps["cublas"], splitk_tokens_per_s=tps["splitk"],
                 noprefetch_tokens_per_s=tps["noprefetch"], nofold_tokens_per_s=tps["nofold"],
-                serial_tokens_per_s=tps["serial"],
+                invariant_tokens_per_s=tps["invariant"], serial_tokens_per_s=tps["serial"],
                 default_tokens_per_s=tps["default"],
                 static_tokens_per_s=tps["static"],
                 weft_over_peer=w / max(peers) if w and peers else None,
@@ -328,7 +333,7 @@ def make_row(a, batch, runs, bandwidth):
 
 
 HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'sync':>7} {'cublas':>7} {'splitk':>7} "
-        f"{'noprefetch':>10} {'nofold':>7} {'serial':>7} "
+        f"{'noprefetch':>10} {'nofold':>7} {'invariant':>9} {'serial':>7} "
         f"{'tf default':>11} "
         f"{'tf static':>10} "
         f"{'weft/peer':>9} {'bound tok/s':>11} {'weft/bound':>10} {'agree d/s':>13}")
@@ -345,6 +350,7 @@ def table_line(row):
             f"{fmt(row.get('splitk_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('noprefetch_tokens_per_s'), '.0f'):>10} "
             f"{fmt(row.get('nofold_tokens_per_s'), '.0f'):>7} "
+            f"{fmt(row.get('invariant_tokens_per_s'), '.0f'):>9} "
             f"{fmt(row.get('serial_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row['default_tokens_per_s'], '.0f'):>11} "
             f"{fmt(row['static_tokens_per_s'], '.0f'):>10} {ratio:>9} "
@@ -486,7 +492,7 @@ def run(a):
         if who == PEERS[-1]:
             profile(a, doc)
         for batch in a.batches:
-            if ((who in RUNNER_ENV or who == "sync") and a.device != "cuda"
+            if ((who in RUNNER_ENV or who in ("sync", "invariant")) and a.device != "cuda"
                     or who in ("cublas", "noprefetch") and batch > SKINNY_ROWS
                     or who == "splitk" and batch <= SKINNY_ROWS
                     or who == "nofold" and batch > FEW_ROWS):

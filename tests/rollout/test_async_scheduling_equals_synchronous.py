@@ -18,7 +18,8 @@ pool cannot hold every next row), and a recomputed prompt's rows (more than 8) r
 kernels than the decode rows they replace, so the bits may differ from waiting's; there every
 recorded log-prob must be the trainer's (`weft grad --logprobs` on prompt + completion) within
 bf16 round-off, as in test_generated_logprobs_equal_trainer_logprobs, which a token placed at
-the wrong position or taken from the wrong draw would break. Runs on the GPU where nvidia-smi
+the wrong position or taken from the wrong draw would break; and with rollout.batch_invariant,
+where every row's bits are its own, the same preempting case byte for byte. Runs on the GPU where nvidia-smi
 lists one, else on weft_emulated.
 """
 import filecmp
@@ -49,6 +50,9 @@ CASES = {
                             f"sampling.stop_token_ids={STOPS}"]),
     "preempting": (SHORT, ["sampling.temperature=1", "rollout.kv_cache_tokens=80",
                            f"sampling.stop_token_ids={STOPS}"]),
+    "preempting_invariant": (SHORT, ["sampling.temperature=1", "rollout.kv_cache_tokens=80",
+                                     f"sampling.stop_token_ids={STOPS}",
+                                     "rollout.batch_invariant=true"]),
 }
 STOPPING = {"stop_tokens", "stop_string", "max_running"}
 BY_TRAINER = {"preempting"}  # compared with the trainer's log-probs, not with waiting's bytes
@@ -77,7 +81,7 @@ def check_case(program, mdir, tmp, name, lengths, settings, failures):
                         f"{off['async']}")
     if name in STOPPING and on["async"]["wasted_rows"] < 1:
         failures.append(f"{name}: no sample stopped before the others (no row in vain)")
-    if name == "preempting" and on["preemptions"] < 1:
+    if name.startswith("preempting") and on["preemptions"] < 1:
         failures.append(f"{name}: the pool preempted nothing")
     if name not in BY_TRAINER and on["tokens"] != off["tokens"]:
         failures.append(f"{name}: {on['tokens']} tokens queued ahead, {off['tokens']} waiting")
