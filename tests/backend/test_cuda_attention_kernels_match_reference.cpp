@@ -375,8 +375,10 @@ void paged_reference(const paged_case &c, const paged_batch &b, const std::vecto
 // With split_keys 0 the launcher chooses the splits (here, with few blocks, it splits the long
 // sequences in two); a small split_keys makes many splits of up to one tile per warp. Split
 // sequences are combined by their last block (arrival counters), and again by the second kernel
-// (no counters): the same bits both ways, and the counters left zero.
-void test_paged_attention(const paged_case &c, int split_keys, const char *note = "") {
+// (no counters): the same bits both ways, and the counters left zero. With tensor_cores, the
+// mma.sync kernel where the head_dim has one (64, 128).
+void test_paged_attention(const paged_case &c, int split_keys, bool tensor_cores,
+                          const char *note = "") {
     paged_batch b = make_paged_batch(c);
     int Tq = b.Tq();
     std::vector<bf16> q = random_bf16((size_t)Tq * c.H * c.D);
@@ -384,7 +386,8 @@ void test_paged_attention(const paged_case &c, int split_keys, const char *note 
     paged_reference(c, b, q, want_out, want_lse);
     weft_cuda_paged_args a = {b.pool.data(), b.p.layers, b.p.block_size, b.p.width,
                               (int)c.seqs.size(), Tq, b.max_blocks, c.H, c.KV, c.D,
-                              b.cu_q.data(), b.q_pos.data(), b.tables.data(), split_keys};
+                              b.cu_q.data(), b.q_pos.data(), b.tables.data(), split_keys,
+                              tensor_cores};
     std::vector<int> arrived(WEFT_CUDA_ARRIVAL_COUNTERS, 0);
     std::vector<bf16> outs[2];
     std::vector<float> lses[2];
@@ -397,7 +400,8 @@ void test_paged_attention(const paged_case &c, int split_keys, const char *note 
         weft_cuda_paged_attention(queue, &a, 1, q.data(), out.data(), lse.data(),
                                   partials.data(), counted ? arrived.data() : nullptr);
     }
-    std::string name = "paged_attention " + c.label + " split " +
+    std::string name = std::string(tensor_cores ? "paged_attention (mma) " : "paged_attention ") +
+                       c.label + " split " +
                        (split_keys ? std::to_string(split_keys) : std::string("auto")) + note;
     compare(name + " out", outs[1], want_out, BF16_TOL);
     compare(name + " lse", lses[1], want_lse, F32_TOL);
@@ -489,7 +493,10 @@ int main() {
     for (const schedule &when : schedules) {
         when.apply();
         for (const paged_case &c : paged_cases)
-            for (int split_keys : {0, 40}) test_paged_attention(c, split_keys, when.name());
+            for (int split_keys : {0, 40})
+                for (bool mma : {false, true})
+                    if (!mma || c.D == 64 || c.D == 128)
+                        test_paged_attention(c, split_keys, mma, when.name());
     }
     schedule{false, false}.apply();
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");

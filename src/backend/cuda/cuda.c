@@ -379,7 +379,8 @@ static void cuda_paged_attention(weft_backend *self, const void *q, const weft_k
                               .block_tables = l->block_tables,
                               .split_keys = weft_cuda_state(self)->batch_invariant
                                                 ? WEFT_CUDA_INVARIANT_SPLIT_KEYS
-                                                : 0};
+                                                : 0,
+                              .tensor_cores = weft_cuda_state(self)->attention_mma};
     float *partials = weft_cuda_scratch(self, weft_cuda_paged_partials_bytes(&a));
     weft_cuda_paged_attention(STREAM(self), &a, layer, q, out, lse, partials,
                               weft_cuda_state(self)->arrived);

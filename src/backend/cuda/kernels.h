@@ -231,6 +231,7 @@ typedef struct weft_cuda_paged_args {
     int n_seqs, Tq, max_blocks, H, KV, D;
     const int32_t *cu_q, *q_pos, *block_tables; // device arrays
     int split_keys; // positions per split-K block; 0: the launcher's choice (tests force splits)
+    bool tensor_cores; // mma.sync (compute capability 8.0 and up) at head_dim 64 and 128
 } weft_cuda_paged_args;
 // split_keys of a batch-invariant call (the backend's batch_invariant): fixed, so a row's splits,
 // and its bits, depend on its own keys alone. Two tiles a warp (paged.cu).

@@ -22,6 +22,16 @@
 //    online softmax keeps a running max per vector and a per-lane sum; P V has each lane own 4
 //    dims of one key group. Warps merge their (max, sum, acc) at the end, in warp order.
 // Everything accumulates in fp32; bf16 only in the pool, q and out.
+//
+// On the tensor cores (compute capability 8.0 and up, head_dim 64 or 128: a->tensor_cores), the
+// same blocks, warps and tiles multiply with mma.sync instead (attention_mma.cuh's helpers): the
+// block's query vectors are the rows of one 16-row A operand held in registers (rows past its
+// vectors zero), a warp's key tile the B operand read from shared memory by ldmatrix, so the
+// scores of all vectors against 32 keys take 4 x head_dim / 16 mma where each lane had a dot
+// product of head_dim per vector; the online softmax runs on the score fragments, and P V takes P
+// rounded to bf16, as the training attention does. On an H200 the lane-per-key kernel's
+// arithmetic, not its copies, bounded it (a fifth of the bandwidth at batch 256).
+#include "backend/cuda/attention_mma.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -473,6 +483,116 @@ __global__ void __launch_bounds__(THREADS, 5)
     }
 }
 
+// ------------------------------------------------------------------- on the tensor cores ----
+
+// Per warp of the tensor-core kernel: its key and value tiles (TILE, D + 8) bf16 (the padding of
+// tile_stride, which keeps ldmatrix's rows in distinct banks) and the tile's pool offsets.
+__host__ __device__ inline size_t mma_warp_smem(int D) {
+    return 2 * TILE * tile_stride(D) * sizeof(bf16) + TILE * sizeof(size_t);
+}
+// The warps' areas; after the key loop the same bytes hold their results for the merge.
+__host__ __device__ inline size_t mma_block_smem(int D, int nq) {
+    size_t merge = sizeof(float) * (2 * WARPS * nq + (size_t)WARPS * nq * D);
+    size_t tiles = WARPS * mma_warp_smem(D);
+    return tiles > merge ? tiles : merge;
+}
+
+// This thread's two rows of the 16-row A operand (g and g + 8, lane = 4 g + t): query vector v
+// = that row where v < NQ and the block fills it. Its query, as A fragments (zeros otherwise),
+// and the keys [lo, hi) of the split it sees (none otherwise).
+template <int NQ, int DK>
+__device__ __forceinline__ void query_rows(const weft_cuda_paged_args &a, const work &w,
+                                           const task &t, const bf16 *q, uint32_t (*qf)[4],
+                                           int lo[2], int hi[2]) {
+    constexpr int D = 16 * DK;
+    int g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+    const bf16 *at[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int v = g + 8 * r, row, h;
+        bool mine = v < NQ && vector_of(t, w, v, &row, &h);
+        at[r] = mine ? q + ((size_t)row * a.H + h) * D + 2 * tq : nullptr;
+        lo[r] = t.k0;
+        hi[r] = mine ? min(a.q_pos[row] + 1, t.k1) : t.k0;
+    }
+#pragma unroll
+    for (int kc = 0; kc < DK; kc++) {
+        qf[kc][0] = at[0] ? load_u32(at[0] + 16 * kc) : 0u;
+        qf[kc][1] = at[1] ? load_u32(at[1] + 16 * kc) : 0u;
+        qf[kc][2] = at[0] ? load_u32(at[0] + 16 * kc + 8) : 0u;
+        qf[kc][3] = at[1] ? load_u32(at[1] + 16 * kc + 8) : 0u;
+    }
+}
+
+// The warp's (max, sum, output) of each of its rows that is a vector, in the layout of
+// store_warp_result (max in natural-log units, as the merge takes it): ms, ls (WARPS, NQ) and
+// accs (WARPS, NQ, D).
+template <int NQ, int NO>
+__device__ void store_fragment_result(const float m[2], const float l[2], const float (*o)[4],
+                                      float *ms, float *ls, float *accs) {
+    constexpr int D = 8 * NO;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float sum = quad_sum(l[r]); // every lane: the shuffles take the whole warp
+        int v = g + 8 * r;
+        if (v >= NQ) continue;
+        if (tq == 0) {
+            ms[warp * NQ + v] = m[r] == -INFINITY ? -INFINITY : m[r] * LN2;
+            ls[warp * NQ + v] = sum;
+        }
+        float *dst = accs + (size_t)(warp * NQ + v) * D + 2 * tq;
+#pragma unroll
+        for (int no = 0; no < NO; no++) dst[8 * no] = o[no][2 * r], dst[8 * no + 1] = o[no][2 * r + 1];
+    }
+}
+
+// paged_attention_kernel's work on the tensor cores, for head_dim 16 DK (64 or 128): the same
+// task, tiles, merge and combine. The output fragments' registers (ptxas: at most 128 at head_dim
+// 64, 167 at 128, no spills) allow four blocks an SM and three.
+template <int NQ, int DK>
+__global__ void __launch_bounds__(THREADS, DK <= 4 ? 4 : 3)
+    paged_attention_mma_kernel(weft_cuda_paged_args a, work w, int layer, const bf16 *q,
+                               bf16 *out, float *lse, float *partials, int *arrived) {
+    wait_for_earlier_kernels();
+    constexpr int D = 16 * DK, NT = TILE / 8, NO = D / 8;
+    task t;
+    if (!find_task(a, w, &t)) return;
+    int warp = threadIdx.x >> 5, KS = tile_stride(D);
+    unsigned char *mine = dynamic_smem<unsigned char>() + warp * mma_warp_smem(D);
+    bf16 *Ks = (bf16 *)mine, *Vs = Ks + TILE * KS;
+    size_t *rows = (size_t *)(Vs + TILE * KS);
+    uint32_t qf[1][DK][4];
+    int lo[1][2], hi[1][2];
+    query_rows<NQ, DK>(a, w, t, q, qf[0], lo[0], hi[0]);
+    float o[1][NO][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float scale_log2 = LOG2E / sqrtf((float)D);
+    const int32_t *table = a.block_tables + (size_t)t.seq * a.max_blocks;
+    for (int t0 = t.k0 + warp * TILE; t0 < t.k1; t0 += BLOCK_KEYS) {
+        __syncwarp(); // every lane is done with the previous tile
+        load_tile(a, table, layer, t.kvh, t0, t.k1, true, Ks, Vs, rows);
+        cp_async_wait<1>(); // K
+        __syncwarp();
+        float s[1][NT][4];
+        product_a_regs<1, NT, DK>(s, qf, Ks, KS);
+        mask_scores<1, NT>(s, t0, lo, hi);
+        online_softmax<NT, NO>(s[0], m, l, o[0], scale_log2);
+        cp_async_wait<0>(); // V
+        __syncwarp();
+        accumulate_c_times<1, NT / 2, NO>(o, s, Vs, KS);
+    }
+    __syncthreads(); // every warp is done with its tiles: the merge reuses their memory
+    float *ms = dynamic_smem<float>(), *ls = ms + WARPS * NQ, *accs = ls + WARPS * NQ;
+    store_fragment_result<NQ, NO>(m, l, o[0], ms, ls, accs);
+    __syncthreads();
+    write_block_result<NQ>(a, w, t, ms, ls, accs, out, lse, partials);
+    if (arrived) {
+        task again; // found anew, as in paged_attention_kernel
+        find_task(a, w, &again);
+        combine_if_last<NQ>(a, w, again, partials, out, lse, arrived);
+    }
+}
+
 // Split-K's second pass where the call has no counters: a warp per (row, head).
 __global__ void paged_combine_kernel(weft_cuda_paged_args a, work w, const float *partials,
                                      bf16 *out, float *lse) {
@@ -552,16 +672,22 @@ extern "C" void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_pa
     dim3 grid(items * w.splits, a->KV * w.head_blocks);
     // Counters for the last block of each item to combine its splits, where there are enough.
     if (w.splits == 1 || (long)items * grid.y > WEFT_CUDA_ARRIVAL_COUNTERS) arrived = NULL;
-    size_t smem = paged::block_smem(a->D, nq);
-#define LAUNCH(NQ)                                                                                 \
-    WEFT_LAUNCH(paged::paged_attention_kernel<NQ>, grid, paged::THREADS, smem, s, *a, w, layer,    \
-                (const bf16 *)q, (bf16 *)out, lse, partials, arrived)
+    bool mma = a->tensor_cores && w.vectorized && (a->D == 64 || a->D == 128);
+    size_t smem = mma ? paged::mma_block_smem(a->D, nq) : paged::block_smem(a->D, nq);
+#define LAUNCH(KERNEL)                                                                             \
+    WEFT_LAUNCH(KERNEL, grid, paged::THREADS, smem, s, *a, w, layer, (const bf16 *)q,              \
+                (bf16 *)out, lse, partials, arrived)
+#define LAUNCH_NQ(NQ)                                                                              \
+    if (!mma) LAUNCH(paged::paged_attention_kernel<NQ>);                                           \
+    else if (a->D == 64) LAUNCH((paged::paged_attention_mma_kernel<NQ, 4>));                       \
+    else LAUNCH((paged::paged_attention_mma_kernel<NQ, 8>));
     switch (nq) {
-    case 1: LAUNCH(1); break;
-    case 2: LAUNCH(2); break;
-    case 4: LAUNCH(4); break;
-    default: LAUNCH(8); break;
+    case 1: LAUNCH_NQ(1); break;
+    case 2: LAUNCH_NQ(2); break;
+    case 4: LAUNCH_NQ(4); break;
+    default: LAUNCH_NQ(8); break;
     }
+#undef LAUNCH_NQ
 #undef LAUNCH
     if (w.splits == 1 || arrived) return;
     unsigned blocks = (unsigned)(((size_t)a->Tq * a->H + paged::WARPS - 1) / paged::WARPS);
