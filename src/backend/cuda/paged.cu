@@ -43,6 +43,7 @@ constexpr int WARPS = 4, THREADS = 32 * WARPS;
 constexpr int TILE = 32;              // keys per warp tile: one per lane when scoring
 constexpr int BLOCK_KEYS = WARPS * TILE;
 constexpr int MAX_VECTORS = 8;        // query vectors (row, head) per block
+constexpr int MMA_VECTORS = 16;       // on the tensor cores: the rows of one A operand
 // A split never holds fewer keys than this: one tile per warp. At batch 1 on an H200 (256 keys,
 // 4 kv heads: 4 blocks) a layer's attention took 17 us with each warp walking two tiles in turn;
 // two splits give 8 blocks of one tile a warp, and a combine of 32 (row, head) items.
@@ -85,6 +86,7 @@ struct work {
     int splits;      // blocks per (rows, heads), each over split_keys positions
     int split_keys;
     bool vectorized; // head_dim a multiple of 8 and the pool 16-byte aligned: cp.async copies
+    bool mma;        // on the tensor cores (paged_attention_mma_kernel)
 };
 
 // Items (sets of up to `rows` rows of one sequence) along the grid's x, times the splits: sequence
@@ -549,9 +551,10 @@ __device__ void store_fragment_result(const float m[2], const float l[2], const 
 
 // paged_attention_kernel's work on the tensor cores, for head_dim 16 DK (64 or 128): the same
 // task, tiles, merge and combine. The output fragments' registers (ptxas: at most 128 at head_dim
-// 64, 167 at 128, no spills) allow four blocks an SM and three.
+// 64, 167 at 128, no spills) allow four blocks an SM and three; two with 16 vectors at 128, whose
+// second 8 rows' pointers and key limits spilled at three.
 template <int NQ, int DK>
-__global__ void __launch_bounds__(THREADS, DK <= 4 ? 4 : 3)
+__global__ void __launch_bounds__(THREADS, DK <= 4 ? 4 : NQ <= 8 ? 3 : 2)
     paged_attention_mma_kernel(weft_cuda_paged_args a, work w, int layer, const bf16 *q,
                                bf16 *out, float *lse, float *partials, int *arrived) {
     wait_for_earlier_kernels();
@@ -611,15 +614,20 @@ static int smallest_power_of_two(int n) { // at least n
 }
 
 // The call's work split (see `work`), and in *nq the query vectors per block: the group's heads
-// (up to MAX_VECTORS) times the rows a sequence has on average, rounded up to 1, 2, 4 or 8. The
+// (up to MAX_VECTORS, or MMA_VECTORS on the tensor cores, where they fill one A operand: two
+// rows of eight heads where a prefill continuation or a speculative check reads the keys once for
+// both) times the rows a sequence has on average, rounded up to a power of two. The
 // splits aim at TARGET_BLOCKS blocks in all, each over at least MIN_SPLIT_KEYS of the longest
 // possible sequence (the block tables' width), unless a->split_keys fixes the split size.
 static work plan(const weft_cuda_paged_args *a, int *nq) {
     int group = a->H / a->KV, rows_each = (a->Tq + a->n_seqs - 1) / a->n_seqs;
     work w;
-    w.heads = group < MAX_VECTORS ? group : MAX_VECTORS;
+    w.vectorized = vector_width(a->D, a->pool) == 8;
+    w.mma = a->tensor_cores && w.vectorized && (a->D == 64 || a->D == 128);
+    int max_vectors = w.mma ? MMA_VECTORS : MAX_VECTORS;
+    w.heads = group < max_vectors ? group : max_vectors;
     int vectors = w.heads * rows_each;
-    *nq = smallest_power_of_two(vectors < MAX_VECTORS ? vectors : MAX_VECTORS);
+    *nq = smallest_power_of_two(vectors < max_vectors ? vectors : max_vectors);
     w.rows = *nq / w.heads;
     w.head_blocks = (group + w.heads - 1) / w.heads;
     long blocks = (long)first_item(a->Tq, a->n_seqs, w.rows) * a->KV * w.head_blocks;
@@ -634,7 +642,6 @@ static work plan(const weft_cuda_paged_args *a, int *nq) {
         w.split_keys = (keys + BLOCK_KEYS - 1) / BLOCK_KEYS * BLOCK_KEYS;
     }
     w.splits = (max_keys + w.split_keys - 1) / w.split_keys;
-    w.vectorized = vector_width(a->D, a->pool) == 8;
     return w;
 }
 
@@ -672,7 +679,7 @@ extern "C" void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_pa
     dim3 grid(items * w.splits, a->KV * w.head_blocks);
     // Counters for the last block of each item to combine its splits, where there are enough.
     if (w.splits == 1 || (long)items * grid.y > WEFT_CUDA_ARRIVAL_COUNTERS) arrived = NULL;
-    bool mma = a->tensor_cores && w.vectorized && (a->D == 64 || a->D == 128);
+    bool mma = w.mma;
     size_t smem = mma ? paged::mma_block_smem(a->D, nq) : paged::block_smem(a->D, nq);
 #define LAUNCH(KERNEL)                                                                             \
     WEFT_LAUNCH(KERNEL, grid, paged::THREADS, smem, s, *a, w, layer, (const bf16 *)q,              \
@@ -685,7 +692,10 @@ extern "C" void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_pa
     case 1: LAUNCH_NQ(1); break;
     case 2: LAUNCH_NQ(2); break;
     case 4: LAUNCH_NQ(4); break;
-    default: LAUNCH_NQ(8); break;
+    case 8: LAUNCH_NQ(8); break;
+    default: // 16: the tensor cores only
+        if (a->D == 64) LAUNCH((paged::paged_attention_mma_kernel<16, 4>));
+        else LAUNCH((paged::paged_attention_mma_kernel<16, 8>));
     }
 #undef LAUNCH_NQ
 #undef LAUNCH
