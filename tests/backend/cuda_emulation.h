@@ -127,6 +127,12 @@ inline bool g_threads_in_reverse = [] {
     const char *v = getenv("WEFT_EMULATED_THREADS_REVERSED");
     return v && *v && strcmp(v, "0") != 0;
 }();
+// Whether one warp at a time runs (g_warps_one_at_a_time): the first warp, in the order above,
+// with a runnable thread runs alone, its warp primitives resolved as it reaches them, until it
+// waits at a block-wide rendezvous (or ends); then the next. So a warp runs ahead of the others
+// as far as the kernel's barriers let it, and a buffer refilled without a barrier after its last
+// reader (the readers being other warps) is refilled before they read it.
+inline bool g_warps_one_at_a_time = false;
 inline uint3 g_block_index;
 inline dim3 g_block_dim, g_grid_dim;
 
@@ -358,9 +364,15 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
     start_block_hopper(b);
     for (;;) {
         bool ran = false;
+        int only_warp = -1; // g_warps_one_at_a_time: the warp that runs this round
+        for (int i = 0; i < threads && g_warps_one_at_a_time && only_warp < 0; i++) {
+            int k = g_threads_in_reverse ? threads - 1 - i : i;
+            if (b.threads[k].op == OP_RUNNABLE) only_warp = k / 32;
+        }
         for (int i = 0; i < threads; i++) {
-            thread_state &t = b.threads[g_threads_in_reverse ? threads - 1 - i : i];
-            if (t.op == OP_RUNNABLE) {
+            int k = g_threads_in_reverse ? threads - 1 - i : i;
+            thread_state &t = b.threads[k];
+            if (t.op == OP_RUNNABLE && (only_warp < 0 || k / 32 == only_warp)) {
                 run_until_rendezvous(b, t);
                 ran = true;
             }

@@ -416,12 +416,17 @@ void test_paged_attention(const paged_case &c, int split_keys, bool tensor_cores
 // When the emulator lands cp.async copies and in which order it runs a block's threads
 // (cuda_emulation.h); compare() names the reversed order itself.
 struct schedule {
-    bool copies_early, threads_reversed;
+    bool copies_early, threads_reversed, warps_one_at_a_time;
     void apply() const {
         emu::g_copies_land_at_issue = copies_early;
         emu::g_threads_in_reverse = threads_reversed;
+        emu::g_warps_one_at_a_time = warps_one_at_a_time;
     }
-    const char *name() const { return copies_early ? " (copies land early)" : ""; }
+    const char *name() const {
+        return warps_one_at_a_time ? " (copies land early, one warp at a time)"
+               : copies_early      ? " (copies land early)"
+                                   : "";
+    }
 };
 
 int main() {
@@ -448,8 +453,10 @@ int main() {
     };
     for (const layout &l : layouts) test_attention(l, SIMT);
     // Copies landing as late, then as early as allowed; then threads run last to first between
-    // rendezvous (late copies): a missing barrier or copy wait shows up one of the three ways.
-    const schedule schedules[] = {{false, false}, {true, false}, {false, true}};
+    // rendezvous (late copies); then early copies with each warp running ahead of the others
+    // from barrier to barrier: a missing barrier or copy wait shows up one of the four ways.
+    const schedule schedules[] = {
+        {false, false, false}, {true, false, false}, {false, true, false}, {true, false, true}};
     for (const schedule &when : schedules) {
         when.apply();
         for (const layout &l : layouts) test_attention(l, MMA, when.name());
@@ -498,7 +505,7 @@ int main() {
                     if (!mma || c.D == 64 || c.D == 128)
                         test_paged_attention(c, split_keys, mma, when.name());
     }
-    schedule{false, false}.apply();
+    schedule{false, false, false}.apply();
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;
 }

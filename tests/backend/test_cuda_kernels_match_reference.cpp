@@ -474,6 +474,53 @@ void test_few_rows_normed(int M, int K, bool swiglu) {
     compare(name, got, widen(want), 0.0);
 }
 
+// skinny.cu's products past 64 rows (blocks of 64 rows, x staged in shared memory) against
+// float64, and every row the bits of that row multiplied alone (one row: x read from global
+// memory; every 7th row and the last), with and without the SwiGLU: K in splits whose chunks
+// pair up (1024: 4 each) and do not (96: 3; 4096 at N 832: 7, in 4 pairs, so each buffer is
+// staged again), a partial last row block, and the copies landing when issued as well as late.
+void test_skinny_rows(int M, int N, int K, bool swiglu) {
+    int width = swiglu ? N / 2 : N, rows_of_w = N;
+    std::vector<bf16> x = random_bf16((size_t)M * K), w = random_bf16((size_t)rows_of_w * K);
+    std::vector<bf16> got((size_t)M * width, NAN_BF16), alone(width, NAN_BF16);
+    std::vector<float> partials(weft_cuda_skinny_partials_bytes(M, N, K) / sizeof(float) + 1);
+    std::vector<int> arrived(WEFT_CUDA_ARRIVAL_COUNTERS, 0);
+    auto product = [&](int m, const bf16 *xm, bf16 *y) {
+        if (swiglu)
+            weft_cuda_skinny_swiglu(queue, m, width, K, xm, K, w.data(), K, y, width,
+                                    partials.data(), arrived.data());
+        else
+            weft_cuda_skinny(queue, m, N, K, 1.0f, xm, K, w.data(), K, 0.0f, nullptr, nullptr, y,
+                             N, partials.data(), arrived.data());
+    };
+    product(M, x.data(), got.data());
+    std::vector<double> want((size_t)M * width);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < width; n++) {
+            double sum = 0, up = 0;
+            for (int k = 0; k < K; k++) {
+                double xv = value_of(x[(size_t)m * K + k]);
+                sum += xv * value_of(w[(size_t)n * K + k]);
+                if (swiglu) up += xv * value_of(w[(size_t)(n + width) * K + k]);
+            }
+            want[(size_t)m * width + n] = swiglu ? sum / (1 + exp(-sum)) * up : sum;
+        }
+    int differ = 0;
+    for (int m = 0; m < M; m += m + 7 < M ? 7 : M - 1 - m > 0 ? M - 1 - m : 1) { // every 7th, last
+        partials.assign(partials.size(), 0.0f);
+        product(1, x.data() + (size_t)m * K, alone.data());
+        differ += memcmp(alone.data(), got.data() + (size_t)m * width, width * sizeof(bf16)) != 0;
+    }
+    std::string name = std::string(swiglu ? "skinny_swiglu" : "skinny") + " M " +
+                       std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) +
+                       (emu::g_copies_land_at_issue ? " (copies land early)" : "") +
+                       (emu::g_warps_one_at_a_time ? " (one warp at a time)" : "");
+    compare(name, got, want, BF16_TOL);
+    expect(name + ": every row the row alone's bits, counters left zero",
+           differ == 0 &&
+               std::all_of(arrived.begin(), arrived.end(), [](int n) { return n == 0; }));
+}
+
 // Token ids fed from the draws before (rows with a source) beside ids that stay, over more rows
 // than one block's threads.
 void test_take_tokens(int n) {
@@ -580,6 +627,15 @@ static void test_every_kernel() {
         for (int M : {1, 3, 8})
             for (bool swiglu : {false, true}) test_few_rows_normed(M, K, swiglu);
     test_adamw();
+    for (int when = 0; when < 3; when++) { // copies landing late, at issue, and at issue with
+        emu::g_copies_land_at_issue = when > 0; // one warp at a time running ahead
+        emu::g_warps_one_at_a_time = when == 2;
+        test_skinny_rows(150, 136, 96, false);
+        test_skinny_rows(130, 1024, 1024, false);
+        test_skinny_rows(70, 832, 4096, false); // 7 chunks a split: a buffer staged again
+        test_skinny_rows(70, 144, 64, true);
+    }
+    emu::g_copies_land_at_issue = emu::g_warps_one_at_a_time = false;
 }
 
 int main() {

@@ -15,7 +15,10 @@
 // the S sums in split order and writes y. Every sum has one order: runs repeat bit for bit.
 //
 // Past 64 rows the rows go in blocks of 64 along the grid's y, each such row block a copy of the
-// 64-row product; launches take as many row blocks as the counters allow (S > 1). A row's sums
+// 64-row product; launches take as many row blocks as the counters allow (S > 1). There the
+// block stages x in shared memory, a pair of chunks at a time (cp.async, double-buffered), for
+// its 4 column groups to read, where they would read it from L2 4 times over: at 256 rows x
+// costs 4 times W's bytes a block, and L2's bandwidth, not HBM's, is what bounds. A row's sums
 // are those of its 16-row tile's mma, which add each output of the tile from its own row of x
 // alone, in an order fixed by N and K (S, the halves, the chunks): so a row has the same bits
 // whatever rows share the call, from 1 row to thousands.
@@ -84,6 +87,60 @@ __device__ __forceinline__ void warp_sums(const bf16 *const *wr, const bf16 *x_l
         if (c + HALVES < c1) next[0] = load16(wr[0] + k_next), next[1] = load16(wr[1] + k_next);
         multiply_chunk<MT>(now, x_lane, x_at, c * KC, acc);
         now[0] = next[0], now[1] = next[1];
+    }
+}
+
+// Stages x's columns of chunks c and c + 1 (those below c1) for the block's 16 MT rows into xs
+// (HALVES, 16 MT, KC): rows past the row block's last real one (rows) repeat it, as the reads
+// from global memory do.
+template <int MT>
+__device__ __forceinline__ void stage_x_pair(const bf16 *x, int ldx, int rows, int c, int c1,
+                                             bf16 *xs) {
+    constexpr int PIECES = KC / 8, TILE_ROWS = 16 * MT; // 16-byte pieces a row of a chunk
+    for (int i = threadIdx.x; i < HALVES * TILE_ROWS * PIECES; i += THREADS) {
+        int h = i / (TILE_ROWS * PIECES), r = i / PIECES % TILE_ROWS, q = i % PIECES;
+        if (c + h >= c1) continue;
+        const bf16 *src = x + (size_t)min(r, rows - 1) * ldx + (size_t)(c + h) * KC + 8 * q;
+        cp_async16(xs + ((size_t)h * TILE_ROWS + r) * KC + 8 * q, src, true);
+    }
+    cp_async_commit();
+}
+
+// warp_sums with x from shared memory: the block walks its chunks of [c0, c1) a pair at a time
+// (a chunk for each half, as there), staging the next pair's x while it multiplies this one's.
+// The same loads of W and the same products in the same order: the same sums.
+template <int MT>
+__device__ __forceinline__ void block_sums_shared_x(const bf16 *const *wr, const bf16 *x,
+                                                    int ldx, int rows, int c0, int c1, int half,
+                                                    bf16 *xs, float (*acc)[2][4]) {
+    constexpr int TILE = HALVES * 16 * MT * KC; // bf16 of one pair's x
+    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+    int x_at[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) x_at[mt][h] = (16 * mt + 8 * h + g) * KC;
+    const bf16 *x_lane = xs + half * 16 * MT * KC + 8 * t;
+    uint4 now[2], next[2];
+    int c = c0 + half, pairs = (c1 - c0 + HALVES - 1) / HALVES;
+    if (c < c1) now[0] = load16(wr[0] + c * KC), now[1] = load16(wr[1] + c * KC);
+    stage_x_pair<MT>(x, ldx, rows, c0, c1, xs);
+#pragma unroll 1
+    for (int i = 0; i < pairs; i++, c += HALVES) {
+        if (i + 1 < pairs) {
+            stage_x_pair<MT>(x, ldx, rows, c0 + HALVES * (i + 1), c1, xs + ((i + 1) & 1) * TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); // this pair's x has landed, every thread's copies
+        if (c < c1) {
+            int k_next = (c + HALVES) * KC;
+            if (c + HALVES < c1) next[0] = load16(wr[0] + k_next), next[1] = load16(wr[1] + k_next);
+            multiply_chunk<MT>(now, x_lane + (i & 1) * TILE, x_at, 0, acc);
+            now[0] = next[0], now[1] = next[1];
+        }
+        __syncthreads(); // every warp is done with this buffer before it is staged again
     }
 }
 
@@ -168,11 +225,15 @@ __device__ __forceinline__ fixed_rows block_weights(const product &p, int part) 
 
 // MT row tiles of 16 (rows past M read row M - 1 and are not stored). blockIdx.x = column block
 // * S + split; blockIdx.y = row block (of MT * 16 rows: 64 wherever there is more than one).
-template <int MT, bool SWIGLU>
+// SHARED_X: x staged in shared memory (block_sums_shared_x), which the sums reuse afterwards.
+template <int MT, bool SWIGLU, bool SHARED_X>
 __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     wait_for_earlier_kernels(block_weights<SWIGLU>(p, 0), block_weights<SWIGLU>(p, 1));
     constexpr int ROWS = MT * 16;
-    __shared__ float sums[HALVES][ROWS][BN + 1]; // + 1: the epilogue's column walk
+    constexpr size_t SUMS = sizeof(float) * HALVES * ROWS * (BN + 1); // + 1: the epilogue's walk
+    constexpr size_t X = SHARED_X ? sizeof(bf16) * 2 * HALVES * ROWS * KC : 0; // two pairs
+    __shared__ __align__(16) unsigned char shared[SUMS > X ? SUMS : X];
+    auto sums = reinterpret_cast<float (*)[ROWS][BN + 1]>(shared);
     __shared__ bool last;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     int group = warp % GROUPS, half = warp / GROUPS;
@@ -190,7 +251,11 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
 #pragma unroll
         for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, rows - 1) * p.ldx;
     float acc[MT][2][4] = {};
-    warp_sums<MT>(wr, x_lane, x_at, s.c0, s.c1, half, acc);
+    if constexpr (SHARED_X)
+        block_sums_shared_x<MT>(wr, p.x + (size_t)row0 * p.ldx, p.ldx, rows, s.c0, s.c1, half,
+                                reinterpret_cast<bf16 *>(shared), acc);
+    else
+        warp_sums<MT>(wr, x_lane, x_at, s.c0, s.c1, half, acc);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -237,9 +302,9 @@ inline int row_blocks_per_launch(int N, int splits, int row_blocks) {
     return max(1, min(most, row_blocks));
 }
 
-template <int MT, bool SWIGLU>
+template <int MT, bool SWIGLU, bool SHARED_X = false>
 void launch(weft_cuda_stream s, const product &p, int row_blocks) {
-    static constexpr auto kernel = skinny_kernel<MT, SWIGLU>;
+    static constexpr auto kernel = skinny_kernel<MT, SWIGLU, SHARED_X>;
     dim3 grid((unsigned)((p.N + BN - 1) / BN * p.splits), (unsigned)row_blocks);
     WEFT_LAUNCH(kernel, grid, THREADS, 0, s, p);
 }
@@ -264,7 +329,7 @@ template <bool SWIGLU> void launch_rows(weft_cuda_stream s, const product &p) {
         part.y += r0 * p.ldc;
         if (p.c_in) part.c_in += r0 * p.ldc;
         part.M = min(per * ROWS, p.M - (int)r0);
-        launch<4, SWIGLU>(s, part, min(per, total - first));
+        launch<4, SWIGLU, true>(s, part, min(per, total - first));
     }
 }
 
