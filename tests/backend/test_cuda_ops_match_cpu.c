@@ -39,6 +39,7 @@ static void test_matmul(bool ta, bool tb, bool f32_out, bool residual) {
 // backend's batch_invariant on (`invariant`), every row count on skinny.cu, and every row the
 // bits of that row alone.
 static bool invariant;
+static int skinny_rows = 64; // the backend's WEFT_CUDA_SKINNY_ROWS
 static void test_projection(int m, int n, int k, bool residual) {
     int lda = k + 8, ldb = k + 16, ldc = n + 3;
     size_t esz = sizeof(uint16_t);
@@ -53,9 +54,12 @@ static void test_projection(int m, int n, int k, bool residual) {
     gpu->matmul(gpu, false, true, m, n, k, 0.5f, a.g, lda, b.g, ldb, beta, residual ? r.g : NULL,
                 NULL, c.g, ldc, tg);
     char name[96];
-    snprintf(name, sizeof name, "matmul %s m=%d n=%d k=%d%s",
-             invariant ? "invariant" : m <= 8 ? "few rows" : m <= 64 ? "skinny" : "GEMM", m, n,
-             k, residual ? " + R" : "");
+    const char *kernel = invariant         ? "invariant"
+                         : m <= 8          ? "few rows"
+                         : m <= skinny_rows ? "skinny"
+                                            : "GEMM";
+    snprintf(name, sizeof name, "matmul %s m=%d n=%d k=%d%s", kernel, m, n, k,
+             residual ? " + R" : "");
     compare(name, &c, BF16_TOL);
     uint16_t *batch = weft_alloc((size_t)m * ldc * esz), *row = weft_alloc((size_t)ldc * esz);
     gpu->to_host(gpu, batch, c.g, (size_t)m * ldc * esz);
@@ -673,6 +677,15 @@ int main(void) {
     test_projection(100, 256, 2048, true);
     test_projection(256, 640, 1024, false);
     unsetenv("WEFT_CUDA_GEMM_SPLIT_K");
+    weft_backend_destroy(gpu);
+    // skinny.cu past 64 rows (WEFT_CUDA_SKINNY_ROWS=256): a batch-256 decode step's products.
+    setenv("WEFT_CUDA_SKINNY_ROWS", "256", 1);
+    gpu = weft_backend_cuda_create(0);
+    skinny_rows = 256;
+    test_projection(256, 640, 1024, true);
+    test_swiglu_product(200, 72, 256);
+    skinny_rows = 64;
+    unsetenv("WEFT_CUDA_SKINNY_ROWS");
     weft_backend_destroy(gpu);
     // Every attention kernel family the GPU has, each on a backend of its own (hopper: 128-row,
     // 128-key tiles, so the longer documents span several; its backward both ways).

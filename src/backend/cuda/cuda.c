@@ -574,6 +574,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
     // against the other.
     st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
     st->skinny = st->few_rows && weft_cuda_compute_capability(st->device) >= 80;
+    st->skinny_rows = weft_cuda_skinny_rows();
     st->fold_norm = env_switch("WEFT_CUDA_FOLD_NORM", "each RMSNorm its own launch");
     size_t counter_bytes = sizeof(int) * WEFT_CUDA_ARRIVAL_COUNTERS;
     CUDA_CHECK(cudaMalloc((void **)&st->arrived, counter_bytes));

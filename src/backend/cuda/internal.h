@@ -23,7 +23,8 @@ typedef struct cuda_state {
     bool attention_hopper_named; // by WEFT_CUDA_ATTENTION=hopper
     bool attention_ordered_dq;   // the hopper backward's dQ in its dK/dV kernel (ordered sums)
     bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
-    bool skinny;                 // and up to WEFT_CUDA_SKINNY_ROWS on skinny.cu's (sm_80 and up)
+    bool skinny;                 // and up to skinny_rows on skinny.cu's (sm_80 and up)
+    int skinny_rows;             // WEFT_CUDA_SKINNY_ROWS (switches.h)
     bool fold_norm;              // a forward-only RMSNorm in the few-row product after it
     bool batch_invariant;        // batch_invariant: forward products on skinny.cu for every row
                                  // count, paged attention split at a fixed size

@@ -73,8 +73,8 @@ void weft_cuda_few_rows(weft_cuda_stream s, int M, int N, int K, float alpha, co
 // bits whatever rows come with it, from 1 to thousands (not few_rows.cu's bits: another order),
 // which batch-invariant generation relies on. partials: device scratch of
 // weft_cuda_skinny_partials_bytes; arrived: the arrival counters. fits: K a multiple of 32, ldx
-// and ldw of 8, x and W 16-byte aligned; covers: that, and M in the range above; else use the
-// GEMM.
+// and ldw of 8, x and W 16-byte aligned; else use the GEMM. WEFT_CUDA_SKINNY_ROWS: the most rows
+// the backend gives it by default (switches.h).
 enum { WEFT_CUDA_SKINNY_ROWS = 64 };
 // Arrival counters: WEFT_CUDA_ARRIVAL_COUNTERS device ints, zero before the first call of a
 // kernel that takes them, which leaves them zero. A kernel's blocks count themselves in there
@@ -83,7 +83,6 @@ enum { WEFT_CUDA_SKINNY_ROWS = 64 };
 // they share one set.
 enum { WEFT_CUDA_ARRIVAL_COUNTERS = 1024 };
 bool weft_cuda_skinny_fits(int K, const void *x, int ldx, const void *w, int ldw);
-bool weft_cuda_skinny_covers(int M, int K, const void *x, int ldx, const void *w, int ldw);
 size_t weft_cuda_skinny_partials_bytes(int M, int N, int K);
 void weft_cuda_skinny(weft_cuda_stream s, int M, int N, int K, float alpha, const void *x,
                       int ldx, const void *w, int ldw, float beta, const void *c_in,

@@ -1,6 +1,7 @@
 // The CUDA backend's products and which kernel takes each: x W^T of up to 8 rows on few_rows.cu,
-// of up to 64 on skinny.cu, the rest on cuBLASLt (matmul.c); in a forward-only pass the RMSNorm
-// before a few-row product, and the SwiGLU after a gate|up product, in the same launch.
+// of up to 64 (WEFT_CUDA_SKINNY_ROWS) on skinny.cu, the rest on cuBLASLt (matmul.c); in a
+// forward-only pass the RMSNorm before a few-row product, and the SwiGLU after a gate|up
+// product, in the same launch.
 //
 // With batch_invariant on (generation whose output must not depend on its batching, backend.h)
 // every forward product goes to skinny.cu, whatever its rows: a row then has the same bits alone
@@ -26,7 +27,9 @@ static product_kernel kernel_for(weft_backend *self, int m, int k, const void *x
         return BY_SKINNY;
     }
     if (st->few_rows && weft_cuda_few_rows_covers(m, k, x, ldx, w, ldw)) return BY_FEW_ROWS;
-    if (st->skinny && weft_cuda_skinny_covers(m, k, x, ldx, w, ldw)) return BY_SKINNY;
+    if (st->skinny && m > WEFT_CUDA_FEW_ROWS && m <= st->skinny_rows &&
+        weft_cuda_skinny_fits(k, x, ldx, w, ldw))
+        return BY_SKINNY;
     return BY_GEMM;
 }
 

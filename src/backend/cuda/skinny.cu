@@ -341,12 +341,6 @@ extern "C" bool weft_cuda_skinny_fits(int K, const void *x, int ldx, const void 
     return K % skinny::KC == 0 && ldx % 8 == 0 && ldw % 8 == 0 && bits % 16 == 0;
 }
 
-extern "C" bool weft_cuda_skinny_covers(int M, int K, const void *x, int ldx, const void *w,
-                                        int ldw) {
-    return M > WEFT_CUDA_FEW_ROWS && M <= WEFT_CUDA_SKINNY_ROWS &&
-           weft_cuda_skinny_fits(K, x, ldx, w, ldw);
-}
-
 extern "C" size_t weft_cuda_skinny_partials_bytes(int M, int N, int K) {
     int splits = skinny::splits_for(N, K), blocks = (M + 63) / 64;
     if (splits == 1 || M == 0) return 0;

@@ -26,6 +26,17 @@ int weft_cuda_gemm_split_k(int device) {
     return sms;
 }
 
+int weft_cuda_skinny_rows(void) {
+    const char *v = getenv("WEFT_CUDA_SKINNY_ROWS");
+    if (!v || !*v) return WEFT_CUDA_SKINNY_ROWS;
+    char *end;
+    long rows = strtol(v, &end, 10);
+    WEFT_CHECK(*end == 0 && rows >= WEFT_CUDA_SKINNY_ROWS && rows <= 1024,
+               "WEFT_CUDA_SKINNY_ROWS=%s: expected a number of rows from %d (the default) to 1024",
+               v, WEFT_CUDA_SKINNY_ROWS);
+    return (int)rows;
+}
+
 void weft_cuda_attention_choice(int device, bool *mma, bool *hopper, bool *named) {
     int major = weft_cuda_compute_capability(device) / 10;
     weft_cuda_hopper_code code = major == 9 ? weft_cuda_attention_hopper_code() : WEFT_HOPPER_ABSENT;

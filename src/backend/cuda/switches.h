@@ -19,3 +19,10 @@ void weft_cuda_attention_choice(int device, bool *mma, bool *hopper, bool *named
 // (matmul.h); off by default until a GPU run says it pays (bench/gpu_generate_throughput.py
 // times it as its splitk runner). The SMs to fill, or 0.
 int weft_cuda_gemm_split_k(int device);
+
+// WEFT_CUDA_SKINNY_ROWS=N (64 to 1024; default WEFT_CUDA_SKINNY_ROWS, 64) sends products of up to
+// N rows to skinny.cu instead of cuBLASLt: past 64 rows in blocks of 64, x staged in shared
+// memory. Whether that beats cuBLASLt at a batch-256 decode step (whose 2,048-column products
+// give cuBLASLt's tiles a fraction of the SMs) is for a GPU run to say
+// (bench/gpu_generate_throughput.py's skinny256 runner).
+int weft_cuda_skinny_rows(void);
