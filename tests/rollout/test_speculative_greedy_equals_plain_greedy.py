@@ -18,6 +18,9 @@ token limit.
     of the verification: acceptance at depth 1 at least 0.5, and some drafts rejected.
   - Temperature 1 with speculation (k = 1 and 2): the same seed gives byte-identical output under
     all of those batchings, and one sequence at a time (rollout.max_running=1).
+  - The same on device=cuda with rollout.batch_invariant=true (k = 2; on the GPU where nvidia-smi
+    lists two, else on weft_emulated): the MTP modules' drafting passes and the verifying
+    forwards take the batch-invariant kernels too.
 """
 import filecmp
 import json
@@ -178,7 +181,26 @@ def cases(weft, tmp):
             out = os.path.join(tmp, f"sampled_k{k}_{v}.jsonl")
             _, st, _ = generate(weft, mdir, prompts, out, *sampled, *settings, ranks=ranks)
             same_as(ref_k, out, f"temperature 1 k={k}, {name}", st, failures)
+    check_invariant_cuda(weft, mdir, prompts, tmp, common, failures)
     return failures
+
+
+def check_invariant_cuda(weft, mdir, prompts, tmp, common, failures):
+    program, emulated = fixtures.cuda_weft(weft, 2)
+    if program is None:
+        print("device=cuda, batch-invariant: no GPU and no weft_emulated: skipped")
+        return
+    sampled = [*common, "sampling.temperature=1", "sampling.seed=7", "device=cuda",
+               "rollout.speculative_tokens=2", "rollout.batch_invariant=true"]
+    ref = os.path.join(tmp, "invariant_cuda.jsonl")
+    _, st, _ = generate(program, mdir, prompts, ref, *sampled)
+    print(f"device=cuda ({'emulated' if emulated else 'GPU'}), batch-invariant, temperature 1 "
+          f"k=2, all at once: acceptance "
+          f"{[round(a, 3) for a in st['speculative']['acceptance']]}; against it:")
+    for v, (name, settings, ranks) in enumerate(VARIANTS + SAMPLED_ONLY):
+        out = os.path.join(tmp, f"invariant_cuda_{v}.jsonl")
+        _, st, _ = generate(program, mdir, prompts, out, *sampled, *settings, ranks=ranks)
+        same_as(ref, out, f"device=cuda batch-invariant k=2, {name}", st, failures)
 
 
 if __name__ == "__main__":
