@@ -33,6 +33,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - weft skinny256, at batches past 64 on a GPU: weft with WEFT_CUDA_SKINNY_ROWS=256, the
   products of up to 256 rows on skinny.cu (blocks of 64 rows, x staged in shared memory)
   instead of cuBLASLt: whether it should be the default.
+- weft l2x, at batches 33 to 64 on a GPU: weft with WEFT_CUDA_SKINNY_SHARED_X=0, each column
+  group of a skinny product reading x from L2, where by default from 33 rows on the block stages
+  x in shared memory once for all four: what the staging gains.
 - weft noprefetch, at batches up to 64 on a GPU: weft with WEFT_CUDA_PREFETCH_WEIGHTS=0, where
   by default an early-launched few-row or skinny product asks L2 for its weights while the kernel
   before it still runs (common.cuh's fixed_rows): what that prefetch gains.
@@ -59,7 +62,7 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
 after another, each at every batch (weft, then the runners that decide a default: sync, cublas,
-splitk, skinny256, noprefetch and nofold; then weft invariant, eager and serial, the default
+splitk, skinny256, l2x, noprefetch and nofold; then weft invariant, eager and serial, the default
 cache, weft's profile, and last the static cache, whose compiles take longest), and the JSON is
 rewritten after each run, so a run cut off by a time limit keeps what it measured.
 
@@ -102,14 +105,16 @@ from reference.generation import random_prompts, write_prompts  # noqa: E402
 # Decode steps replayed as CUDA graphs; replayed with every matmul on cuBLASLt (neither the
 # few-row nor the skinny kernel, which serve batches up to SKINNY_ROWS); replayed with cuBLASLt
 # splitting K where tiles leave SMs idle (past SKINNY_ROWS); replayed with skinny.cu taking up to
-# 256 rows (past SKINNY_ROWS); replayed with no weights asked for
+# 256 rows (past SKINNY_ROWS); replayed with x read from L2 by skinny's column groups (33 to
+# SKINNY_ROWS); replayed with no weights asked for
 # before a product's wait (up to SKINNY_ROWS); batch-invariant; launched kernel by kernel; and
 # replayed with each kernel launched after the last ends (no programmatic dependent launch). In
 # the order they run (the ones that decide a default first); the environment of each.
-WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "skinny256", "noprefetch", "nofold",
+WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "skinny256", "l2x", "noprefetch", "nofold",
                 "invariant", "eager", "serial")
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
               "skinny256": {"WEFT_CUDA_SKINNY_ROWS": "256"},
+              "l2x": {"WEFT_CUDA_SKINNY_SHARED_X": "0"},
               "noprefetch": {"WEFT_CUDA_PREFETCH_WEIGHTS": "0"},
               "nofold": {"WEFT_CUDA_FOLD_NORM": "0"},
               "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
@@ -325,7 +330,7 @@ def make_row(a, batch, runs, bandwidth):
     return dict(batch=batch, weft_tokens_per_s=w, eager_tokens_per_s=tps["eager"],
                 sync_tokens_per_s=tps["sync"],
                 cublas_tokens_per_s=tps["cublas"], splitk_tokens_per_s=tps["splitk"],
-                skinny256_tokens_per_s=tps["skinny256"],
+                skinny256_tokens_per_s=tps["skinny256"], l2x_tokens_per_s=tps["l2x"],
                 noprefetch_tokens_per_s=tps["noprefetch"], nofold_tokens_per_s=tps["nofold"],
                 invariant_tokens_per_s=tps["invariant"], serial_tokens_per_s=tps["serial"],
                 default_tokens_per_s=tps["default"],
@@ -339,7 +344,7 @@ def make_row(a, batch, runs, bandwidth):
 
 
 HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'sync':>7} {'cublas':>7} {'splitk':>7} "
-        f"{'skinny256':>9} "
+        f"{'skinny256':>9} {'l2x':>7} "
         f"{'noprefetch':>10} {'nofold':>7} {'invariant':>9} {'serial':>7} "
         f"{'tf default':>11} "
         f"{'tf static':>10} "
@@ -356,6 +361,7 @@ def table_line(row):
             f"{fmt(row.get('cublas_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('splitk_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('skinny256_tokens_per_s'), '.0f'):>9} "
+            f"{fmt(row.get('l2x_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('noprefetch_tokens_per_s'), '.0f'):>10} "
             f"{fmt(row.get('nofold_tokens_per_s'), '.0f'):>7} "
             f"{fmt(row.get('invariant_tokens_per_s'), '.0f'):>9} "
@@ -503,6 +509,7 @@ def run(a):
             if ((who in RUNNER_ENV or who in ("sync", "invariant")) and a.device != "cuda"
                     or who in ("cublas", "noprefetch") and batch > SKINNY_ROWS
                     or who in ("splitk", "skinny256") and batch <= SKINNY_ROWS
+                    or who == "l2x" and not 32 < batch <= SKINNY_ROWS
                     or who == "nofold" and batch > FEW_ROWS):
                 continue  # the same kernels and launches as "weft" there
             runs[batch][who] = run_one(a, who, batch)

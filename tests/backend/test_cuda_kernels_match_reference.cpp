@@ -474,12 +474,15 @@ void test_few_rows_normed(int M, int K, bool swiglu) {
     compare(name, got, widen(want), 0.0);
 }
 
-// skinny.cu's products past 64 rows (blocks of 64 rows, x staged in shared memory) against
-// float64, and every row the bits of that row multiplied alone (one row: x read from global
+// skinny.cu's products past 64 rows (blocks of 64 rows, x staged in shared memory), and of 33
+// to 64 rows with x staged (shared_x) or read from L2 by each column group, against float64, and
+// every row the bits of that row multiplied alone (one row: x read from global
 // memory; every 7th row and the last), with and without the SwiGLU: K in splits whose chunks
 // pair up (1024: 4 each) and do not (96: 3; 4096 at N 832: 7, in 4 pairs, so each buffer is
 // staged again), a partial last row block, and the copies landing when issued as well as late.
-void test_skinny_rows(int M, int N, int K, bool swiglu) {
+void test_skinny_rows(int M, int N, int K, bool swiglu, bool shared_x = true) {
+    weft_cuda_queue staging = emulated_queue;
+    staging.skinny_shared_x = shared_x;
     int width = swiglu ? N / 2 : N, rows_of_w = N;
     std::vector<bf16> x = random_bf16((size_t)M * K), w = random_bf16((size_t)rows_of_w * K);
     std::vector<bf16> got((size_t)M * width, NAN_BF16), alone(width, NAN_BF16);
@@ -487,11 +490,11 @@ void test_skinny_rows(int M, int N, int K, bool swiglu) {
     std::vector<int> arrived(WEFT_CUDA_ARRIVAL_COUNTERS, 0);
     auto product = [&](int m, const bf16 *xm, bf16 *y) {
         if (swiglu)
-            weft_cuda_skinny_swiglu(queue, m, width, K, xm, K, w.data(), K, y, width,
+            weft_cuda_skinny_swiglu(&staging, m, width, K, xm, K, w.data(), K, y, width,
                                     partials.data(), arrived.data());
         else
-            weft_cuda_skinny(queue, m, N, K, 1.0f, xm, K, w.data(), K, 0.0f, nullptr, nullptr, y,
-                             N, partials.data(), arrived.data());
+            weft_cuda_skinny(&staging, m, N, K, 1.0f, xm, K, w.data(), K, 0.0f, nullptr, nullptr,
+                             y, N, partials.data(), arrived.data());
     };
     product(M, x.data(), got.data());
     std::vector<double> want((size_t)M * width);
@@ -513,6 +516,7 @@ void test_skinny_rows(int M, int N, int K, bool swiglu) {
     }
     std::string name = std::string(swiglu ? "skinny_swiglu" : "skinny") + " M " +
                        std::to_string(M) + " N " + std::to_string(N) + " K " + std::to_string(K) +
+                       (M <= 64 && !shared_x ? " (x from L2)" : "") +
                        (emu::g_copies_land_at_issue ? " (copies land early)" : "") +
                        (emu::g_warps_one_at_a_time ? " (one warp at a time)" : "");
     compare(name, got, want, BF16_TOL);
@@ -627,6 +631,11 @@ static void test_every_kernel() {
         for (int M : {1, 3, 8})
             for (bool swiglu : {false, true}) test_few_rows_normed(M, K, swiglu);
     test_adamw();
+}
+
+// skinny.cu's shared-memory x, whose hazards are between warps: copies landing late, at issue,
+// and at issue with one warp at a time running ahead (threads in index order).
+static void test_skinny_schedules() {
     for (int when = 0; when < 3; when++) { // copies landing late, at issue, and at issue with
         emu::g_copies_land_at_issue = when > 0; // one warp at a time running ahead
         emu::g_warps_one_at_a_time = when == 2;
@@ -634,6 +643,8 @@ static void test_every_kernel() {
         test_skinny_rows(130, 1024, 1024, false);
         test_skinny_rows(70, 832, 4096, false); // 7 chunks a split: a buffer staged again
         test_skinny_rows(70, 144, 64, true);
+        for (bool shared_x : {true, false}) test_skinny_rows(50, 832, 4096, false, shared_x);
+        test_skinny_rows(40, 144, 256, true);
     }
     emu::g_copies_land_at_issue = emu::g_warps_one_at_a_time = false;
 }
@@ -643,6 +654,8 @@ int main() {
         emu::g_threads_in_reverse = reversed;
         test_every_kernel();
     }
+    emu::g_threads_in_reverse = false;
+    test_skinny_schedules();
     printf("%d comparison%s over tolerance\n", failures, failures == 1 ? "" : "s");
     return failures ? 1 : 0;
 }

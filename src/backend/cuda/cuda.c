@@ -588,7 +588,10 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
                         weft_cuda_compute_capability(st->device) >= 90,
         // WEFT_CUDA_PREFETCH_WEIGHTS=0: products read their weights only after the wait.
         .prefetch_weights = env_switch("WEFT_CUDA_PREFETCH_WEIGHTS", "no weights asked for "
-                                       "before a product waits for the kernel before it")};
+                                       "before a product waits for the kernel before it"),
+        // WEFT_CUDA_SKINNY_SHARED_X=0: skinny.cu's column groups read x from L2 up to 64 rows.
+        .skinny_shared_x = env_switch("WEFT_CUDA_SKINNY_SHARED_X", "x read from L2 by each "
+                                      "column group of a skinny product up to 64 rows")};
     // WEFT_CUDA_ATTENTION_DQ=ordered sums the hopper backward's dQ in its dK/dV kernel, in turns;
     // recompute, the default, gives dQ a kernel of its own, which on an H100 was 1.6-1.9x faster
     // than the ordered dQ's first two versions (bench/README.md).

@@ -17,9 +17,10 @@ extern "C" {
 // the same order, the same bits. cuda.c owns the one queue; the launchers only read it.
 // prefetch_weights: the few-row and skinny products ask L2 for their weights before that wait
 // (common.cuh's fixed_rows), so an early-launched product streams them meanwhile.
+// skinny_shared_x: skinny.cu stages x in shared memory from 33 rows on (past 64 it always does).
 typedef struct weft_cuda_queue {
     struct CUstream_st *stream;
-    bool early_launch, prefetch_weights;
+    bool early_launch, prefetch_weights, skinny_shared_x;
 } weft_cuda_queue;
 typedef const weft_cuda_queue *weft_cuda_stream;
 

@@ -310,15 +310,17 @@ void launch(weft_cuda_stream s, const product &p, int row_blocks) {
 }
 
 // The launch for p.M rows (in row tiles of 16; past 64, launches of row blocks of 64), p.splits
-// set.
+// set. From 3 row tiles on x is staged in shared memory where the queue says so (at 64 rows the
+// column groups' reads of x from L2 are 4 times W's bytes; at 32, twice), past 64 always.
 template <bool SWIGLU> void launch_rows(weft_cuda_stream s, const product &p) {
     if (p.M == 0 || p.N == 0) return;
     static_assert(WEFT_CUDA_SKINNY_ROWS == 64, "a launch per row-tile count, up to 4");
+    bool shared_x = s->skinny_shared_x;
     switch ((p.M + 15) / 16) {
     case 1: return launch<1, SWIGLU>(s, p, 1);
     case 2: return launch<2, SWIGLU>(s, p, 1);
-    case 3: return launch<3, SWIGLU>(s, p, 1);
-    case 4: return launch<4, SWIGLU>(s, p, 1);
+    case 3: return shared_x ? launch<3, SWIGLU, true>(s, p, 1) : launch<3, SWIGLU>(s, p, 1);
+    case 4: return shared_x ? launch<4, SWIGLU, true>(s, p, 1) : launch<4, SWIGLU>(s, p, 1);
     }
     constexpr int ROWS = 64;
     int total = (p.M + ROWS - 1) / ROWS, per = row_blocks_per_launch(p.N, p.splits, total);
