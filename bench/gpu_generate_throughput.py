@@ -49,9 +49,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
   one before it has ended, where weft's default on sm_90 launches it early (programmatic
   dependent launch, kernels.h): what hiding the launches gains.
-- weft at --profile-batches (default 1,64,256) under WEFT_CUDA_PROFILE=1, before the static-cache
-  peer: the GPU time of every op of the run (kernels launched one by one), printed and kept in
-  the JSON: where a decode step goes, for the kernel work that follows.
+- weft at --profile-batches (default 1,64,256) under WEFT_CUDA_PROFILE=1, after the default
+  cache's peer: the GPU time of every op of the run (kernels launched one by one), printed and
+  kept in the JSON: where a decode step goes, for the kernel work that follows.
 - transformers default: AutoModelForCausalLM in bf16 on the GPU (its default attention, SDPA
   on torch 2), generate(do_sample=False, min_new_tokens=max_new_tokens=N) with its default
   (dynamic) cache; one identical warm-up call first, then the timed call between
@@ -62,9 +62,10 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 A runner that cannot run (no transformers, static cache unsupported by the installed version,
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
 after another, each at every batch (weft, then the runners that decide a default: sync, cublas,
-splitk, skinny256, l2x, noprefetch and nofold; then weft invariant, eager and serial, the default
-cache, weft's profile, and last the static cache, whose compiles take longest), and the JSON is
-rewritten after each run, so a run cut off by a time limit keeps what it measured.
+splitk, skinny256, l2x, noprefetch and nofold; then the default cache and weft's profile; then
+weft invariant, eager and serial; last the static cache, whose compiles take longest: RUN_ORDER),
+and the JSON is rewritten after each run, so a run cut off by a time limit keeps what it
+measured.
 
 Bound: the tokens/s at which the GPU could stream what each decode step must read, at its
 measured copy bandwidth (torch: a 1 GiB device-to-device copy, bytes read + written over the
@@ -124,6 +125,10 @@ RUNNER_SETTINGS = {"eager": ["rollout.cuda_graphs=false"],
 SKINNY_ROWS = 64  # kernels.h's WEFT_CUDA_SKINNY_ROWS
 FEW_ROWS = 8  # kernels.h's WEFT_CUDA_FEW_ROWS
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
+# The runners that decide defaults first, then the peer's default cache and weft's profile, then
+# what only informs (the batch-invariant mode's cost, graphs and early launch, already timed on
+# an H200), the static cache's compiles last.
+RUN_ORDER = WEFT_RUNNERS[:8] + ("default", "profile") + WEFT_RUNNERS[8:] + ("static",)
 BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # the copy that measures the bandwidth
 
 
@@ -498,13 +503,14 @@ def run(a):
                params=n_params, prompt_tokens=a.prompt_tokens, new_tokens=a.new_tokens,
                bandwidth=bandwidth, bandwidth_note=bw.get("unavailable"), torch=bw.get("torch"),
                cuda=bw.get("cuda"), weft=a.weft, commit=git_commit(), rows=[])
-    # Runner after runner, each at every batch, the slowest last: a run cut off by a time limit
-    # keeps weft's numbers, the default cache's and weft's profile (on the H100 the static
-    # cache's compiles at batch 256 outlasted the session step's 300 s).
+    # Runner after runner, each at every batch, in RUN_ORDER: a run cut off by a time limit keeps
+    # weft's numbers and those that decide its defaults, the default cache's and weft's profile
+    # (on the H100 the static cache's compiles at batch 256 outlasted the session step's 300 s).
     runs = {batch: {} for batch in a.batches}
-    for who in WEFT_RUNNERS + PEERS:
-        if who == PEERS[-1]:
+    for who in RUN_ORDER:
+        if who == "profile":
             profile(a, doc)
+            continue
         for batch in a.batches:
             if ((who in RUNNER_ENV or who in ("sync", "invariant")) and a.device != "cuda"
                     or who in ("cublas", "noprefetch") and batch > SKINNY_ROWS
