@@ -111,8 +111,9 @@ from reference.generation import random_prompts, write_prompts  # noqa: E402
 # before a product's wait (up to SKINNY_ROWS); batch-invariant; launched kernel by kernel; and
 # replayed with each kernel launched after the last ends (no programmatic dependent launch). In
 # the order they run (the ones that decide a default first); the environment of each.
-WEFT_RUNNERS = ("weft", "sync", "cublas", "splitk", "skinny256", "l2x", "noprefetch", "nofold",
-                "invariant", "eager", "serial")
+DECIDING = ("weft", "sync", "cublas", "splitk", "skinny256", "l2x", "noprefetch", "nofold")
+INFORMING = ("invariant", "eager", "serial")
+WEFT_RUNNERS = DECIDING + INFORMING
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
               "skinny256": {"WEFT_CUDA_SKINNY_ROWS": "256"},
               "l2x": {"WEFT_CUDA_SKINNY_SHARED_X": "0"},
@@ -128,7 +129,7 @@ PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one
 # The runners that decide defaults first, then the peer's default cache and weft's profile, then
 # what only informs (the batch-invariant mode's cost, graphs and early launch, already timed on
 # an H200), the static cache's compiles last.
-RUN_ORDER = WEFT_RUNNERS[:8] + ("default", "profile") + WEFT_RUNNERS[8:] + ("static",)
+RUN_ORDER = DECIDING + ("default", "profile") + INFORMING + ("static",)
 BANDWIDTH_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}  # the copy that measures the bandwidth
 
 

@@ -42,9 +42,8 @@ def check_variants(program, emulated, mdir, prompts, tmp, failures):
         failures.append(f"the statistics say batch_invariant {stats['batch_invariant']}")
     gpus = fixtures.gpus_listed()
     variants = [v for v in VARIANTS if emulated or v[2] <= gpus]
-    for name, _, ranks in VARIANTS:
-        if (name, ranks) not in [(n, r) for n, _, r in variants]:
-            print(f"{name}: left out ({gpus} GPU(s) listed)")
+    for name, _, _ in (v for v in VARIANTS if v not in variants):
+        print(f"{name}: left out ({gpus} GPU(s) listed)")
     check_batchings(program, mdir, prompts, ref, variants, tmp, failures, *SAMPLING, INVARIANT)
 
 

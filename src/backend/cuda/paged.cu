@@ -412,6 +412,20 @@ __device__ void combine_if_last(const weft_cuda_paged_args &a, const work &w, co
     combine_task<NQ>(a, w, t, partials, out, lse);
 }
 
+// Both kernels' end, once the warps' results are merged in shared memory: the block's outputs or
+// partials, and with counters the combine where this block is its item's last.
+template <int NQ>
+__device__ __forceinline__ void finish_block(const weft_cuda_paged_args &a, const work &w,
+                                             const task &t, const float *ms, const float *ls,
+                                             const float *accs, bf16 *out, float *lse,
+                                             float *partials, int *arrived) {
+    write_block_result<NQ>(a, w, t, ms, ls, accs, out, lse, partials);
+    if (!arrived) return;
+    task again; // found anew: the task's fields held through the key loop spill at 96
+    find_task(a, w, &again);
+    combine_if_last<NQ>(a, w, again, partials, out, lse, arrived);
+}
+
 // ---------------------------------------------------------------------------- the kernels ----
 
 // Causal attention of the block's query vectors over the key positions of its split (see the
@@ -477,12 +491,7 @@ __global__ void __launch_bounds__(THREADS, 5)
     float *ms = dynamic_smem<float>(), *ls = ms + WARPS * NQ, *accs = ls + WARPS * NQ;
     store_warp_result<NQ>(m, l, acc, DQ, lanes_per_key, ms, ls, accs);
     __syncthreads();
-    write_block_result<NQ>(a, w, t, ms, ls, accs, out, lse, partials);
-    if (arrived) {
-        task again; // found anew: the task's fields held through the key loop spill at 96
-        find_task(a, w, &again);
-        combine_if_last<NQ>(a, w, again, partials, out, lse, arrived);
-    }
+    finish_block<NQ>(a, w, t, ms, ls, accs, out, lse, partials, arrived);
 }
 
 // ------------------------------------------------------------------- on the tensor cores ----
@@ -588,12 +597,7 @@ __global__ void __launch_bounds__(THREADS, DK <= 4 ? 4 : NQ <= 8 ? 3 : 2)
     float *ms = dynamic_smem<float>(), *ls = ms + WARPS * NQ, *accs = ls + WARPS * NQ;
     store_fragment_result<NQ, NO>(m, l, o[0], ms, ls, accs);
     __syncthreads();
-    write_block_result<NQ>(a, w, t, ms, ls, accs, out, lse, partials);
-    if (arrived) {
-        task again; // found anew, as in paged_attention_kernel
-        find_task(a, w, &again);
-        combine_if_last<NQ>(a, w, again, partials, out, lse, arrived);
-    }
+    finish_block<NQ>(a, w, t, ms, ls, accs, out, lse, partials, arrived);
 }
 
 // Split-K's second pass where the call has no counters: a warp per (row, head).
@@ -679,13 +683,12 @@ extern "C" void weft_cuda_paged_attention(weft_cuda_stream s, const weft_cuda_pa
     dim3 grid(items * w.splits, a->KV * w.head_blocks);
     // Counters for the last block of each item to combine its splits, where there are enough.
     if (w.splits == 1 || (long)items * grid.y > WEFT_CUDA_ARRIVAL_COUNTERS) arrived = NULL;
-    bool mma = w.mma;
-    size_t smem = mma ? paged::mma_block_smem(a->D, nq) : paged::block_smem(a->D, nq);
+    size_t smem = w.mma ? paged::mma_block_smem(a->D, nq) : paged::block_smem(a->D, nq);
 #define LAUNCH(KERNEL)                                                                             \
     WEFT_LAUNCH(KERNEL, grid, paged::THREADS, smem, s, *a, w, layer, (const bf16 *)q,              \
                 (bf16 *)out, lse, partials, arrived)
 #define LAUNCH_NQ(NQ)                                                                              \
-    if (!mma) LAUNCH(paged::paged_attention_kernel<NQ>);                                           \
+    if (!w.mma) LAUNCH(paged::paged_attention_kernel<NQ>);                                         \
     else if (a->D == 64) LAUNCH((paged::paged_attention_mma_kernel<NQ, 4>));                       \
     else LAUNCH((paged::paged_attention_mma_kernel<NQ, 8>));
     switch (nq) {

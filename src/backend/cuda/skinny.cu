@@ -71,13 +71,26 @@ __device__ __forceinline__ void multiply_chunk(const uint4 *w, const bf16 *x_lan
     }
 }
 
+// x_at for the lane's rows of x, `stride` apart: rows past the row block's last real one (rows)
+// read it. 32-bit offsets within a block of 64 rows, in half the registers.
+template <int MT> __device__ __forceinline__ void lane_rows(int stride, int rows, int (*x_at)[2]) {
+    int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, rows - 1) * stride;
+}
+
 // The warp's sums over its chunks of [c0, c1): chunks c0 + half, + HALVES, .. The next chunk's
-// W (the stream from HBM) is loaded before this chunk's products; x, which the L2 holds, as it
-// is used: so registers allow two blocks an SM (16 warps) without spills.
+// W (the stream from HBM) is loaded before this chunk's products; x (rows ldx apart, `rows` of
+// them real), which the L2 holds, as it is used: so registers allow two blocks an SM (16 warps)
+// without spills.
 template <int MT>
-__device__ __forceinline__ void warp_sums(const bf16 *const *wr, const bf16 *x_lane,
-                                          const int (*x_at)[2], int c0, int c1, int half,
-                                          float (*acc)[2][4]) {
+__device__ __forceinline__ void warp_sums(const bf16 *const *wr, const bf16 *x, int ldx, int rows,
+                                          int c0, int c1, int half, float (*acc)[2][4]) {
+    int x_at[MT][2];
+    lane_rows<MT>(ldx, rows, x_at);
+    const bf16 *x_lane = x + 8 * (threadIdx.x & 3);
     uint4 now[2], next[2];
     int c = c0 + half;
     if (c < c1) now[0] = load16(wr[0] + c * KC), now[1] = load16(wr[1] + c * KC);
@@ -114,13 +127,9 @@ __device__ __forceinline__ void block_sums_shared_x(const bf16 *const *wr, const
                                                     int ldx, int rows, int c0, int c1, int half,
                                                     bf16 *xs, float (*acc)[2][4]) {
     constexpr int TILE = HALVES * 16 * MT * KC; // bf16 of one pair's x
-    int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
     int x_at[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) x_at[mt][h] = (16 * mt + 8 * h + g) * KC;
-    const bf16 *x_lane = xs + half * 16 * MT * KC + 8 * t;
+    lane_rows<MT>(KC, 16 * MT, x_at); // every staged row: stage_x_pair repeated the last real one
+    const bf16 *x_lane = xs + half * 16 * MT * KC + 8 * (threadIdx.x & 3);
     uint4 now[2], next[2];
     int c = c0 + half, pairs = (c1 - c0 + HALVES - 1) / HALVES;
     if (c < c1) now[0] = load16(wr[0] + c * KC), now[1] = load16(wr[1] + c * KC);
@@ -241,21 +250,16 @@ __global__ void __launch_bounds__(THREADS, 2) skinny_kernel(product p) {
     int block = s.block, split = blockIdx.x % p.splits;
 
     int row0 = ROWS * blockIdx.y, rows = p.M - row0;
-    const bf16 *wr[2], *x_lane = p.x + (size_t)row0 * p.ldx + 8 * t;
+    const bf16 *wr[2], *x = p.x + (size_t)row0 * p.ldx; // the row block's rows
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
         wr[nt] = p.w + (size_t)w_row<SWIGLU>(p, block, GROUP * group + 8 * nt + g) * p.ldw + 8 * t;
-    int x_at[MT][2]; // 32-bit offsets within the row block's 64 rows, in half the registers
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) x_at[mt][h] = min(16 * mt + 8 * h + g, rows - 1) * p.ldx;
     float acc[MT][2][4] = {};
     if constexpr (SHARED_X)
-        block_sums_shared_x<MT>(wr, p.x + (size_t)row0 * p.ldx, p.ldx, rows, s.c0, s.c1, half,
+        block_sums_shared_x<MT>(wr, x, p.ldx, rows, s.c0, s.c1, half,
                                 reinterpret_cast<bf16 *>(shared), acc);
     else
-        warp_sums<MT>(wr, x_lane, x_at, s.c0, s.c1, half, acc);
+        warp_sums<MT>(wr, x, p.ldx, rows, s.c0, s.c1, half, acc);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
