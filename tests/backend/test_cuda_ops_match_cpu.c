@@ -522,6 +522,76 @@ static void test_paged(int H, int KV, int D, int bs) {
     release_ints(&slots), release_ints(&cq), release_ints(&pos), release_ints(&tab);
 }
 
+// Rows of sequence s of a decode batch's paged attention (out `batch`, lse `batch_lse` (H, n))
+// against s alone, on the GPU: how many of its outputs and log-sum-exps differ in any bit.
+static int paged_rows_alone(const twin *q, const weft_kv_pool *pool, const int32_t *tables,
+                            const int *lens, int s, int n, int max_blocks, const uint16_t *batch,
+                            const float *batch_lse, int H, int KV, int D) {
+    int32_t cu[2] = {0, 1}, pos = lens[s] - 1;
+    ints cq = upload_ints(cu, 2), qp = upload_ints(&pos, 1);
+    ints tab = upload_ints(tables + (size_t)s * max_blocks, max_blocks);
+    twin out = zeros((size_t)H * D, WEFT_BF16), lse = zeros(H, WEFT_F32);
+    weft_paged_layout alone = {1, 1, max_blocks, cq.g, qp.g, tab.g};
+    size_t row = (size_t)H * D * sizeof(uint16_t);
+    gpu->paged_attention(gpu, (const char *)q->g + s * row, pool, 0, &alone, out.g, lse.g, H, KV,
+                         D);
+    uint16_t *got = weft_alloc(row);
+    float *got_lse = weft_alloc(sizeof(float) * H);
+    gpu->to_host(gpu, got, out.g, row);
+    gpu->to_host(gpu, got_lse, lse.g, sizeof(float) * H);
+    int differ = 0;
+    for (int i = 0; i < H * D; i++) differ += got[i] != batch[(size_t)s * H * D + i];
+    for (int h = 0; h < H; h++) differ += memcmp(&got_lse[h], &batch_lse[h * n + s], 4) != 0;
+    weft_free(got), weft_free(got_lse);
+    release(&out), release(&lse), release_ints(&cq), release_ints(&qp), release_ints(&tab);
+    return differ;
+}
+
+// With batch_invariant on, a decode batch's paged attention gives each sequence's rows the bits
+// it gets alone, where the launcher's own splits differ: block tables 4,096 keys wide, so 24
+// sequences would split a 300-key one once and alone it would take 3 splits of 128; the mode
+// splits at 256 both ways. The default kernels' count is printed beside it, not checked.
+static void test_paged_rows_alone(int H, int KV, int D) {
+    enum { N_SEQS = 24, BS = 16, MAX_BLOCKS = 256 };
+    int lens[N_SEQS], n_blocks = 0, width = KV * D;
+    static int32_t tables[N_SEQS * MAX_BLOCKS];
+    int32_t cu_q[N_SEQS + 1] = {0}, q_pos[N_SEQS];
+    for (int s = 0; s < N_SEQS; s++) {
+        lens[s] = 20 + 13 * s; // up to 319 keys
+        for (int j = 0; j < MAX_BLOCKS; j++)
+            tables[s * MAX_BLOCKS + j] = j < (lens[s] + BS - 1) / BS ? n_blocks++ : 0;
+        cu_q[s + 1] = s + 1, q_pos[s] = lens[s] - 1;
+    }
+    twin pool = act((size_t)n_blocks * 2 * BS * width, 1), q = act((size_t)N_SEQS * H * D, 1);
+    twin out = zeros((size_t)N_SEQS * H * D, WEFT_BF16), lse = zeros((size_t)N_SEQS * H, WEFT_F32);
+    ints cq = upload_ints(cu_q, N_SEQS + 1), qp = upload_ints(q_pos, N_SEQS);
+    ints tab = upload_ints(tables, N_SEQS * MAX_BLOCKS);
+    weft_kv_pool pg = {pool.g, n_blocks, 1, BS, width};
+    weft_paged_layout all = {N_SEQS, N_SEQS, MAX_BLOCKS, cq.g, qp.g, tab.g};
+    size_t bytes = (size_t)N_SEQS * H * D * sizeof(uint16_t);
+    uint16_t *batch = weft_alloc(bytes);
+    float *batch_lse = weft_alloc(sizeof(float) * N_SEQS * H);
+    int differ[2] = {0, 0};
+    for (int on = 0; on < 2; on++) {
+        gpu->batch_invariant(gpu, on);
+        gpu->paged_attention(gpu, q.g, &pg, 0, &all, out.g, lse.g, H, KV, D);
+        gpu->to_host(gpu, batch, out.g, bytes);
+        gpu->to_host(gpu, batch_lse, lse.g, sizeof(float) * N_SEQS * H);
+        for (int s = 0; s < N_SEQS; s += 5)
+            differ[on] += paged_rows_alone(&q, &pg, tables, lens, s, N_SEQS, MAX_BLOCKS, batch,
+                                           batch_lse, H, KV, D);
+    }
+    gpu->batch_invariant(gpu, false);
+    char name[96];
+    snprintf(name, sizeof name, "paged_attention invariant H%d KV%d D%d", H, KV, D);
+    printf("%-52s %d values differ from the sequence alone (default kernels: %d) %s\n", name,
+           differ[1], differ[0], differ[1] ? "FAIL" : "ok");
+    failures += differ[1] != 0;
+    weft_free(batch), weft_free(batch_lse);
+    release(&pool), release(&q), release(&out), release(&lse);
+    release_ints(&cq), release_ints(&qp), release_ints(&tab);
+}
+
 // GPU copies of two tensors alike, printed as a check: the fused op's bits against the ops apart.
 static void expect_same_bits(const char *what, const twin *a, const twin *b) {
     bool same = same_bits(a, b);
@@ -664,6 +734,8 @@ int main(void) {
     test_head_ops();
     test_adamw();
     test_paged(4, 2, 32, 16);
+    test_paged_rows_alone(4, 2, 64);  // the tensor-core kernel
+    test_paged_rows_alone(4, 2, 32);  // the lane-per-key one
     test_paged(8, 2, 128, 32);
     test_paged(4, 4, 40, 16);
     test_norm_products(1, 4, 2, 32, 136); // two RoPE pairs a block
