@@ -426,9 +426,29 @@ inline block_order draw_block_order(uint64_t blocks) {
 // canary). A GPU starts blocks in index order, so a block may wait for a lower-indexed one; in
 // index order here every such wait is met by blocks that already ran, and one that is not (a
 // wait for a later block, which could hang a GPU) fails.
+// What a GPU refuses at launch, refused here too, so that CI finds a launch no GPU would start:
+// the CUDA programming guide's limits for compute capability 9.0 (those of 8.0 are lower only in
+// shared memory: 163 KiB, and the kernels that ask for more than that are sm_90's).
+constexpr unsigned MAX_BLOCK_THREADS = 1024, MAX_GRID_Y = 65535;
+constexpr size_t MAX_DYNAMIC_SMEM = 227u << 10; // per block, after opting in past 48 KiB
+
+inline void check_launch_limits(dim3 grid, unsigned threads, size_t smem_bytes) {
+    char why[160] = "";
+    if (threads == 0 || threads > MAX_BLOCK_THREADS || threads % 32 != 0)
+        snprintf(why, sizeof why, "a block of %u threads: 32 to 1024, a multiple of 32", threads);
+    else if (grid.x == 0 || grid.y == 0 || grid.y > MAX_GRID_Y || grid.z != 1)
+        snprintf(why, sizeof why, "grid (%u, %u, %u): grid.y is at most 65535 (z unused here)",
+                 grid.x, grid.y, grid.z);
+    else if (smem_bytes > MAX_DYNAMIC_SMEM)
+        snprintf(why, sizeof why, "%zu bytes of dynamic shared memory: a block has at most %zu",
+                 smem_bytes, MAX_DYNAMIC_SMEM);
+    if (why[0]) fail(why);
+}
+
 inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
                      const std::function<void()> &kernel, bool in_order = false) {
     constexpr size_t CANARY = 4096;
+    check_launch_limits(grid, threads, smem_bytes);
     if (smem_bytes + CANARY > sizeof weft_dynamic_smem)
         fail("shared memory larger than the emulator's");
     g_grid_dim = grid;

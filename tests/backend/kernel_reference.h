@@ -16,8 +16,9 @@
 // Outputs stored in bf16 carry its rounding (2^-9 = 2e-3 relative); fp32 ones only fp32's.
 inline constexpr double BF16_TOL = 1e-2, F32_TOL = 1e-5;
 // The launchers' queue: the emulator runs every launch at once, on no stream; the products ask
-// for their weights as an early-launched kernel on sm_90 does (the prefetch's checks).
-inline const weft_cuda_queue emulated_queue = {nullptr, false, true};
+// for their weights as an early-launched kernel on sm_90 does (the prefetch's checks), and skinny
+// stages x in shared memory from 33 rows, as cuda.c's default queue has it.
+inline const weft_cuda_queue emulated_queue = {nullptr, false, true, true};
 inline const weft_cuda_stream queue = &emulated_queue;
 inline int failures = 0;
 inline uint64_t rng_state = 20261121;
