@@ -5,9 +5,13 @@
 // system call to save the signal mask) that the scheduler runs until each reaches a rendezvous
 // (__syncthreads, a named barrier, a warp shuffle or vote, mma.sync, ldmatrix, a spin on a global
 // counter); when every participant is there, the scheduler computes all results at once and
-// releases them. Blocks that wait for other blocks run in launch order (run_grid). A warp primitive reached by only part of a warp, or a
-// barrier that can never complete, is reported as the hang it would be on a GPU. cp.async copies
-// land at the wait or at issue (g_copies_land_at_issue), the two ends of what hardware allows.
+// releases them. Blocks that wait for other blocks run in launch order (run_grid). A warp
+// primitive reached by only part of a warp, or a barrier that can never complete, is reported as
+// the hang it would be on a GPU. cp.async copies land at the wait or at issue
+// (g_copies_land_at_issue), the two ends of what hardware allows.
+// What a GPU refuses and a CPU would not is refused too: a launch past the hardware's limits
+// (check_launch_limits), and a vector access, cp.async, ldmatrix row or mbarrier at an address
+// that is not a multiple of its size (weft_emulated_check_alignment).
 //
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate) is emulated from the PTX ISA's fragment tables
 // ("Matrix Fragments for mma.m16n8k16 with floating point type"), written here independently of
@@ -571,9 +575,18 @@ inline int atomicMax(int *p, int x) {
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 inline float __expf(float x) { return expf(x); }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+// An access of `bytes` at p (a power of two up to 16) needs p a multiple of it on a GPU.
+inline void weft_emulated_check_alignment(const void *p, size_t bytes, const char *what) {
+    if ((uintptr_t)p % bytes == 0) return;
+    char why[128];
+    snprintf(why, sizeof why, "%s of %zu bytes at an address %zu bytes past alignment: a GPU "
+             "faults (misaligned address)", what, bytes, (size_t)((uintptr_t)p % bytes));
+    emu::fail(why);
+}
 // ldmatrix and cp.async (attention_mma.cuh's wrappers call these under emulation); see
 // g_copies_land_at_issue for when a copy lands.
 inline void weft_emulated_ldmatrix(uint32_t r[4], const void *row, bool transposed) {
+    weft_emulated_check_alignment(row, 16, "ldmatrix row");
     emu::thread_state *t = emu::self();
     t->row = row;
     t->transposed = transposed;
@@ -581,6 +594,8 @@ inline void weft_emulated_ldmatrix(uint32_t r[4], const void *row, bool transpos
     memcpy(r, t->fragment, sizeof t->fragment);
 }
 inline void weft_emulated_cp_async16(void *dst, const void *src, bool valid) {
+    weft_emulated_check_alignment(dst, 16, "cp.async destination");
+    if (valid) weft_emulated_check_alignment(src, 16, "cp.async source");
     emu::thread_state *t = emu::self();
     if (emu::g_copies_land_at_issue) {
         if (valid) memcpy(dst, src, 16);

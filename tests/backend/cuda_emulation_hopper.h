@@ -274,6 +274,7 @@ inline uint32_t weft_emulated_smem_address(const void *p) { return emu::smem_off
 
 inline void weft_emulated_mbar_init(uint64_t *bar, int count) {
     if (count < 1) emu::fail("mbarrier.init with a count below 1");
+    weft_emulated_check_alignment(bar, 8, "mbarrier"); // an 8-byte object on a GPU
     emu::g_mbarriers[emu::smem_offset(bar, 8)] = {count, count, 0, 0};
 }
 

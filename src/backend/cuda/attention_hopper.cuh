@@ -161,8 +161,8 @@ __device__ __forceinline__ void store_query_rows(const weft_cuda_attention_args 
         bf16 *dst = x + ((size_t)row * a.H + h) * D + 2 * t;
 #pragma unroll
         for (int no = 0; no < D / 8; no++)
-            *reinterpret_cast<uint32_t *>(dst + no * 8) =
-                pack_bf16(acc[no][2 * r] * factor[r], acc[no][2 * r + 1] * factor[r]);
+            store_vector(dst + no * 8,
+                         pack_bf16(acc[no][2 * r] * factor[r], acc[no][2 * r + 1] * factor[r]));
     }
 }
 

@@ -372,8 +372,8 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
             for (int r = 0; r < 2; r++) {
                 uint32_t at = (16 * w + g + 8 * r) * hopper::ATOM_ROW_BYTES +
                               (8 * nt + 2 * tq) * (uint32_t)sizeof(bf16);
-                *reinterpret_cast<uint32_t *>(ds_rows + hopper::swizzled(at)) =
-                    pack_bf16(t.dpt[nt][2 * r], t.dpt[nt][2 * r + 1]);
+                store_vector(ds_rows + hopper::swizzled(at),
+                             pack_bf16(t.dpt[nt][2 * r], t.dpt[nt][2 * r + 1]));
             }
     }
     // Issues dq (64 x 64) = dS (the step's 64 rows x the warpgroup's 64 keys: the dS^T tile read
@@ -407,17 +407,18 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
             hopper::wgmma_commit();
             hopper::wgmma_wait<0>();
             hopper::fence_registers<64>(dq);
-            float4 *tile = reinterpret_cast<float4 *>(b.dq_share) + (size_t)c * 8 * 128 + T;
+            float *tile = b.dq_share + ((size_t)c * 8 * 128 + T) * 4;
             if (WG == 0) {
 #pragma unroll
-                for (int q = 0; q < 8; q++) tile[q * 128] = fragment_quad(dq, q);
+                for (int q = 0; q < 8; q++) store_vector(tile + q * 512, fragment_quad(dq, q));
             }
             hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
             if (WG == 1) {
 #pragma unroll
                 for (int q = 0; q < 8; q++) {
-                    float4 x = tile[q * 128], y = fragment_quad(dq, q);
-                    tile[q * 128] = {x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w};
+                    float4 x = load_vector<float4>(tile + q * 512), y = fragment_quad(dq, q);
+                    store_vector(tile + q * 512,
+                                 float4{x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w});
                 }
             }
         }
@@ -523,8 +524,8 @@ __global__ void dq_from_sums_kernel(const float *sums, bf16 *dq, int Tq, int H, 
     if (i >= pairs) return;
     int col = 2 * (int)(i % (D / 2)), h = (int)(i / (D / 2) % H), row = (int)(i / (D / 2) / H);
     const float *tile = sums + ((size_t)h * steps + row / STEP) * STEP * D;
-    float2 x = *reinterpret_cast<const float2 *>(tile + dq_tile_offset(row % STEP, col));
-    *reinterpret_cast<uint32_t *>(dq + 2 * i) = pack_bf16(x.x * scale, x.y * scale);
+    float2 x = load_vector<float2>(tile + dq_tile_offset(row % STEP, col));
+    store_vector(dq + 2 * i, pack_bf16(x.x * scale, x.y * scale));
 }
 
 // The ordered kernel's dq_sums: its bytes, and where they are within the scratch, after the mma

@@ -43,7 +43,7 @@ constexpr int PAD = 8;         // bf16 of padding per shared-memory row
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 __device__ __forceinline__ uint32_t load_u32(const bf16 *p) {
-    return *reinterpret_cast<const uint32_t *>(p);
+    return load_vector<uint32_t>(p);
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { // lo in the low half
@@ -424,8 +424,8 @@ template <int DK> struct query_block {
                 float f = factor[mt][r];
 #pragma unroll
                 for (int no = 0; no < D / 8; no++)
-                    *reinterpret_cast<uint32_t *>(dst + no * 8) =
-                        pack_bf16(acc[mt][no][2 * r] * f, acc[mt][no][2 * r + 1] * f);
+                    store_vector(dst + no * 8,
+                                 pack_bf16(acc[mt][no][2 * r] * f, acc[mt][no][2 * r + 1] * f));
             }
     }
 };
@@ -553,8 +553,8 @@ __device__ __forceinline__ void transposed_ds_tile(float (*st)[4], float (*dpt)[
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         int i0 = nt * 8 + 2 * t; // this thread's columns i0 and i0 + 1: one 8-byte load each
-        float2 lse = *reinterpret_cast<const float2 *>(&m.lse[i0]);
-        float2 delta = *reinterpret_cast<const float2 *>(&m.delta[i0]);
+        float2 lse = load_vector<float2>(&m.lse[i0]);
+        float2 delta = load_vector<float2>(&m.delta[i0]);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int i = i0 + (e & 1), j = key[e >> 1];
@@ -593,12 +593,12 @@ __device__ __forceinline__ void store_key_row(const weft_cuda_attention_args &a,
         float2 dv2 = {dv_acc[no][2 * r], dv_acc[no][2 * r + 1]};
         if (dk_part) {
             size_t at = ((size_t)j * a.H + h) * D + no * 8 + 2 * t;
-            *reinterpret_cast<float2 *>(dk_part + at) = dk2;
-            *reinterpret_cast<float2 *>(dv_part + at) = dv2;
+            store_vector(dk_part + at, dk2);
+            store_vector(dv_part + at, dv2);
         } else {
             size_t at = ((size_t)j * a.KV + kvh) * D + no * 8 + 2 * t;
-            *reinterpret_cast<uint32_t *>(dk + at) = pack_bf16(dk2.x, dk2.y);
-            *reinterpret_cast<uint32_t *>(dv + at) = pack_bf16(dv2.x, dv2.y);
+            store_vector(dk + at, pack_bf16(dk2.x, dk2.y));
+            store_vector(dv + at, pack_bf16(dv2.x, dv2.y));
         }
     }
 }

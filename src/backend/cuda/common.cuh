@@ -27,6 +27,22 @@ static inline unsigned grid_for(size_t N) {
     return (unsigned)(blocks < most ? blocks : most);
 }
 
+// A V (4, 8 or 16 bytes) read or written at p in one access. A GPU faults on an address that is
+// not a multiple of sizeof(V), where a CPU reads it anyway, so the emulator checks every such
+// address: CI then finds the shape or offset that would stop a GPU with "misaligned address".
+template <typename V> __device__ __forceinline__ V load_vector(const void *p) {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_check_alignment(p, sizeof(V), "vector load");
+#endif
+    return *reinterpret_cast<const V *>(p);
+}
+template <typename V> __device__ __forceinline__ void store_vector(void *p, V v) {
+#if defined(WEFT_CUDA_EMULATION)
+    weft_emulated_check_alignment(p, sizeof(V), "vector store");
+#endif
+    *reinterpret_cast<V *>(p) = v;
+}
+
 // VEC consecutive bf16 as floats. Bandwidth-bound kernels move 8 at a time (one 16-byte access):
 // with one 2-byte load per thread in flight an SM keeps far too few bytes in flight to reach HBM
 // bandwidth. VEC = 1 serves sizes or addresses that do not allow it (see vector_width).
@@ -36,7 +52,7 @@ template <int VEC> struct bf16_vec {
 
     __device__ __forceinline__ void load(const bf16 *p) {
         if constexpr (VEC == 8) {
-            uint4 raw = *reinterpret_cast<const uint4 *>(p);
+            uint4 raw = load_vector<uint4>(p);
             const bf16 *h = reinterpret_cast<const bf16 *>(&raw);
 #pragma unroll
             for (int k = 0; k < VEC; k++) x[k] = to_f32(h[k]);
@@ -50,7 +66,7 @@ template <int VEC> struct bf16_vec {
             bf16 *h = reinterpret_cast<bf16 *>(&raw);
 #pragma unroll
             for (int k = 0; k < VEC; k++) h[k] = to_bf16(x[k]);
-            *reinterpret_cast<uint4 *>(p) = raw;
+            store_vector(p, raw);
         } else {
             *p = to_bf16(x[0]);
         }

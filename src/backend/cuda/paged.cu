@@ -220,8 +220,8 @@ __device__ __forceinline__ void score_tile(const float *Qs, const bf16 *Ks, int 
         kc.load(k + c);
 #pragma unroll
         for (int v = 0; v < NQ; v++) {
-            const float4 *q4 = reinterpret_cast<const float4 *>(Qs + v * DQ + c);
-            float4 x = q4[0], y = q4[1];
+            float4 x = load_vector<float4>(Qs + v * DQ + c),
+                   y = load_vector<float4>(Qs + v * DQ + c + 4);
             s[v] += x.x * kc.x[0] + x.y * kc.x[1] + x.z * kc.x[2] + x.w * kc.x[3] +
                     y.x * kc.x[4] + y.y * kc.x[5] + y.z * kc.x[6] + y.w * kc.x[7];
         }
@@ -263,14 +263,14 @@ __device__ __forceinline__ void accumulate_tile(const float *P, const bf16 *Vs, 
     int lane = threadIdx.x & 31, d0 = 4 * (lane % lanes_per_key);
     if (d0 >= DQ) return;
     for (int j = lane / lanes_per_key; j < TILE; j += 32 / lanes_per_key) {
-        uint2 raw = *reinterpret_cast<const uint2 *>(Vs + j * KS + d0);
+        uint2 raw = load_vector<uint2>(Vs + j * KS + d0);
         const bf16 *h = reinterpret_cast<const bf16 *>(&raw);
         float x[4] = {to_f32(h[0]), to_f32(h[1]), to_f32(h[2]), to_f32(h[3])};
         float p[NQ]; // key j's probabilities, 16 bytes at a time where NQ allows
         if constexpr (NQ % 4 == 0) {
 #pragma unroll
             for (int i = 0; i < NQ; i += 4) {
-                float4 p4 = *reinterpret_cast<const float4 *>(P + j * NQ + i);
+                float4 p4 = load_vector<float4>(P + j * NQ + i);
                 p[i] = p4.x, p[i + 1] = p4.y, p[i + 2] = p4.z, p[i + 3] = p4.w;
             }
         } else {

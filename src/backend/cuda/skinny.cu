@@ -50,7 +50,7 @@ constexpr int TARGET_BLOCKS = 264;          // two an SM of an H100 or H200 (132
 constexpr int MIN_SPLIT_CHUNKS = 4;         // a split gives each warp at least two chunks
 
 __device__ __forceinline__ uint4 load16(const bf16 *p) {
-    return *reinterpret_cast<const uint4 *>(p);
+    return load_vector<uint4>(p);
 }
 
 // One chunk's products for one lane: acc[mt][nt] (16 x 8 fp32) += x rows (g, g + 8) of row
