@@ -235,12 +235,14 @@ struct weft_backend {
     // host): draw d reads row rows[d] of logits (., V) and takes, with temperature 0, its first
     // largest logit; else the first token whose cumulative weight exp((l - max) / temperature)
     // in token order, in double, exceeds u[d] (in [0, 1)) times the row's total. tokens (n)
-    // int32; processed (n) f32: the drawn token's log-probability under that distribution (0
-    // when greedy). A draw depends on its row and u alone. Optional: NULL where the caller draws
-    // on the host (the CPU backend, whose rollout reads the logits in place).
+    // int32; logprob (n) f32: the drawn token's log-probability under the model (temperature 1),
+    // the bits logprobs gives that row and token; processed (n) f32: its log-probability under
+    // the distribution drawn from (0 when greedy). A draw depends on its row and u alone.
+    // Optional: NULL where the caller draws on the host (the CPU backend, whose rollout reads the
+    // logits in place).
     void (*sample_tokens)(weft_backend *self, const void *logits, const int32_t *rows,
                           const double *u, int n, int V, float temperature, int32_t *tokens,
-                          float *processed);
+                          float *logprob, float *processed);
     // tokens[r] = drawn[from[r]] for the rows r < n with from[r] >= 0 (int32 on the device; the
     // other rows keep theirs): token ids drawn by the step before, which the host has not read
     // yet, fed to the next. Optional with sample_tokens.

@@ -27,17 +27,13 @@ static draw draw_token(weft_engine *e, int seq, int row, const float *logits) {
 
 // Device room for n draws: (draws_cap) rows, the rows' token sources (feed), then the draws'
 // uniform numbers (one upload sends the three), then tokens, log-probs and processed log-probs
-// (one download reads the three); and the draws' logits rows (draws_cap, V). draws_cap is even,
-// so the doubles stay aligned.
+// (one download reads the three). draws_cap is even, so the doubles stay aligned.
 static void draw_buffers(weft_engine *e, int n) {
-    weft_backend *be = e->be;
     step_buffers *b = &e->buf;
-    int V = e->model->cfg.vocab_size, cap = b->draws_cap;
-    b->draw_rows = weft_rollout_grown(be, b->draw_rows, &cap, n,
+    int cap = b->draws_cap;
+    b->draw_rows = weft_rollout_grown(e->be, b->draw_rows, &cap, n,
                                       sizeof(int32_t) * 5 + sizeof(double));
     if (cap == b->draws_cap) return;
-    if (b->draw_logits) be->free(be, b->draw_logits);
-    b->draw_logits = be->alloc(be, weft_dtype_size(be->act_dtype) * (size_t)cap * V);
     b->draws_cap = cap;
     b->draw_feed = b->draw_rows + cap;
     b->draw_u = (double *)(b->draw_rows + 2 * cap);
@@ -46,27 +42,22 @@ static void draw_buffers(weft_engine *e, int n) {
     b->draw_processed = (float *)(b->draw_rows + 6 * cap);
 }
 
-// Each drawn token's log-prob under the model (temperature 1, no filter), by the backend's
-// logprobs op on the logits rows it was drawn from (draw_rows, draw_tokens on the device): the op
-// and the arithmetic the trainer uses.
-static void base_logprobs_on_device(weft_engine *e, int n) {
-    weft_backend *be = e->be;
-    step_buffers *b = &e->buf;
-    int V = e->model->cfg.vocab_size;
-    be->embedding_forward(be, b->draw_rows, b->logits, b->draw_logits, n, V); // a row gather
-    be->logprobs(be, b->draw_logits, b->draw_tokens, b->draw_logprobs, NULL, NULL, n, V);
-}
-
-// The base log-probs of tokens drawn on the host.
+// The base log-probs (temperature 1, no filter) of tokens drawn on the host, by the backend's
+// logprobs op on the logits rows they were drawn from, gathered: the op and the arithmetic the
+// trainer uses.
 static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
+    int V = e->model->cfg.vocab_size;
     int32_t *rows = weft_alloc(sizeof(int32_t) * n), *tokens = weft_alloc(sizeof(int32_t) * n);
     for (int i = 0; i < n; i++) rows[i] = d[i].row, tokens[i] = d[i].token;
     draw_buffers(e, n);
+    b->draw_logits = weft_rollout_grown(be, b->draw_logits, &b->draw_logits_cap, n,
+                                        weft_dtype_size(be->act_dtype) * (size_t)V);
     be->to_device(be, b->draw_rows, rows, sizeof(int32_t) * n);
     be->to_device(be, b->draw_tokens, tokens, sizeof(int32_t) * n);
-    base_logprobs_on_device(e, n);
+    be->embedding_forward(be, b->draw_rows, b->logits, b->draw_logits, n, V); // a row gather
+    be->logprobs(be, b->draw_logits, b->draw_tokens, b->draw_logprobs, NULL, NULL, n, V);
     be->to_host(be, out, b->draw_logprobs, sizeof(float) * n);
     weft_free(rows), weft_free(tokens);
 }
@@ -97,11 +88,12 @@ void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32
     weft_free(rows);
 }
 
+// The draws and their base log-probs in one launch, which reads the logits rows in place.
 void weft_rollout_sample_on_device(weft_engine *e, int n) {
     step_buffers *b = &e->buf;
     e->be->sample_tokens(e->be, b->logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
-                         (float)e->sc.temperature, b->draw_tokens, b->draw_processed);
-    base_logprobs_on_device(e, n);
+                         (float)e->sc.temperature, b->draw_tokens, b->draw_logprobs,
+                         b->draw_processed);
 }
 
 // The device's draws into d[0, n) and their base log-probs into logp: one download.

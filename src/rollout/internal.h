@@ -37,11 +37,11 @@ typedef struct gen_seq {
 
 // Device buffers of one step, grown as needed and kept.
 typedef struct step_buffers {
-    int meta_cap, draws_cap, logits_cap;
+    int meta_cap, draws_cap, logits_cap, draw_logits_cap;
     int32_t *meta; // one device allocation (one upload a step) holding the five below
     int32_t *slots, *q_pos, *cu_q, *tables; // (rows), (rows), (seqs + 1), (seqs * max_blocks)
     int32_t *cu_fresh;                      // (seqs + 1): the fresh sequences' rows, from 0
-    void *logits, *draw_logits;             // (head rows, V), (draws, V)
+    void *logits, *draw_logits;             // (head rows, V), (host draws, V)
     int32_t *draw_rows, *draw_tokens;       // (draws)
     int32_t *draw_feed;                     // (draws) the draw of the step before a row's token is
     float *draw_logprobs, *draw_processed;  // (draws)

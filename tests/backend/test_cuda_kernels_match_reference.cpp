@@ -410,13 +410,14 @@ void test_logprobs(int V) {
 }
 
 // Draws from the rows of make_head_rows (ties for the largest logit included) at uniform points
-// u, among them 0 and just below 1, against the inverse CDF walked in float64 token by token.
+// u, among them 0 and just below 1, against the inverse CDF walked in float64 token by token; and
+// each drawn token's log-prob, bit for bit the logprobs op's on its row.
 void test_sample_tokens(int V, float temperature) {
     head_rows h = make_head_rows(V);
     int n = 3 * h.T;
     std::vector<int32_t> rows(n), tokens(n, -1), want_tokens(n);
     std::vector<double> u(n), want_processed(n);
-    std::vector<float> processed(n, NAN);
+    std::vector<float> processed(n, NAN), logprob(n, NAN), want_logprob(n, NAN);
     for (int d = 0; d < n; d++) {
         rows[d] = (d * 7) % h.T;
         u[d] = d == 0 ? 0.0 : d == 1 ? 1.0 - 1e-12 : (double)uniform(0.0f, 1.0f);
@@ -439,7 +440,7 @@ void test_sample_tokens(int V, float temperature) {
         want_tokens[d] = token, want_processed[d] = log(w[token] / mass);
     }
     weft_cuda_sample_tokens(queue, h.logits.data(), rows.data(), u.data(), n, V, temperature,
-                            tokens.data(), processed.data());
+                            tokens.data(), logprob.data(), processed.data());
     int wrong = 0;
     for (int d = 0; d < n; d++) wrong += tokens[d] != want_tokens[d];
     std::string name = sized("sample_tokens", V) + " T " + std::to_string(temperature);
@@ -447,6 +448,12 @@ void test_sample_tokens(int V, float temperature) {
            wrong ? "FAIL" : "ok");
     failures += wrong > 0;
     compare(name + " processed log-prob", processed, want_processed, F32_TOL);
+    std::vector<bf16> drawn_rows((size_t)n * V);
+    for (int d = 0; d < n; d++)
+        std::copy_n(&h.logits[(size_t)rows[d] * V], V, &drawn_rows[(size_t)d * V]);
+    weft_cuda_logprobs(queue, drawn_rows.data(), tokens.data(), want_logprob.data(), nullptr,
+                       nullptr, n, V);
+    compare(name + " log-prob = the logprobs op's", logprob, widen(want_logprob), 0.0);
 }
 
 // RMSNorm folded into a few-row product: bit for bit weft_cuda_rmsnorm_forward into a buffer and

@@ -400,8 +400,9 @@ static void cuda_cross_entropy(weft_backend *self, void *logits, const int32_t *
 
 static void cuda_sample_tokens(weft_backend *self, const void *logits, const int32_t *rows,
                                const double *u, int n, int V, float temperature, int32_t *tokens,
-                               float *processed) {
-    weft_cuda_sample_tokens(STREAM(self), logits, rows, u, n, V, temperature, tokens, processed);
+                               float *logprob, float *processed) {
+    weft_cuda_sample_tokens(STREAM(self), logits, rows, u, n, V, temperature, tokens, logprob,
+                            processed);
     weft_cuda_launched(self, "sample_tokens");
 }
 

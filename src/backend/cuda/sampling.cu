@@ -1,86 +1,58 @@
 // Token draws on the device, for the rollout engine's steps without top-k, top-p or min-p: the
-// host sends one uniform number per draw and reads back a token and its log-probability, not the
-// (draws, vocab) logits. One block per draw; thread t owns the contiguous tokens [t·per,
-// (t + 1)·per) of the row, so a block-wide scan of the threads' weights (in double, a fixed
-// order) is the cumulative weight in token order at every thread's boundary, and the one thread
-// whose span holds the drawn point walks it. A draw depends on its row and u alone, never on the
-// other draws of the launch.
+// host sends one uniform number per draw and reads back a token and its two log-probabilities, not
+// the (draws, vocab) logits. One block per draw, which first finds its row's softmax state with
+// the logprobs op's own code (softmax_row.cuh), coalesced: the first largest logit, which greedy
+// takes, and the drawn token's log-prob under the model in the logprobs op's bits, with no row
+// gather or second launch. With a temperature, the first SAMPLE_SPANS threads own the contiguous
+// tokens [t·per, (t + 1)·per) of the row, so a scan of their weights (in double, a fixed order) is
+// the cumulative weight in token order at every span's boundary, and the one thread whose span
+// holds the drawn point walks it. A draw depends on its row and u alone, never on the other draws
+// of the launch.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/softmax_row.cuh"
 
-#include <limits.h>
 #include <math.h>
 
-enum { SAMPLE_THREADS = 256 };
+enum { SAMPLE_SPANS = 256 }; // of CE_THREADS
 
 namespace {
 
-struct arg_max {
-    float value;
-    int index;
-};
-
-// The larger value, the smaller index among equal ones: the first largest logit.
-__device__ __forceinline__ arg_max better(arg_max a, arg_max b) {
-    return (b.value > a.value || (b.value == a.value && b.index < a.index)) ? b : a;
-}
-
-// The first largest logit of the row, to every thread of the block.
-__device__ arg_max row_arg_max(const bf16 *row, int lo, int hi, arg_max *partial) {
-    arg_max m = {-INFINITY, INT_MAX};
-    for (int i = lo; i < hi; i++) m = better(m, arg_max{to_f32(row[i]), i});
-    for (int o = 16; o > 0; o >>= 1)
-        m = better(m, arg_max{__shfl_xor_sync(0xffffffffu, m.value, o),
-                              __shfl_xor_sync(0xffffffffu, m.index, o)});
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = m;
-    __syncthreads();
-    m = partial[0];
-    for (int w = 1; w < SAMPLE_THREADS / 32; w++) m = better(m, partial[w]);
-    return m;
-}
-
-// In place: scan[t] becomes the sum of scan[0 .. t], the same additions in the same order for
-// every row (Hillis-Steele).
+// In place: scan[t] becomes the sum of scan[0 .. t] for t < SAMPLE_SPANS, the same additions in
+// the same order for every row (Hillis-Steele); every thread of the block takes part.
 __device__ void inclusive_scan(double *scan) {
-    for (int offset = 1; offset < SAMPLE_THREADS; offset *= 2) {
-        double add = (int)threadIdx.x >= offset ? scan[threadIdx.x - offset] : 0.0;
+    for (int offset = 1; offset < SAMPLE_SPANS; offset *= 2) {
+        int t = (int)threadIdx.x;
+        double add = t < SAMPLE_SPANS && t >= offset ? scan[t - offset] : 0.0;
         __syncthreads();
-        scan[threadIdx.x] += add;
+        if (t < SAMPLE_SPANS) scan[t] += add;
         __syncthreads();
     }
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(const bf16 *logits, const int32_t *rows, const double *u, int V,
-                  float temperature, int32_t *tokens, float *processed) {
-    wait_for_earlier_kernels();
-    __shared__ arg_max partial[SAMPLE_THREADS / 32];
-    __shared__ double scan[SAMPLE_THREADS];
+// The token drawn at u from weights exp((l - max) / temperature), in double as the host's
+// sampling computes them, and into *processed its log-probability under them; to every thread.
+__device__ int draw_at(const bf16 *row, int V, float max_logit, float temperature, double u,
+                       float *processed) {
+    __shared__ double scan[SAMPLE_SPANS];
     __shared__ int chosen, last_kept;
-    const bf16 *row = logits + (size_t)rows[blockIdx.x] * V;
-    int per = (V + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
-    int lo = min((int)threadIdx.x * per, V), hi = min(lo + per, V);
-    arg_max best = row_arg_max(row, lo, hi, partial);
-    if (temperature == 0.0f) {
-        if (threadIdx.x == 0) tokens[blockIdx.x] = best.index, processed[blockIdx.x] = 0.0f;
-        return;
-    }
-    // Weights exp((l - max) / temperature) in double, as the host's sampling computes them.
-    double max_logit = best.value, mine = 0.0;
+    int per = (V + SAMPLE_SPANS - 1) / SAMPLE_SPANS, t = (int)threadIdx.x;
+    int lo = t < SAMPLE_SPANS ? min(t * per, V) : V, hi = min(lo + per, V);
+    double mine = 0.0;
     int mine_last = -1; // the thread's last token of nonzero weight
     for (int i = lo; i < hi; i++) {
         double w = exp(((double)to_f32(row[i]) - max_logit) / temperature);
         mine += w;
         if (w > 0.0) mine_last = i;
     }
-    scan[threadIdx.x] = mine;
-    if (threadIdx.x == 0) chosen = -1, last_kept = -1;
+    if (t < SAMPLE_SPANS) scan[t] = mine;
+    if (t == 0) chosen = -1, last_kept = -1;
     __syncthreads();
     atomicMax(&last_kept, mine_last); // a max: the same whatever the order
     inclusive_scan(scan);
-    double mass = scan[SAMPLE_THREADS - 1], target = u[blockIdx.x] * mass;
-    double before = threadIdx.x > 0 ? scan[threadIdx.x - 1] : 0.0;
-    if (before <= target && target < scan[threadIdx.x]) { // at most one thread's span
+    double mass = scan[SAMPLE_SPANS - 1], target = u * mass;
+    double before = t > 0 && t < SAMPLE_SPANS ? scan[t - 1] : 0.0;
+    if (t < SAMPLE_SPANS && before <= target && target < scan[t]) { // at most one span
         double cumulative = before;
         for (int i = lo; i < hi; i++) {
             cumulative += exp(((double)to_f32(row[i]) - max_logit) / temperature);
@@ -92,11 +64,27 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         if (chosen < 0) chosen = mine_last; // round-off between the scan's sums and the walk's
     }
     __syncthreads();
+    int token = chosen >= 0 ? chosen : last_kept; // u beyond the rounded total
+    double w = exp(((double)to_f32(row[token]) - max_logit) / temperature);
+    *processed = (float)log(w / mass);
+    return token;
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(CE_THREADS)
+    sample_kernel(const bf16 *logits, const int32_t *rows, const double *u, int V,
+                  float temperature, int32_t *tokens, float *logprob, float *processed) {
+    wait_for_earlier_kernels();
+    __shared__ float unused;
+    const bf16 *row = logits + (size_t)rows[blockIdx.x] * V;
+    softmax_state s = row_softmax<VEC>(row, V, -1, &unused);
+    float processed_logp = 0.0f;
+    int token = temperature == 0.0f
+                    ? s.arg
+                    : draw_at(row, V, s.max, temperature, u[blockIdx.x], &processed_logp);
     if (threadIdx.x == 0) {
-        int token = chosen >= 0 ? chosen : last_kept; // u beyond the rounded total
-        double w = exp(((double)to_f32(row[token]) - max_logit) / temperature);
-        tokens[blockIdx.x] = token;
-        processed[blockIdx.x] = (float)log(w / mass);
+        tokens[blockIdx.x] = token, processed[blockIdx.x] = processed_logp;
+        logprob[blockIdx.x] = -(s.max + logf(s.sum) - to_f32(row[token])); // logprobs_kernel's
     }
 }
 
@@ -104,10 +92,12 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 
 extern "C" void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits,
                                         const int32_t *rows, const double *u, int n, int V,
-                                        float temperature, int32_t *tokens, float *processed) {
+                                        float temperature, int32_t *tokens, float *logprob,
+                                        float *processed) {
     if (n == 0) return;
-    WEFT_LAUNCH(sample_kernel, n, SAMPLE_THREADS, 0, s, (const bf16 *)logits, rows, u, V,
-                temperature, tokens, processed);
+    WEFT_LAUNCH_VECTORIZED(sample_kernel, vector_width(V, logits), n, CE_THREADS, 0, s,
+                           (const bf16 *)logits, rows, u, V, temperature, tokens, logprob,
+                           processed);
 }
 
 namespace {
