@@ -142,12 +142,9 @@ static weft_norm_product norm_product_of(weft_model *m, const weft_activations *
                                .eps = (float)m->cfg.rms_norm_eps, .rows = a->d.T, .C = a->d.C};
 }
 
-// y = RMSNorm(x) W^T (+ b) (T, out), or with swiglu the activation of it (W the gate rows then
-// the up rows; y (T, out) of the activation's width), as one op where a forward-only pass lets
-// the backend fold the norm into the product (norm_product: the same bits, a decode step's
-// launch fewer); false, nothing done, where it does not.
-static bool folded_norm_product(weft_model *m, const weft_activations *a, const void *x, int norm,
-                                int w, int b, void *y, int out, bool swiglu) {
+// Through the backend's norm_product (internal.h).
+bool weft_folded_norm_product(weft_model *m, const weft_activations *a, const void *x, int norm,
+                              int w, int b, void *y, int out, bool swiglu) {
     weft_backend *be = m->be;
     if (a->keep != KEEP_NONE || !be->norm_product) return false;
     weft_norm_product np = norm_product_of(m, a, x, norm, w, b);
@@ -209,8 +206,8 @@ static bool project_qkv(weft_model *m, int l, const weft_layer_params *p, layer_
         weft_rope_rows rope = rope_of(m, a, d.H + d.KV);
         bool stores = rotate && kv && kv->split_store;
         if (stores && stored_with_product(m, p, la, a, l, kv, &parts, &rope)) return rotate;
-        if (!folded_norm_product(m, a, la->x_in, p->input_norm, p->q_w, p->q_b, a->qkv, width,
-                                 false)) {
+        if (!weft_folded_norm_product(m, a, la->x_in, p->input_norm, p->q_w, p->q_b, a->qkv,
+                                      width, false)) {
             norm_rows(m, a, la->x_in, p->input_norm, la->ln1, la->rstd1);
             linear_bias(m, la->ln1, p->q_w, p->q_b, a->qkv, d.T, d.C, width);
         }
@@ -258,8 +255,8 @@ static void mlp_input_forward(weft_model *m, const weft_layer_params *p, layer_a
     weft_backend *be = m->be;
     dims d = a->d;
     if (a->keep == KEEP_NONE && gate_up_adjacent(m, p)) {
-        if (folded_norm_product(m, a, la->res1, p->post_norm, p->gate_w, WEFT_ABSENT, la->act,
-                                d.I, true))
+        if (weft_folded_norm_product(m, a, la->res1, p->post_norm, p->gate_w, WEFT_ABSENT,
+                                     la->act, d.I, true))
             return;
         norm_rows(m, a, la->res1, p->post_norm, la->ln2, la->rstd2);
         be->swiglu_product(be, la->ln2, weft_model_param(m, p->gate_w), la->gate_up, la->act,

@@ -137,19 +137,43 @@ static void head_forward(weft_model *m, weft_activations *a, int k, head_mode mo
     if (stats) be->accumulate_f32(be, a->correct, T, false, 1.0, &stats[heads + k]);
 }
 
+// Whether generation's chosen rows are every row of the batch in order, as in a decode step (one
+// row a sequence) or a verification of every row: then its head needs no row gather.
+static bool every_row_chosen(const weft_forward_outputs *out, int T) {
+    if (!out || !out->rows || out->n_rows != T) return false;
+    for (int i = 0; i < T; i++)
+        if (out->rows[i] != i) return false;
+    return true;
+}
+
 // Generation's head: logits of the chosen rows of h (T, C) only (uploaded with the batch),
-// gathered first (the embedding op is a row gather: out[i] = table[ids[i]]).
+// gathered first (the embedding op is a row gather: out[i] = table[ids[i]]) unless they are
+// every row in order.
 static void head_on_rows(weft_model *m, weft_activations *a, const void *h,
                          const weft_forward_outputs *out) {
     weft_backend *be = m->be;
     int n = out->n_rows, V = m->cfg.vocab_size;
-    WEFT_CHECK(a->keep == KEEP_NONE && n >= 0 && n <= a->d.T && !out->stats &&
-                   !out->logprobs[0] && !out->entropy[0],
-               "internal: a forward on chosen rows makes logits only, keeping nothing");
     if (n == 0) return;
-    be->embedding_forward(be, a->head_rows, h, a->head_input, n, a->d.C);
-    weft_linear_forward(m, a->head_input, whole_weight(m->lm_head, m->cfg.hidden_size),
+    const void *x = h;
+    if (!every_row_chosen(out, a->d.T)) {
+        be->embedding_forward(be, a->head_rows, h, a->head_input, n, a->d.C);
+        x = a->head_input;
+    }
+    weft_linear_forward(m, x, whole_weight(m->lm_head, m->cfg.hidden_size),
                         out->logits ? out->logits : a->logits, n, a->d.C, V, 0.0f);
+}
+
+// The final norm and generation's head as one op where every row is chosen, the normed rows are
+// not asked for (no drafting) and the backend folds the norm into the product (the same bits, a
+// decode step's launch fewer); false, nothing done, otherwise.
+static bool folded_head_on_every_row(weft_model *m, weft_activations *a,
+                                     const weft_forward_outputs *out) {
+    bool mtp_runs = m->cfg.num_mtp > 0 && !out->skip_mtp; // module 0 reads the normed rows
+    if (!every_row_chosen(out, a->d.T) || out->hidden || mtp_runs || out->n_rows == 0)
+        return false;
+    return weft_folded_norm_product(m, a, a->x_out, m->final_norm, m->lm_head, WEFT_ABSENT,
+                                    out->logits ? out->logits : a->logits, m->cfg.vocab_size,
+                                    false);
 }
 
 // ------------------------------------------------------------------------------- forward ----
@@ -186,11 +210,18 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
         void *next = l + 1 < L ? layer_input(a, l + 1) : a->x_out;
         weft_layer_forward(m, l, weft_layer_acts(m, a, l), a, next, kv);
     }
-    be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
-                        (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
-    if (out && out->hidden) be->copy(be, out->hidden, a->lnf, weft_dtype_size(be->act_dtype) * d.T * d.C);
-    if (out && out->rows) head_on_rows(m, a, a->lnf, out);
-    else head_forward(m, a, 0, mode, out);
+    WEFT_CHECK(!(out && out->rows) ||
+                   (a->keep == KEEP_NONE && out->n_rows >= 0 && out->n_rows <= d.T &&
+                    !out->stats && !out->logprobs[0] && !out->entropy[0]),
+               "internal: a forward on chosen rows makes logits only, keeping nothing");
+    if (!(out && out->rows && folded_head_on_every_row(m, a, out))) {
+        be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
+                            (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
+        if (out && out->hidden)
+            be->copy(be, out->hidden, a->lnf, weft_dtype_size(be->act_dtype) * d.T * d.C);
+        if (out && out->rows) head_on_rows(m, a, a->lnf, out);
+        else head_forward(m, a, 0, mode, out);
+    }
     for (int k = 0; k < D && !(out && out->skip_mtp); k++) {
         mtp_acts *mk = &a->mtp[k];
         be->to_device(be, mk->inputs, weft_batch_mtp_inputs(batch, k + 1), sizeof(int32_t) * d.T);

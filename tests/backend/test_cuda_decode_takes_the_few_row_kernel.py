@@ -17,8 +17,10 @@ values; the prefill, whose sequence is new, splits and then runs "kv_store". Run
 weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
 The decode forwards' RMSNorms before the q|k|v and gate|up products are folded into them, and
 the q|k|v product stores its rows as split_store would ("matmul (few rows, normed, stored)",
-"swiglu_product (few rows, normed)"): "rmsnorm_forward" runs only for the prefill's layers and
-each forward's final norm, no "split_store" runs, and `WEFT_CUDA_FOLD_NORM=0`, which keeps every
+"swiglu_product (few rows, normed)"), and so is a decode forward's final norm into its output
+head, whose rows are every row in order ("matmul (few rows, normed)", and no row gather):
+"rmsnorm_forward" runs only for the prefill's layers and its final norm, no "split_store" runs,
+and `WEFT_CUDA_FOLD_NORM=0`, which keeps every
 norm its own launch (and the split and store one of their own, "split_store"), writes the same
 output file byte for byte (the kernel tests check the folded products' bits against the norm,
 the product and split_store). Last, `WEFT_CUDA_GEMM_SPLIT_K=1`
@@ -36,7 +38,8 @@ from reference.generation import random_prompts, write_prompts
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 PROJECTIONS = 4  # q|k|v, o, gate|up (each one product: blocks.c), down
 NORMED = ("matmul (few rows, normed, stored)", "swiglu_product (few rows, normed)")
-FEW = ("matmul (few rows)", "swiglu_product (few rows)") + NORMED
+HEAD_NORMED = "matmul (few rows, normed)"  # a decode forward's final norm and output head
+FEW = ("matmul (few rows)", "swiglu_product (few rows)", HEAD_NORMED) + NORMED
 SKINNY = ("matmul (skinny)", "swiglu_product (skinny)")
 
 
@@ -105,8 +108,8 @@ def cases(emulated, tmp):
 
 
 def fold_norm_cases(emulated, tmp, mdir, prompts, on, stats):
-    """The decode forwards' two norms a layer folded into their products; without the fold the
-    same output, every norm its own launch."""
+    """The decode forwards' two norms a layer and final norm folded into their products; without
+    the fold the same output, every norm its own launch."""
     layers, forwards = CFG["num_hidden_layers"], stats["forwards"]
     apart, _ = generate(emulated, mdir, prompts, tmp, "apart", True, fold_norm=False)
     failures = []
@@ -114,12 +117,16 @@ def fold_norm_cases(emulated, tmp, mdir, prompts, on, stats):
         if on.get(op, 0) != (forwards - 1) * layers:
             failures.append(f"{on.get(op, 0)} {op} launches, not one a layer of every decode "
                             "forward")
+    if on.get(HEAD_NORMED, 0) != forwards - 1:
+        failures.append(f"{on.get(HEAD_NORMED, 0)} {HEAD_NORMED} launches, not one an output head "
+                        "of every decode forward")
+    for op in NORMED + (HEAD_NORMED,):
         if op in apart:
             failures.append(f"WEFT_CUDA_FOLD_NORM=0 still ran {op}")
     if apart.get("split_store", 0) != (forwards - 1) * layers:
         failures.append(f"WEFT_CUDA_FOLD_NORM=0: {apart.get('split_store', 0)} split_store "
                         "launches, not one a layer of every decode forward")
-    for ops, want, how in ((on, 2 * layers + forwards, "folded"),
+    for ops, want, how in ((on, 2 * layers + 1, "folded"),
                            (apart, 2 * layers * forwards + forwards, "WEFT_CUDA_FOLD_NORM=0")):
         if ops.get("rmsnorm_forward", 0) != want:
             failures.append(f"{how}: {ops.get('rmsnorm_forward', 0)} rmsnorm_forward launches, "
