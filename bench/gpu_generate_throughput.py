@@ -326,21 +326,18 @@ def run_one(a, who, batch):
     return r
 
 
+COLUMNS = WEFT_RUNNERS + PEERS  # a table row's "<who>_tokens_per_s", in the table's order
+LABELS = {"weft": "weft tok/s", "default": "tf default", "static": "tf static"}
+
+
 def make_row(a, batch, runs, bandwidth):
     """A table row out of the runs at `batch` so far (a runner not run yet: None), and the
     bound."""
-    tps = {k: runs[k].get("tokens_per_s") if k in runs else None for k in WEFT_RUNNERS + PEERS}
+    tps = {k: runs[k].get("tokens_per_s") if k in runs else None for k in COLUMNS}
     peers = [tps[m] for m in PEERS if tps[m]]
     step_bytes, bound_tps = bound(a.cfg, batch, a.prompt_tokens, a.new_tokens, bandwidth, a.elt)
     w, wt = tps["weft"], runs.get("weft", {}).get("tokens")
-    return dict(batch=batch, weft_tokens_per_s=w, eager_tokens_per_s=tps["eager"],
-                sync_tokens_per_s=tps["sync"],
-                cublas_tokens_per_s=tps["cublas"], splitk_tokens_per_s=tps["splitk"],
-                skinny256_tokens_per_s=tps["skinny256"], l2x_tokens_per_s=tps["l2x"],
-                noprefetch_tokens_per_s=tps["noprefetch"], nofold_tokens_per_s=tps["nofold"],
-                invariant_tokens_per_s=tps["invariant"], serial_tokens_per_s=tps["serial"],
-                default_tokens_per_s=tps["default"],
-                static_tokens_per_s=tps["static"],
+    return dict(batch=batch, **{f"{k}_tokens_per_s": tps[k] for k in COLUMNS},
                 weft_over_peer=w / max(peers) if w and peers else None,
                 bytes_per_step=step_bytes, bound_tokens_per_s=bound_tps,
                 weft_over_bound=w / bound_tps if w and bound_tps else None,
@@ -349,33 +346,36 @@ def make_row(a, batch, runs, bandwidth):
                 runs={k: {x: y for x, y in r.items() if x != "tokens"} for k, r in runs.items()})
 
 
-HEAD = (f"{'batch':>5} {'weft tok/s':>11} {'eager':>7} {'sync':>7} {'cublas':>7} {'splitk':>7} "
-        f"{'skinny256':>9} {'l2x':>7} "
-        f"{'noprefetch':>10} {'nofold':>7} {'invariant':>9} {'serial':>7} "
-        f"{'tf default':>11} "
-        f"{'tf static':>10} "
-        f"{'weft/peer':>9} {'bound tok/s':>11} {'weft/bound':>10} {'agree d/s':>13}")
+def column_width(who):
+    return max(len(LABELS.get(who, who)), 7)
+
+
+HEAD = (f"{'batch':>5} " + " ".join(f"{LABELS.get(k, k):>{column_width(k)}}" for k in COLUMNS)
+        + f" {'weft/peer':>9} {'bound tok/s':>11} {'weft/bound':>10} {'agree d/s':>13}")
 
 
 def table_line(row):
     """A row of the table under HEAD (agree: with the default and with the static runner)."""
     agree = "/".join(fmt(row["agree"].get(m), ".1%") for m in PEERS)
     ratio = fmt(row["weft_over_peer"], ".2f") + ("x" if row["weft_over_peer"] else "")
-    return (f"{row['batch']:>5} {fmt(row['weft_tokens_per_s'], '.0f'):>11} "
-            f"{fmt(row['eager_tokens_per_s'], '.0f'):>7} "
-            f"{fmt(row.get('sync_tokens_per_s'), '.0f'):>7} "
-            f"{fmt(row.get('cublas_tokens_per_s'), '.0f'):>7} "
-            f"{fmt(row.get('splitk_tokens_per_s'), '.0f'):>7} "
-            f"{fmt(row.get('skinny256_tokens_per_s'), '.0f'):>9} "
-            f"{fmt(row.get('l2x_tokens_per_s'), '.0f'):>7} "
-            f"{fmt(row.get('noprefetch_tokens_per_s'), '.0f'):>10} "
-            f"{fmt(row.get('nofold_tokens_per_s'), '.0f'):>7} "
-            f"{fmt(row.get('invariant_tokens_per_s'), '.0f'):>9} "
-            f"{fmt(row.get('serial_tokens_per_s'), '.0f'):>7} "
-            f"{fmt(row['default_tokens_per_s'], '.0f'):>11} "
-            f"{fmt(row['static_tokens_per_s'], '.0f'):>10} {ratio:>9} "
+    cells = " ".join(f"{fmt(row.get(f'{k}_tokens_per_s'), '.0f'):>{column_width(k)}}"
+                     for k in COLUMNS)
+    return (f"{row['batch']:>5} {cells} {ratio:>9} "
             f"{fmt(row['bound_tokens_per_s'], '.0f'):>11} {fmt(row['weft_over_bound'], '.1%'):>10} "
             f"{agree:>13}")
+
+
+def decision_lines(rows):
+    """Each runner that decides a default against weft's defaults, batch by batch: above 1.00x
+    its setting is the faster one there (one run each: a few percent is noise)."""
+    lines = []
+    for who in DECIDING[1:]:
+        ratios = [f"{r[f'{who}_tokens_per_s'] / r['weft_tokens_per_s']:.2f}x at {r['batch']}"
+                  for r in rows if r.get(f"{who}_tokens_per_s") and r["weft_tokens_per_s"]]
+        if ratios:
+            how = RUNNER_SETTINGS.get(who) or [f"{k}={v}" for k, v in RUNNER_ENV[who].items()]
+            lines.append(f"  {who} ({' '.join(how)}) / weft: {', '.join(ratios)}")
+    return lines
 
 
 def git_commit():
@@ -526,6 +526,8 @@ def run(a):
     print(f"\n{HEAD}")
     for row in doc["rows"]:
         print(table_line(row))
+    print("the runners that decide defaults, against weft's defaults:")
+    print("\n".join(decision_lines(doc["rows"])) or "  none run")
     print(f"wrote {a.json}")
     return 0 if all(r["weft_tokens_per_s"] for r in doc["rows"]) else 1
 

@@ -249,7 +249,8 @@ void weft_model_draft_forward(weft_model *m, int depth, const weft_batch *batch,
     mtp_acts *mk = &a->mtp[depth - 1];
     be->copy(be, mk->inputs, a->tokens, sizeof(int32_t) * a->d.T);
     weft_mtp_forward(m, a, depth - 1, h_prev, kv);
-    if (out->hidden) be->copy(be, out->hidden, mk->h, weft_dtype_size(be->act_dtype) * a->d.T * a->d.C);
+    if (out->hidden)
+        be->copy(be, out->hidden, mk->h, weft_dtype_size(be->act_dtype) * a->d.T * a->d.C);
     head_on_rows(m, a, mk->h, out);
 }
 

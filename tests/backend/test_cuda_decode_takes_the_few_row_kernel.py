@@ -6,25 +6,25 @@ test_cuda_ops_match_cpu checks the kernel's values and that each row is the same
 checks that decoding reaches it at all (a covers() that refused every call would leave that test
 passing on cuBLASLt). `weft generate` of one prompt, the CUDA profile's JSON read back
 (WEFT_CUDA_PROFILE=<file>.json): every decode forward's projections and output head, 4 per layer
-(q, k and v are one product; gate and up another, which with its SwiGLU is one "swiglu_product
-(few rows)" launch) and 1, and the prefill's output head (on its one last row) are few-row calls,
-the prefill's 20-row projections are not: they are skinny.cu's tensor-core calls ("matmul
-(skinny)", 9 to 64 rows; the gate|up one with its SwiGLU, "swiglu_product (skinny)"); with the
-switch off there are neither, and the products are the same number of cuBLASLt calls. The decode forwards' other fused launches are checked too,
-so none falls back to the separate ops unseen: the q|k|v biases come in the few-row launch, and
-the prefill's in the skinny one (no "bias_add" at all), and each layer's split also stores the keys and
-values; the prefill, whose sequence is new, splits and then runs "kv_store". Runs on
-weft_emulated (the CUDA backend on the CPU); skipped when built without the CUDA toolkit.
-The decode forwards' RMSNorms before the q|k|v and gate|up products are folded into them, and
-the q|k|v product stores its rows as split_store would ("matmul (few rows, normed, stored)",
-"swiglu_product (few rows, normed)"), and so is a decode forward's final norm into its output
-head, whose rows are every row in order ("matmul (few rows, normed)", and no row gather):
-"rmsnorm_forward" runs only for the prefill's layers and its final norm, no "split_store" runs,
-and `WEFT_CUDA_FOLD_NORM=0`, which keeps every
-norm its own launch (and the split and store one of their own, "split_store"), writes the same
-output file byte for byte (the kernel tests check the folded products' bits against the norm,
-the product and split_store). Last, `WEFT_CUDA_GEMM_SPLIT_K=1`
-must split exactly the products whose tiles leave SMs idle and whose K allows it (split_k_cases).
+(q, k and v are one product; gate and up another, which with its SwiGLU is one "swiglu_product (few
+rows)" launch) and 1, and the prefill's output head (on its one last row) are few-row calls, the
+prefill's 20-row projections are not: they are skinny.cu's tensor-core calls ("matmul (skinny)", 9
+to 64 rows; the gate|up one with its SwiGLU, "swiglu_product (skinny)"); with the switch off there
+are neither, and the products are the same number of cuBLASLt calls. The decode forwards' other
+fused launches are checked too, so none falls back to the separate ops unseen: the q|k|v biases
+come in the few-row launch, and the prefill's in the skinny one (no "bias_add" at all), and each
+layer's split also stores the keys and values; the prefill, whose sequence is new, splits and then
+runs "kv_store". Runs on weft_emulated (the CUDA backend on the CPU); skipped when built without
+the CUDA toolkit. The decode forwards' RMSNorms before the q|k|v and gate|up products are folded
+into them, and the q|k|v product stores its rows as split_store would ("matmul (few rows, normed,
+stored)", "swiglu_product (few rows, normed)"), and so is a decode forward's final norm into its
+output head, whose rows are every row in order ("matmul (few rows, normed)", and no row gather):
+"rmsnorm_forward" runs only for the prefill's layers and its final norm, no "split_store" runs, and
+`WEFT_CUDA_FOLD_NORM=0`, which keeps every norm its own launch (and the split and store one of
+their own, "split_store"), writes the same output file byte for byte (the kernel tests check the
+folded products' bits against the norm, the product and split_store). Last,
+`WEFT_CUDA_GEMM_SPLIT_K=1` must split exactly the products whose tiles leave SMs idle and whose K
+allows it (split_k_cases).
 """
 import filecmp
 import json
