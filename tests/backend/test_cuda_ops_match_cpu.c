@@ -599,6 +599,45 @@ static void expect_same_bits(const char *what, const twin *a, const twin *b) {
     failures += !same;
 }
 
+// The device draws (sample_tokens, the GPU's alone: the CPU draws on the host) greedy and at a
+// temperature from rows of logits: each drawn token's log-prob in the bits the logprobs op gives
+// its row, gathered, and greedy's token the first largest logit. Run on hardware by the device
+// session's ops step, where the two kernels' codegen could differ as the emulator's cannot.
+static void test_device_draws(float temperature) {
+    enum { T = 6, V = 5000, N = 4 };
+    twin logits = act((size_t)T * V, 3), gathered = zeros((size_t)N * V, WEFT_BF16);
+    twin logp = zeros(N, WEFT_F32), want = zeros(N, WEFT_F32), processed = zeros(N, WEFT_F32);
+    int32_t rows[N] = {5, 0, 3, 5};
+    double u[N] = {0.0, 0.3, 0.7, 0.999};
+    ints r = upload_ints(rows, N), tokens = upload_ints(rows, N);
+    double *u_g = gpu->alloc(gpu, sizeof u);
+    gpu->to_device(gpu, u_g, u, sizeof u);
+    gpu->sample_tokens(gpu, logits.g, r.g, u_g, N, V, temperature, tokens.g, logp.g,
+                       processed.g);
+    gpu->embedding_forward(gpu, r.g, logits.g, gathered.g, N, V); // a row gather
+    gpu->logprobs(gpu, gathered.g, tokens.g, want.g, NULL, NULL, N, V);
+    char what[64];
+    snprintf(what, sizeof what, "sample_tokens T %.1f log-probs = logprobs op's", temperature);
+    expect_same_bits(what, &logp, &want);
+    int32_t drawn[N];
+    gpu->to_host(gpu, drawn, tokens.g, sizeof drawn);
+    int wrong = 0;
+    for (int d = 0; d < N && temperature == 0; d++) {
+        const float *row = logits.host + (size_t)rows[d] * V;
+        int arg = 0;
+        for (int j = 1; j < V; j++) arg = row[j] > row[arg] ? j : arg;
+        wrong += drawn[d] != arg;
+    }
+    if (temperature == 0) {
+        printf("%-52s %d of %d differ %s\n", "sample_tokens greedy: the first largest logit",
+               wrong, N, wrong ? "FAIL" : "ok");
+        failures += wrong > 0;
+    }
+    gpu->free(gpu, u_g);
+    release(&logits), release(&gathered), release(&logp), release(&want), release(&processed);
+    release_ints(&r), release_ints(&tokens);
+}
+
 // A forward-only pass's products of normalized rows: norm_product (q|k|v with a bias, and the
 // MLP's SwiGLU) and a decode step's q|k|v that stores its rows (norm_product_store, RoPE on the q
 // and k heads, keys and values to the pool, a padding row storing nothing). Against the CPU's
@@ -732,6 +771,8 @@ int main(void) {
     test_swiglu_add_scale_sums();
     test_cross_entropy();
     test_head_ops();
+    test_device_draws(0.0f);
+    test_device_draws(0.8f);
     test_adamw();
     test_paged(4, 2, 32, 16);
     test_paged_rows_alone(4, 2, 64);  // the tensor-core kernel
