@@ -98,13 +98,13 @@ static inline weight_view whole_weight(int param, int in) { return (weight_view)
 // y (T, out) = x (T, in) W^T + beta * y
 void weft_linear_forward(weft_model *m, const void *x, weight_view w, void *y, int T, int in,
                          int out, float beta);
-// dx (T, in) = dy W + dx_beta * dx ; dW (out, in) += dy^T x
 // y = RMSNorm(x) W^T (+ b) (T, out) for parameters norm, w, b (WEFT_ABSENT: no bias), or with
 // swiglu its activation (W the gate rows then the up rows), as one op where a forward-only pass
 // lets the backend fold the norm into the product (the same bits, a launch fewer); false, nothing
 // done, where it does not.
 bool weft_folded_norm_product(weft_model *m, const weft_activations *a, const void *x, int norm,
                               int w, int b, void *y, int out, bool swiglu);
+// dx (T, in) = dy W + dx_beta * dx ; dW (out, in) += dy^T x
 void weft_linear_backward(weft_model *m, const void *x, weight_view w, const void *dy, void *dx,
                           int T, int in, int out, float dx_beta);
 

@@ -146,16 +146,23 @@ static bool every_row_chosen(const weft_forward_outputs *out, int T) {
     return true;
 }
 
+// What a forward on chosen rows (out->rows) may ask for: logits only, keeping nothing.
+static void check_head_on_rows(const weft_activations *a, const weft_forward_outputs *out) {
+    WEFT_CHECK(a->keep == KEEP_NONE && out->n_rows >= 0 && out->n_rows <= a->d.T && !out->stats &&
+                   !out->logprobs[0] && !out->entropy[0],
+               "internal: a forward on chosen rows makes logits only, keeping nothing");
+}
+
 // Generation's head: logits of the chosen rows of h (T, C) only (uploaded with the batch),
 // gathered first (the embedding op is a row gather: out[i] = table[ids[i]]) unless they are
-// every row in order.
+// every row in order (every_row: every_row_chosen's answer).
 static void head_on_rows(weft_model *m, weft_activations *a, const void *h,
-                         const weft_forward_outputs *out) {
+                         const weft_forward_outputs *out, bool every_row) {
     weft_backend *be = m->be;
     int n = out->n_rows, V = m->cfg.vocab_size;
     if (n == 0) return;
     const void *x = h;
-    if (!every_row_chosen(out, a->d.T)) {
+    if (!every_row) {
         be->embedding_forward(be, a->head_rows, h, a->head_input, n, a->d.C);
         x = a->head_input;
     }
@@ -167,10 +174,9 @@ static void head_on_rows(weft_model *m, weft_activations *a, const void *h,
 // not asked for (no drafting) and the backend folds the norm into the product (the same bits, a
 // decode step's launch fewer); false, nothing done, otherwise.
 static bool folded_head_on_every_row(weft_model *m, weft_activations *a,
-                                     const weft_forward_outputs *out) {
+                                     const weft_forward_outputs *out, bool every_row) {
     bool mtp_runs = m->cfg.num_mtp > 0 && !out->skip_mtp; // module 0 reads the normed rows
-    if (!every_row_chosen(out, a->d.T) || out->hidden || mtp_runs || out->n_rows == 0)
-        return false;
+    if (!every_row || out->hidden || mtp_runs || out->n_rows == 0) return false;
     return weft_folded_norm_product(m, a, a->x_out, m->final_norm, m->lm_head, WEFT_ABSENT,
                                     out->logits ? out->logits : a->logits, m->cfg.vocab_size,
                                     false);
@@ -210,16 +216,14 @@ static void run_forward(weft_model *m, const weft_batch *batch, keep_mode keep, 
         void *next = l + 1 < L ? layer_input(a, l + 1) : a->x_out;
         weft_layer_forward(m, l, weft_layer_acts(m, a, l), a, next, kv);
     }
-    WEFT_CHECK(!(out && out->rows) ||
-                   (a->keep == KEEP_NONE && out->n_rows >= 0 && out->n_rows <= d.T &&
-                    !out->stats && !out->logprobs[0] && !out->entropy[0]),
-               "internal: a forward on chosen rows makes logits only, keeping nothing");
-    if (!(out && out->rows && folded_head_on_every_row(m, a, out))) {
+    bool chosen = out && out->rows, every_row = every_row_chosen(out, d.T);
+    if (chosen) check_head_on_rows(a, out);
+    if (!(chosen && folded_head_on_every_row(m, a, out, every_row))) {
         be->rmsnorm_forward(be, a->x_out, weft_model_param(m, m->final_norm),
                             (float)m->cfg.rms_norm_eps, a->lnf, a->rstdf, d.T, d.C);
         if (out && out->hidden)
             be->copy(be, out->hidden, a->lnf, weft_dtype_size(be->act_dtype) * d.T * d.C);
-        if (out && out->rows) head_on_rows(m, a, a->lnf, out);
+        if (chosen) head_on_rows(m, a, a->lnf, out, every_row);
         else head_forward(m, a, 0, mode, out);
     }
     for (int k = 0; k < D && !(out && out->skip_mtp); k++) {
@@ -251,7 +255,8 @@ void weft_model_draft_forward(weft_model *m, int depth, const weft_batch *batch,
     weft_mtp_forward(m, a, depth - 1, h_prev, kv);
     if (out->hidden)
         be->copy(be, out->hidden, mk->h, weft_dtype_size(be->act_dtype) * a->d.T * a->d.C);
-    head_on_rows(m, a, mk->h, out);
+    check_head_on_rows(a, out);
+    head_on_rows(m, a, mk->h, out, every_row_chosen(out, a->d.T));
 }
 
 // ------------------------------------------------------------------------------ backward ----
