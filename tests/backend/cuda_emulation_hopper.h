@@ -24,7 +24,10 @@
 //   The product is computed at wgmma.wait_group, once nothing else in the block can move, and
 //   reads shared memory then (the latest the hardware may): a kernel that refills an operand's
 //   buffer too early, or reads or writes the accumulators or an A operand's registers before the
-//   wait, gets wrong numbers or an error here.
+//   wait, gets wrong numbers or an error here. Where copies land at issue, the product reads its
+//   operands as early instead, when the last of its warpgroup's threads issues it: a kernel that
+//   issues it before another thread's writes to an operand are ordered before (a missing
+//   barrier) gets wrong numbers.
 // Bulk reductions (cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32): bytes of fp32 from
 //   shared memory added into global memory, in bulk groups (commit_group); the source is read at
 //   the thread's cp.async.bulk.wait_group.read and the sums land at its wait_group, the latest
@@ -63,6 +66,7 @@ struct wgmma_op {
     uint64_t desc_a, desc_b;
     int group;
     std::vector<float> snapshot; // d at issue, to catch writes before the wait
+    std::vector<float> early_a, early_b; // operands read at issue (execute_wgmma)
 };
 
 inline std::map<uint32_t, mbarrier> g_mbarriers; // of the running block, by shared address
@@ -141,6 +145,8 @@ inline uint32_t operand_address(uint64_t desc, bool mn_major, int mn, int k) {
         fail("wgmma descriptor: only 128-byte swizzle with base offset 0 is emulated");
     uint32_t address;
     if (mn_major) {
+        if ((start & 127) + (mn % 64) * 2 >= 128)
+            fail("wgmma descriptor: an MN-major operand's row runs past its 128-byte atom row");
         address = start + (mn % 64) * 2 + (mn / 64) * leading + (k % 8) * 128 + (k / 8) * stride;
     } else {
         if ((start & 127) + 32 > 128) fail("wgmma descriptor: a K-major k16 step crosses its row");
@@ -155,11 +161,14 @@ inline float smem_bf16(uint32_t address) {
     return bf16_bits_to_float(bits);
 }
 
-// The warpgroup's op i (the same instruction in every one of its 128 threads).
-inline void execute_wgmma(thread_state *lanes, size_t i) {
+// The operands A (64 x 16) and B (16 x N) of the warpgroup's op i (the same instruction in every
+// one of its 128 threads), from their registers and shared memory as they are now.
+inline void wgmma_operands(thread_state *lanes, size_t i, std::vector<float> &A,
+                           std::vector<float> &B) {
     const wgmma_op &op = (*lanes[0].wgmma)[i];
     int n = op.n;
-    std::vector<float> A(64 * 16), B(16 * (size_t)n);
+    A.assign(64 * 16, 0.0f);
+    B.assign(16 * (size_t)n, 0.0f);
     for (int lane = 0; lane < 128; lane++) {
         const wgmma_op &mine = (*lanes[lane].wgmma)[i];
         if (mine.n != n || mine.a_in_registers != op.a_in_registers || mine.desc_a != op.desc_a ||
@@ -185,6 +194,18 @@ inline void execute_wgmma(thread_state *lanes, size_t i) {
     for (int k = 0; k < 16; k++)
         for (int c = 0; c < n; c++)
             B[k * n + c] = smem_bf16(operand_address(op.desc_b, op.trans_b, c, k));
+}
+
+// Runs the warpgroup's op i: with the operands it read when its last thread issued it
+// (g_copies_land_at_issue: the earliest the hardware may read them, so a product issued before
+// another thread's writes to its operands are ordered before it reads stale bytes), else with
+// them as they are at the wait (the latest).
+inline void execute_wgmma(thread_state *lanes, size_t i) {
+    wgmma_op &op = (*lanes[0].wgmma)[i];
+    int n = op.n;
+    std::vector<float> A, B;
+    wgmma_operands(lanes, i, A, B); // also checks the A registers still hold what was issued
+    if (!op.early_a.empty()) A.swap(op.early_a), B.swap(op.early_b);
     for (int lane = 0; lane < 128; lane++) {
         const wgmma_op &mine = (*lanes[lane].wgmma)[i];
         if (!mine.snapshot.empty() &&
@@ -320,13 +341,22 @@ inline void weft_emulated_wgmma(float *d, int n, const uint32_t *a, uint64_t des
                                 uint64_t desc_b, int accumulate, bool trans_a, bool trans_b) {
     emu::thread_state *t = emu::self();
     if (a && trans_a) emu::fail("wgmma: imm-trans-a with A in registers");
+    if (n < 8 || n > 256 || n % 8) emu::fail("wgmma: no m64nNk16 shape has that N");
     emu::wgmma_op op{d,     n,      a != nullptr, trans_a, trans_b, accumulate != 0, {0, 0, 0, 0},
-                     a,     desc_a, desc_b,       t->wgmma_groups, {}};
+                     a,     desc_a, desc_b,       t->wgmma_groups, {},  {}, {}};
     if (a) memcpy(op.a, a, sizeof op.a);
     bool chained = false; // an earlier pending op writes the same accumulators
     for (const emu::wgmma_op &other : *t->wgmma) chained |= other.d == d;
     if (!chained) op.snapshot.assign(d, d + n / 2);
     t->wgmma->push_back(op);
+    if (!emu::g_copies_land_at_issue) return;
+    // The last of the warpgroup's threads to issue it: the product may read its operands now.
+    emu::thread_state *lanes = &emu::g_block->threads[(t - &emu::g_block->threads[0]) / 128 * 128];
+    size_t i = t->wgmma->size() - 1;
+    for (int lane = 0; lane < 128; lane++)
+        if (!lanes[lane].wgmma || lanes[lane].wgmma->size() <= i) return;
+    emu::wgmma_op &first = (*lanes[0].wgmma)[i];
+    emu::wgmma_operands(lanes, i, first.early_a, first.early_b);
 }
 
 inline void weft_emulated_wgmma_commit() { emu::self()->wgmma_groups++; }
