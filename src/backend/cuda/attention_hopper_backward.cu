@@ -7,8 +7,10 @@
 //   ordered: the dK/dV kernel below also computes each step's dQ from the dS it has anyway and
 //     adds it into fp32 sums with a TMA bulk reduction, the blocks taking turns in a fixed order
 //     (five products, as FlashAttention-3's deterministic mode). Two earlier versions, adding
-//     with per-thread reductions, were 1.6-1.9x slower than recomputing on an H100; this one is
-//     not yet timed (bench/README.md).
+//     with per-thread reductions, were 1.6-1.9x slower than recomputing on an H100; the third,
+//     with one bulk reduction a step but its dQ product waited for alone and the consumers'
+//     shares added in shared memory, 1.07-1.15x slower on an H200; this fourth one overlaps the
+//     dQ product and splits it by columns (not yet timed; bench/README.md).
 //   dQ: a block of 128 query rows walks the key tiles its rows see, as the forward does, with dO
 //     loaded beside Q: S = Q K^T and dP = dO V^T (one wgmma group), dS = P (dP - delta) in
 //     registers, then dQ += dS K with dS straight from them.
@@ -27,9 +29,8 @@ namespace fa3 {
 constexpr int DQ_KEYS = 64; // keys per tile of the dQ kernel: S, dP and dQ all fit in registers
 constexpr int BLOCK_KEYS = 64 * CONSUMERS; // keys per dK/dV block
 constexpr int STEP = 64;                   // query rows per step of the dK/dV kernel
-// Named barriers of the ORDERED dK/dV kernel (0 is __syncthreads): one consumer's own (+ its
-// index), both consumers'.
-constexpr int BAR_CONSUMER = 1, BAR_CONSUMERS = 1 + CONSUMERS;
+// The named barrier of the ORDERED dK/dV kernel's two consumers (0 is __syncthreads).
+constexpr int BAR_CONSUMERS = 1;
 
 // ------------------------------------------------------------------------------------ dQ ----
 
@@ -137,21 +138,25 @@ struct dq_header {
 };
 
 // Where element (row, col) of a step's dQ (STEP x D) is, in floats, in the ORDERED kernel's
-// shared and global tiles: in the order the consumers' C fragments hold it (share_dq), float4 q
-// of thread T of column atom c at ((c·8 + q)·128 + T)·4, so that a warp's float4 stores are one
-// contiguous run. Thread T = 32w + 4g + t holds rows 16w + g + 8r, columns 64c + 8nt + 2t + e, as
-// float4 q = 4r + nt/2, element 2(nt % 2) + e.
-__host__ __device__ constexpr int dq_tile_offset(int row, int col) {
-    int w = row / 16, g = row % 8, r = row % 16 / 8, c = col / 64, nt = col % 64 / 8;
-    int T = 32 * w + 4 * g + col % 8 / 2, q = 4 * r + nt / 2;
-    return ((c * 8 + q) * 128 + T) * 4 + 2 * (nt % 2) + col % 2;
+// shared and global tiles: in the order the consumers' C fragments hold it (store_dq). Consumer c
+// computes columns [c·N, c·N + N), N = D / CONSUMERS; its thread T = 32w + 4g + t holds rows
+// 16w + g + 8r, columns c·N + 8nt + 2t + e, as float4 q = r·N/16 + nt/2, element 2(nt % 2) + e,
+// at ((c·N/8 + q)·128 + T)·4, so that a warp's float4 stores are one contiguous run.
+__host__ __device__ constexpr int dq_tile_offset(int row, int col, int D) {
+    int N = D / CONSUMERS, w = row / 16, g = row % 8, r = row % 16 / 8;
+    int c = col / N, n = col % N, nt = n / 8;
+    int T = 32 * w + 4 * g + n % 8 / 2, q = r * (N / 16) + nt / 2;
+    return ((c * (N / 8) + q) * 128 + T) * 4 + 2 * (nt % 2) + n % 2;
 }
 
 // Shared memory of a dK/dV block, from a 1024-byte aligned start: its K and V tiles (BLOCK_KEYS x
-// D), STAGES tiles of Q and of dO (STEP x D); ORDERED, the step's dS^T (BLOCK_KEYS x STEP), its
-// dQ (STEP x D fp32, dq_tile_offset's order) and their header; STAGES step_meta; the barriers
-// (once, full[], empty[]; ORDERED, dq_full and dq_empty).
+// D), STAGES tiles of Q and of dO (STEP x D); ORDERED, the step's dS^T (BLOCK_KEYS x STEP),
+// DQ_BUFFERS tiles of dQ (STEP x D fp32, dq_tile_offset's order) and their headers; STAGES
+// step_meta; the barriers (once, full[], empty[]; ORDERED, dq_full[] and dq_empty[]).
 template <int D, bool ORDERED> struct dkdv_layout {
+    // ORDERED: at head_dim 64 the consumers store a step's dQ while the writer may still be
+    // reducing the step before's; at 128 a second tile would not fit.
+    static constexpr int DQ_BUFFERS = ORDERED ? (D <= 64 ? 2 : 1) : 0;
     static constexpr size_t KEY_ATOM = atom_bytes(BLOCK_KEYS), STEP_ATOM = atom_bytes(STEP);
     static constexpr size_t K = 0, V = tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t Q = 2 * tile_bytes(BLOCK_KEYS, D);
@@ -159,10 +164,11 @@ template <int D, bool ORDERED> struct dkdv_layout {
     static constexpr size_t DS = DO + STAGES * tile_bytes(STEP, D);
     static constexpr size_t DQ_SHARE = STEP * D * sizeof(float);
     static constexpr size_t DQ = DS + (ORDERED ? tile_bytes(BLOCK_KEYS, STEP) : 0);
-    static constexpr size_t DQ_HEADER = DQ + (ORDERED ? DQ_SHARE : 0);
-    static constexpr size_t META = DQ_HEADER + (ORDERED ? 16 : 0);
+    static constexpr size_t DQ_HEADER = DQ + DQ_BUFFERS * DQ_SHARE;
+    static constexpr size_t META = DQ_HEADER + DQ_BUFFERS * 16;
     static constexpr size_t BARRIERS = (META + STAGES * sizeof(step_meta) + 7) / 8 * 8;
-    static constexpr size_t BYTES = BARRIERS + sizeof(uint64_t) * (3 + 2 * fa3::STAGES) + 1024;
+    static constexpr size_t BYTES =
+        BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES + 2 * DQ_BUFFERS) + 1024;
     static_assert(BYTES <= MAX_SMEM, "a dK/dV block's tiles exceed shared memory");
     __host__ __device__ static constexpr size_t q_tile(int stage) {
         return Q + stage * tile_bytes(STEP, D);
@@ -187,9 +193,11 @@ struct dkdv_block {
     step_meta *meta;        // [STAGES]
     int h, tile, j0, j_end; // query head, tile of keys [j0, j_end)
     dq_sums dq;
-    float *dq_share;              // ORDERED: the step's dQ (both consumers' shares summed)
-    dq_header *dq_head;           // ... the step it is of
-    uint64_t *dq_full, *dq_empty; // ... written by the consumers; read by the writer's reduction
+    // ORDERED, [DQ_BUFFERS], step n's in n % DQ_BUFFERS: dQ tiles (each consumer's columns), the
+    // steps they are of; full: written by the consumers; empty: read by the writer's reduction.
+    float *dq_share;
+    dq_header *dq_head;
+    uint64_t *dq_full, *dq_empty;
 };
 
 // The producer warp: K and V of the block once, then every step of query rows of which a row sees
@@ -269,18 +277,21 @@ __device__ void produce_steps(const weft_cuda_attention_args &a, const dkdv_bloc
 // wait for. A dQ element's terms are added in the same order in every run: bit-reproducible,
 // without computing S and dP a second time in a dQ kernel.
 template <int D> __device__ void write_dq(const dkdv_block &b) {
+    constexpr int BUFFERS = dkdv_layout<D, true>::DQ_BUFFERS;
     int *landing = nullptr; // the count of the step whose sums are still on their way
     for (int n = 0;; n++) {
-        hopper::mbar_wait(b.dq_full, n & 1);
-        dq_header step = *b.dq_head;
+        int buffer = n % BUFFERS;
+        hopper::mbar_wait(&b.dq_full[buffer], (n / BUFFERS) & 1);
+        dq_header step = b.dq_head[buffer];
         if (step.i0 < 0) break;
         size_t at = (size_t)b.h * b.dq.steps + step.i0 / STEP;
         hopper::wait_counter(b.dq.counts + at, step.order);
         hopper::fence_proxy_async_global(); // the turn, before the reduction's adds
-        hopper::bulk_reduce_add(b.dq.sums + at * STEP * D, b.dq_share, STEP * D * sizeof(float));
+        hopper::bulk_reduce_add(b.dq.sums + at * STEP * D, b.dq_share + buffer * STEP * D,
+                                STEP * D * sizeof(float));
         hopper::bulk_commit();
-        hopper::bulk_wait<0, true>(); // read: the consumers may write the next step's
-        hopper::mbar_arrive(b.dq_empty);
+        hopper::bulk_wait<0, true>(); // read: the consumers may write another step's there
+        hopper::mbar_arrive(&b.dq_empty[buffer]);
         if (landing) {
             hopper::bulk_wait<1, false>(); // the step before's sums are in
             hopper::fence_proxy_async_global();
@@ -300,13 +311,16 @@ template <int D> __device__ void write_dq(const dkdv_block &b) {
 // under a branch; the mask is, where every row of the step sees all the keys); step n's P^T and
 // dS^T are computed while the previous step's dV += P^T dO and dK += dS^T Q run (at head_dim 64;
 // one step at a time at 128).
-// ORDERED, the step's dQ too: dS^T goes to shared memory (take), and once the step's other
-// products are done (release), dS (64 rows x the warpgroup's 64 keys, read transposed) times its
-// keys' K rows gives its share of the step's dQ, 64 columns at a time; the first consumer stores
-// its share in the dQ tile, the second adds its own, and the tile goes to the writer (write_dq).
+// ORDERED, the step's dQ too, as FlashAttention-3 computes it: each consumer puts its keys' rows
+// of dS^T into shared memory (take), and once both have, issues with its dV and dK products its
+// share of dQ = dS K over all the block's keys: the step's 64 rows by its N = D / 2 columns, dS
+// read transposed from the dS^T tile. So that product runs on the tensor cores beside the next
+// step's elementwise work, and the two shares are disjoint columns: each consumer stores its own
+// into the dQ tile (release), none adds to the other's, and the tile goes to the writer.
 template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     using L = dkdv_layout<D, ORDERED>;
     static constexpr int NT = STEP / 8, NO = D / 8;
+    static constexpr int DQ_COLS = D / CONSUMERS; // ORDERED: this consumer's columns of dQ
     // At head_dim 128 dK and dV alone take 128 registers: two steps' worth would spill.
     static constexpr bool OVERLAP = D <= 64;
     struct tile {
@@ -317,6 +331,7 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     unsigned char *ds_rows;               // ... and in the dS^T tile (ORDERED)
     int key[2];                           // this thread's keys: C rows g and g + 8
     float scale_log2, dk[NO][4], dv[NO][4];
+    float dq[DQ_COLS / 8][4];                     // ORDERED: the step's share of dQ
     uint32_t pt[STEP / 16][4], dst[STEP / 16][4]; // the last step's P^T, dS^T as A fragments
     int steps;                                    // how many there were, once more() said no
 
@@ -334,11 +349,16 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
         issue_a_bt<D, STEP>(t.dpt, v_rows, L::KEY_ATOM, b.smem + L::do_tile(s), L::STEP_ATOM);
         hopper::wgmma_commit();
     }
-    // dV += P^T dO and dK += dS^T Q with step n's rows, committed.
+    // dV += P^T dO and dK += dS^T Q with step n's rows (ORDERED: and the step's share of dQ, once
+    // both consumers' dS^T is in place), committed.
     __device__ __forceinline__ void second(int n) {
         int s = n % STAGES;
         issue_a_b<STEP, D>(dv, pt, b.smem + L::do_tile(s), L::STEP_ATOM);
         issue_a_b<STEP, D>(dk, dst, b.smem + L::q_tile(s), L::STEP_ATOM);
+        if constexpr (ORDERED) {
+            hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
+            issue_dq();
+        }
         hopper::wgmma_commit();
     }
     __device__ __forceinline__ void elementwise(int n, tile &t) {
@@ -358,12 +378,13 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     __device__ __forceinline__ void release(int n) {
         hopper::fence_registers<D>(dv);
         hopper::fence_registers<D>(dk);
-        if constexpr (ORDERED) share_dq(n, b.meta[n % STAGES]);
+        if constexpr (ORDERED) store_dq(n, b.meta[n % STAGES]);
         if ((threadIdx.x & 31) == 0) hopper::mbar_arrive(&b.bar.empty[n % STAGES]);
     }
 
     // dS^T (this thread's C fragments: keys g and g + 8 of its warp's 16, query rows 8nt + 2t and
-    // + 1) as bf16 into the warpgroup's 64 rows of the dS^T tile, query rows along a row.
+    // + 1) as bf16 into the warpgroup's 64 rows of the dS^T tile, query rows along a row; then
+    // visible to the wgmma that read it (after the barrier in second).
     __device__ __forceinline__ void store_ds(const tile &t) {
         int w = (threadIdx.x >> 5) & 3, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
 #pragma unroll
@@ -375,72 +396,57 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
                 store_vector(ds_rows + hopper::swizzled(at),
                              pack_bf16(t.dpt[nt][2 * r], t.dpt[nt][2 * r + 1]));
             }
+        hopper::fence_proxy_async();
     }
-    // Issues dq (64 x 64) = dS (the step's 64 rows x the warpgroup's 64 keys: the dS^T tile read
-    // MN-major) times columns 64c .. 64c + 63 of its keys' K rows (MN-major), uncommitted.
-    __device__ __forceinline__ void issue_dq(float (*dq)[4], int c) const {
+    // Issues dq (64 x DQ_COLS) = dS (the step's 64 rows x the block's keys: the dS^T tile read
+    // MN-major) times columns WG·DQ_COLS .. of the keys' K rows (MN-major), uncommitted. At head_dim
+    // 64 those 32 columns start mid-atom, 64 bytes into its swizzled rows, as FlashAttention-3's
+    // n32 dQ tiles do.
+    __device__ __forceinline__ void issue_dq() {
+        constexpr int col0 = WG * DQ_COLS;
+        constexpr size_t k_cols = (col0 / 64) * L::KEY_ATOM + (col0 % 64) * sizeof(bf16);
         hopper::wgmma_fence();
-        uint64_t da = hopper::smem_descriptor(ds_rows, (uint32_t)L::KEY_ATOM, SBO);
-        uint64_t db = hopper::smem_descriptor(k_rows + c * L::KEY_ATOM, (uint32_t)L::KEY_ATOM, SBO);
+        uint64_t da = hopper::smem_descriptor(b.smem + L::DS, (uint32_t)L::KEY_ATOM, SBO);
+        uint64_t db = hopper::smem_descriptor(b.smem + L::K + k_cols, (uint32_t)L::KEY_ATOM, SBO);
 #pragma unroll
-        for (int kc = 0; kc < 64 / 16; kc++) { // 16 keys: two 8-row groups of both tiles
+        for (int kc = 0; kc < BLOCK_KEYS / 16; kc++) { // 16 keys: two 8-row groups of both tiles
             uint32_t k16 = kc * 16 * hopper::ATOM_ROW_BYTES;
-            hopper::wgmma_ss<64, true, true>(dq, hopper::descriptor_plus(da, k16),
-                                             hopper::descriptor_plus(db, k16), kc > 0);
+            hopper::wgmma_ss<DQ_COLS, true, true>(dq, hopper::descriptor_plus(da, k16),
+                                                  hopper::descriptor_plus(db, k16), kc > 0);
         }
     }
-    // Step n's dQ into the tile, once the writer's reduction has read step n - 1's (dq_empty):
-    // 64 columns at a time, the first consumer's share stored, then the second's added (a named
-    // barrier between); then handed to the writer (dq_full), with the step (header).
-    __device__ __forceinline__ void share_dq(int n, const step_meta &m) {
-        hopper::fence_proxy_async(); // store_ds's writes, before the wgmma read them
-        hopper::named_barrier(BAR_CONSUMER + WG, 128);
-        int T = threadIdx.x & 127;
-        if (WG == 0) {
-            hopper::mbar_wait(b.dq_empty, (n & 1) ^ 1); // first pass: free
-            if (T == 0) *b.dq_head = {m.i0, m.order};
-        }
-#pragma unroll 1
-        for (int c = 0; c < D / 64; c++) {
-            float dq[8][4];
-            issue_dq(dq, c);
-            hopper::wgmma_commit();
-            hopper::wgmma_wait<0>();
-            hopper::fence_registers<64>(dq);
-            float *tile = b.dq_share + ((size_t)c * 8 * 128 + T) * 4;
-            if (WG == 0) {
+    // Step n's share of dQ into the tile once the writer's reduction has read step n - 1's
+    // (dq_empty); both consumers' stores, then the tile goes to the writer (dq_full) with its
+    // step (header). The barrier also keeps either consumer from writing the next step's dS^T
+    // (take) before both products that read this one are done.
+    __device__ __forceinline__ void store_dq(int n, const step_meta &m) {
+        hopper::fence_registers<DQ_COLS>(dq);
+        int buffer = n % L::DQ_BUFFERS, T = threadIdx.x & 127;
+        hopper::mbar_wait(&b.dq_empty[buffer], ((n / L::DQ_BUFFERS) & 1) ^ 1); // first pass: free
+        if (WG == 0 && T == 0) b.dq_head[buffer] = {m.i0, m.order};
+        float *tile =
+            b.dq_share + (size_t)buffer * STEP * D + ((size_t)WG * (DQ_COLS / 8) * 128 + T) * 4;
 #pragma unroll
-                for (int q = 0; q < 8; q++) store_vector(tile + q * 512, fragment_quad(dq, q));
-            }
-            hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
-            if (WG == 1) {
-#pragma unroll
-                for (int q = 0; q < 8; q++) {
-                    float4 x = load_vector<float4>(tile + q * 512), y = fragment_quad(dq, q);
-                    store_vector(tile + q * 512,
-                                 float4{x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w});
-                }
-            }
-        }
-        if (WG == 1) {
-            hopper::fence_proxy_async(); // the tile, before the writer's reduction reads it
-            hopper::mbar_arrive(b.dq_full);
-        }
+        for (int q = 0; q < DQ_COLS / 8; q++) store_vector(tile + q * 512, fragment_quad(q));
+        hopper::fence_proxy_async(); // the tile, before the writer's reduction reads it
+        hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
+        if (WG == 0 && T == 0) hopper::mbar_arrive(&b.dq_full[buffer]);
     }
-    // Float4 q of this thread's C fragments of a 64 x 64 product (dq_tile_offset's order).
-    __device__ __forceinline__ static float4 fragment_quad(const float (*dq)[4], int q) {
-        int r = q / 4, nt = 2 * (q % 4);
+    // Float4 q of this thread's dQ fragments (dq_tile_offset's order).
+    __device__ __forceinline__ float4 fragment_quad(int q) const {
+        constexpr int half = DQ_COLS / 16; // float4s per C row
+        int r = q / half, nt = 2 * (q % half);
         return {dq[nt][2 * r], dq[nt][2 * r + 1], dq[nt + 1][2 * r], dq[nt + 1][2 * r + 1]};
     }
     // After the last step: the end mark for the writer, once it is done with that step.
     __device__ __forceinline__ void finish() {
         if constexpr (ORDERED) {
-            if (WG == 0) {
-                hopper::mbar_wait(b.dq_empty, (steps & 1) ^ 1);
-                if ((threadIdx.x & 127) == 0) b.dq_head->i0 = -1;
+            if (WG == 0 && (threadIdx.x & 127) == 0) {
+                int buffer = steps % L::DQ_BUFFERS;
+                hopper::mbar_wait(&b.dq_empty[buffer], ((steps / L::DQ_BUFFERS) & 1) ^ 1);
+                b.dq_head[buffer].i0 = -1;
+                hopper::mbar_arrive(&b.dq_full[buffer]);
             }
-            hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
-            if (WG == 1) hopper::mbar_arrive(b.dq_full);
         }
     }
 };
@@ -459,7 +465,7 @@ __device__ __forceinline__ void consume_steps(const weft_cuda_attention_args &a,
                                        b.smem + L::V + rows,
                                        b.smem + L::DS + rows,
                                        {key0, key0 + 8},
-                                       scale_log2, {}, {}, {}, {}, 0};
+                                       scale_log2, {}, {}, {}, {}, {}, 0};
     hopper::mbar_wait(b.bar.once, 0);
     run_pipeline(c);
     c.finish();
@@ -487,7 +493,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     b.meta = reinterpret_cast<step_meta *>(b.smem + L::META);
     b.dq_share = reinterpret_cast<float *>(b.smem + L::DQ);
     b.dq_head = reinterpret_cast<dq_header *>(b.smem + L::DQ_HEADER);
-    b.dq_full = bars + 1 + 2 * STAGES, b.dq_empty = b.dq_full + 1;
+    b.dq_full = bars + 1 + 2 * STAGES, b.dq_empty = b.dq_full + L::DQ_BUFFERS;
     // ORDERED waits for the blocks of later keys: they start first (see write_dq).
     tile_of_head th = block_tile(ORDERED, false);
     b.h = th.head, b.tile = th.tile, b.j0 = th.tile * BLOCK_KEYS;
@@ -496,8 +502,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         init_barriers(b.bar, 32, 4 * CONSUMERS); // full: the producer warp
         if (ORDERED) {
-            hopper::mbar_init(b.dq_full, 128); // the second consumer
-            hopper::mbar_init(b.dq_empty, 1);
+            for (int i = 0; i < L::DQ_BUFFERS; i++) {
+                hopper::mbar_init(&b.dq_full[i], 1); // a consumer thread, after both stored
+                hopper::mbar_init(&b.dq_empty[i], 1);
+            }
             hopper::mbar_init_fence();
         }
     }
@@ -524,7 +532,7 @@ __global__ void dq_from_sums_kernel(const float *sums, bf16 *dq, int Tq, int H, 
     if (i >= pairs) return;
     int col = 2 * (int)(i % (D / 2)), h = (int)(i / (D / 2) % H), row = (int)(i / (D / 2) / H);
     const float *tile = sums + ((size_t)h * steps + row / STEP) * STEP * D;
-    float2 x = load_vector<float2>(tile + dq_tile_offset(row % STEP, col));
+    float2 x = load_vector<float2>(tile + dq_tile_offset(row % STEP, col, D));
     store_vector(dq + 2 * i, pack_bf16(x.x * scale, x.y * scale));
 }
 

@@ -594,8 +594,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .skinny_shared_x = env_switch("WEFT_CUDA_SKINNY_SHARED_X", "x read from L2 by each "
                                       "column group of a skinny product up to 64 rows")};
     // WEFT_CUDA_ATTENTION_DQ=ordered sums the hopper backward's dQ in its dK/dV kernel, in turns;
-    // recompute, the default, gives dQ a kernel of its own, which on an H100 was 1.6-1.9x faster
-    // than the ordered dQ's first two versions (bench/README.md).
+    // recompute, the default, gives dQ a kernel of its own, which was faster than the ordered
+    // dQ's first three versions (1.6-1.9x on an H100, 1.07-1.15x on an H200; bench/README.md).
     const char *dq = getenv("WEFT_CUDA_ATTENTION_DQ");
     WEFT_CHECK(!dq || !*dq || !strcmp(dq, "ordered") || !strcmp(dq, "recompute"),
                "WEFT_CUDA_ATTENTION_DQ=%s: expected recompute (the default) or ordered", dq);
