@@ -168,6 +168,24 @@ def over_strongest_peer(results, mine):
     return {k: v and dict(ratio=v[0], peer=v[1]) for k, v in ratios.items()}
 
 
+def print_family_ratios(shapes, families):
+    """Under every shape's table, one line per family after the first (weft's default): its
+    forward + backward speed over the default's at each shape, the figure that decides whether
+    it should become the default (hopper-ordered: WEFT_CUDA_ATTENTION_DQ's, in cuda.c)."""
+    base = weft_name(families[0])
+    for family in families[1:]:
+        cells = []
+        for shape in shapes:
+            mine, theirs = shape["results"][weft_name(family)], shape["results"][base]
+            label = f"{','.join(map(str, shape['docs']))} d{shape['head_dim']}"
+            if "unavailable" in mine or "unavailable" in theirs:
+                cells.append(f"{label} -")
+            else:
+                ratio = theirs["forward_backward_ms"] / mine["forward_backward_ms"]
+                cells.append(f"{label} {ratio:.2f}x")
+        print(f"\nforward+backward speed, {weft_name(family)} / {base}: " + "; ".join(cells))
+
+
 def run_shape(a, docs, head_dim):
     pairs = sum(L * (L + 1) // 2 for L in docs)
     fwd_flops = 4 * a.heads * head_dim * pairs
@@ -202,6 +220,7 @@ def main():
     a.families = a.families.split(",") if a.families else default_families()
     doc_sets = [a.docs] if a.docs else [list(s) for s in DOC_SETS]
     shapes = [run_shape(a, docs, d) for d in a.head_dim for docs in doc_sets]
+    print_family_ratios(shapes, a.families)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(dict(heads=a.heads, kv_heads=a.kv_heads, iters=a.iters, shapes=shapes), f,
