@@ -10,7 +10,8 @@
 //     with per-thread reductions, were 1.6-1.9x slower than recomputing on an H100; the third,
 //     with one bulk reduction a step but its dQ product waited for alone and the consumers'
 //     shares added in shared memory, 1.07-1.15x slower on an H200; this fourth one overlaps the
-//     dQ product and splits it by columns (not yet timed; bench/README.md).
+//     dQ product with the next step's work and adds nothing in shared memory at head_dim 128
+//     (not yet timed; bench/README.md).
 //   dQ: a block of 128 query rows walks the key tiles its rows see, as the forward does, with dO
 //     loaded beside Q: S = Q K^T and dP = dO V^T (one wgmma group), dS = P (dP - delta) in
 //     registers, then dQ += dS K with dS straight from them.
@@ -29,8 +30,20 @@ namespace fa3 {
 constexpr int DQ_KEYS = 64; // keys per tile of the dQ kernel: S, dP and dQ all fit in registers
 constexpr int BLOCK_KEYS = 64 * CONSUMERS; // keys per dK/dV block
 constexpr int STEP = 64;                   // query rows per step of the dK/dV kernel
-// The named barrier of the ORDERED dK/dV kernel's two consumers (0 is __syncthreads).
-constexpr int BAR_CONSUMERS = 1;
+// Named barriers of the ORDERED dK/dV kernel (0 is __syncthreads): both consumers', and one
+// consumer's own (+ its index).
+constexpr int BAR_CONSUMERS = 1, BAR_CONSUMER = 2;
+
+// ORDERED: how the two consumers share a step's dQ = dS K. At head_dim 128 by columns: each
+// computes D / 2 of them over all the block's keys (n64 wgmma, its K operand one whole 64-column
+// atom). At 64 the halves would be 32 columns, which a 128-byte-swizzled MN-major operand cannot
+// describe (the PTX ISA's canonical layouts start such an operand at a 64-element atom), so there
+// each computes all D columns over its own 64 keys, and the two partial sums are added.
+__host__ __device__ constexpr bool dq_split_by_keys(int D) { return D <= 64; }
+// The columns of dQ one consumer's fragments cover.
+__host__ __device__ constexpr int dq_cols(int D) {
+    return dq_split_by_keys(D) ? D : D / CONSUMERS;
+}
 
 // ------------------------------------------------------------------------------------ dQ ----
 
@@ -138,12 +151,12 @@ struct dq_header {
 };
 
 // Where element (row, col) of a step's dQ (STEP x D) is, in floats, in the ORDERED kernel's
-// shared and global tiles: in the order the consumers' C fragments hold it (store_dq). Consumer c
-// computes columns [c·N, c·N + N), N = D / CONSUMERS; its thread T = 32w + 4g + t holds rows
-// 16w + g + 8r, columns c·N + 8nt + 2t + e, as float4 q = r·N/16 + nt/2, element 2(nt % 2) + e,
-// at ((c·N/8 + q)·128 + T)·4, so that a warp's float4 stores are one contiguous run.
+// shared and global tiles: in the order the consumers' C fragments hold it (store_dq). Fragments
+// of N = dq_cols(D) columns [c·N, c·N + N): thread T = 32w + 4g + t holds rows 16w + g + 8r,
+// columns c·N + 8nt + 2t + e, as float4 q = r·N/16 + nt/2, element 2(nt % 2) + e, at
+// ((c·N/8 + q)·128 + T)·4, so that a warp's float4 stores are one contiguous run.
 __host__ __device__ constexpr int dq_tile_offset(int row, int col, int D) {
-    int N = D / CONSUMERS, w = row / 16, g = row % 8, r = row % 16 / 8;
+    int N = dq_cols(D), w = row / 16, g = row % 8, r = row % 16 / 8;
     int c = col / N, n = col % N, nt = n / 8;
     int T = 32 * w + 4 * g + n % 8 / 2, q = r * (N / 16) + nt / 2;
     return ((c * (N / 8) + q) * 128 + T) * 4 + 2 * (nt % 2) + n % 2;
@@ -151,12 +164,14 @@ __host__ __device__ constexpr int dq_tile_offset(int row, int col, int D) {
 
 // Shared memory of a dK/dV block, from a 1024-byte aligned start: its K and V tiles (BLOCK_KEYS x
 // D), STAGES tiles of Q and of dO (STEP x D); ORDERED, the step's dS^T (BLOCK_KEYS x STEP),
-// DQ_BUFFERS tiles of dQ (STEP x D fp32, dq_tile_offset's order) and their headers; STAGES
-// step_meta; the barriers (once, full[], empty[]; ORDERED, dq_full[] and dq_empty[]).
+// DQ_BUFFERS tiles of dQ (STEP x D fp32, dq_tile_offset's order), PARTIALS more (dQ split by
+// keys: one consumer's partial sums) and the tiles' headers; STAGES step_meta;
+// the barriers (once, full[], empty[]; ORDERED, dq_full[] and dq_empty[]).
 template <int D, bool ORDERED> struct dkdv_layout {
     // ORDERED: at head_dim 64 the consumers store a step's dQ while the writer may still be
     // reducing the step before's; at 128 a second tile would not fit.
     static constexpr int DQ_BUFFERS = ORDERED ? (D <= 64 ? 2 : 1) : 0;
+    static constexpr int PARTIALS = ORDERED && dq_split_by_keys(D) ? 1 : 0;
     static constexpr size_t KEY_ATOM = atom_bytes(BLOCK_KEYS), STEP_ATOM = atom_bytes(STEP);
     static constexpr size_t K = 0, V = tile_bytes(BLOCK_KEYS, D);
     static constexpr size_t Q = 2 * tile_bytes(BLOCK_KEYS, D);
@@ -164,7 +179,8 @@ template <int D, bool ORDERED> struct dkdv_layout {
     static constexpr size_t DS = DO + STAGES * tile_bytes(STEP, D);
     static constexpr size_t DQ_SHARE = STEP * D * sizeof(float);
     static constexpr size_t DQ = DS + (ORDERED ? tile_bytes(BLOCK_KEYS, STEP) : 0);
-    static constexpr size_t DQ_HEADER = DQ + DQ_BUFFERS * DQ_SHARE;
+    static constexpr size_t PARTIAL = DQ + DQ_BUFFERS * DQ_SHARE;
+    static constexpr size_t DQ_HEADER = PARTIAL + PARTIALS * DQ_SHARE;
     static constexpr size_t META = DQ_HEADER + DQ_BUFFERS * 16;
     static constexpr size_t BARRIERS = (META + STAGES * sizeof(step_meta) + 7) / 8 * 8;
     static constexpr size_t BYTES =
@@ -195,7 +211,7 @@ struct dkdv_block {
     dq_sums dq;
     // ORDERED, [DQ_BUFFERS], step n's in n % DQ_BUFFERS: dQ tiles (each consumer's columns), the
     // steps they are of; full: written by the consumers; empty: read by the writer's reduction.
-    float *dq_share;
+    float *dq_share, *dq_partial; // dq_partial: dQ split by keys
     dq_header *dq_head;
     uint64_t *dq_full, *dq_empty;
 };
@@ -312,15 +328,15 @@ template <int D> __device__ void write_dq(const dkdv_block &b) {
 // dS^T are computed while the previous step's dV += P^T dO and dK += dS^T Q run (at head_dim 64;
 // one step at a time at 128).
 // ORDERED, the step's dQ too, as FlashAttention-3 computes it: each consumer puts its keys' rows
-// of dS^T into shared memory (take), and once both have, issues with its dV and dK products its
-// share of dQ = dS K over all the block's keys: the step's 64 rows by its N = D / 2 columns, dS
-// read transposed from the dS^T tile. So that product runs on the tensor cores beside the next
-// step's elementwise work, and the two shares are disjoint columns: each consumer stores its own
-// into the dQ tile (release), none adds to the other's, and the tile goes to the writer.
+// of dS^T into shared memory (take) and, once the rows its share needs are there, issues that
+// share of dQ = dS K (dS read transposed from the dS^T tile) with its dV and dK products, so it
+// runs on the tensor cores beside the next step's elementwise work. The shares (dq_split_by_keys)
+// are disjoint columns, each stored into the dQ tile by its consumer, or the two consumers' keys,
+// whose partial sums one of them (by turns) adds (release); then the tile goes to the writer.
 template <int D, int WG, bool ORDERED> struct dkdv_consumer {
     using L = dkdv_layout<D, ORDERED>;
     static constexpr int NT = STEP / 8, NO = D / 8;
-    static constexpr int DQ_COLS = D / CONSUMERS; // ORDERED: this consumer's columns of dQ
+    static constexpr int DQ_COLS = dq_cols(D); // ORDERED: the columns of dQ this consumer sums
     // At head_dim 128 dK and dV alone take 128 registers: two steps' worth would spill.
     static constexpr bool OVERLAP = D <= 64;
     struct tile {
@@ -350,13 +366,14 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
         hopper::wgmma_commit();
     }
     // dV += P^T dO and dK += dS^T Q with step n's rows (ORDERED: and the step's share of dQ, once
-    // both consumers' dS^T is in place), committed.
+    // the dS^T rows it reads are in place: its own, or both consumers'), committed.
     __device__ __forceinline__ void second(int n) {
         int s = n % STAGES;
         issue_a_b<STEP, D>(dv, pt, b.smem + L::do_tile(s), L::STEP_ATOM);
         issue_a_b<STEP, D>(dk, dst, b.smem + L::q_tile(s), L::STEP_ATOM);
         if constexpr (ORDERED) {
-            hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
+            if constexpr (dq_split_by_keys(D)) hopper::named_barrier(BAR_CONSUMER + WG, 128);
+            else hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
             issue_dq();
         }
         hopper::wgmma_commit();
@@ -398,39 +415,69 @@ template <int D, int WG, bool ORDERED> struct dkdv_consumer {
             }
         hopper::fence_proxy_async();
     }
-    // Issues dq (64 x DQ_COLS) = dS (the step's 64 rows x the block's keys: the dS^T tile read
-    // MN-major) times columns WG·DQ_COLS .. of the keys' K rows (MN-major), uncommitted. At head_dim
-    // 64 those 32 columns start mid-atom, 64 bytes into its swizzled rows, as FlashAttention-3's
-    // n32 dQ tiles do.
+    // Issues dq (64 x DQ_COLS) = dS (the step's 64 rows x the share's keys: the dS^T tile read
+    // MN-major) times those keys' K rows, its columns (MN-major), uncommitted: by keys, this
+    // consumer's 64 keys and every column; by columns, all the block's keys and the consumer's
+    // 64-column atom of K.
     __device__ __forceinline__ void issue_dq() {
-        constexpr int col0 = WG * DQ_COLS;
-        constexpr size_t k_cols = (col0 / 64) * L::KEY_ATOM + (col0 % 64) * sizeof(bf16);
+        constexpr bool BY_KEYS = dq_split_by_keys(D);
+        constexpr int keys = BY_KEYS ? 64 : BLOCK_KEYS;
+        const unsigned char *ds = BY_KEYS ? ds_rows : b.smem + L::DS;
+        const unsigned char *k = BY_KEYS ? k_rows : b.smem + L::K + WG * L::KEY_ATOM;
         hopper::wgmma_fence();
-        uint64_t da = hopper::smem_descriptor(b.smem + L::DS, (uint32_t)L::KEY_ATOM, SBO);
-        uint64_t db = hopper::smem_descriptor(b.smem + L::K + k_cols, (uint32_t)L::KEY_ATOM, SBO);
+        uint64_t da = hopper::smem_descriptor(ds, (uint32_t)L::KEY_ATOM, SBO);
+        uint64_t db = hopper::smem_descriptor(k, (uint32_t)L::KEY_ATOM, SBO);
 #pragma unroll
-        for (int kc = 0; kc < BLOCK_KEYS / 16; kc++) { // 16 keys: two 8-row groups of both tiles
+        for (int kc = 0; kc < keys / 16; kc++) { // 16 keys: two 8-row groups of both tiles
             uint32_t k16 = kc * 16 * hopper::ATOM_ROW_BYTES;
             hopper::wgmma_ss<DQ_COLS, true, true>(dq, hopper::descriptor_plus(da, k16),
                                                   hopper::descriptor_plus(db, k16), kc > 0);
         }
     }
-    // Step n's share of dQ into the tile once the writer's reduction has read step n - 1's
-    // (dq_empty); both consumers' stores, then the tile goes to the writer (dq_full) with its
-    // step (header). The barrier also keeps either consumer from writing the next step's dS^T
-    // (take) before both products that read this one are done.
+    // Step n's dQ into the tile once the writer's reduction has read the tile's last step
+    // (dq_empty), then to the writer (dq_full) with its step (header).
+    // By columns: both consumers store their columns; the barrier after also keeps either from
+    // writing the next step's dS^T (take) before both products that read this one are done.
+    // By keys: consumer n % 2 adds the other's partial sums to its own and stores them; each
+    // product read only its own consumer's dS^T rows, which its own wait ordered. One buffer of
+    // partial sums is enough because the consumers take turns: the one that adds step n's stores
+    // step n + 1's, each thread the elements it has just read, so no thread overwrites what
+    // another has yet to read.
     __device__ __forceinline__ void store_dq(int n, const step_meta &m) {
+        constexpr bool BY_KEYS = dq_split_by_keys(D);
         hopper::fence_registers<DQ_COLS>(dq);
         int buffer = n % L::DQ_BUFFERS, T = threadIdx.x & 127;
-        hopper::mbar_wait(&b.dq_empty[buffer], ((n / L::DQ_BUFFERS) & 1) ^ 1); // first pass: free
-        if (WG == 0 && T == 0) b.dq_head[buffer] = {m.i0, m.order};
-        float *tile =
-            b.dq_share + (size_t)buffer * STEP * D + ((size_t)WG * (DQ_COLS / 8) * 128 + T) * 4;
+        bool stores = !BY_KEYS || n % 2 == WG; // into the tile; else into the partial sums
+        float *tile = b.dq_share + (size_t)buffer * STEP * D +
+                      ((size_t)(BY_KEYS ? 0 : WG) * (DQ_COLS / 8) * 128 + T) * 4;
+        float *partial = b.dq_partial + (size_t)T * 4;
+        if (stores) {
+            hopper::mbar_wait(&b.dq_empty[buffer], ((n / L::DQ_BUFFERS) & 1) ^ 1); // first: free
+            if (T == 0 && (BY_KEYS || WG == 0)) b.dq_head[buffer] = {m.i0, m.order};
+        } else {
 #pragma unroll
-        for (int q = 0; q < DQ_COLS / 8; q++) store_vector(tile + q * 512, fragment_quad(q));
-        hopper::fence_proxy_async(); // the tile, before the writer's reduction reads it
-        hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
-        if (WG == 0 && T == 0) hopper::mbar_arrive(&b.dq_full[buffer]);
+            for (int q = 0; q < DQ_COLS / 8; q++) store_vector(partial + q * 512, fragment_quad(q));
+        }
+        if constexpr (BY_KEYS) hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
+        if (stores) {
+#pragma unroll
+            for (int q = 0; q < DQ_COLS / 8; q++) {
+                float4 x = fragment_quad(q);
+                if constexpr (BY_KEYS) { // x + y is y + x: the same bits whichever consumer adds
+                    float4 y = load_vector<float4>(partial + q * 512);
+                    x = float4{x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w};
+                }
+                store_vector(tile + q * 512, x);
+            }
+            hopper::fence_proxy_async(); // the tile, before the writer's reduction reads it
+        }
+        if constexpr (BY_KEYS) {
+            if (stores) hopper::named_barrier(BAR_CONSUMER + WG, 128);
+            if (stores && T == 0) hopper::mbar_arrive(&b.dq_full[buffer]);
+        } else {
+            hopper::named_barrier(BAR_CONSUMERS, 128 * CONSUMERS);
+            if (WG == 0 && T == 0) hopper::mbar_arrive(&b.dq_full[buffer]);
+        }
     }
     // Float4 q of this thread's dQ fragments (dq_tile_offset's order).
     __device__ __forceinline__ float4 fragment_quad(int q) const {
@@ -492,6 +539,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     b.bar = {bars, bars + 1, bars + 1 + STAGES};
     b.meta = reinterpret_cast<step_meta *>(b.smem + L::META);
     b.dq_share = reinterpret_cast<float *>(b.smem + L::DQ);
+    b.dq_partial = reinterpret_cast<float *>(b.smem + L::PARTIAL);
     b.dq_head = reinterpret_cast<dq_header *>(b.smem + L::DQ_HEADER);
     b.dq_full = bars + 1 + 2 * STAGES, b.dq_empty = b.dq_full + L::DQ_BUFFERS;
     // ORDERED waits for the blocks of later keys: they start first (see write_dq).

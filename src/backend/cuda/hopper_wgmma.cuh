@@ -10,14 +10,12 @@ namespace hopper {
 // The accumulator operands of an m64nNk16 wgmma (d[0 .. N/8), "+f" each) and their PTX register
 // list; the operands after them are numbered from N / 2.
 #define WEFT_ACC4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
-#define WEFT_ACC_N32 WEFT_ACC4(0), WEFT_ACC4(1), WEFT_ACC4(2), WEFT_ACC4(3)
 #define WEFT_ACC_N64                                                                               \
-    WEFT_ACC_N32, WEFT_ACC4(4), WEFT_ACC4(5), WEFT_ACC4(6), WEFT_ACC4(7)
+    WEFT_ACC4(0), WEFT_ACC4(1), WEFT_ACC4(2), WEFT_ACC4(3), WEFT_ACC4(4), WEFT_ACC4(5),            \
+        WEFT_ACC4(6), WEFT_ACC4(7)
 #define WEFT_ACC_N128                                                                              \
     WEFT_ACC_N64, WEFT_ACC4(8), WEFT_ACC4(9), WEFT_ACC4(10), WEFT_ACC4(11), WEFT_ACC4(12),         \
         WEFT_ACC4(13), WEFT_ACC4(14), WEFT_ACC4(15)
-#define WEFT_REGS_N32                                                                              \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define WEFT_REGS_N64                                                                              \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "       \
     "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -49,12 +47,11 @@ namespace hopper {
 template <int N, bool TRANS_A = false, bool TRANS_B = false>
 __device__ __forceinline__ void wgmma_ss(float (*d)[4], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
-    static_assert(N == 32 || N == 64 || N == 128, "wgmma shapes: n32, n64, n128");
+    static_assert(N == 64 || N == 128, "wgmma shapes: n64, n128");
 #if defined(WEFT_CUDA_EMULATION)
     weft_emulated_wgmma(&d[0][0], N, nullptr, desc_a, desc_b, accumulate, TRANS_A, TRANS_B);
 #elif defined(WEFT_SM90A)
-    if constexpr (N == 32) WEFT_WGMMA_SS(32, 16, 17, 18, 19, 20);
-    else if constexpr (N == 64) WEFT_WGMMA_SS(64, 32, 33, 34, 35, 36);
+    if constexpr (N == 64) WEFT_WGMMA_SS(64, 32, 33, 34, 35, 36);
     else WEFT_WGMMA_SS(128, 64, 65, 66, 67, 68);
 #else
     __trap();
@@ -66,12 +63,11 @@ __device__ __forceinline__ void wgmma_ss(float (*d)[4], uint64_t desc_a, uint64_
 template <int N>
 __device__ __forceinline__ void wgmma_rs(float (*d)[4], const uint32_t a[4], uint64_t desc_b,
                                          int accumulate) {
-    static_assert(N == 32 || N == 64 || N == 128, "wgmma shapes: n32, n64, n128");
+    static_assert(N == 64 || N == 128, "wgmma shapes: n64, n128");
 #if defined(WEFT_CUDA_EMULATION)
     weft_emulated_wgmma(&d[0][0], N, a, 0, desc_b, accumulate, false, true);
 #elif defined(WEFT_SM90A)
-    if constexpr (N == 32) WEFT_WGMMA_RS(32, 16, 17, 18, 19, 20, 21);
-    else if constexpr (N == 64) WEFT_WGMMA_RS(64, 32, 33, 34, 35, 36, 37);
+    if constexpr (N == 64) WEFT_WGMMA_RS(64, 32, 33, 34, 35, 36, 37);
     else WEFT_WGMMA_RS(128, 64, 65, 66, 67, 68, 69);
 #else
     __trap();
@@ -82,10 +78,8 @@ __device__ __forceinline__ void wgmma_rs(float (*d)[4], const uint32_t a[4], uin
 #undef WEFT_WGMMA_SS
 #undef WEFT_REGS_N128
 #undef WEFT_REGS_N64
-#undef WEFT_REGS_N32
 #undef WEFT_ACC_N128
 #undef WEFT_ACC_N64
-#undef WEFT_ACC_N32
 #undef WEFT_ACC4
 
 } // namespace hopper
