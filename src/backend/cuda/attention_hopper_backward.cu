@@ -209,8 +209,8 @@ struct dkdv_block {
     step_meta *meta;        // [STAGES]
     int h, tile, j0, j_end; // query head, tile of keys [j0, j_end)
     dq_sums dq;
-    // ORDERED, [DQ_BUFFERS], step n's in n % DQ_BUFFERS: dQ tiles (each consumer's columns), the
-    // steps they are of; full: written by the consumers; empty: read by the writer's reduction.
+    // ORDERED, [DQ_BUFFERS], step n's in n % DQ_BUFFERS: dQ tiles (store_dq), the steps they are
+    // of; full: written by the consumers; empty: read by the writer's reduction.
     float *dq_share, *dq_partial; // dq_partial: dQ split by keys
     dq_header *dq_head;
     uint64_t *dq_full, *dq_empty;
