@@ -145,8 +145,9 @@ inline uint32_t operand_address(uint64_t desc, bool mn_major, int mn, int k) {
         fail("wgmma descriptor: only 128-byte swizzle with base offset 0 is emulated");
     uint32_t address;
     if (mn_major) {
-        if ((start & 127) + (mn % 64) * 2 >= 128)
-            fail("wgmma descriptor: an MN-major operand's row runs past its 128-byte atom row");
+        // The PTX ISA's canonical MN-major layouts are whole 64-element atoms (the K-major ones
+        // may start 32, 64 or 96 bytes into a row, to step through K).
+        if (start & 127) fail("wgmma descriptor: an MN-major operand starting mid-row of its atom");
         address = start + (mn % 64) * 2 + (mn / 64) * leading + (k % 8) * 128 + (k / 8) * stride;
     } else {
         if ((start & 127) + 32 > 128) fail("wgmma descriptor: a K-major k16 step crosses its row");
