@@ -162,36 +162,46 @@ inline float smem_bf16(uint32_t address) {
     return bf16_bits_to_float(bits);
 }
 
-// The operands A (64 x 16) and B (16 x N) of the warpgroup's op i (the same instruction in every
-// one of its 128 threads), from their registers and shared memory as they are now.
+// Fails unless the warpgroup's op i is the same instruction in every one of its 128 threads,
+// and each thread's A registers (if A is in registers) still hold what it issued: the wait.
+inline void check_wgmma_issued(thread_state *lanes, size_t i) {
+    const wgmma_op &op = (*lanes[0].wgmma)[i];
+    for (int lane = 0; lane < 128; lane++) {
+        const wgmma_op &mine = (*lanes[lane].wgmma)[i];
+        if (mine.n != op.n || mine.a_in_registers != op.a_in_registers ||
+            mine.desc_a != op.desc_a || mine.desc_b != op.desc_b || mine.trans_a != op.trans_a ||
+            mine.trans_b != op.trans_b || mine.accumulate != op.accumulate)
+            fail("the threads of a warpgroup issued different wgmma");
+        if (op.a_in_registers && memcmp(mine.a, mine.a_registers, sizeof mine.a))
+            fail("wgmma A registers written between the wgmma and its wgmma.wait_group");
+    }
+}
+
+// The operands A (64 x 16) and B (16 x N) of the warpgroup's op i: A from the registers each
+// thread issued, or from shared memory, and B from shared memory, as it is now.
 inline void wgmma_operands(thread_state *lanes, size_t i, std::vector<float> &A,
                            std::vector<float> &B) {
     const wgmma_op &op = (*lanes[0].wgmma)[i];
     int n = op.n;
     A.assign(64 * 16, 0.0f);
     B.assign(16 * (size_t)n, 0.0f);
-    for (int lane = 0; lane < 128; lane++) {
-        const wgmma_op &mine = (*lanes[lane].wgmma)[i];
-        if (mine.n != n || mine.a_in_registers != op.a_in_registers || mine.desc_a != op.desc_a ||
-            mine.desc_b != op.desc_b || mine.trans_a != op.trans_a || mine.trans_b != op.trans_b ||
-            mine.accumulate != op.accumulate)
-            fail("the threads of a warpgroup issued different wgmma");
-        if (!op.a_in_registers) continue;
-        if (memcmp(mine.a, mine.a_registers, sizeof mine.a))
-            fail("wgmma A registers written between the wgmma and its wgmma.wait_group");
-        int row0 = 16 * (lane / 32), g = (lane & 31) >> 2, t = lane & 3;
-        for (int half = 0; half < 2; half++) {
-            int col = 2 * t + half, shift = 16 * half;
-            A[(row0 + g) * 16 + col] = bf16_bits_to_float(mine.a[0] >> shift);
-            A[(row0 + g + 8) * 16 + col] = bf16_bits_to_float(mine.a[1] >> shift);
-            A[(row0 + g) * 16 + col + 8] = bf16_bits_to_float(mine.a[2] >> shift);
-            A[(row0 + g + 8) * 16 + col + 8] = bf16_bits_to_float(mine.a[3] >> shift);
+    if (op.a_in_registers) {
+        for (int lane = 0; lane < 128; lane++) {
+            const uint32_t *a = (*lanes[lane].wgmma)[i].a;
+            int row0 = 16 * (lane / 32), g = (lane & 31) >> 2, t = lane & 3;
+            for (int half = 0; half < 2; half++) {
+                int col = 2 * t + half, shift = 16 * half;
+                A[(row0 + g) * 16 + col] = bf16_bits_to_float(a[0] >> shift);
+                A[(row0 + g + 8) * 16 + col] = bf16_bits_to_float(a[1] >> shift);
+                A[(row0 + g) * 16 + col + 8] = bf16_bits_to_float(a[2] >> shift);
+                A[(row0 + g + 8) * 16 + col + 8] = bf16_bits_to_float(a[3] >> shift);
+            }
         }
-    }
-    if (!op.a_in_registers)
+    } else {
         for (int m = 0; m < 64; m++)
             for (int k = 0; k < 16; k++)
                 A[m * 16 + k] = smem_bf16(operand_address(op.desc_a, op.trans_a, m, k));
+    }
     for (int k = 0; k < 16; k++)
         for (int c = 0; c < n; c++)
             B[k * n + c] = smem_bf16(operand_address(op.desc_b, op.trans_b, c, k));
@@ -204,9 +214,10 @@ inline void wgmma_operands(thread_state *lanes, size_t i, std::vector<float> &A,
 inline void execute_wgmma(thread_state *lanes, size_t i) {
     wgmma_op &op = (*lanes[0].wgmma)[i];
     int n = op.n;
+    check_wgmma_issued(lanes, i);
     std::vector<float> A, B;
-    wgmma_operands(lanes, i, A, B); // also checks the A registers still hold what was issued
-    if (!op.early_a.empty()) A.swap(op.early_a), B.swap(op.early_b);
+    if (op.early_a.empty()) wgmma_operands(lanes, i, A, B);
+    else A.swap(op.early_a), B.swap(op.early_b);
     for (int lane = 0; lane < 128; lane++) {
         const wgmma_op &mine = (*lanes[lane].wgmma)[i];
         if (!mine.snapshot.empty() &&
@@ -356,8 +367,8 @@ inline void weft_emulated_wgmma(float *d, int n, const uint32_t *a, uint64_t des
     size_t i = t->wgmma->size() - 1;
     for (int lane = 0; lane < 128; lane++)
         if (!lanes[lane].wgmma || lanes[lane].wgmma->size() <= i) return;
-    emu::wgmma_op &first = (*lanes[0].wgmma)[i];
-    emu::wgmma_operands(lanes, i, first.early_a, first.early_b);
+    emu::wgmma_op &op0 = (*lanes[0].wgmma)[i];
+    emu::wgmma_operands(lanes, i, op0.early_a, op0.early_b);
 }
 
 inline void weft_emulated_wgmma_commit() { emu::self()->wgmma_groups++; }
