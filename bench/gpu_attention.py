@@ -14,7 +14,9 @@ weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "w
 compute capability 9.x; weft's default there) the forward and backward on TMA and wgmma
 (src/backend/cuda/attention_hopper*.cu), dQ in a kernel of its own that recomputes S and dP;
 "weft hopper-ordered" the same with dQ summed in the dK/dV kernel in a fixed order
-(WEFT_CUDA_ATTENTION_DQ=ordered); "weft mma" the mma.sync kernels (the default below 9.x);
+(WEFT_CUDA_ATTENTION_DQ=ordered); "weft hopper-192" the same as hopper with the forward's blocks
+192 query rows at head_dim 64 (three consumer warpgroups, WEFT_CUDA_ATTENTION_ROWS=192; run at
+head_dim 64 only); "weft mma" the mma.sync kernels (the default below 9.x);
 --families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
 on bf16 tensors, as the throughput benchmark's peer does, once restricted to each backend with
 torch.nn.attention.sdpa_kernel: flash (SDPBackend.FLASH_ATTENTION) and cuDNN
@@ -41,7 +43,10 @@ DOC_SETS = ([2048, 1024, 512, 512], [4096], [8192], [16384], [32768])
 HEAD_DIMS = (64, 128)
 PEERS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION"}  # name: SDPBackend member
 # The environment of a family that is not simply WEFT_CUDA_ATTENTION=<family>.
-FAMILY_ENV = {"hopper-ordered": dict(WEFT_CUDA_ATTENTION="hopper", WEFT_CUDA_ATTENTION_DQ="ordered")}
+FAMILY_ENV = {"hopper-ordered": dict(WEFT_CUDA_ATTENTION="hopper", WEFT_CUDA_ATTENTION_DQ="ordered"),
+              "hopper-192": dict(WEFT_CUDA_ATTENTION="hopper", WEFT_CUDA_ATTENTION_ROWS="192")}
+# The head dims a family differs from weft's default at (others: all).
+FAMILY_HEAD_DIMS = {"hopper-192": (64,)}
 
 
 def time_ms(run, iters):
@@ -110,6 +115,9 @@ def torch_times(a, docs, head_dim, peer):
 
 
 def weft_times(a, docs, head_dim, family):
+    if head_dim not in FAMILY_HEAD_DIMS.get(family, (head_dim,)):
+        return dict(unavailable=f"{family} differs from hopper only at head_dim "
+                    + " and ".join(map(str, FAMILY_HEAD_DIMS[family])))
     exe = os.path.join(a.build, "bench_attention")
     cmd = [exe, str(a.heads), str(a.kv_heads), str(head_dim), *map(str, docs),
            "--iters", str(a.iters)]
@@ -127,7 +135,7 @@ def weft_times(a, docs, head_dim, family):
 def default_families():
     import torch
     major = torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 0
-    return ["hopper", "hopper-ordered"] if major == 9 else ["mma"]
+    return ["hopper", "hopper-ordered", "hopper-192"] if major == 9 else ["mma"]
 
 
 def weft_name(family):
@@ -169,9 +177,10 @@ def over_strongest_peer(results, mine):
 
 
 def print_family_ratios(shapes, families):
-    """Under every shape's table, one line per family after the first (weft's default): its
-    forward + backward speed over the default's at each shape, the figure that decides whether
-    it should become the default (hopper-ordered: WEFT_CUDA_ATTENTION_DQ's, in cuda.c)."""
+    """After every shape's table, one line per family after the first (weft's default): its
+    forward and forward + backward speed over the default's at each shape, the figures that
+    decide whether it should become the default (hopper-ordered: WEFT_CUDA_ATTENTION_DQ's,
+    hopper-192: WEFT_CUDA_ATTENTION_ROWS's; both in src/backend/cuda/switches.c)."""
     base = weft_name(families[0])
     for family in families[1:]:
         cells = []
@@ -179,11 +188,12 @@ def print_family_ratios(shapes, families):
             mine, theirs = shape["results"][weft_name(family)], shape["results"][base]
             label = f"{','.join(map(str, shape['docs']))} d{shape['head_dim']}"
             if "unavailable" in mine or "unavailable" in theirs:
-                cells.append(f"{label} -")
-            else:
-                ratio = theirs["forward_backward_ms"] / mine["forward_backward_ms"]
-                cells.append(f"{label} {ratio:.2f}x")
-        print(f"\nforward+backward speed, {weft_name(family)} / {base}: " + "; ".join(cells))
+                continue
+            f = theirs["forward_ms"] / mine["forward_ms"]
+            fb = theirs["forward_backward_ms"] / mine["forward_backward_ms"]
+            cells.append(f"{label} {f:.2f}x / {fb:.2f}x")
+        print(f"\nforward / forward+backward speed, {weft_name(family)} / {base}: "
+              + ("; ".join(cells) or "-"))
 
 
 def run_shape(a, docs, head_dim):
@@ -214,8 +224,8 @@ def main():
                         "single documents of 4096, 8192, 16384 and 32768)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "runs",
                                                  "gpu_attention.json"))
-    p.add_argument("--families", help="weft's kernel families, comma-separated (default: hopper "
-                   "and hopper-ordered on compute capability 9.x, else mma)")
+    p.add_argument("--families", help="weft's kernel families, comma-separated (default: hopper, "
+                   "hopper-ordered and hopper-192 on compute capability 9.x, else mma)")
     a = p.parse_args()
     a.families = a.families.split(",") if a.families else default_families()
     doc_sets = [a.docs] if a.docs else [list(s) for s in DOC_SETS]

@@ -99,8 +99,9 @@ attention_ref attend(const layout &l, const std::vector<double> &q, const std::v
 
 // The attention kernel families: fp32, tensor-core mma.sync, and Hopper's (TMA, wgmma), whose
 // backward recomputes dQ in a kernel of its own (HOPPER) or sums it in its dK/dV kernel in a
-// fixed order (HOPPER_ORDERED).
-enum attention_kind { SIMT, MMA, HOPPER, HOPPER_ORDERED };
+// fixed order (HOPPER_ORDERED), and whose forward may take 192 query rows a block at head_dim 64
+// (HOPPER_192, three consumer warpgroups; the backward as HOPPER's).
+enum attention_kind { SIMT, MMA, HOPPER, HOPPER_ORDERED, HOPPER_192 };
 
 // One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
 void test_attention(const layout &l, attention_kind kind, const char *note = "") {
@@ -113,17 +114,18 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
     std::vector<bf16> out(q.size(), NAN_BF16), dq(q.size(), NAN_BF16);
     std::vector<bf16> dk(k.size(), NAN_BF16), dv(v.size(), NAN_BF16);
     std::vector<float> lse((size_t)H * Tq, NAN), delta((size_t)H * Tq, NAN);
-    bool hopper = kind == HOPPER || kind == HOPPER_ORDERED, ordered = kind == HOPPER_ORDERED;
+    bool hopper = kind >= HOPPER, ordered = kind == HOPPER_ORDERED;
     size_t scratch_bytes = hopper ? weft_cuda_attention_hopper_scratch_bytes(&a, ordered)
                                   : weft_cuda_attention_partials_bytes(&a);
     std::vector<float> partials(scratch_bytes / sizeof(float), NAN);
     const char *family = kind == SIMT ? "simt   " : kind == MMA ? "mma    " : "hopper ";
     std::string name = std::string("attention/") + family + l.label + note +
-                       (ordered ? " (ordered dq)" : "");
+                       (ordered ? " (ordered dq)" : kind == HOPPER_192 ? " (192 rows)" : "");
     if (hopper) {
         if (!weft_cuda_attention_hopper_covers(&a) ||
             !weft_cuda_attention_forward_hopper(queue, &a, q.data(), k.data(), v.data(),
-                                                out.data(), lse.data())) {
+                                                out.data(), lse.data(),
+                                                kind == HOPPER_192 ? 192 : 128)) {
             printf("%-76s FAIL: the hopper forward refused it\n", name.c_str());
             failures++;
             return;
@@ -440,11 +442,14 @@ int main() {
         cp_chunks("CP rank 1/2 [40,72] H4 KV2 D32", 4, 2, 32, {40, 72}, 1, 2),
         cp_chunks("CP rank 0/2 [136,64] H2 KV1 D64", 2, 1, 64, {136, 64}, 0, 2),
     };
-    // Hopper's tiles are 128 query rows by 128 keys: these span several of both.
+    // Hopper's tiles are 128 (or at head_dim 64, 192) query rows by 128 keys: these span several
+    // of both.
     const layout hopper_layouts[] = {
         whole("whole [1,33,5,70,2] H6 KV2 D64", 6, 2, 64, mixed),
         whole("whole [300,7,190] H2 KV1 D64 (tiles, blocks)", 2, 1, 64, {300, 7, 190}),
         whole("whole [100,200] H2 KV1 D128", 2, 1, 128, {100, 200}),
+        // Blocks walking more key tiles than there are stages, so that each stage is refilled.
+        whole("whole [700] H2 KV1 D64 (stages refilled)", 2, 1, 64, {700}),
         cp_chunks("CP rank 0/2 [136,64] H2 KV1 D64", 2, 1, 64, {136, 64}, 0, 2),
         cp_chunks("CP rank 1/2 [520] H4 KV2 D128", 4, 2, 128, {520}, 1, 2),
         // Eight query heads to a kv head; keys in blocks that end mid-document, query steps that
@@ -462,6 +467,8 @@ int main() {
         for (const layout &l : layouts) test_attention(l, MMA, when.name());
         for (const layout &l : hopper_layouts) test_attention(l, HOPPER, when.name());
         for (const layout &l : hopper_layouts) test_attention(l, HOPPER_ORDERED, when.name());
+        for (const layout &l : hopper_layouts)
+            if (l.D == 64) test_attention(l, HOPPER_192, when.name());
     }
     test_attention(whole("whole [1,33,5,70,2] H2 KV1 D40", 2, 1, 40, mixed), SIMT); // simt only
     for (int width : {1032, 300}) test_kv_store(width); // the threads of a row loop twice

@@ -801,17 +801,24 @@ int main(void) {
     unsetenv("WEFT_CUDA_SKINNY_ROWS");
     weft_backend_destroy(gpu);
     // Every attention kernel family the GPU has, each on a backend of its own (hopper: 128-row,
-    // 128-key tiles, so the longer documents span several; its backward both ways).
-    const char *families[] = {"mma", "simt", "hopper", "hopper-ordered"};
+    // 128-key tiles, so the longer documents span several; its backward both ways; its forward
+    // in 192-row blocks at head_dim 64).
+    const struct {
+        const char *name, *kernels, *dq, *rows;
+    } families[] = {{"mma", "mma", "recompute", "128"},
+                    {"simt", "simt", "recompute", "128"},
+                    {"hopper", "hopper", "recompute", "128"},
+                    {"hopper-ordered", "hopper", "ordered", "128"},
+                    {"hopper-192", "hopper", "recompute", "192"}};
     bool hopper_gpu = weft_cuda_compute_capability(0) / 10 == 9;
-    int n_families = hopper_gpu ? 4 : 2;
+    int n_families = hopper_gpu ? 5 : 2;
     const int mixed[] = {1, 33, 5, 70, 2}, single[] = {100}, long_docs[] = {150, 7, 90};
     const int tiles[] = {300, 7, 190}, long_ones[] = {3000, 1100};
     for (int f = 0; f < n_families; f++) {
-        family = families[f];
-        bool ordered = !strcmp(family, "hopper-ordered");
-        setenv("WEFT_CUDA_ATTENTION", ordered ? "hopper" : family, 1);
-        setenv("WEFT_CUDA_ATTENTION_DQ", ordered ? "ordered" : "recompute", 1);
+        family = families[f].name;
+        setenv("WEFT_CUDA_ATTENTION", families[f].kernels, 1);
+        setenv("WEFT_CUDA_ATTENTION_DQ", families[f].dq, 1);
+        setenv("WEFT_CUDA_ATTENTION_ROWS", families[f].rows, 1);
         gpu = weft_backend_cuda_create(0);
         if (f >= 2 && !emulated) { // blocks in many waves, taking turns at the same dQ rows
             attention_whole("[3000,1100] H16 KV4 D128", 16, 4, 128, long_ones, 2);

@@ -22,8 +22,8 @@ constexpr int KEYS = 128; // keys per tile of the forward
 // would put the wgmma under a branch, which ptxas answers by serializing them; the elementwise
 // mask is skipped instead, under a branch of its own, where every row sees the whole tile).
 // Tile j's softmax runs while the previous tile's P V is on the tensor cores.
-template <int D, int WG> struct consumer {
-    using B = query_block<D, KEYS, 1>;
+template <int D, int WG, int C> struct consumer {
+    using B = query_block<D, KEYS, 1, C>;
     using L = typename B::L;
     static constexpr int NT = KEYS / 8, NO = D / 8;
     static constexpr bool OVERLAP = true;
@@ -66,16 +66,16 @@ template <int D, int WG> struct consumer {
     }
 };
 
-template <int D, int WG>
-__device__ void consume(const weft_cuda_attention_args &a, const query_block<D, KEYS, 1> &b,
+template <int D, int WG, int C>
+__device__ void consume(const weft_cuda_attention_args &a, const query_block<D, KEYS, 1, C> &b,
                         bf16 *out, float *lse, float scale_log2) {
     int mine = b.my_row();
-    consumer<D, WG> c = {b,          {b.row_lo[mine], b.row_lo[mine + 8]},
-                     {b.row_hi[mine], b.row_hi[mine + 8]},
-                     scale_log2, {},
-                     {-INFINITY, -INFINITY},
-                     {0.0f, 0.0f},
-                     {}};
+    consumer<D, WG, C> c = {b,          {b.row_lo[mine], b.row_lo[mine + 8]},
+                            {b.row_hi[mine], b.row_hi[mine + 8]},
+                            scale_log2, {},
+                            {-INFINITY, -INFINITY},
+                            {0.0f, 0.0f},
+                            {}};
     b.wait_rows();
     run_pipeline(c);
     float inv[2];
@@ -89,22 +89,23 @@ __device__ void consume(const weft_cuda_attention_args &a, const query_block<D, 
     store_query_rows<D>(a, b.r0 + mine, b.h, c.o, inv, out);
 }
 
-template <int D>
-__global__ void __launch_bounds__(THREADS, 1)
+// C consumer warpgroups of 64 query rows each (block_rows).
+template <int D, int C>
+__global__ void __launch_bounds__(block_threads(C), 1)
     forward_kernel(const __grid_constant__ weft_tensor_map q_map,
                    const __grid_constant__ weft_tensor_map k_map,
                    const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
                    bf16 *out, float *lse, float scale_log2) {
     wait_for_earlier_kernels();
-    query_block<D, KEYS, 1> b(a, true);
-    int role = take_role();
+    query_block<D, KEYS, 1, C> b(a, true);
+    int role = take_role<C>();
     if (role == 0) { // the producer warpgroup: one thread issues every copy
         const weft_tensor_map *rows[] = {&q_map};
         if (threadIdx.x == 0) b.produce(rows, &k_map, &v_map);
         return;
     }
-    as_consumer(role,
-                [&](auto wg) { consume<D, decltype(wg)::value>(a, b, out, lse, scale_log2); });
+    as_consumer<C>(
+        role, [&](auto wg) { consume<D, decltype(wg)::value, C>(a, b, out, lse, scale_log2); });
 }
 
 } // namespace fa3
@@ -141,17 +142,20 @@ extern "C" bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args
 extern "C" bool weft_cuda_attention_forward_hopper(weft_cuda_stream s,
                                                    const weft_cuda_attention_args *a,
                                                    const void *q, const void *k, const void *v,
-                                                   void *out, float *lse) {
+                                                   void *out, float *lse, int rows_at_64) {
+    int consumers = a->D == 64 && rows_at_64 == fa3::block_rows(3) ? 3 : fa3::CONSUMERS;
+    int rows = fa3::block_rows(consumers);
     fa3::qkv_maps m;
-    if (!fa3::make_qkv_maps(&m, a, q, k, v, fa3::ROWS, fa3::KEYS)) return false;
-    dim3 grid((a->Tq + fa3::ROWS - 1) / fa3::ROWS, a->H);
+    if (!fa3::make_qkv_maps(&m, a, q, k, v, rows, fa3::KEYS)) return false;
+    dim3 grid((a->Tq + rows - 1) / rows, a->H);
     float scale_log2 = LOG2E / sqrtf((float)a->D);
-#define LAUNCH(D)                                                                                  \
-    WEFT_LAUNCH(fa3::forward_kernel<D>, grid, fa3::THREADS,                                        \
-                (fa3::query_layout<D, fa3::KEYS, 1>::BYTES), s, m.q, m.k, m.v, *a, (bf16 *)out,    \
+#define LAUNCH(D, C)                                                                               \
+    WEFT_LAUNCH((fa3::forward_kernel<D, C>), grid, fa3::block_threads(C),                          \
+                (fa3::query_layout<D, fa3::KEYS, 1, C>::BYTES), s, m.q, m.k, m.v, *a, (bf16 *)out, \
                 lse, scale_log2)
-    if (a->D == 64) LAUNCH(64);
-    else LAUNCH(128);
+    if (a->D == 128) LAUNCH(128, 2);
+    else if (consumers == 3) LAUNCH(64, 3);
+    else LAUNCH(64, 2);
 #undef LAUNCH
     return true;
 }

@@ -18,12 +18,24 @@ namespace fa3 {
 constexpr int CONSUMERS = 2;                   // warpgroups of 64 rows
 constexpr int ROWS = 64 * CONSUMERS;           // query rows per block of the forward and dQ
 constexpr int THREADS = 128 * (1 + CONSUMERS); // warpgroup 0 produces
+// The head_dim-64 forward may take three consumers (192 rows) instead, as FlashAttention-3 tiles
+// it: each key tile loaded serves half as many rows again, and each SM sub-partition holds three
+// consumer warps to hide one's softmax behind another's products.
+__host__ __device__ constexpr int block_rows(int consumers) { return 64 * consumers; }
+__host__ __device__ constexpr int block_threads(int consumers) { return 128 * (1 + consumers); }
 // Tiles in flight. A pipelined consumer holds two stages at once (the previous tile's for its
 // accumulation, the current one's for its products), so a third lets the producer load ahead.
 constexpr int STAGES = 3;
 constexpr size_t MAX_SMEM = 227 * 1024; // dynamic shared memory of a block on sm_90
-// Registers per thread after the hand-over: 128 x 24 + 256 x 240 fit the 64K of an SM.
-constexpr int PRODUCER_REGISTERS = 24, CONSUMER_REGISTERS = 240;
+// Registers per thread after the hand-over: 128 x 24 + 256 x 240 fit the 64K of an SM, and with
+// three consumers 128 x 24 + 384 x 160 (FlashAttention-3's 160).
+constexpr int PRODUCER_REGISTERS = 24;
+__host__ __device__ constexpr int consumer_registers(int consumers) {
+    return consumers == 2 ? 240 : 160;
+}
+static_assert(128 * PRODUCER_REGISTERS + 256 * consumer_registers(2) <= 65536 &&
+                  128 * PRODUCER_REGISTERS + 384 * consumer_registers(3) <= 65536,
+              "the warpgroups' registers exceed an SM's");
 constexpr uint32_t SBO = 8 * hopper::ATOM_ROW_BYTES; // between 8-row groups of an atom
 
 // Bytes of one atom (64 columns) of a tile of `rows` rows, and of a whole tile D wide.
@@ -171,40 +183,49 @@ template <int WG> struct consumer_index {
     static constexpr int value = WG;
 };
 
-// Calls f(consumer_index<c>{}) for consumer c = warpgroup - 1 (warpgroup from take_role), so that
-// the consumer's code knows its index as a constant: the shared-memory addresses of its rows, and
-// so its wgmma descriptors, are then the same across the warpgroup to the compiler, which keeps
-// them in uniform registers instead of moving them there before every wgmma (the dQ kernel at
-// head_dim 128: 297 instructions a tile instead of 363).
-template <typename F> __device__ __forceinline__ void as_consumer(int warpgroup, F &&f) {
-    if (warpgroup == 1) f(consumer_index<0>{});
-    else f(consumer_index<1>{});
+// Calls f(consumer_index<c>{}) for consumer c = warpgroup - 1 (warpgroup from take_role, one of
+// CONSUMERS_), so that the consumer's code knows its index as a constant: the shared-memory
+// addresses of its rows, and so its wgmma descriptors, are then the same across the warpgroup to
+// the compiler, which keeps them in uniform registers instead of moving them there before every
+// wgmma (the dQ kernel at head_dim 128: 297 instructions a tile instead of 363).
+template <int CONSUMERS_ = CONSUMERS, typename F>
+__device__ __forceinline__ void as_consumer(int warpgroup, F &&f) {
+    static_assert(CONSUMERS_ == 2 || CONSUMERS_ == 3, "two or three consumer warpgroups");
+    if constexpr (CONSUMERS_ == 2) {
+        if (warpgroup == 1) f(consumer_index<0>{});
+        else f(consumer_index<1>{});
+    } else {
+        if (warpgroup == 1) f(consumer_index<0>{});
+        else if (warpgroup == 2) f(consumer_index<1>{});
+        else f(consumer_index<2>{});
+    }
 }
 
 // Who runs what: warpgroup 0 (hands its registers over, then produces) or a consumer (takes
 // them). Broadcast from lane 0, so the compiler knows it is the same across the warp: wgmma under
 // branches it cannot prove uniform get serialized.
-__device__ __forceinline__ int take_role() {
+template <int CONSUMERS_ = CONSUMERS> __device__ __forceinline__ int take_role() {
     int warpgroup = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
     if (warpgroup == 0) hopper::registers_decrease_to<PRODUCER_REGISTERS>();
-    else hopper::registers_increase_to<CONSUMER_REGISTERS>();
+    else hopper::registers_increase_to<consumer_registers(CONSUMERS_)>();
     return warpgroup;
 }
 
-// Shared memory of a block of ROWS query rows walking key tiles of KEYS keys, from a 1024-byte
-// aligned start: ROW_TENSORS tiles of the rows (Q; Q and dO), STAGES tiles of K and of V, the
-// barriers, the key range of every row.
-template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
-    static constexpr size_t ROW_ATOM = atom_bytes(ROWS), KEY_ATOM = atom_bytes(KEYS_);
-    static constexpr size_t K = ROW_TENSORS * tile_bytes(ROWS, D);
+// Shared memory of a block of ROWS_ query rows (64 a consumer) walking key tiles of KEYS keys,
+// from a 1024-byte aligned start: ROW_TENSORS tiles of the rows (Q; Q and dO), STAGES tiles of K
+// and of V, the barriers, the key range of every row.
+template <int D, int KEYS_, int ROW_TENSORS, int CONSUMERS_ = CONSUMERS> struct query_layout {
+    static constexpr int ROWS_ = block_rows(CONSUMERS_);
+    static constexpr size_t ROW_ATOM = atom_bytes(ROWS_), KEY_ATOM = atom_bytes(KEYS_);
+    static constexpr size_t K = ROW_TENSORS * tile_bytes(ROWS_, D);
     static constexpr size_t V = K + STAGES * tile_bytes(KEYS_, D);
     // once, full[], empty[]
     static constexpr size_t BARRIERS = V + STAGES * tile_bytes(KEYS_, D);
     static constexpr size_t RANGES = BARRIERS + sizeof(uint64_t) * (1 + 2 * STAGES);
-    static constexpr size_t BYTES = RANGES + 2 * ROWS * sizeof(int) + 1024; // + alignment
+    static constexpr size_t BYTES = RANGES + 2 * ROWS_ * sizeof(int) + 1024; // + alignment
     static_assert(BYTES <= MAX_SMEM, "a query block's tiles exceed shared memory");
     __host__ __device__ static constexpr size_t rows(int tensor) {
-        return tensor * tile_bytes(ROWS, D);
+        return tensor * tile_bytes(ROWS_, D);
     }
     __host__ __device__ static constexpr size_t k_tile(int stage) {
         return K + stage * tile_bytes(KEYS_, D);
@@ -214,11 +235,12 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_layout {
     }
 };
 
-// A block of ROWS query rows of one head (block_tile: the heads fastest in the forward, not in
+// A block of ROWS_ query rows of one head (block_tile: the heads fastest in the forward, not in
 // the dQ kernel) and its walk over the key tiles they see: set up by every thread; the producer
 // loads, the consumers wait for and release the stages.
-template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
-    using L = query_layout<D, KEYS_, ROW_TENSORS>;
+template <int D, int KEYS_, int ROW_TENSORS, int CONSUMERS_ = CONSUMERS> struct query_block {
+    using L = query_layout<D, KEYS_, ROW_TENSORS, CONSUMERS_>;
+    static constexpr int ROWS_ = L::ROWS_;
     unsigned char *smem;
     barriers bar;
     int *row_lo, *row_hi; // the keys each row sees, [row_lo, row_hi)
@@ -229,14 +251,14 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
         uint64_t *bars = reinterpret_cast<uint64_t *>(smem + L::BARRIERS);
         bar = {bars, bars + 1, bars + 1 + STAGES};
         row_lo = reinterpret_cast<int *>(smem + L::RANGES);
-        row_hi = row_lo + ROWS;
+        row_hi = row_lo + ROWS_;
         tile_of_head th = block_tile(true, heads_fastest);
-        r0 = th.tile * ROWS, h = th.head, kvh = h / (a.H / a.KV);
-        if (threadIdx.x == 0) init_barriers(bar, 1, CONSUMERS);
-        if (threadIdx.x < ROWS)
+        r0 = th.tile * ROWS_, h = th.head, kvh = h / (a.H / a.KV);
+        if (threadIdx.x == 0) init_barriers(bar, 1, CONSUMERS_);
+        if (threadIdx.x < ROWS_)
             row_key_range(a, r0 + threadIdx.x, &row_lo[threadIdx.x], &row_hi[threadIdx.x]);
         __syncthreads();
-        key_span block = span_of(row_lo, row_hi, ROWS);
+        key_span block = span_of(row_lo, row_hi, ROWS_);
         int n = block.lo < block.hi ? (block.hi - block.lo + KEYS_ - 1) / KEYS_ : 0;
         tiles = __shfl_sync(0xffffffffu, n, 0); // uniform, as take_role says
         key_lo = __shfl_sync(0xffffffffu, block.lo, 0);
@@ -246,9 +268,9 @@ template <int D, int KEYS_, int ROW_TENSORS> struct query_block {
     // j·KEYS, + KEYS), into stage j % STAGES as soon as the consumers have released it.
     __device__ void produce(const weft_tensor_map *const *row_maps, const weft_tensor_map *k_map,
                             const weft_tensor_map *v_map) const {
-        hopper::mbar_arrive_expect_tx(bar.once, ROW_TENSORS * ROWS * D * sizeof(bf16));
+        hopper::mbar_arrive_expect_tx(bar.once, ROW_TENSORS * ROWS_ * D * sizeof(bf16));
         for (int i = 0; i < ROW_TENSORS; i++)
-            load_tile<ROWS, D>(smem + L::rows(i), row_maps[i], h * D, r0, bar.once);
+            load_tile<ROWS_, D>(smem + L::rows(i), row_maps[i], h * D, r0, bar.once);
         for (int j = 0; j < tiles; j++) {
             int s = j % STAGES;
             hopper::mbar_wait(&bar.empty[s], ((j / STAGES) & 1) ^ 1); // first pass: all free

@@ -284,9 +284,11 @@ static void cuda_attention_forward(weft_backend *self, const void *q, const void
     weft_cuda_attention_args a = attention_args(layout, H, KV, D);
     const void *tensors[] = {q, k, v, out};
     bool mma = attention_on_tensor_cores(self, D, tensors, 4);
-    if (mma && weft_cuda_state(self)->attention_hopper && weft_cuda_attention_hopper_covers(&a) &&
+    cuda_state *st = weft_cuda_state(self);
+    if (mma && st->attention_hopper && weft_cuda_attention_hopper_covers(&a) &&
         hopper_launched(self,
-                        weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse),
+                        weft_cuda_attention_forward_hopper(STREAM(self), &a, q, k, v, out, lse,
+                                                           st->attention_rows_at_64),
                         false, &a))
         return;
     if (mma)
@@ -593,13 +595,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         // WEFT_CUDA_SKINNY_SHARED_X=0: skinny.cu's column groups read x from L2 up to 64 rows.
         .skinny_shared_x = env_switch("WEFT_CUDA_SKINNY_SHARED_X", "x read from L2 by each "
                                       "column group of a skinny product up to 64 rows")};
-    // WEFT_CUDA_ATTENTION_DQ=ordered sums the hopper backward's dQ in its dK/dV kernel, in turns;
-    // recompute, the default, gives dQ a kernel of its own, which was faster than the ordered
-    // dQ's first three versions (1.6-1.9x on an H100, 1.07-1.15x on an H200; bench/README.md).
-    const char *dq = getenv("WEFT_CUDA_ATTENTION_DQ");
-    WEFT_CHECK(!dq || !*dq || !strcmp(dq, "ordered") || !strcmp(dq, "recompute"),
-               "WEFT_CUDA_ATTENTION_DQ=%s: expected recompute (the default) or ordered", dq);
-    st->attention_ordered_dq = dq && !strcmp(dq, "ordered");
+    st->attention_ordered_dq = weft_cuda_attention_ordered_dq();
+    st->attention_rows_at_64 = weft_cuda_attention_forward_rows();
 
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){

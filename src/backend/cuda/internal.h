@@ -22,6 +22,7 @@ typedef struct cuda_state {
     bool attention_hopper;       // and on TMA and wgmma (the default on sm_90a)
     bool attention_hopper_named; // by WEFT_CUDA_ATTENTION=hopper
     bool attention_ordered_dq;   // the hopper backward's dQ in its dK/dV kernel (ordered sums)
+    int attention_rows_at_64;    // query rows per block of the hopper forward at head_dim 64
     bool few_rows;               // x W^T of up to WEFT_CUDA_FEW_ROWS rows on few_rows.cu's kernel
     bool skinny;                 // and up to skinny_rows on skinny.cu's (sm_80 and up)
     int skinny_rows;             // WEFT_CUDA_SKINNY_ROWS (switches.h)

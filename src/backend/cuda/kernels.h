@@ -188,7 +188,9 @@ void weft_cuda_attention_forward_simt(weft_cuda_stream s, const weft_cuda_attent
 // A third family, "hopper", for sm_90a (TMA, mbarriers, wgmma; attention_hopper*.cu). It covers
 // head_dim 64 or 128 with at least one query and one key row (the caller runs the mma kernels on
 // the rest); on those it returns false, with nothing launched, only where the driver refuses its
-// TMA descriptors. Its lse is the mma one's, so either backward follows either forward.
+// TMA descriptors. Its lse is the mma one's, so either backward follows either forward. The
+// forward takes blocks of 128 query rows, or at head_dim 64 of rows_at_64 = 192 (three consumer
+// warpgroups, as FlashAttention-3 tiles head_dim 64).
 bool weft_cuda_attention_hopper_covers(const weft_cuda_attention_args *a);
 // Whether this family can run here: the plugin holds its sm_90a code for the current device
 // (BUILT), or the emulator runs it (EMULATED: only where WEFT_CUDA_ATTENTION=hopper names it, as
@@ -197,7 +199,7 @@ typedef enum { WEFT_HOPPER_ABSENT, WEFT_HOPPER_BUILT, WEFT_HOPPER_EMULATED } wef
 weft_cuda_hopper_code weft_cuda_attention_hopper_code(void);
 bool weft_cuda_attention_forward_hopper(weft_cuda_stream s, const weft_cuda_attention_args *a,
                                         const void *q, const void *k, const void *v, void *out,
-                                        float *lse);
+                                        float *lse, int rows_at_64);
 // The backward computes dQ in the dK/dV kernel, summed in a fixed order, where ordered_dq, else
 // (faster so far, the backend's default) in a kernel of its own (attention_hopper_backward.cu);
 // its scratch is as many bytes as the function below says (the mma backward's partials, then with

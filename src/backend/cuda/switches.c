@@ -61,3 +61,18 @@ void weft_cuda_attention_choice(int device, bool *mma, bool *hopper, bool *named
     *hopper = !strcmp(choice, "hopper");
     *named = *hopper && from_env;
 }
+
+bool weft_cuda_attention_ordered_dq(void) {
+    const char *dq = getenv("WEFT_CUDA_ATTENTION_DQ");
+    WEFT_CHECK(!dq || !*dq || !strcmp(dq, "ordered") || !strcmp(dq, "recompute"),
+               "WEFT_CUDA_ATTENTION_DQ=%s: expected recompute (the default) or ordered", dq);
+    return dq && !strcmp(dq, "ordered");
+}
+
+int weft_cuda_attention_forward_rows(void) {
+    const char *rows = getenv("WEFT_CUDA_ATTENTION_ROWS");
+    WEFT_CHECK(!rows || !*rows || !strcmp(rows, "128") || !strcmp(rows, "192"),
+               "WEFT_CUDA_ATTENTION_ROWS=%s: expected 128 (the default) or 192 (query rows per "
+               "block of the hopper forward at head_dim 64)", rows);
+    return rows && !strcmp(rows, "192") ? 192 : 128;
+}
