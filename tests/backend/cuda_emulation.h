@@ -381,6 +381,11 @@ inline void run_block(uint3 index, int threads, const std::function<void()> &bod
                 ran = true;
             }
         }
+        // One warp at a time, a warpgroup's wgmma also complete as soon as all of it waits for
+        // them, so that it runs ahead of the other warpgroups (products done, stages released)
+        // as far as its barriers let it: a stage refilled while another warpgroup still reads
+        // it is then refilled before that one reads it.
+        if (g_warps_one_at_a_time) resolve_wgmma_waits(b);
         bool all_done = true;
         for (auto &t : b.threads) all_done = all_done && t.op == OP_DONE;
         if (all_done) break;
