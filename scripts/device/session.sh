@@ -14,7 +14,7 @@ BUDGET=${SESSION_BUDGET:-570}
 START=$SECONDS
 LOGDIR=${OUT:-}
 [ -n "$LOGDIR" ] && mkdir -p "$LOGDIR"
-declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [rollout]=240 [rl]=240 [attention]=120 [bench-small]=120 [bench-1b]=420 [generate]=360 [speculative]=300 [profile]=180 [mpi]=60)
+declare -A LIMIT=([build]=420 [ops]=120 [parity]=240 [rollout]=240 [rl]=240 [attention]=150 [bench-small]=120 [bench-1b]=420 [generate]=360 [speculative]=300 [profile]=180 [mpi]=60)
 
 info() {
   echo "== $(date -u +%FT%TZ) $(uname -srm); $(. /etc/os-release && echo "$PRETTY_NAME"); $(nproc) cores"
