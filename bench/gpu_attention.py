@@ -14,9 +14,9 @@ weft runs build/bench_attention once per kernel family (WEFT_CUDA_ATTENTION): "w
 compute capability 9.x; weft's default there) the forward and backward on TMA and wgmma
 (src/backend/cuda/attention_hopper*.cu), dQ in a kernel of its own that recomputes S and dP;
 "weft hopper-ordered" the same with dQ summed in the dK/dV kernel in a fixed order
-(WEFT_CUDA_ATTENTION_DQ=ordered); "weft hopper-192" the same as hopper with the forward's blocks
-192 query rows at head_dim 64 (three consumer warpgroups, WEFT_CUDA_ATTENTION_ROWS=192; run at
-head_dim 64 only); "weft mma" the mma.sync kernels (the default below 9.x);
+(WEFT_CUDA_ATTENTION_DQ=ordered); "weft hopper-192" the same as hopper with the forward's and the
+dQ kernel's blocks 192 query rows at head_dim 64 (three consumer warpgroups,
+WEFT_CUDA_ATTENTION_ROWS=192; run at head_dim 64 only); "weft mma" the mma.sync kernels (the default below 9.x);
 --families picks others (simt: fp32). PyTorch runs F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) per document
 on bf16 tensors, as the throughput benchmark's peer does, once restricted to each backend with
 torch.nn.attention.sdpa_kernel: flash (SDPBackend.FLASH_ATTENTION) and cuDNN

@@ -99,8 +99,8 @@ attention_ref attend(const layout &l, const std::vector<double> &q, const std::v
 
 // The attention kernel families: fp32, tensor-core mma.sync, and Hopper's (TMA, wgmma), whose
 // backward recomputes dQ in a kernel of its own (HOPPER) or sums it in its dK/dV kernel in a
-// fixed order (HOPPER_ORDERED), and whose forward may take 192 query rows a block at head_dim 64
-// (HOPPER_192, three consumer warpgroups; the backward as HOPPER's).
+// fixed order (HOPPER_ORDERED), and whose forward and dQ kernel may take 192 query rows a block
+// at head_dim 64 (HOPPER_192, three consumer warpgroups).
 enum attention_kind { SIMT, MMA, HOPPER, HOPPER_ORDERED, HOPPER_192 };
 
 // One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
@@ -145,7 +145,8 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
     } else if (hopper) {
         if (!weft_cuda_attention_backward_hopper(queue, &a, q.data(), k.data(), v.data(),
                                                  lse.data(), dout.data(), delta.data(), dq.data(),
-                                                 dk.data(), dv.data(), partials.data(), ordered)) {
+                                                 dk.data(), dv.data(), partials.data(), ordered,
+                                                 kind == HOPPER_192 ? 192 : 128)) {
             printf("%-76s FAIL: the hopper backward refused it\n", name.c_str());
             failures++;
             return;

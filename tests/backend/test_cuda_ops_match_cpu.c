@@ -802,7 +802,7 @@ int main(void) {
     weft_backend_destroy(gpu);
     // Every attention kernel family the GPU has, each on a backend of its own (hopper: 128-row,
     // 128-key tiles, so the longer documents span several; its backward both ways; its forward
-    // in 192-row blocks at head_dim 64).
+    // and dQ kernel in 192-row blocks at head_dim 64).
     const struct {
         const char *name, *kernels, *dq, *rows;
     } families[] = {{"mma", "mma", "recompute", "128"},

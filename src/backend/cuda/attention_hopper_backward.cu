@@ -49,8 +49,8 @@ __host__ __device__ constexpr int dq_cols(int D) {
 
 // A consumer warpgroup of the dQ kernel, run by run_pipeline: its 64 query rows against every
 // key tile the block walks; tile j's dS is computed while the previous tile's dQ += dS K runs.
-template <int D, int WG> struct dq_consumer {
-    using B = query_block<D, DQ_KEYS, 2>;
+template <int D, int WG, int C> struct dq_consumer {
+    using B = query_block<D, DQ_KEYS, 2, C>;
     using L = typename B::L;
     static constexpr int NT = DQ_KEYS / 8, NO = D / 8;
     static constexpr bool OVERLAP = true;
@@ -94,13 +94,13 @@ template <int D, int WG> struct dq_consumer {
     }
 };
 
-template <int D, int WG>
+template <int D, int WG, int C>
 __device__ __forceinline__ void consume_dq(const weft_cuda_attention_args &a,
-                                           const query_block<D, DQ_KEYS, 2> &b, const float *lse,
-                                           const float *delta, bf16 *dq, float scale,
-                                           float scale_log2) {
+                                           const query_block<D, DQ_KEYS, 2, C> &b,
+                                           const float *lse, const float *delta, bf16 *dq,
+                                           float scale, float scale_log2) {
     int mine = b.my_row();
-    dq_consumer<D, WG> c = {b, {}, {}, {}, {}, scale_log2, {}, {}};
+    dq_consumer<D, WG, C> c = {b, {}, {}, {}, {}, scale_log2, {}, {}};
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         c.lo[r] = b.row_lo[mine + 8 * r], c.hi[r] = b.row_hi[mine + 8 * r];
@@ -114,23 +114,24 @@ __device__ __forceinline__ void consume_dq(const weft_cuda_attention_args &a,
     store_query_rows<D>(a, b.r0 + mine, b.h, c.acc, factor, dq);
 }
 
-template <int D>
-__global__ void __launch_bounds__(THREADS, 1)
+// C consumer warpgroups of 64 query rows each (block_rows), as the forward's.
+template <int D, int C>
+__global__ void __launch_bounds__(block_threads(C), 1)
     dq_kernel(const __grid_constant__ weft_tensor_map q_map,
               const __grid_constant__ weft_tensor_map do_map,
               const __grid_constant__ weft_tensor_map k_map,
               const __grid_constant__ weft_tensor_map v_map, weft_cuda_attention_args a,
               const float *lse, const float *delta, bf16 *dq, float scale, float scale_log2) {
     wait_for_earlier_kernels();
-    query_block<D, DQ_KEYS, 2> b(a, false);
-    int role = take_role();
+    query_block<D, DQ_KEYS, 2, C> b(a, false);
+    int role = take_role<C>();
     if (role == 0) { // the producer warpgroup: one thread issues every copy
         const weft_tensor_map *rows[] = {&q_map, &do_map};
         if (threadIdx.x == 0) b.produce(rows, &k_map, &v_map);
         return;
     }
-    as_consumer(role, [&](auto wg) {
-        consume_dq<D, decltype(wg)::value>(a, b, lse, delta, dq, scale, scale_log2);
+    as_consumer<C>(role, [&](auto wg) {
+        consume_dq<D, decltype(wg)::value, C>(a, b, lse, delta, dq, scale, scale_log2);
     });
 }
 
@@ -611,15 +612,18 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
                                                     const void *q, const void *k, const void *v,
                                                     const float *lse, const void *dout,
                                                     const float *delta, void *dq, void *dk,
-                                                    void *dv, float *scratch, bool ordered_dq) {
+                                                    void *dv, float *scratch, bool ordered_dq,
+                                                    int rows_at_64) {
     // Boxes: the dQ kernel reads rows in blocks and keys in tiles, the dK/dV kernel the reverse.
+    int dq_consumers = a->D == 64 && rows_at_64 == fa3::block_rows(3) ? 3 : fa3::CONSUMERS;
+    int dq_rows = fa3::block_rows(dq_consumers);
     fa3::qkv_maps dq_maps, dkdv_maps;
     weft_tensor_map do_block, do_step;
     int HD = a->H * a->D;
     if (!fa3::make_qkv_maps(&dkdv_maps, a, q, k, v, fa3::STEP, fa3::BLOCK_KEYS) ||
         !fa3::tensor_map_2d(&do_step, dout, HD, a->Tq, fa3::STEP) ||
-        (!ordered_dq && (!fa3::make_qkv_maps(&dq_maps, a, q, k, v, fa3::ROWS, fa3::DQ_KEYS) ||
-                         !fa3::tensor_map_2d(&do_block, dout, HD, a->Tq, fa3::ROWS))))
+        (!ordered_dq && (!fa3::make_qkv_maps(&dq_maps, a, q, k, v, dq_rows, fa3::DQ_KEYS) ||
+                         !fa3::tensor_map_2d(&do_block, dout, HD, a->Tq, dq_rows))))
         return false;
     float scale = 1.0f / sqrtf((float)a->D), scale_log2 = scale * LOG2E;
     bool grouped = a->H != a->KV;
@@ -628,7 +632,7 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
     fa3::dq_sums sums = fa3::dq_sums_in(a, scratch);
     size_t pairs = (size_t)a->Tq * HD / 2;
     if (ordered_dq) cudaMemsetAsync(sums.sums, 0, fa3::dq_sums_bytes(a), s->stream);
-    dim3 grid_q((a->Tq + fa3::ROWS - 1) / fa3::ROWS, a->H);
+    dim3 grid_q((a->Tq + dq_rows - 1) / dq_rows, a->H);
     dim3 grid_kv((a->Tkv + fa3::BLOCK_KEYS - 1) / fa3::BLOCK_KEYS, a->H);
 #define DKDV(DIM, ORDERED, LAUNCH)                                                                 \
     do {                                                                                           \
@@ -638,23 +642,28 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
                dkdv_maps.v, *a, lse, delta, (bf16 *)dk, (bf16 *)dv, dk_part, dv_part, sums, scale, \
                scale_log2);                                                                        \
     } while (0)
-#define RUN(DIM)                                                                                   \
+#define DQ(DIM, C)                                                                                 \
+    WEFT_LAUNCH((fa3::dq_kernel<DIM, C>), grid_q, fa3::block_threads(C),                           \
+                (fa3::query_layout<DIM, fa3::DQ_KEYS, 2, C>::BYTES), s, dq_maps.q, do_block,       \
+                dq_maps.k, dq_maps.v, *a, lse, delta, (bf16 *)dq, scale, scale_log2)
+#define RUN(DIM, DQ_CONSUMERS)                                                                     \
     if (ordered_dq) {                                                                              \
         DKDV(DIM, true, WEFT_LAUNCH_IN_ORDER);                                                     \
         WEFT_LAUNCH(fa3::dq_from_sums_kernel, (unsigned)((pairs + 255) / 256), 256, 0, s,          \
                     (const float *)sums.sums, (bf16 *)dq, a->Tq, a->H, a->D, sums.steps, scale);   \
     } else {                                                                                       \
-        WEFT_LAUNCH(fa3::dq_kernel<DIM>, grid_q, fa3::THREADS,                                     \
-                    (fa3::query_layout<DIM, fa3::DQ_KEYS, 2>::BYTES), s, dq_maps.q, do_block,      \
-                    dq_maps.k, dq_maps.v, *a, lse, delta, (bf16 *)dq, scale, scale_log2);          \
+        DQ(DIM, DQ_CONSUMERS);                                                                     \
         DKDV(DIM, false, WEFT_LAUNCH);                                                             \
     }
-    if (a->D == 64) {
-        RUN(64);
+    if (a->D == 128) {
+        RUN(128, 2);
+    } else if (dq_consumers == 3) {
+        RUN(64, 3);
     } else {
-        RUN(128);
+        RUN(64, 2);
     }
 #undef RUN
+#undef DQ
 #undef DKDV
     if (grouped) sum_groups(s, a, scratch, dk, dv);
     return true;

@@ -319,7 +319,8 @@ static void cuda_attention_backward(weft_backend *self, const void *q, const voi
     if (hopper && hopper_launched(self,
                                   weft_cuda_attention_backward_hopper(
                                       STREAM(self), &a, q, k, v, lse, dout, delta, dq, dk, dv,
-                                      delta + delta_floats, st->attention_ordered_dq),
+                                      delta + delta_floats, st->attention_ordered_dq,
+                                      st->attention_rows_at_64),
                                   true, &a))
         return;
     if (mma)

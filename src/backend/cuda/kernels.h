@@ -201,7 +201,8 @@ bool weft_cuda_attention_forward_hopper(weft_cuda_stream s, const weft_cuda_atte
                                         const void *q, const void *k, const void *v, void *out,
                                         float *lse, int rows_at_64);
 // The backward computes dQ in the dK/dV kernel, summed in a fixed order, where ordered_dq, else
-// (faster so far, the backend's default) in a kernel of its own (attention_hopper_backward.cu);
+// (faster so far, the backend's default) in a kernel of its own (attention_hopper_backward.cu),
+// whose blocks take 192 query rows at head_dim 64 where rows_at_64 says so, as the forward's;
 // its scratch is as many bytes as the function below says (the mma backward's partials, then with
 // ordered_dq the fp32 sums).
 size_t weft_cuda_attention_hopper_scratch_bytes(const weft_cuda_attention_args *a, bool ordered_dq);
@@ -209,7 +210,7 @@ bool weft_cuda_attention_backward_hopper(weft_cuda_stream s, const weft_cuda_att
                                          const void *q, const void *k, const void *v,
                                          const float *lse, const void *dout, const float *delta,
                                          void *dq, void *dk, void *dv, float *scratch,
-                                         bool ordered_dq);
+                                         bool ordered_dq, int rows_at_64);
 // delta (H, Tq) f32 = rowsum(dout * out), the backward's first pass.
 void weft_cuda_attention_delta(weft_cuda_stream s, const void *out, const void *dout,
                                float *delta, int Tq, int H, int D);

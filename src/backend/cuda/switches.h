@@ -32,7 +32,8 @@ int weft_cuda_skinny_rows(void);
 // first three versions (1.6-1.9x on an H100, 1.07-1.15x on an H200; bench/README.md).
 bool weft_cuda_attention_ordered_dq(void);
 
-// WEFT_CUDA_ATTENTION_ROWS=192 gives the hopper forward at head_dim 64 blocks of 192 query rows
-// (three consumer warpgroups, FlashAttention-3's tiling) instead of 128, the default until a GPU
-// run says it pays (bench/gpu_attention.py's hopper-192 family). The rows a block takes.
+// WEFT_CUDA_ATTENTION_ROWS=192 gives the hopper forward and dQ kernel at head_dim 64 blocks of
+// 192 query rows (three consumer warpgroups, FlashAttention-3's forward tiling) instead of 128,
+// the default until a GPU run says it pays (bench/gpu_attention.py's hopper-192 family). The rows
+// a block takes.
 int weft_cuda_attention_forward_rows(void);
