@@ -454,6 +454,15 @@ inline void check_launch_limits(dim3 grid, unsigned threads, size_t smem_bytes) 
     if (why[0]) fail(why);
 }
 
+// The linker's bounds of the section of static `__shared__` variables (null where a program has
+// none).
+extern "C" __attribute__((weak)) unsigned char __start_weft_static_smem[], __stop_weft_static_smem[];
+
+inline void poison_static_smem() {
+    unsigned char *start = __start_weft_static_smem, *stop = __stop_weft_static_smem;
+    if (start && stop > start) memset(start, 0xFF, (size_t)(stop - start));
+}
+
 inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
                      const std::function<void()> &kernel, bool in_order = false) {
     constexpr size_t CANARY = 4096;
@@ -466,6 +475,7 @@ inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
     for (uint64_t i = 0; i < blocks; i++) {
         uint64_t b = (order.offset + i * order.stride) % blocks;
         memset(weft_dynamic_smem, 0xA5, smem_bytes + CANARY);
+        poison_static_smem();
         run_block(make_uint3((unsigned)(b % grid.x), (unsigned)(b / grid.x), 0), (int)threads,
                   kernel);
         for (size_t k = smem_bytes; k < smem_bytes + CANARY; k++)
@@ -493,9 +503,14 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, std::function
 #define WEFT_LAUNCH_IN_ORDER(...) WEFT_LAUNCH_WITH_ORDER(true, __VA_ARGS__)
 
 // Shared memory: `__shared__` variables are per block, and blocks run one at a time, so static
-// storage stands in for them; dynamic shared memory is the one buffer above.
+// storage stands in for them; dynamic shared memory is the one buffer above. A GPU's shared
+// memory starts undefined, so run_grid fills the variables' section with 0xFF bytes (NaN as any
+// float, -1 as an int) before each block: a kernel reading one before its block writes it reads
+// that rather than the last block's value or a zero. GCC 12 leaves the static locals of function
+// templates out of a named section (their own COMDAT sections), so only those of plain
+// functions get it: sum_f32's block sums, sampling's draws, the embedding and column sums.
 #undef __shared__
-#define __shared__ static
+#define __shared__ static __attribute__((section("weft_static_smem")))
 template <typename T> T *dynamic_smem() { return reinterpret_cast<T *>(weft_dynamic_smem); }
 
 // The CUDA built-ins the kernels use. (The kernels pun bf16 pairs as 32-bit words, as CUDA code
