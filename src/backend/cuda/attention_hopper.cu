@@ -143,7 +143,7 @@ extern "C" bool weft_cuda_attention_forward_hopper(weft_cuda_stream s,
                                                    const weft_cuda_attention_args *a,
                                                    const void *q, const void *k, const void *v,
                                                    void *out, float *lse, int rows_at_64) {
-    int consumers = a->D == 64 && rows_at_64 == fa3::block_rows(3) ? 3 : fa3::CONSUMERS;
+    int consumers = fa3::query_block_consumers(a->D, rows_at_64);
     int rows = fa3::block_rows(consumers);
     fa3::qkv_maps m;
     if (!fa3::make_qkv_maps(&m, a, q, k, v, rows, fa3::KEYS)) return false;

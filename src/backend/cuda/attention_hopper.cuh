@@ -23,6 +23,10 @@ constexpr int THREADS = 128 * (1 + CONSUMERS); // warpgroup 0 produces
 // consumer warps to hide one's softmax behind another's products.
 __host__ __device__ constexpr int block_rows(int consumers) { return 64 * consumers; }
 __host__ __device__ constexpr int block_threads(int consumers) { return 128 * (1 + consumers); }
+// The consumers of a forward or dQ block: three at head_dim 64 where rows_at_64 asks for 192 rows.
+inline int query_block_consumers(int D, int rows_at_64) {
+    return D == 64 && rows_at_64 == block_rows(3) ? 3 : CONSUMERS;
+}
 // Tiles in flight. A pipelined consumer holds two stages at once (the previous tile's for its
 // accumulation, the current one's for its products), so a third lets the producer load ahead.
 constexpr int STAGES = 3;

@@ -615,7 +615,7 @@ extern "C" bool weft_cuda_attention_backward_hopper(weft_cuda_stream s,
                                                     void *dv, float *scratch, bool ordered_dq,
                                                     int rows_at_64) {
     // Boxes: the dQ kernel reads rows in blocks and keys in tiles, the dK/dV kernel the reverse.
-    int dq_consumers = a->D == 64 && rows_at_64 == fa3::block_rows(3) ? 3 : fa3::CONSUMERS;
+    int dq_consumers = fa3::query_block_consumers(a->D, rows_at_64);
     int dq_rows = fa3::block_rows(dq_consumers);
     fa3::qkv_maps dq_maps, dkdv_maps;
     weft_tensor_map do_block, do_step;
