@@ -139,6 +139,9 @@ inline bool g_threads_in_reverse = [] {
 inline bool g_warps_one_at_a_time = false;
 inline uint3 g_block_index;
 inline dim3 g_block_dim, g_grid_dim;
+// The most threads a block of any launch had since a test last zeroed it: which variant of a
+// kernel ran, where variants differ in their warps.
+inline unsigned g_widest_block = 0;
 
 [[noreturn]] inline void fail(const char *what) {
     fprintf(stderr, "cuda emulation: %s (block %u,%u)\n", what, g_block_index.x, g_block_index.y);
@@ -470,6 +473,7 @@ inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
     if (smem_bytes + CANARY > sizeof weft_dynamic_smem)
         fail("shared memory larger than the emulator's");
     g_grid_dim = grid;
+    g_widest_block = threads > g_widest_block ? threads : g_widest_block;
     uint64_t blocks = (uint64_t)grid.x * grid.y;
     block_order order = in_order ? block_order{1, 0} : draw_block_order(blocks);
     for (uint64_t i = 0; i < blocks; i++) {

@@ -103,6 +103,15 @@ attention_ref attend(const layout &l, const std::vector<double> &q, const std::v
 // at head_dim 64 (HOPPER_192, three consumer warpgroups).
 enum attention_kind { SIMT, MMA, HOPPER, HOPPER_ORDERED, HOPPER_192 };
 
+// That the launches since emu::g_widest_block was zeroed had blocks of at most `threads`
+// threads, and one of exactly that many: the variant of the kernel the test means to check ran.
+void expect_widest_block(const std::string &what, unsigned threads) {
+    bool ok = emu::g_widest_block == threads;
+    printf("%-76s %s (%u threads a block, expected %u)\n", what.c_str(), ok ? "ok" : "FAIL",
+           emu::g_widest_block, threads);
+    failures += !ok;
+}
+
 // One layout through one kernel family, the way cuda.c calls it: forward, delta, backward.
 void test_attention(const layout &l, attention_kind kind, const char *note = "") {
     int H = l.H, KV = l.KV, D = l.D, Tq = l.Tq(), Tkv = l.Tkv();
@@ -121,6 +130,9 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
     const char *family = kind == SIMT ? "simt   " : kind == MMA ? "mma    " : "hopper ";
     std::string name = std::string("attention/") + family + l.label + note +
                        (ordered ? " (ordered dq)" : kind == HOPPER_192 ? " (192 rows)" : "");
+    // Hopper's forward and dQ kernel: a producer warpgroup and a consumer per 64 rows of a block.
+    unsigned hopper_threads = kind == HOPPER_192 && D == 64 ? 512 : 384;
+    emu::g_widest_block = 0;
     if (hopper) {
         if (!weft_cuda_attention_hopper_covers(&a) ||
             !weft_cuda_attention_forward_hopper(queue, &a, q.data(), k.data(), v.data(),
@@ -137,7 +149,9 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
         weft_cuda_attention_forward_simt(queue, &a, q.data(), k.data(), v.data(), out.data(),
                                          lse.data());
     }
+    if (hopper) expect_widest_block(name + " forward's blocks", hopper_threads);
     weft_cuda_attention_delta(queue, out.data(), dout.data(), delta.data(), Tq, H, D);
+    emu::g_widest_block = 0;
     if (kind == SIMT) {
         weft_cuda_attention_backward_simt(queue, &a, q.data(), k.data(), v.data(), lse.data(),
                                           dout.data(), delta.data(), dq.data(), dk.data(),
@@ -156,6 +170,7 @@ void test_attention(const layout &l, attention_kind kind, const char *note = "")
                                          dout.data(), delta.data(), dq.data(), dk.data(),
                                          dv.data(), partials.data());
     }
+    if (hopper) expect_widest_block(name + " backward's blocks", hopper_threads);
     compare(name + " out", out, want.out, BF16_TOL);
     compare(name + " lse", lse, want.lse, F32_TOL);
     compare(name + " dq", dq, want.dq, BF16_TOL);
