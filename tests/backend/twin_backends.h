@@ -99,3 +99,10 @@ static bool same_bits(const twin *a, const twin *b) {
     weft_free(y);
     return same;
 }
+
+// GPU copies of two tensors alike, printed as a check: the fused op's bits against the ops apart.
+static void expect_same_bits(const char *what, const twin *a, const twin *b) {
+    bool same = same_bits(a, b);
+    printf("%-52s %s\n", what, same ? "ok" : "FAIL");
+    failures += !same;
+}
