@@ -461,9 +461,15 @@ inline void check_launch_limits(dim3 grid, unsigned threads, size_t smem_bytes) 
 // none).
 extern "C" __attribute__((weak)) unsigned char __start_weft_static_smem[], __stop_weft_static_smem[];
 
+// Function templates' static `__shared__` variables, which that section misses, found in the
+// program's symbol table (cuda_emulation_statics.cpp), and how many there are.
+void poison_template_smem();
+size_t template_smem_variables();
+
 inline void poison_static_smem() {
     unsigned char *start = __start_weft_static_smem, *stop = __stop_weft_static_smem;
     if (start && stop > start) memset(start, 0xFF, (size_t)(stop - start));
+    poison_template_smem();
 }
 
 inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
@@ -511,8 +517,8 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, std::function
 // memory starts undefined, so run_grid fills the variables' section with 0xFF bytes (NaN as any
 // float, -1 as an int) before each block: a kernel reading one before its block writes it reads
 // that rather than the last block's value or a zero. GCC 12 leaves the static locals of function
-// templates out of a named section (their own COMDAT sections), so only those of plain
-// functions get it: sum_f32's block sums, sampling's draws, the embedding and column sums.
+// templates out of a named section (their own COMDAT sections): those (few_rows, skinny, paged,
+// softmax_row) are found by name in the program's symbol table instead (poison_template_smem).
 #undef __shared__
 #define __shared__ static __attribute__((section("weft_static_smem")))
 template <typename T> T *dynamic_smem() { return reinterpret_cast<T *>(weft_dynamic_smem); }

@@ -657,6 +657,13 @@ static void test_skinny_schedules() {
 }
 
 int main() {
+    // The templated kernels' __shared__ variables start each block as junk only if the emulator
+    // found them in the symbol table (cuda_emulation_statics.cpp): a stripped or restructured
+    // program would silently give them the last block's values again.
+    size_t found = emu::template_smem_variables();
+    printf("%-60s %zu %s\n", "template __shared__ variables the emulator poisons", found,
+           found >= 16 ? "ok" : "FAIL");
+    failures += found < 16;
     for (bool reversed : {false, true}) {
         emu::g_threads_in_reverse = reversed;
         test_every_kernel();
