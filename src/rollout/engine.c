@@ -357,6 +357,7 @@ static void hold_params(weft_engine *e, bool hold) {
 void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
                           weft_completion *out, weft_progress_fn progress, void *progress_ctx) {
     double t0 = weft_now_seconds();
+    long waits = e->be->host_waits;
     weft_engine_check_prompts(e, prompts, n_prompts, NULL);
     hold_params(e, true);
     e->n_seqs = 0, e->done_samples = 0;
@@ -388,6 +389,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     e->stats.prompts += n_prompts;
     e->stats.sequences += total;
     e->stats.seconds += weft_now_seconds() - t0;
+    e->stats.host_waits += e->be->host_waits - waits;
 }
 
 int *weft_rollout_spread(const int *lens, int n, const weft_sampling_config *sc, int rank,

@@ -48,6 +48,9 @@ typedef struct weft_rollout_stats {
     // Decode steps queued ahead of the host (rollout.async_scheduling), and the rows they gave
     // samples that had stopped at the step before (computed in vain).
     long async_steps, async_wasted_rows;
+    // Times the host waited for the device (the backend's count: downloads, synchronizations,
+    // frees): a decode step should wait once, for its tokens, whatever the model's depth.
+    long host_waits;
     // Whether each row's bits were independent of what else its step held: always on the CPU,
     // with rollout.batch_invariant on a GPU.
     bool batch_invariant;
