@@ -66,12 +66,14 @@ run_step() {
       with_early_launch_check py_tests tests/backend/test_cuda_matches_cpu_backend.py \
                tests/backend/test_cuda_training_repeats_bit_for_bit.py ;;
     rollout) # generation on the GPU: decode steps replayed from CUDA graphs equal launching every
-      # kernel, generated log-probs equal the trainer's (device draws, speculation included), and
-      # rollout.batch_invariant's output is the same bytes whatever the batching
+      # kernel, generated log-probs equal the trainer's (device draws, speculation included),
+      # rollout.batch_invariant's output is the same bytes whatever the batching, and a decode
+      # step waits for the GPU once
       ensure_env
       py_tests tests/rollout/test_graph_replayed_decode_equals_kernel_by_kernel.py \
                tests/rollout/test_generated_logprobs_equal_trainer_logprobs.py \
-               tests/rollout/test_batch_invariant_cuda_generate_is_invariant.py ;;
+               tests/rollout/test_batch_invariant_cuda_generate_is_invariant.py \
+               tests/rollout/test_cuda_decode_waits_for_the_gpu_once_per_step.py ;;
     rl) # the RL loop on the GPU: rollout/trainer log-prob mismatch, the trainer's memory
       # offloaded during rollout (pinned host copies, exact byte accounting), TIS weights
       ensure_env
