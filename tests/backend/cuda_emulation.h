@@ -457,20 +457,10 @@ inline void check_launch_limits(dim3 grid, unsigned threads, size_t smem_bytes) 
     if (why[0]) fail(why);
 }
 
-// The linker's bounds of the section of static `__shared__` variables (null where a program has
-// none).
-extern "C" __attribute__((weak)) unsigned char __start_weft_static_smem[], __stop_weft_static_smem[];
-
-// Function templates' static `__shared__` variables, which that section misses, found in the
-// program's symbol table (cuda_emulation_statics.cpp), and how many there are.
-void poison_template_smem();
-size_t template_smem_variables();
-
-inline void poison_static_smem() {
-    unsigned char *start = __start_weft_static_smem, *stop = __stop_weft_static_smem;
-    if (start && stop > start) memset(start, 0xFF, (size_t)(stop - start));
-    poison_template_smem();
-}
+// Fills every kernel's static `__shared__` variables with 0xFF bytes (cuda_emulation_statics.cpp
+// finds them in the program's symbol table), and how many it fills.
+void poison_static_smem();
+size_t static_smem_variables();
 
 inline void run_grid(dim3 grid, unsigned threads, size_t smem_bytes,
                      const std::function<void()> &kernel, bool in_order = false) {
@@ -514,13 +504,11 @@ inline void launch(dim3 grid, unsigned threads, size_t smem_bytes, std::function
 
 // Shared memory: `__shared__` variables are per block, and blocks run one at a time, so static
 // storage stands in for them; dynamic shared memory is the one buffer above. A GPU's shared
-// memory starts undefined, so run_grid fills the variables' section with 0xFF bytes (NaN as any
-// float, -1 as an int) before each block: a kernel reading one before its block writes it reads
-// that rather than the last block's value or a zero. GCC 12 leaves the static locals of function
-// templates out of a named section (their own COMDAT sections): those (few_rows, skinny, paged,
-// softmax_row) are found by name in the program's symbol table instead (poison_template_smem).
+// memory starts undefined, so run_grid fills the variables with 0xFF bytes (NaN as any float, -1
+// as an int) before each block: a kernel reading one before its block writes it reads that
+// rather than the last block's value or a zero.
 #undef __shared__
-#define __shared__ static __attribute__((section("weft_static_smem")))
+#define __shared__ static
 template <typename T> T *dynamic_smem() { return reinterpret_cast<T *>(weft_dynamic_smem); }
 
 // The CUDA built-ins the kernels use. (The kernels pun bf16 pairs as 32-bit words, as CUDA code

@@ -1,9 +1,10 @@
-// The emulator's reach to the static `__shared__` variables of function templates (see
-// cuda_emulation.h's `__shared__`): GCC 12 gives each template instance's static locals a COMDAT
-// section of its own and ignores a named section on them, so the linker cannot gather them. The
-// program's own symbol table names them instead: a function-local static is mangled "_ZZ...",
-// and a zero-initialized one lives in .bss. Those of internal linkage (kernels in an anonymous
-// namespace) are listed under their source file's name, and only the kernels' files count
+// Where the kernels' static `__shared__` variables are, so that the emulator can fill them with
+// junk before each block (cuda_emulation.h). They are function-local statics (`__shared__` is
+// `static` there), which C++ gives no common home: a named section would gather those of plain
+// functions, but GCC 12 ignores it on function templates' (each instance has a COMDAT section of
+// its own). The program's symbol table names them all instead: a function-local static is
+// mangled "_ZZ...", and a zero-initialized one lives in .bss. Those of internal linkage are
+// listed under their source file's name, and only the kernels' files count
 // (cuda_emulated_kernels.cpp, a test_cuda_*.cpp): the emulated NCCL's and runtime's own statics
 // live beside them. Those of external linkage carry no file, and count unless they are the
 // emulator's (namespace emu): a host function with external linkage and a zero-initialized
@@ -51,8 +52,8 @@ bool kernel_static(const char *name, unsigned char binding, const char *file) {
 
 // Every zero-initialized function-local static of the kernels: the symbol table's objects in a
 // writable section without file contents (.bss) that kernel_static takes. A stripped program
-// has no symbol table, and then nothing is found (the plain functions' section still works).
-std::vector<byte_range> find_template_statics() {
+// has no symbol table, and then nothing is found (the kernel test checks that some are).
+std::vector<byte_range> find_kernel_statics() {
     std::vector<byte_range> found;
     std::vector<unsigned char> image = read_program();
     if (image.size() < sizeof(ElfW(Ehdr))) return found;
@@ -89,17 +90,17 @@ std::vector<byte_range> find_template_statics() {
     return found;
 }
 
-const std::vector<byte_range> &template_statics() {
-    static const std::vector<byte_range> statics = find_template_statics();
+const std::vector<byte_range> &kernel_statics() {
+    static const std::vector<byte_range> statics = find_kernel_statics();
     return statics;
 }
 
 } // namespace
 
-void poison_template_smem() {
-    for (const byte_range &r : template_statics()) memset(r.at, 0xFF, r.bytes);
+void poison_static_smem() {
+    for (const byte_range &r : kernel_statics()) memset(r.at, 0xFF, r.bytes);
 }
 
-size_t template_smem_variables() { return template_statics().size(); }
+size_t static_smem_variables() { return kernel_statics().size(); }
 
 } // namespace emu

@@ -657,11 +657,11 @@ static void test_skinny_schedules() {
 }
 
 int main() {
-    // The templated kernels' __shared__ variables start each block as junk only if the emulator
-    // found them in the symbol table (cuda_emulation_statics.cpp): a stripped or restructured
-    // program would silently give them the last block's values again.
-    size_t found = emu::template_smem_variables();
-    printf("%-60s %zu %s\n", "template __shared__ variables the emulator poisons", found,
+    // The kernels' __shared__ variables start each block as junk only if the emulator found them
+    // in the symbol table (cuda_emulation_statics.cpp): a stripped or restructured program would
+    // silently give them the last block's values again.
+    size_t found = emu::static_smem_variables();
+    printf("%-60s %zu %s\n", "static __shared__ variables the emulator poisons", found,
            found >= 16 ? "ok" : "FAIL");
     failures += found < 16;
     for (bool reversed : {false, true}) {
