@@ -231,6 +231,12 @@ struct weft_backend {
     // logprob = -row_loss bit for bit.
     void (*logprobs)(weft_backend *self, const void *logits, const int32_t *targets,
                      float *logprob, float *entropy, float *correct, int T, int V);
+    // lse (T) f32: each row's log-normalizer, such that -(lse[t] - logits[t, y]) in f32 is the
+    // logprobs op's logprob of token y bit for bit: the rollout downloads it beside the logits it
+    // draws from on the host and needs no second trip for the drawn tokens' log-probs. Optional:
+    // NULL where logprobs' arithmetic does not split so (the CPU, whose rollout reads the logits
+    // in place and calls logprobs itself).
+    void (*log_normalizers)(weft_backend *self, const void *logits, float *lse, int T, int V);
     // Draws n tokens where the sampling has no filter (rollout keeps top-k, top-p and min-p on the
     // host): draw d reads row rows[d] of logits (., V) and takes, with temperature 0, its first
     // largest logit; else the first token whose cumulative weight exp((l - max) / temperature)

@@ -44,11 +44,20 @@ static void draw_buffers(weft_engine *e, int n) {
 
 // The base log-probs (temperature 1, no filter) of tokens drawn on the host, by the backend's
 // logprobs op on the logits rows they were drawn from, gathered: the op and the arithmetic the
-// trainer uses.
+// trainer uses. Or its bits without a trip to the device: from the rows' normalizers, where they
+// came down with the logits.
 static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     int V = e->model->cfg.vocab_size;
+    if (b->host_lse_rows > 0) {
+        for (int i = 0; i < n; i++) {
+            WEFT_CHECK(d[i].row < b->host_lse_rows, "internal: draw row %d has no normalizer",
+                       d[i].row);
+            out[i] = -(b->host_lse[d[i].row] - b->host_logits[(size_t)d[i].row * V + d[i].token]);
+        }
+        return;
+    }
     int32_t *rows = weft_alloc(sizeof(int32_t) * n), *tokens = weft_alloc(sizeof(int32_t) * n);
     for (int i = 0; i < n; i++) rows[i] = d[i].row, tokens[i] = d[i].token;
     draw_buffers(e, n);

@@ -47,7 +47,14 @@ typedef struct step_buffers {
     float *draw_logprobs, *draw_processed;  // (draws)
     double *draw_u;                         // (draws): the uniform numbers of device draws
     float *host_logits;                     // (head rows, V) f32 on the host, for the draws
-    size_t host_logits_cap;                 // floats
+    size_t host_logits_cap;                 // bytes
+    // Where the backend has log_normalizers: the head rows' normalizers, downloaded with their
+    // logits, from which the host finishes the drawn tokens' base log-probs (host_lse_rows of
+    // them this step; 0: the logprobs op gives those), and the download's raw bytes.
+    float *host_lse;
+    int host_lse_rows;
+    void *host_raw;
+    size_t host_lse_cap, host_raw_cap; // bytes
     // Speculative decoding: the main forward's hidden states, the MTP modules' outputs (ping-pong)
     // and a module's gathered input, each (rows + seqs, C) (the tail takes stashed rows).
     void *hidden_main, *hidden_mtp[2], *hidden_in;
@@ -136,6 +143,8 @@ bool weft_rollout_step(weft_engine *e);
 void weft_rollout_step_buffers_free(weft_engine *e);
 // Device buffers: grown to hold `want` elements of `each` bytes (contents lost), else kept.
 void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t each);
+// The step buffers' logits grown to hold `rows` rows and, after them, their normalizers.
+void weft_rollout_logits_room(weft_engine *e, int rows);
 // Uploads the slots, positions, sequence bounds and block tables of a batch whose documents are the
 // sequences seqs[0..n) and returns the provider through which its attention reads the cache.
 // The batch's sequences with cached keys come first and attend over the pool (layout: its first

@@ -230,8 +230,7 @@ static void module_pass(weft_engine *e, phase *ph, int j) {
         void **out_buf = &b->hidden_mtp[j & 1];
         *out_buf = grow_rows(be, *out_buf, &b->hidden_mtp_cap[j & 1], T + ph->n, 0, row);
         gather_inputs(e, ph, j, r, T);
-        b->logits = weft_rollout_grown(be, b->logits, &b->logits_cap, n_heads + 1,
-                                       weft_dtype_size(be->act_dtype) * V);
+        weft_rollout_logits_room(e, n_heads);
         paged_provider storage;
         weft_kv_provider kv = weft_rollout_provider(e, batch, docs, n_docs, &storage);
         weft_forward_outputs out = {.logits = b->logits, .hidden = *out_buf, .rows = heads,

@@ -21,6 +21,20 @@ void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t e
     return be->alloc(be, each * (size_t)*cap);
 }
 
+// Byte offset of the normalizers after `rows` logits rows: 16-byte aligned.
+static size_t normalizers_at(const weft_engine *e, int rows) {
+    size_t bytes = weft_dtype_size(e->be->act_dtype) * e->model->cfg.vocab_size * (size_t)rows;
+    return (bytes + 15) / 16 * 16;
+}
+
+void weft_rollout_logits_room(weft_engine *e, int rows) {
+    step_buffers *b = &e->buf;
+    size_t row = weft_dtype_size(e->be->act_dtype) * e->model->cfg.vocab_size;
+    // rows * (row + 20) bytes hold the rows, the alignment's at most 15 and rows floats.
+    b->logits = weft_rollout_grown(e->be, b->logits, &b->logits_cap, rows > 0 ? rows : 1,
+                                   row + 20);
+}
+
 void weft_rollout_step_buffers_free(weft_engine *e) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
@@ -31,7 +45,7 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
                    b->gather_rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->free(be, all[i]);
-    weft_free(b->host_logits);
+    weft_free(b->host_logits), weft_free(b->host_lse), weft_free(b->host_raw);
     memset(b, 0, sizeof *b);
     weft_batch_free(&e->batch);
     weft_batch_free(&e->draft_batch);
@@ -233,9 +247,8 @@ static void main_pass_setup(weft_engine *e, const int *seqs, int n, const int32_
                             int n_rows, main_pass *mp) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
-    int V = e->model->cfg.vocab_size, C = e->model->cfg.hidden_size;
-    b->logits = weft_rollout_grown(be, b->logits, &b->logits_cap, n_rows > 0 ? n_rows : 1,
-                                   weft_dtype_size(be->act_dtype) * V);
+    int C = e->model->cfg.hidden_size;
+    weft_rollout_logits_room(e, n_rows);
     mp->kv = weft_rollout_provider(e, &e->batch, seqs, n, &mp->storage);
     mp->pass = (weft_pass_options){.kv = &mp->kv};
     mp->out = (weft_forward_outputs){.logits = b->logits, .rows = head_rows, .n_rows = n_rows,
@@ -248,18 +261,47 @@ static void main_pass_setup(weft_engine *e, const int *seqs, int n, const int32_
     }
 }
 
+// Host buffers kept from step to step: fresh pages cost faults.
+static void *host_room(void *p, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return p;
+    weft_free(p);
+    *cap = bytes;
+    return weft_alloc(bytes);
+}
+
+// The rows' logits and, right after them, their normalizers in one download: the host waits for
+// the device once, not again for the drawn tokens' base log-probs.
+static void logits_and_normalizers_to_host(weft_engine *e, int n_rows) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    size_t n = (size_t)n_rows * e->model->cfg.vocab_size, at = normalizers_at(e, n_rows);
+    be->log_normalizers(be, b->logits, (float *)((char *)b->logits + at), n_rows,
+                        e->model->cfg.vocab_size);
+    b->host_raw = host_room(b->host_raw, &b->host_raw_cap, at + sizeof(float) * n_rows);
+    be->to_host(be, b->host_raw, b->logits, at + sizeof(float) * n_rows);
+    if (be->act_dtype == WEFT_F32) {
+        memcpy(b->host_logits, b->host_raw, sizeof(float) * n);
+    } else {
+        const uint16_t *raw = b->host_raw;
+        for (size_t i = 0; i < n; i++) b->host_logits[i] = weft_f32_from_bf16(raw[i]);
+    }
+    b->host_lse = host_room(b->host_lse, &b->host_lse_cap, sizeof(float) * n_rows);
+    memcpy(b->host_lse, (char *)b->host_raw + at, sizeof(float) * n_rows);
+    b->host_lse_rows = n_rows;
+}
+
 // The main forward's first n_rows logits rows into the host buffer, for draws on the host.
 static void logits_to_host(weft_engine *e, int n_rows) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
     size_t V = (size_t)e->model->cfg.vocab_size;
+    b->host_lse_rows = 0;
     if (n_rows <= 0) return;
-    if (b->host_logits_cap < (size_t)n_rows * V) { // kept: fresh pages cost faults
-        weft_free(b->host_logits);
-        b->host_logits_cap = (size_t)n_rows * V;
-        b->host_logits = weft_alloc(sizeof(float) * b->host_logits_cap);
-    }
-    be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)n_rows * V);
+    b->host_logits = host_room(b->host_logits, &b->host_logits_cap, sizeof(float) * n_rows * V);
+    if (be->log_normalizers && (be->act_dtype == WEFT_F32 || be->act_dtype == WEFT_BF16))
+        logits_and_normalizers_to_host(e, n_rows);
+    else
+        be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)n_rows * V);
 }
 
 // The main forward, and the logits into the host buffer unless drawn on the device.

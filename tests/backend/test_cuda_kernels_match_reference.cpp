@@ -407,6 +407,13 @@ void test_logprobs(int V) {
     compare(sized("logprobs entropy", V), H, want_H, F32_TOL);
     compare(sized("logprobs correct", V), correct, want_correct, 0.0);
     compare(sized("logprobs leaves the logits", V), h.logits, widen(before), 0.0);
+    // The rollout's host finishes a log-prob from a row's normalizer: logprobs' bits.
+    std::vector<float> lse(h.T, NAN), finished(h.T, 0.0f);
+    weft_cuda_log_normalizers(queue, h.logits.data(), lse.data(), h.T, V);
+    for (int t = 0; t < h.T; t++)
+        if (h.targets[t] >= 0)
+            finished[t] = -(lse[t] - (float)value_of(h.logits[(size_t)t * V + h.targets[t]]));
+    compare(sized("log_normalizers give logprobs' bits", V), finished, widen(lp), 0.0);
 }
 
 // Draws from the rows of make_head_rows (ties for the largest logit included) at uniform points

@@ -394,6 +394,19 @@ static void test_device_draws(float temperature) {
     expect_same_bits(what, &logp, &want);
     int32_t drawn[N];
     gpu->to_host(gpu, drawn, tokens.g, sizeof drawn);
+    // What the rollout does for draws on the host: the drawn rows' normalizers, then one f32
+    // subtraction a token.
+    float lse[N], finished[N], got[N];
+    gpu->log_normalizers(gpu, gathered.g, want.g, N, V); // want's logprobs no longer needed
+    gpu->to_host(gpu, lse, want.g, sizeof lse);
+    gpu->to_host(gpu, got, logp.g, sizeof got);
+    for (int d = 0; d < N; d++)
+        finished[d] = -(lse[d] - logits.host[(size_t)rows[d] * V + drawn[d]]);
+    bool same = !memcmp(finished, got, sizeof got);
+    printf("%-52s %s\n", temperature == 0 ? "log_normalizers finish logprobs' bits"
+                                          : "log_normalizers finish logprobs' bits (T > 0)",
+           same ? "ok" : "FAIL");
+    failures += !same;
     int wrong = 0;
     for (int d = 0; d < N && temperature == 0; d++) {
         const float *row = logits.host + (size_t)rows[d] * V;

@@ -8,10 +8,10 @@ every sample runs to the limit); the extra waits over the extra forwards are the
 - tokens drawn on the device (greedy or a temperature alone; with graphs, without them, without
   async scheduling, and with n = 3 samples of each prompt): exactly 1, the step's tokens read
   back;
-- drawn on the host (top-p): at most 2, the logits, then the drawn tokens' base log-probs from
-  the trainer's logprobs op;
-- MTP speculation with 2 drafts: at most 2 + 2 x 2, the verifying forward's two, then each draft
-  depth's hidden-state stash and logits.
+- drawn on the host (top-p): exactly 1, the logits with each row's log-normalizer (the drawn
+  tokens' base log-probs are finished on the host in the logprobs op's bits, no second trip);
+- MTP speculation with 2 drafts: at most 1 + 2 x 2, the verifying forward's logits, then each
+  draft depth's hidden-state stash and logits.
 Every case also runs on a model of 1 and of 3 layers: the counts must be the same, so no wait
 hides in a layer (under speculation, whose accepted drafts and so steps differ between the two
 models, each must keep within the bound). Runs on the GPU where nvidia-smi lists one, else on
@@ -34,9 +34,9 @@ CASES = {
     "no graphs": (["sampling.temperature=1", "rollout.cuda_graphs=false"], 1, False),
     "no async scheduling": (["sampling.temperature=1", "rollout.async_scheduling=false"], 1,
                             False),
-    "top-p, drawn on the host": (["sampling.temperature=1", "sampling.top_p=0.9"], 2, False),
+    "top-p, drawn on the host": (["sampling.temperature=1", "sampling.top_p=0.9"], 1, False),
     "speculative, 2 drafts": (["sampling.temperature=1", "rollout.speculative_tokens=2"],
-                              2 + 2 * 2, True),
+                              1 + 2 * 2, True),
 }
 
 

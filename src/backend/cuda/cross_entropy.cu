@@ -94,6 +94,16 @@ __global__ void logprobs_kernel(const bf16 *logits, const int32_t *targets, floa
     }
 }
 
+// Each row's log-normalizer as logprobs_kernel computes it (the same reduction, the same
+// rounding), so the host finishes any token's log-prob with one f32 subtraction.
+template <int VEC>
+__global__ void log_normalizers_kernel(const bf16 *logits, float *lse, int V) {
+    wait_for_earlier_kernels();
+    __shared__ float unused;
+    softmax_state s = row_softmax<VEC>(logits + (size_t)blockIdx.x * V, V, -1, &unused);
+    if (threadIdx.x == 0) lse[blockIdx.x] = s.max + logf(s.sum);
+}
+
 template <int VEC>
 __global__ void logits_backward_kernel(bf16 *logits, const int32_t *targets,
                                        const float *d_logprob, const float *d_entropy, int V) {
@@ -133,6 +143,13 @@ extern "C" void weft_cuda_logprobs(weft_cuda_stream s, const void *logits, const
     if (T == 0) return;
     WEFT_LAUNCH_VECTORIZED(logprobs_kernel, vector_width(V, logits), T, CE_THREADS, 0, s,
                            (const bf16 *)logits, targets, logprob, entropy, correct, V);
+}
+
+extern "C" void weft_cuda_log_normalizers(weft_cuda_stream s, const void *logits, float *lse,
+                                          int T, int V) {
+    if (T == 0) return;
+    WEFT_LAUNCH_VECTORIZED(log_normalizers_kernel, vector_width(V, logits), T, CE_THREADS, 0, s,
+                           (const bf16 *)logits, lse, V);
 }
 
 extern "C" void weft_cuda_logits_backward(weft_cuda_stream s, void *logits,

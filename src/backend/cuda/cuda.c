@@ -401,6 +401,12 @@ static void cuda_cross_entropy(weft_backend *self, void *logits, const int32_t *
     weft_cuda_launched(self, "cross_entropy");
 }
 
+static void cuda_log_normalizers(weft_backend *self, const void *logits, float *lse, int T,
+                                 int V) {
+    weft_cuda_log_normalizers(STREAM(self), logits, lse, T, V);
+    weft_cuda_launched(self, "log_normalizers");
+}
+
 static void cuda_sample_tokens(weft_backend *self, const void *logits, const int32_t *rows,
                                const double *u, int n, int V, float temperature, int32_t *tokens,
                                float *logprob, float *processed) {
@@ -641,6 +647,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .add_inplace = cuda_add_inplace,
         .cross_entropy = cuda_cross_entropy,
         .logprobs = cuda_logprobs,
+        .log_normalizers = cuda_log_normalizers,
         .sample_tokens = cuda_sample_tokens,
         .take_tokens = cuda_take_tokens,
         .logits_backward = cuda_logits_backward,

@@ -156,6 +156,8 @@ void weft_cuda_cross_entropy(weft_cuda_stream s, void *logits, const int32_t *ta
 // (T, V) bf16, which stay as they are.
 void weft_cuda_logprobs(weft_cuda_stream s, const void *logits, const int32_t *targets,
                         float *logprob, float *entropy, float *correct, int T, int V);
+// backend.h's log_normalizers: lse (T) f32 of logits (T, V) bf16.
+void weft_cuda_log_normalizers(weft_cuda_stream s, const void *logits, float *lse, int T, int V);
 // Draws n tokens from rows of logits (., V) bf16: backend.h's sample_tokens (sampling.cu).
 void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits, const int32_t *rows,
                              const double *u, int n, int V, float temperature, int32_t *tokens,
