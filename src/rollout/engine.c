@@ -142,14 +142,13 @@ static gen_seq seq_for_prompt(const weft_engine *e, const weft_prompt *p, int sa
     if (k > 0) {
         const weft_model_config *c = &e->model->cfg;
         s.draft_logits = weft_alloc(sizeof(float) * k * c->vocab_size);
-        s.stash = weft_alloc(weft_dtype_size(e->be->act_dtype) * k * c->hidden_size);
     }
     return s;
 }
 
 static void seq_free(gen_seq *s) {
     weft_free(s->tokens), weft_free(s->logprobs), weft_free(s->processed);
-    weft_free(s->draft_logits), weft_free(s->stash);
+    weft_free(s->draft_logits);
 }
 
 int weft_rollout_token_limit(const weft_engine *e, const gen_seq *s) {
@@ -297,10 +296,7 @@ static gen_seq fork_sample(weft_engine *e, const gen_seq *p, int sample) {
     child.main_row0 = p->main_row0, child.main_lo = p->main_lo, child.main_hi = p->main_hi;
     memcpy(child.mtp_cached, p->mtp_cached, sizeof child.mtp_cached);
     memcpy(child.stash_pos, p->stash_pos, sizeof child.stash_pos);
-    const weft_model_config *c = &e->model->cfg;
-    if (p->stash)
-        memcpy(child.stash, p->stash, weft_dtype_size(e->be->act_dtype) *
-                                          e->rc.speculative_tokens * c->hidden_size);
+    memcpy(child.stash_row, p->stash_row, sizeof child.stash_row); // shared until a rebuild
     return child;
 }
 

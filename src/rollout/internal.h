@@ -23,10 +23,10 @@ typedef struct gen_seq {
     float *draft_logits; // (k, V) the logits each draft was drawn from (its q)
     // MTP module j+1's positions [0, mtp_cached[j]) hold keys of true inputs (accepted tokens).
     int mtp_cached[WEFT_MAX_MTP];
-    // h_j (j = 0: the main model's h_0) at position stash_pos[j] (-1: none), (k, C) act dtype on
-    // the host: the one row module j+1 starts from that producer j no longer computes.
-    void *stash;
-    int stash_pos[WEFT_MAX_MTP];
+    // h_j (j = 0: the main model's h_0) at position stash_pos[j] (-1: none), row stash_row[j] of
+    // the step buffers' stash[j]: the one row module j+1 starts from that producer j no longer
+    // computes.
+    int stash_pos[WEFT_MAX_MTP], stash_row[WEFT_MAX_MTP];
     // This step: the main forward's rows for this sequence, positions [main_lo, main_hi] at
     // rows main_row0 + position of its hidden states.
     int main_row0, main_lo, main_hi;
@@ -61,6 +61,9 @@ typedef struct step_buffers {
     int hidden_main_cap, hidden_mtp_cap[2], hidden_in_cap; // rows
     int32_t *gather_rows;                   // (rows) device
     int gather_cap;
+    // Module j+1's stash: (rows, C) the kept rows of h_j; and the spare a rebuild writes.
+    void *stash[WEFT_MAX_MTP], *stash_spare;
+    int stash_cap[WEFT_MAX_MTP], stash_spare_cap; // rows
 } step_buffers;
 
 // Decode steps recorded as backend graphs (graphs.c). A graph holds the pointers and sizes of the

@@ -7,7 +7,8 @@
 // module j reads draft j-1 and drafts token N + j - 1. Module j's keys are final only where its
 // input token is an accepted one (positions <= N - 1 - j); its rows past that are recomputed next
 // step with the tokens then known. So each module keeps its own count of final positions, and the
-// one row of h_{j-1} it needs below what module j-1 computes next is kept on the host (the stash).
+// one row of h_{j-1} it needs below what module j-1 computes next is kept on the device (the
+// stash).
 //
 // Verification: one main forward over the last token and the k drafts gives p at each; draft x at
 // depth i is accepted with probability min(1, p_i(x) / q_i(x)), else a token is drawn from
@@ -99,13 +100,15 @@ static int drafts_wanted(const weft_engine *e, const gen_seq *s) {
     return left < k ? (left > 0 ? left : 0) : k;
 }
 
-// Grows a (rows, C) device buffer keeping its first `keep` rows.
+// Grows a (rows, C) device buffer keeping its first `keep` rows (as weft_rollout_grown sizes: a
+// free makes the host wait for the device).
 static void *grow_rows(weft_backend *be, void *p, int *cap, int want, int keep, size_t row) {
     if (want <= *cap) return p;
-    void *bigger = be->alloc(be, row * (size_t)want * 2);
+    int rows = want * 2 > 64 ? want * 2 : 64;
+    void *bigger = be->alloc(be, row * (size_t)rows);
     if (p && keep > 0) be->copy(be, bigger, p, row * (size_t)keep);
     if (p) be->free(be, p);
-    *cap = want * 2;
+    *cap = rows;
     return bigger;
 }
 
@@ -120,15 +123,16 @@ typedef struct phase {
     int T_prod;
 } phase;
 
-// The module's input h_{j-1} (T, C) into hidden_in: rows of the producer, or its stash on the host
-// (uploaded after the producer's T_prod rows first).
+// The module's input h_{j-1} (T, C) into hidden_in: rows of the producer, or of its stash (first
+// gathered after the producer's T_prod rows). One upload holds both gathers' rows.
 static void gather_inputs(weft_engine *e, phase *ph, int j, const rows_span *r, int T) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
-    size_t row = weft_dtype_size(be->act_dtype) * e->model->cfg.hidden_size;
-    int32_t *idx = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (T + 1));
+    int C = e->model->cfg.hidden_size;
+    size_t row = weft_dtype_size(be->act_dtype) * C;
+    int32_t *idx = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (T + ph->n + 1));
+    int32_t *stashed = idx + T; // (n_stash) rows of the stash buffer
     int t = 0, n_stash = 0;
-    char *stash = weft_arena_stage(&e->step_scratch, row * (ph->n + 1));
     for (int i = 0; i < ph->n; i++) {
         gen_seq *s = &e->seqs[ph->seqs[i]];
         for (int p = r[i].lo; p <= r[i].hi; p++) {
@@ -138,22 +142,58 @@ static void gather_inputs(weft_engine *e, phase *ph, int j, const rows_span *r, 
             }
             WEFT_CHECK(p == s->stash_pos[j - 1], "internal: MTP module %d needs position %d, which "
                        "module %d neither computed nor kept", j, p, j - 1);
-            memcpy(stash + row * n_stash, (char *)s->stash + row * (j - 1), row);
+            stashed[n_stash] = s->stash_row[j - 1];
             idx[t++] = ph->T_prod + n_stash++;
         }
     }
-    be->to_device(be, (char *)ph->producer + row * ph->T_prod, stash, row * n_stash);
-    b->gather_rows = weft_rollout_grown(be, b->gather_rows, &b->gather_cap, T, sizeof(int32_t));
-    be->to_device(be, b->gather_rows, idx, sizeof(int32_t) * T);
-    be->embedding_forward(be, b->gather_rows, ph->producer, b->hidden_in, T,
-                          e->model->cfg.hidden_size);
+    b->gather_rows = weft_rollout_grown(be, b->gather_rows, &b->gather_cap, T + n_stash,
+                                        sizeof(int32_t));
+    be->to_device(be, b->gather_rows, idx, sizeof(int32_t) * (T + n_stash));
+    if (n_stash > 0)
+        be->embedding_forward(be, b->gather_rows + T, b->stash[j - 1],
+                              (char *)ph->producer + row * ph->T_prod, n_stash, C);
+    be->embedding_forward(be, b->gather_rows, ph->producer, b->hidden_in, T, C);
+}
+
+// Module j's stash rebuilt: the rows (n_new of them) just kept from the producer's rows `fresh`,
+// then every other live sequence's kept row (flagged in kept[]: not new), from the old stash. The
+// rows stay on the device: nothing of them comes to the host.
+static void restash(weft_engine *e, phase *ph, int j, const int32_t *fresh, const int *who,
+                    int n_new) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    int C = e->model->cfg.hidden_size;
+    size_t row = weft_dtype_size(be->act_dtype) * C;
+    bool *renewed = weft_arena_alloc(&e->step_scratch, (size_t)e->n_seqs + 1);
+    int32_t *idx = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (e->n_seqs + n_new + 1));
+    memcpy(idx, fresh, sizeof(int32_t) * n_new);
+    for (int i = 0; i < n_new; i++) {
+        renewed[ph->seqs[who[i]]] = true;
+        e->seqs[ph->seqs[who[i]]].stash_row[j - 1] = i;
+    }
+    int n = n_new;
+    for (int i = 0; i < e->n_seqs; i++) {
+        gen_seq *s = &e->seqs[i];
+        if (renewed[i] || s->state == SEQ_DONE || s->stash_pos[j - 1] < 0) continue;
+        idx[n] = s->stash_row[j - 1];
+        s->stash_row[j - 1] = n++;
+    }
+    b->stash_spare = weft_rollout_grown(be, b->stash_spare, &b->stash_spare_cap, n, row);
+    b->gather_rows = weft_rollout_grown(be, b->gather_rows, &b->gather_cap, n, sizeof(int32_t));
+    be->to_device(be, b->gather_rows, idx, sizeof(int32_t) * n);
+    be->embedding_forward(be, b->gather_rows, ph->producer, b->stash_spare, n_new, C);
+    if (n > n_new)
+        be->embedding_forward(be, b->gather_rows + n_new, b->stash[j - 1],
+                              (char *)b->stash_spare + row * n_new, n - n_new, C);
+    void *old = b->stash[j - 1];
+    int old_cap = b->stash_cap[j - 1];
+    b->stash[j - 1] = b->stash_spare, b->stash_cap[j - 1] = b->stash_spare_cap;
+    b->stash_spare = old, b->stash_spare_cap = old_cap;
 }
 
 // After module j's pass: its final positions, and the producer's row it will start from next time
-// when the producer will not compute it again (kept on the host).
+// when the producer will not compute it again (kept in module j's stash).
 static void keep_stash(weft_engine *e, phase *ph, int j, const rows_span *r) {
-    weft_backend *be = e->be;
-    size_t row = weft_dtype_size(be->act_dtype) * e->model->cfg.hidden_size;
     int32_t *idx = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (ph->n + 1));
     int *who = weft_arena_alloc(&e->step_scratch, sizeof(int) * (ph->n + 1)), n = 0;
     for (int i = 0; i < ph->n; i++) {
@@ -169,17 +209,7 @@ static void keep_stash(weft_engine *e, phase *ph, int j, const rows_span *r) {
         else WEFT_CHECK(s->stash_pos[j - 1] == next, "internal: MTP module %d will need "
                         "position %d of module %d, which is not kept", j, next, j - 1);
     }
-    if (n > 0) {
-        step_buffers *b = &e->buf;
-        char *host = weft_arena_stage(&e->step_scratch, row * n);
-        b->gather_rows = weft_rollout_grown(be, b->gather_rows, &b->gather_cap, n, sizeof(int32_t));
-        be->to_device(be, b->gather_rows, idx, sizeof(int32_t) * n);
-        be->embedding_forward(be, b->gather_rows, ph->producer, b->hidden_in, n,
-                              e->model->cfg.hidden_size);
-        be->to_host(be, host, b->hidden_in, row * n);
-        for (int i = 0; i < n; i++)
-            memcpy((char *)e->seqs[ph->seqs[who[i]]].stash + row * (j - 1), host + row * i, row);
-    }
+    if (n > 0) restash(e, ph, j, idx, who, n);
 }
 
 // Draws the depth-j draft of each sequence that has a head row (has_head) from its logits (host,

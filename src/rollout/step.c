@@ -45,6 +45,9 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
                    b->gather_rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->free(be, all[i]);
+    for (int j = 0; j < WEFT_MAX_MTP; j++)
+        if (b->stash[j]) be->free(be, b->stash[j]);
+    if (b->stash_spare) be->free(be, b->stash_spare);
     weft_free(b->host_logits), weft_free(b->host_lse), weft_free(b->host_raw);
     memset(b, 0, sizeof *b);
     weft_batch_free(&e->batch);
