@@ -76,6 +76,12 @@ typedef struct weft_paged_layout {
 } weft_paged_layout;
 
 typedef struct weft_backend weft_backend;
+
+// The filters of a device draw (sample_tokens). Off: top_k 0 (or >= V), top_p 1, min_p 0.
+typedef struct weft_draw_filters {
+    int top_k;
+    double top_p, min_p;
+} weft_draw_filters;
 struct weft_backend {
     const char *name;
     weft_dtype act_dtype, param_dtype;
@@ -237,18 +243,19 @@ struct weft_backend {
     // NULL where logprobs' arithmetic does not split so (the CPU, whose rollout reads the logits
     // in place and calls logprobs itself).
     void (*log_normalizers)(weft_backend *self, const void *logits, float *lse, int T, int V);
-    // Draws n tokens where the sampling has no filter (rollout keeps top-k, top-p and min-p on the
-    // host): draw d reads row rows[d] of logits (., V) and takes, with temperature 0, its first
-    // largest logit; else the first token whose cumulative weight exp((l - max) / temperature)
-    // in token order, in double, exceeds u[d] (in [0, 1)) times the row's total. tokens (n)
-    // int32; logprob (n) f32: the drawn token's log-probability under the model (temperature 1),
-    // the bits logprobs gives that row and token; processed (n) f32: its log-probability under
-    // the distribution drawn from (0 when greedy). A draw depends on its row and u alone.
-    // Optional: NULL where the caller draws on the host (the CPU backend, whose rollout reads the
-    // logits in place).
+    // Draws n tokens: draw d reads row rows[d] of logits (., V) and takes, with temperature 0,
+    // its first largest logit; else, of the tokens the filters keep (rollout/sampling.h's
+    // processed distribution: top-k, then top-p over its survivors, then min-p; NULL: none), the
+    // first whose cumulative weight exp((l - max) / temperature) in token order, in double,
+    // exceeds u[d] (in [0, 1)) times the kept total. tokens (n) int32; logprob (n) f32: the drawn
+    // token's log-probability under the model (temperature 1), the bits logprobs gives that row
+    // and token; processed (n) f32: its log-probability under the distribution drawn from (0 when
+    // greedy). A draw depends on its row and u alone. Optional: NULL where the caller draws on
+    // the host (the CPU backend, whose rollout reads the logits in place).
     void (*sample_tokens)(weft_backend *self, const void *logits, const int32_t *rows,
-                          const double *u, int n, int V, float temperature, int32_t *tokens,
-                          float *logprob, float *processed);
+                          const double *u, int n, int V, float temperature,
+                          const weft_draw_filters *filters, int32_t *tokens, float *logprob,
+                          float *processed);
     // tokens[r] = drawn[from[r]] for the rows r < n with from[r] >= 0 (int32 on the device; the
     // other rows keep theirs): token ids drawn by the step before, which the host has not read
     // yet, fed to the next. Optional with sample_tokens.

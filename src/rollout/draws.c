@@ -1,7 +1,7 @@
-// Drawing a step's tokens from the main forward's logits: on the host (any filter, speculation's
-// verification, the CPU backend, which reads the logits in place) or on the device (backend
-// sample_tokens: a token and two log-probs per draw come back instead of the logits rows); then
-// appending them with their log-probs.
+// Drawing a step's tokens from the main forward's logits: on the host (speculation's verification,
+// the CPU backend, which reads the logits in place) or on the device (backend sample_tokens, any
+// filter: a token and two log-probs per draw come back instead of the logits rows); then appending
+// them with their log-probs.
 #include <string.h>
 
 #include "rollout/internal.h"
@@ -72,10 +72,7 @@ static void base_logprobs(weft_engine *e, const draw *d, int n, float *out) {
 }
 
 bool weft_rollout_draws_on_device(const weft_engine *e) {
-    const weft_sampling_config *c = &e->sc;
-    int V = e->model->cfg.vocab_size;
-    bool filtered = (c->top_k > 0 && c->top_k < V) || c->top_p < 1 || c->min_p > 0;
-    return e->be->sample_tokens && !filtered && e->rc.speculative_tokens == 0;
+    return e->be->sample_tokens && e->rc.speculative_tokens == 0;
 }
 
 void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32_t *feed) {
@@ -100,8 +97,10 @@ void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32
 // The draws and their base log-probs in one launch, which reads the logits rows in place.
 void weft_rollout_sample_on_device(weft_engine *e, int n) {
     step_buffers *b = &e->buf;
+    const weft_sampling_config *c = &e->sc;
+    weft_draw_filters filters = {.top_k = c->top_k, .top_p = c->top_p, .min_p = c->min_p};
     e->be->sample_tokens(e->be, b->logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
-                         (float)e->sc.temperature, b->draw_tokens, b->draw_logprobs,
+                         (float)c->temperature, &filters, b->draw_tokens, b->draw_logprobs,
                          b->draw_processed);
 }
 

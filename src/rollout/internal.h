@@ -211,7 +211,7 @@ typedef struct due_seqs {
     int *seq, *first_row, n, rows;
 } due_seqs;
 // Whether this step's tokens are drawn on the device (backend sample_tokens): where the backend
-// has it and nothing needs the host's logits, no filter and no drafts to verify.
+// has it and nothing needs the host's logits (no drafts to verify).
 bool weft_rollout_draws_on_device(const weft_engine *e);
 // Draws a token for every sequence due one from the main forward's logits (in the step buffers;
 // `logits`: their host copy, NULL when drawn on the device), then appends them with their

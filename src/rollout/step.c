@@ -368,7 +368,7 @@ static int32_t *feed_of(weft_engine *e, const participant *part, int n, int rows
 // after the participants, with a head row and, drawing on the device, a draw each), every upload
 // first (the batch, the provider's metadata, the draws' rows and numbers), then the forward (and
 // the device draws) as device work alone, which graphs.c records or replays; then one download of
-// the draws, or of the logits the host draws from (filters, speculation's verification).
+// the draws, or of the logits the host draws from (speculation's verification, the CPU).
 static int decode_step(weft_engine *e, const participant *part, int n, const due_seqs *due,
                        const int32_t *due_rows, int *took, bool ahead) {
     bool on_device = weft_rollout_draws_on_device(e);

@@ -582,6 +582,11 @@ inline int atomicAdd(int *p, int x) {
     *p = old + x;
     return old;
 }
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long x) {
+    unsigned long long old = *p;
+    *p = old + x;
+    return old;
+}
 // One address space, and a thread runs until its next rendezvous: every write is seen at once.
 inline void __threadfence() {}
 template <typename T> inline T __ldcg(const T *p) { return *p; }

@@ -416,10 +416,42 @@ void test_logprobs(int V) {
     compare(sized("log_normalizers give logprobs' bits", V), finished, widen(lp), 0.0);
 }
 
-// Draws from the rows of make_head_rows (ties for the largest logit included) at uniform points
-// u, among them 0 and just below 1, against the inverse CDF walked in float64 token by token; and
-// each drawn token's log-prob, bit for bit the logprobs op's on its row.
-void test_sample_tokens(int V, float temperature) {
+// Sampling filters, as rollout/sampling.h states them (off: top_k 0, top_p 1, min_p 0).
+struct filters {
+    int top_k;
+    double top_p, min_p;
+};
+
+// The processed distribution's weights of a row (0 outside the kept set), in float64 from its
+// definition, by a full sort: rank by weight (ties to the lower id), keep the first top_k, then
+// the shortest prefix of those whose weight reaches top_p of theirs, then min_p.
+std::vector<double> processed_weights(const bf16 *row, int V, float temperature, filters f) {
+    double mx = -INFINITY;
+    for (int j = 0; j < V; j++) mx = std::max(mx, value_of(row[j]));
+    std::vector<double> w(V);
+    for (int j = 0; j < V; j++) w[j] = exp((value_of(row[j]) - mx) / temperature);
+    std::vector<int> rank(V);
+    std::iota(rank.begin(), rank.end(), 0);
+    std::stable_sort(rank.begin(), rank.end(), [&](int a, int b) { return w[a] > w[b]; });
+    int kept = f.top_k > 0 && f.top_k < V ? f.top_k : V;
+    if (f.top_p < 1) {
+        double mass = 0, cumulative = 0;
+        for (int r = 0; r < kept; r++) mass += w[rank[r]];
+        int r = 0;
+        while (r < kept - 1 && (cumulative += w[rank[r]]) < f.top_p * mass) r++;
+        kept = r + 1;
+    }
+    for (int r = kept; r < V; r++) w[rank[r]] = 0;
+    for (int j = 0; j < V; j++)
+        if (w[j] < f.min_p) w[j] = 0;
+    return w;
+}
+
+// Draws from the rows of make_head_rows (ties for the largest logit, and at the filters' cuts,
+// included) at uniform points u, among them 0 and just below 1, against the inverse CDF of
+// processed_weights walked token by token; and each drawn token's log-prob, bit for bit the
+// logprobs op's on its row.
+void test_sample_tokens(int V, float temperature, filters f) {
     head_rows h = make_head_rows(V);
     int n = 3 * h.T;
     std::vector<int32_t> rows(n), tokens(n, -1), want_tokens(n);
@@ -434,23 +466,25 @@ void test_sample_tokens(int V, float temperature) {
             if (value_of(row[j]) > value_of(row[arg])) arg = j;
         want_tokens[d] = arg, want_processed[d] = 0.0;
         if (temperature == 0) continue;
-        std::vector<double> w(V);
-        double mass = 0, cumulative = 0;
-        for (int j = 0; j < V; j++)
-            mass += w[j] = exp((value_of(row[j]) - value_of(row[arg])) / temperature);
-        int token = V - 1;
-        for (int j = 0; j < V; j++)
-            if (u[d] * mass < (cumulative += w[j])) {
-                token = j;
-                break;
-            }
+        std::vector<double> w = processed_weights(row, V, temperature, f);
+        double mass = std::accumulate(w.begin(), w.end(), 0.0), cumulative = 0;
+        int token = -1;
+        for (int j = 0; j < V; j++) {
+            if (w[j] == 0) continue;
+            token = j;
+            if (u[d] * mass < (cumulative += w[j])) break;
+        }
         want_tokens[d] = token, want_processed[d] = log(w[token] / mass);
     }
     weft_cuda_sample_tokens(queue, h.logits.data(), rows.data(), u.data(), n, V, temperature,
-                            tokens.data(), logprob.data(), processed.data());
+                            f.top_k, f.top_p, f.min_p, tokens.data(), logprob.data(),
+                            processed.data());
     int wrong = 0;
     for (int d = 0; d < n; d++) wrong += tokens[d] != want_tokens[d];
-    std::string name = sized("sample_tokens", V) + " T " + std::to_string(temperature);
+    char config[96];
+    snprintf(config, sizeof config, " T %g top_k %d top_p %g min_p %g", temperature, f.top_k,
+             f.top_p, f.min_p);
+    std::string name = sized("sample_tokens", V) + config;
     printf("%-76s %d of %d tokens differ %s\n", (name + " tokens").c_str(), wrong, n,
            wrong ? "FAIL" : "ok");
     failures += wrong > 0;
@@ -638,7 +672,12 @@ static void test_every_kernel() {
         test_cross_entropy(V);
         test_logprobs(V);
         test_logits_backward(V);
-        for (float temperature : {0.0f, 1.0f, 0.6f}) test_sample_tokens(V, temperature);
+        for (float temperature : {0.0f, 1.0f, 0.6f}) test_sample_tokens(V, temperature, {0, 1, 0});
+        // Cuts inside runs of equal logits (make_head_rows' bf16 values repeat), top-p over
+        // top-k's survivors, a nucleus of one token, and all three at once.
+        for (filters f : {filters{50, 1, 0}, filters{0, 0.9, 0}, filters{200, 0.5, 0},
+                          filters{0, 1, 0.05}, filters{0, 1e-4, 0}, filters{30, 0.8, 0.02}})
+            test_sample_tokens(V, 0.7f, f);
     }
     for (int n : {1, 7, 300}) test_take_tokens(n);
     for (int K : {2048, 4104, 896})

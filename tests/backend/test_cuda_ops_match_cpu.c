@@ -5,6 +5,7 @@
 // fp32 outputs computed in fp32 from bf16-exact inputs (gradients accumulated into f32, rstd,
 // reductions, AdamW) get 1e-4 or tighter.
 // Needs a GPU: exits 77 (skipped) where none is visible, so a CPU-only CI reports it skipped.
+#include "rollout/sampling.h"
 #include "twin_attention_checks.h"
 
 // ---------------------------------------------------------------------------------- tests ----
@@ -372,11 +373,31 @@ static void test_adamw(void) {
 }
 
 
+// The host's draws (weft_sample_token) of rows[d] of logits (., V) at u[d] against the device's.
+static void host_draws_agree(const float *logits, const int32_t *rows, const double *u,
+                             const int32_t *drawn, int n, int V, float temperature,
+                             const weft_draw_filters *f) {
+    weft_sampling_config c = {.temperature = temperature, .top_k = f->top_k, .top_p = f->top_p,
+                              .min_p = f->min_p};
+    void *scratch = weft_alloc(weft_sampling_scratch_bytes(V));
+    int wrong = 0;
+    for (int d = 0; d < n; d++)
+        wrong += weft_sample_token(&c, logits + (size_t)rows[d] * V, V, u[d], NULL, scratch) !=
+                 drawn[d];
+    weft_free(scratch);
+    char what[64];
+    snprintf(what, sizeof what, "sample_tokens top_k %d top_p %.2f min_p %.2f = host's", f->top_k,
+             f->top_p, f->min_p);
+    printf("%-52s %d of %d differ %s\n", what, wrong, n, wrong ? "FAIL" : "ok");
+    failures += wrong > 0;
+}
+
 // The device draws (sample_tokens, the GPU's alone: the CPU draws on the host) greedy and at a
 // temperature from rows of logits: each drawn token's log-prob in the bits the logprobs op gives
-// its row, gathered, and greedy's token the first largest logit. Run on hardware by the device
+// its row, gathered, and greedy's token the first largest logit; with filters, the token the
+// host's sampling (rollout/sampling.c, the CPU's path) draws at the same u. Run on hardware by the device
 // session's ops step, where the two kernels' codegen could differ as the emulator's cannot.
-static void test_device_draws(float temperature) {
+static void test_device_draws(float temperature, const weft_draw_filters *filters) {
     enum { T = 6, V = 5000, N = 4 };
     twin logits = act((size_t)T * V, 3), gathered = zeros((size_t)N * V, WEFT_BF16);
     twin logp = zeros(N, WEFT_F32), want = zeros(N, WEFT_F32), processed = zeros(N, WEFT_F32);
@@ -385,7 +406,7 @@ static void test_device_draws(float temperature) {
     ints r = upload_ints(rows, N), tokens = upload_ints(rows, N);
     double *u_g = gpu->alloc(gpu, sizeof u);
     gpu->to_device(gpu, u_g, u, sizeof u);
-    gpu->sample_tokens(gpu, logits.g, r.g, u_g, N, V, temperature, tokens.g, logp.g,
+    gpu->sample_tokens(gpu, logits.g, r.g, u_g, N, V, temperature, filters, tokens.g, logp.g,
                        processed.g);
     gpu->embedding_forward(gpu, r.g, logits.g, gathered.g, N, V); // a row gather
     gpu->logprobs(gpu, gathered.g, tokens.g, want.g, NULL, NULL, N, V);
@@ -419,6 +440,7 @@ static void test_device_draws(float temperature) {
                wrong, N, wrong ? "FAIL" : "ok");
         failures += wrong > 0;
     }
+    if (filters) host_draws_agree(logits.host, rows, u, drawn, N, V, temperature, filters);
     gpu->free(gpu, u_g);
     release(&logits), release(&gathered), release(&logp), release(&want), release(&processed);
     release_ints(&r), release_ints(&tokens);
@@ -557,8 +579,10 @@ int main(void) {
     test_swiglu_add_scale_sums();
     test_cross_entropy();
     test_head_ops();
-    test_device_draws(0.0f);
-    test_device_draws(0.8f);
+    test_device_draws(0.0f, NULL);
+    test_device_draws(0.8f, NULL);
+    test_device_draws(0.8f, &(weft_draw_filters){.top_k = 40, .top_p = 0.9, .min_p = 0.01});
+    test_device_draws(1.2f, &(weft_draw_filters){.top_p = 0.5});
     test_adamw();
     test_paged(4, 2, 32, 16);
     test_paged_rows_alone(4, 2, 64);  // the tensor-core kernel

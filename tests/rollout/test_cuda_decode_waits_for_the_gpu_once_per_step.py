@@ -5,14 +5,14 @@ its kernels replay from a graph (issue 18's "no per-step host overhead").
 `weft generate --stats` reports `host_waits` (the backend's count: downloads, synchronizations,
 frees) and `forwards`. Each case runs twice, to 4 and to 12 new tokens with no stop token (so
 every sample runs to the limit); the extra waits over the extra forwards are the waits per step:
-- tokens drawn on the device (greedy or a temperature alone; with graphs, without them, without
-  async scheduling, and with n = 3 samples of each prompt): exactly 1, the step's tokens read
-  back;
-- drawn on the host (top-p): exactly 1, the logits with each row's log-normalizer (the drawn
-  tokens' base log-probs are finished on the host in the logprobs op's bits, no second trip);
-- MTP speculation with 2 drafts: 1 + 2, the verifying forward's logits, then each draft depth's
-  logits (the hidden-state rows a module starts from stay on the device), and 0.5 more: a run's
-  last steps, where samples stop drafting, take fewer, and fall differently in the two runs.
+- tokens drawn on the device (greedy, a temperature alone, or with top-k, top-p and min-p; with
+  graphs, without them, without async scheduling, and with n = 3 samples of each prompt):
+  exactly 1, the step's tokens read back;
+- MTP speculation with 2 drafts, whose verification draws on the host: 1 + 2, the verifying
+  forward's logits with each row's log-normalizer (the drawn tokens' base log-probs are finished
+  on the host in the logprobs op's bits, no second trip), then each draft depth's logits (the
+  hidden-state rows a module starts from stay on the device), and 0.5 more: a run's last steps,
+  where samples stop drafting, take fewer, and fall differently in the two runs.
 Every case also runs on a model of 1 and of 3 layers: the counts must be the same, so no wait
 hides in a layer (under speculation, whose accepted drafts and so steps differ between the two
 models, each must keep within the bound). Runs on the GPU where nvidia-smi lists one, else on
@@ -35,7 +35,8 @@ CASES = {
     "no graphs": (["sampling.temperature=1", "rollout.cuda_graphs=false"], 1, False),
     "no async scheduling": (["sampling.temperature=1", "rollout.async_scheduling=false"], 1,
                             False),
-    "top-p, drawn on the host": (["sampling.temperature=1", "sampling.top_p=0.9"], 1, False),
+    "top-k, top-p and min-p": (["sampling.temperature=1", "sampling.top_k=20",
+                                "sampling.top_p=0.9", "sampling.min_p=0.01"], 1, False),
     "speculative, 2 drafts": (["sampling.temperature=1", "rollout.speculative_tokens=2"],
                               1 + 2 + 0.5, True),
 }

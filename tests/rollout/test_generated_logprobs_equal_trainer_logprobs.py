@@ -9,12 +9,13 @@ keys in place when its size is a multiple of 16, else repacks them first).
 With device=cuda (the GPU where one is listed, else weft_emulated: the CUDA kernels run on the
 CPU) generation and scoring both run in bf16 and differ only by its round-off: the max and mean
 absolute difference are printed and must stay under MAX_DIFF and MEAN_DIFF.
-On CUDA the same again without top-p, where the engine draws the tokens on the device (the
-sample_tokens op, which the CUDA profile must list then and only then; new prompts' attention
-must run as attention_forward, the cached rows' as paged_attention) and reads back tokens and
-log-probs instead of the logits rows; it draws at the
-host's uniform numbers, so most first tokens equal the CPU's at the same seed (bf16 round-off
-moves a few across a boundary; numbers drawn wrongly would leave about 1 in 20 alike).
+On CUDA the engine draws the tokens on the device, with top-p and again without it (the
+sample_tokens op, which the CUDA profile must list then and only then, not under speculation,
+whose verification draws on the host; new prompts' attention must run as attention_forward, the
+cached rows' as paged_attention) and reads back tokens and log-probs instead of the logits rows;
+it draws at the host's uniform numbers, so most first tokens equal the CPU's at the same seed
+(bf16 round-off moves a few across a boundary; numbers drawn wrongly, or a wrong nucleus, would
+leave about 1 in 20 alike).
 The same with MTP speculative decoding (rollout.speculative_tokens=2) on the model with two MTP
 modules and the prompts but the longest: every token, whether an accepted draft, one drawn after a
 rejection or a bonus token, has the trainer's log-prob (the statistics show drafts both accepted
@@ -68,7 +69,7 @@ def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
                               *settings, *dev, f"rollout.speculative_tokens={speculative}",
                               f"rollout.block_size={block_size}", env=env)
     if env:
-        check_kernels(tag, profile, settings is UNFILTERED and not speculative, failures)
+        check_kernels(tag, profile, not speculative, failures)
     if speculative:
         spec = stats["speculative"]
         print(f"{tag}: drafts offered {spec['drafted']}, accepted {spec['accepted']}")
@@ -105,21 +106,25 @@ def cases(weft, tmp):
     files.make_model(mdir, CFG, 5, std=0.1)
     mtp = os.path.join(tmp, "mtp_model")
     files.make_model(mtp, dict(CFG, num_nextn_predict_layers=SPECULATIVE), 6, std=0.1)
-    compare(weft, mdir, tmp, "cpu", failures)
+    first = {"top-p": [], "no top-p": []}  # each sample's first token, on the CPU, on CUDA
+    compare(weft, mdir, tmp, "cpu", failures, first_tokens=first["top-p"])
     for block_size in (32, 12):
         compare(weft, mdir, tmp, "cpu", failures, block_size=block_size)
     compare(weft, mtp, tmp, "cpu", failures, SPECULATIVE)
     program, emulated = fixtures.cuda_weft(weft, 1)
     if program:
         print(f"device=cuda on {'weft_emulated' if emulated else 'the GPU'}")
-        compare(program, mdir, tmp, "cuda", failures)
-        first = []
-        compare(weft, mdir, tmp, "cpu", failures, settings=UNFILTERED, first_tokens=first)
-        compare(program, mdir, tmp, "cuda", failures, settings=UNFILTERED, first_tokens=first)
-        alike = np.mean(np.equal(*first))
-        print(f"first tokens alike on the CPU and drawn on the device: {alike:.0%}")
-        if alike < 0.75:
-            failures.append(f"device draws: only {alike:.0%} of first tokens equal the CPU's")
+        compare(program, mdir, tmp, "cuda", failures, first_tokens=first["top-p"])
+        compare(weft, mdir, tmp, "cpu", failures, settings=UNFILTERED,
+                first_tokens=first["no top-p"])
+        compare(program, mdir, tmp, "cuda", failures, settings=UNFILTERED,
+                first_tokens=first["no top-p"])
+        for name, tokens in first.items():
+            alike = np.mean(np.equal(*tokens))
+            print(f"{name}: first tokens alike on the CPU and drawn on the device: {alike:.0%}")
+            if alike < 0.75:
+                failures.append(f"device draws, {name}: only {alike:.0%} of first tokens equal "
+                                "the CPU's")
         compare(program, mtp, tmp, "cuda", failures, SPECULATIVE)
     return failures
 

@@ -408,10 +408,13 @@ static void cuda_log_normalizers(weft_backend *self, const void *logits, float *
 }
 
 static void cuda_sample_tokens(weft_backend *self, const void *logits, const int32_t *rows,
-                               const double *u, int n, int V, float temperature, int32_t *tokens,
-                               float *logprob, float *processed) {
-    weft_cuda_sample_tokens(STREAM(self), logits, rows, u, n, V, temperature, tokens, logprob,
-                            processed);
+                               const double *u, int n, int V, float temperature,
+                               const weft_draw_filters *f, int32_t *tokens, float *logprob,
+                               float *processed) {
+    weft_draw_filters none = {.top_p = 1.0};
+    if (!f) f = &none;
+    weft_cuda_sample_tokens(STREAM(self), logits, rows, u, n, V, temperature, f->top_k, f->top_p,
+                            f->min_p, tokens, logprob, processed);
     weft_cuda_launched(self, "sample_tokens");
 }
 

@@ -160,8 +160,9 @@ void weft_cuda_logprobs(weft_cuda_stream s, const void *logits, const int32_t *t
 void weft_cuda_log_normalizers(weft_cuda_stream s, const void *logits, float *lse, int T, int V);
 // Draws n tokens from rows of logits (., V) bf16: backend.h's sample_tokens (sampling.cu).
 void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits, const int32_t *rows,
-                             const double *u, int n, int V, float temperature, int32_t *tokens,
-                             float *logprob, float *processed);
+                             const double *u, int n, int V, float temperature, int top_k,
+                             double top_p, double min_p, int32_t *tokens, float *logprob,
+                             float *processed);
 // backend.h's take_tokens (sampling.cu).
 void weft_cuda_take_tokens(weft_cuda_stream s, int32_t *tokens, const int32_t *drawn,
                            const int32_t *from, int n);
