@@ -49,6 +49,9 @@ Runners, each timed on the generation alone (model loading excluded; prefill inc
 - weft serial, on a GPU: weft with WEFT_CUDA_EARLY_LAUNCH=0, each kernel launched only once the
   one before it has ended, where weft's default on sm_90 launches it early (programmatic
   dependent launch, kernels.h): what hiding the launches gains.
+- weft filtered, on a GPU: weft sampling at temperature 1 with top-k 50, top-p 0.9 and min-p
+  0.01, drawn on the device (a radix select a filter, sampling.cu) where greedy takes the
+  largest logit: what the filters cost a step.
 - weft at --profile-batches (default 1,64,256) under WEFT_CUDA_PROFILE=1, after the default
   cache's peer: the GPU time of every op of the run (kernels launched one by one), printed and
   kept in the JSON: where a decode step goes, for the kernel work that follows.
@@ -63,9 +66,9 @@ A runner that cannot run (no transformers, static cache unsupported by the insta
 out of memory, past --peer-timeout) is reported unavailable with the reason. The runners go one
 after another, each at every batch (weft, then the runners that decide a default: sync, cublas,
 splitk, skinny256, l2x, noprefetch and nofold; then the default cache and weft's profile; then
-weft invariant, eager and serial; last the static cache, whose compiles take longest: RUN_ORDER),
-and the JSON is rewritten after each run, so a run cut off by a time limit keeps what it
-measured.
+weft invariant, eager, serial and filtered; last the static cache, whose compiles take longest:
+RUN_ORDER), and the JSON is rewritten after each run, so a run cut off by a time limit keeps
+what it measured.
 
 Bound: the tokens/s at which the GPU could stream what each decode step must read, at its
 measured copy bandwidth (torch: a 1 GiB device-to-device copy, bytes read + written over the
@@ -112,7 +115,7 @@ from reference.generation import random_prompts, write_prompts  # noqa: E402
 # replayed with each kernel launched after the last ends (no programmatic dependent launch). In
 # the order they run (the ones that decide a default first); the environment of each.
 DECIDING = ("weft", "sync", "cublas", "splitk", "skinny256", "l2x", "noprefetch", "nofold")
-INFORMING = ("invariant", "eager", "serial")
+INFORMING = ("invariant", "eager", "serial", "filtered")
 WEFT_RUNNERS = DECIDING + INFORMING
 RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_SPLIT_K": "1"},
               "skinny256": {"WEFT_CUDA_SKINNY_ROWS": "256"},
@@ -122,7 +125,9 @@ RUNNER_ENV = {"cublas": {"WEFT_CUDA_FEW_ROWS": "0"}, "splitk": {"WEFT_CUDA_GEMM_
               "serial": {"WEFT_CUDA_EARLY_LAUNCH": "0"}}
 RUNNER_SETTINGS = {"eager": ["rollout.cuda_graphs=false"],
                    "sync": ["rollout.async_scheduling=false"],
-                   "invariant": ["rollout.batch_invariant=true"]}
+                   "invariant": ["rollout.batch_invariant=true"],
+                   "filtered": ["sampling.temperature=1", "sampling.top_k=50",
+                                "sampling.top_p=0.9", "sampling.min_p=0.01"]}
 SKINNY_ROWS = 64  # kernels.h's WEFT_CUDA_SKINNY_ROWS
 FEW_ROWS = 8  # kernels.h's WEFT_CUDA_FEW_ROWS
 PEERS = ("default", "static")  # transformers' caches: its default (dynamic) one, and static
@@ -513,7 +518,8 @@ def run(a):
             profile(a, doc)
             continue
         for batch in a.batches:
-            if ((who in RUNNER_ENV or who in ("sync", "invariant")) and a.device != "cuda"
+            if ((who in RUNNER_ENV or who in ("sync", "invariant", "filtered"))
+                    and a.device != "cuda"
                     or who in ("cublas", "noprefetch") and batch > SKINNY_ROWS
                     or who in ("splitk", "skinny256") and batch <= SKINNY_ROWS
                     or who == "l2x" and not 32 < batch <= SKINNY_ROWS
