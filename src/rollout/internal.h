@@ -50,7 +50,7 @@ typedef struct step_buffers {
     size_t host_logits_cap;                 // bytes
     // Where the backend has log_normalizers: the head rows' normalizers, downloaded with their
     // logits, from which the host finishes the drawn tokens' base log-probs (host_lse_rows of
-    // them this step; 0: the logprobs op gives those), and the download's raw bytes.
+    // them this step; 0: the logprobs op gives those), and the download's raw bytes (pinned).
     float *host_lse;
     int host_lse_rows;
     void *host_raw;

@@ -21,6 +21,12 @@ void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t e
     return be->alloc(be, each * (size_t)*cap);
 }
 
+// Host memory from the backend's host_alloc where it has one (pinned), else plain.
+static void raw_free(weft_backend *be, void *p) {
+    if (p && be->host_alloc) be->host_free(be, p);
+    else weft_free(p);
+}
+
 // Byte offset of the normalizers after `rows` logits rows: 16-byte aligned.
 static size_t normalizers_at(const weft_engine *e, int rows) {
     size_t bytes = weft_dtype_size(e->be->act_dtype) * e->model->cfg.vocab_size * (size_t)rows;
@@ -48,7 +54,8 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
     for (int j = 0; j < WEFT_MAX_MTP; j++)
         if (b->stash[j]) be->free(be, b->stash[j]);
     if (b->stash_spare) be->free(be, b->stash_spare);
-    weft_free(b->host_logits), weft_free(b->host_lse), weft_free(b->host_raw);
+    raw_free(be, b->host_raw);
+    weft_free(b->host_logits), weft_free(b->host_lse);
     memset(b, 0, sizeof *b);
     weft_batch_free(&e->batch);
     weft_batch_free(&e->draft_batch);
@@ -280,8 +287,13 @@ static void logits_and_normalizers_to_host(weft_engine *e, int n_rows) {
     size_t n = (size_t)n_rows * e->model->cfg.vocab_size, at = normalizers_at(e, n_rows);
     be->log_normalizers(be, b->logits, (float *)((char *)b->logits + at), n_rows,
                         e->model->cfg.vocab_size);
-    b->host_raw = host_room(b->host_raw, &b->host_raw_cap, at + sizeof(float) * n_rows);
-    be->to_host(be, b->host_raw, b->logits, at + sizeof(float) * n_rows);
+    size_t bytes = at + sizeof(float) * n_rows;
+    if (bytes > b->host_raw_cap) { // pinned: the bus's speed, two to three times pageable's
+        raw_free(be, b->host_raw);
+        b->host_raw = be->host_alloc ? be->host_alloc(be, bytes) : weft_alloc(bytes);
+        b->host_raw_cap = bytes;
+    }
+    be->to_host(be, b->host_raw, b->logits, bytes);
     if (be->act_dtype == WEFT_F32) {
         memcpy(b->host_logits, b->host_raw, sizeof(float) * n);
     } else {

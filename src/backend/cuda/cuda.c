@@ -93,8 +93,9 @@ static void *cuda_host_alloc(weft_backend *self, size_t bytes) {
         char want[32];
         weft_format_bytes(want, sizeof want, bytes);
         weft_fatal("cuda: cannot pin %s of host memory (for the optimizer state that "
-                   "rl.offload_training_state moves out of the GPU during rollout); free host "
-                   "memory, or turn rl.offload_training_state off", want);
+                   "rl.offload_training_state moves out of the GPU during rollout, or the "
+                   "rollout's downloads); free host memory, or turn rl.offload_training_state "
+                   "off", want);
     }
     return p;
 }
