@@ -679,6 +679,10 @@ static void test_every_kernel() {
                           filters{0, 1, 0.05}, filters{0, 1e-4, 0}, filters{30, 0.8, 0.02}})
             test_sample_tokens(V, 0.7f, f);
     }
+    { // a vocabulary smaller than the spans: most threads own no token
+        test_sample_tokens(50, 0.7f, {10, 0.8, 0.02});
+        test_sample_tokens(50, 1.0f, {0, 0.5, 0});
+    }
     for (int n : {1, 7, 300}) test_take_tokens(n);
     for (int K : {2048, 4104, 896})
         for (int M : {1, 3, 8})
