@@ -20,10 +20,10 @@ namespace {
 
 // In place: scan[t] becomes the sum of scan[0 .. t] for t < SAMPLE_SPANS, the same additions in
 // the same order for every row (Hillis-Steele); every thread of the block takes part.
-__device__ void inclusive_scan(double *scan) {
+template <typename T> __device__ void inclusive_scan(T *scan) {
     for (int offset = 1; offset < SAMPLE_SPANS; offset *= 2) {
         int t = (int)threadIdx.x;
-        double add = t < SAMPLE_SPANS && t >= offset ? scan[t - offset] : 0.0;
+        T add = t < SAMPLE_SPANS && t >= offset ? scan[t - offset] : T(0);
         __syncthreads();
         if (t < SAMPLE_SPANS) scan[t] += add;
         __syncthreads();
@@ -86,12 +86,7 @@ __device__ int ties_before(const bf16 *row, span own, int key) {
     for (int i = own.lo; i < own.hi && key >= 0; i++) mine += logit_key(row + i) == key;
     if (t < SAMPLE_SPANS) count[t] = mine;
     __syncthreads();
-    for (int offset = 1; offset < SAMPLE_SPANS; offset *= 2) { // inclusive, Hillis-Steele
-        int add = t < SAMPLE_SPANS && t >= offset ? count[t - offset] : 0;
-        __syncthreads();
-        if (t < SAMPLE_SPANS) count[t] += add;
-        __syncthreads();
-    }
+    inclusive_scan(count);
     int before = t < SAMPLE_SPANS ? count[t] - mine : 0;
     __syncthreads(); // count is reused by the next call
     return before;
