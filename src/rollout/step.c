@@ -294,12 +294,8 @@ static void logits_and_normalizers_to_host(weft_engine *e, int n_rows) {
         b->host_raw_cap = bytes;
     }
     be->to_host(be, b->host_raw, b->logits, bytes);
-    if (be->act_dtype == WEFT_F32) {
-        memcpy(b->host_logits, b->host_raw, sizeof(float) * n);
-    } else {
-        const uint16_t *raw = b->host_raw;
-        for (size_t i = 0; i < n; i++) b->host_logits[i] = weft_f32_from_bf16(raw[i]);
-    }
+    const uint16_t *raw = b->host_raw;
+    for (size_t i = 0; i < n; i++) b->host_logits[i] = weft_f32_from_bf16(raw[i]);
     b->host_lse = host_room(b->host_lse, &b->host_lse_cap, sizeof(float) * n_rows);
     memcpy(b->host_lse, (char *)b->host_raw + at, sizeof(float) * n_rows);
     b->host_lse_rows = n_rows;
@@ -313,7 +309,7 @@ static void logits_to_host(weft_engine *e, int n_rows) {
     b->host_lse_rows = 0;
     if (n_rows <= 0) return;
     b->host_logits = host_room(b->host_logits, &b->host_logits_cap, sizeof(float) * n_rows * V);
-    if (be->log_normalizers && (be->act_dtype == WEFT_F32 || be->act_dtype == WEFT_BF16))
+    if (be->log_normalizers && be->act_dtype == WEFT_BF16) // the op's logits are bf16
         logits_and_normalizers_to_host(e, n_rows);
     else
         be->to_f32(be, b->host_logits, b->logits, be->act_dtype, (size_t)n_rows * V);

@@ -134,8 +134,7 @@ __device__ rank_cut cut_at(const bf16 *row, span own, rank_cut prior, int prior_
     if (prior.key >= 0 && key < prior.key) return prior; // round-off: target past the survivors
     unsigned long long each = amount(key_logit(key));
     unsigned long long need = target > above ? target - above : 0;
-    int ties = each > 0 ? (int)((need + each - 1) / each) : 1;
-    if (ties < 1) ties = 1;
+    int ties = each > 0 ? (int)((need + each - 1) / each) : 1; // need > 0: above < target
     if (prior.key == key && ties > prior.ties) ties = prior.ties; // round-off past the survivors
     return rank_cut{key, ties};
 }
