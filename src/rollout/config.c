@@ -8,7 +8,8 @@ weft_sampling_config weft_sampling_config_default(void) {
 weft_rollout_config weft_rollout_config_default(void) {
     return (weft_rollout_config){.block_size = 16, .kv_cache_fraction = 0.5,
                                  .max_batch_tokens = 4096, .draft_bf16 = true,
-                                 .cuda_graphs = true, .async_scheduling = true};
+                                 .cuda_graphs = true, .async_scheduling = true,
+                                 .prefix_caching = true};
 }
 
 void weft_sampling_config_validate(const weft_sampling_config *c) {

@@ -37,6 +37,10 @@ typedef struct weft_rollout_config {
     // Each row's bits independent of what else its step holds, where the backend offers it
     // (backend.h's batch_invariant; the CPU always is): every row's attention through the pool.
     bool batch_invariant;
+    // Sequences starting with tokens whose keys and values are in the cache (another prompt's
+    // shared system prompt, a preempted sample's own) take those blocks and compute only the rest
+    // (kv_cache.h). Off while speculating: the MTP modules' keys depend on later tokens.
+    bool prefix_caching;
 } weft_rollout_config;
 
 weft_sampling_config weft_sampling_config_default(void);

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rollout/internal.h"
@@ -37,6 +38,7 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
     // decoder's layers.
     e->cache = weft_kv_cache_create(m->be, c->num_layers + rc->speculative_tokens,
                                     c->num_kv_heads * c->head_dim, rc->block_size, kv_blocks);
+    if (rc->prefix_caching && rc->speculative_tokens == 0) weft_kv_cache_enable_prefixes(e->cache);
     if (e->sc.n_stop_token_ids < 0) { // unset: the model's end-of-text
         int eos = c->eos_token_id >= 0 ? c->eos_token_id : tok ? weft_tokenizer_eos_id(tok) : -1;
         e->sc.n_stop_token_ids = 0;
@@ -214,13 +216,45 @@ static void complete(const weft_engine *e, const gen_seq *s, weft_completion *ou
 
 // --------------------------------------------------------------------------- scheduling ----
 
-// The sequences not yet done, ready to be admitted in their order (oldest first).
-static int next_waiting(const weft_engine *e) {
-    int best = -1;
+typedef struct in_line {
+    long order;
+    int seq;
+} in_line;
+
+static int older_first(const void *a, const void *b) {
+    long x = ((const in_line *)a)->order, y = ((const in_line *)b)->order;
+    return (x > y) - (x < y);
+}
+
+int weft_rollout_in_line(const weft_engine *e, seq_state state, int *seqs) {
+    in_line *line = weft_alloc(sizeof(in_line) * (size_t)(e->n_seqs + 1));
+    int n = 0;
     for (int i = 0; i < e->n_seqs; i++)
-        if (e->seqs[i].state == SEQ_WAITING && (best < 0 || e->seqs[i].order < e->seqs[best].order))
-            best = i;
-    return best;
+        if (e->seqs[i].state == state) line[n++] = (in_line){e->seqs[i].order, i};
+    qsort(line, (size_t)n, sizeof *line, older_first);
+    for (int k = 0; k < n; k++) seqs[k] = line[k].seq;
+    weft_free(line);
+    return n;
+}
+
+// Prefix caching: whether waiting sequence w had better wait for one of the running sequences
+// still computing their first positions (prefilling[0, n)), which shares more of w's leading
+// full blocks than it has computed yet. Once it has, w finds those blocks in the cache instead of
+// computing them again beside it (a shared system prompt is computed once, not once a prompt).
+static bool prefix_computed_soon(const weft_engine *e, const gen_seq *w, const int *prefilling,
+                                 int n) {
+    int bs = e->rc.block_size, blocks = (w->len - 1) / bs;
+    size_t bytes = sizeof(int32_t) * bs;
+    for (int k = 0; k < n && blocks > 0; k++) {
+        const gen_seq *r = &e->seqs[prefilling[k]];
+        int known = (r->len - r->in_flight) / bs, common = 0;
+        int most = blocks < known ? blocks : known;
+        while (common < most && memcmp(w->tokens + (size_t)common * bs,
+                                       r->tokens + (size_t)common * bs, bytes) == 0)
+            common++;
+        if (common * bs > r->cached) return true;
+    }
+    return false;
 }
 
 // Frees running sequence i's blocks and sends it back to wait: it is recomputed (its prompt and
@@ -266,23 +300,50 @@ bool weft_rollout_reserve_rows(weft_engine *e, int i, int rows, int spare) {
     return true;
 }
 
-// Admits waiting sequences, oldest first, while their next rows' blocks are free (admission never
-// preempts: only running sequences make room for newer ones).
-static void admit(weft_engine *e) {
-    int running = 0;
-    for (int i = 0; i < e->n_seqs; i++) running += e->seqs[i].state == SEQ_RUNNING;
-    for (int i; (i = next_waiting(e)) >= 0 && (e->rc.max_running <= 0 || running < e->rc.max_running);
-         running++) {
-        gen_seq *s = &e->seqs[i];
-        int rows = weft_rollout_pending_rows(s);
-        if (rows > e->rc.max_batch_tokens) rows = e->rc.max_batch_tokens;
-        if (s->kv < 0) s->kv = weft_kv_seq_new(e->cache);
-        if (weft_kv_seq_blocks_needed(e->cache, s->kv, weft_rollout_write_from(e, s),
-                                      s->cached + rows) >
-            weft_kv_cache_free_blocks(e->cache))
-            return;
-        s->state = SEQ_RUNNING;
+// Takes what the prefix cache holds of waiting sequence i's positions, then admits it if the
+// blocks its next rows need are free; else gives those back.
+static bool try_admit(weft_engine *e, int i) {
+    gen_seq *s = &e->seqs[i];
+    if (s->kv < 0) s->kv = weft_kv_seq_new(e->cache);
+    // Its last token's row is always computed: the next token is drawn from it.
+    s->cached = weft_kv_seq_match_prefix(e->cache, s->kv, s->tokens, s->len - 1);
+    int rows = weft_rollout_pending_rows(s);
+    if (rows > e->rc.max_batch_tokens) rows = e->rc.max_batch_tokens;
+    if (weft_kv_seq_blocks_needed(e->cache, s->kv, weft_rollout_write_from(e, s),
+                                  s->cached + rows) > weft_kv_cache_free_blocks(e->cache)) {
+        weft_kv_seq_release(e->cache, s->kv); // the prefix's blocks stay findable
+        s->kv = -1, s->cached = 0;
+        return false;
     }
+    e->stats.prefix_hit_positions += s->cached;
+    s->state = SEQ_RUNNING;
+    return true;
+}
+
+// Admits waiting sequences, oldest first, while their next rows' blocks are free (admission never
+// preempts: only running sequences make room for newer ones). A sequence whose leading blocks a
+// running one is computing waits for them (prefix caching) and lets the next in line go first.
+static void admit(weft_engine *e) {
+    int running = 0, n_prefilling = 0;
+    int *line = weft_alloc(sizeof(int) * (size_t)(e->n_seqs + 1));
+    int n_waiting = weft_rollout_in_line(e, SEQ_WAITING, line);
+    int *prefilling = weft_alloc(sizeof(int) * (size_t)(e->n_seqs + 1));
+    bool prefixes = e->rc.prefix_caching && e->rc.speculative_tokens == 0;
+    for (int i = 0; i < e->n_seqs; i++) {
+        const gen_seq *s = &e->seqs[i];
+        if (s->state != SEQ_RUNNING) continue;
+        running++;
+        if (prefixes && s->len - s->cached > 1) prefilling[n_prefilling++] = i;
+    }
+    for (int k = 0; k < n_waiting && (e->rc.max_running <= 0 || running < e->rc.max_running);
+         k++) {
+        int i = line[k];
+        if (prefixes && prefix_computed_soon(e, &e->seqs[i], prefilling, n_prefilling)) continue;
+        if (!try_admit(e, i)) break;
+        running++;
+        if (prefixes && weft_rollout_pending_rows(&e->seqs[i]) > 1) prefilling[n_prefilling++] = i;
+    }
+    weft_free(line), weft_free(prefilling);
 }
 
 // A sample of prompt sequence p: its tokens, blocks and what the MTP modules cached.
@@ -355,6 +416,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     double t0 = weft_now_seconds();
     long waits = e->be->host_waits;
     weft_engine_check_prompts(e, prompts, n_prompts, NULL);
+    weft_kv_cache_forget_prefixes(e->cache); // the weights may have changed since the last call
     hold_params(e, true);
     e->n_seqs = 0, e->done_samples = 0;
     for (int p = 0; p < n_prompts; p++) {

@@ -51,6 +51,9 @@ typedef struct weft_rollout_stats {
     // Times the host waited for the device (the backend's count: downloads, synchronizations,
     // frees): a decode step should wait once, for its tokens, whatever the model's depth.
     long host_waits;
+    // Prefix caching (rollout.prefix_caching): positions whose keys and values a sequence found in
+    // the cache instead of computing them, and the positions the forwards computed (drafts too).
+    long prefix_hit_positions, computed_positions;
     // Whether each row's bits were independent of what else its step held: always on the CPU,
     // with rollout.batch_invariant on a GPU.
     bool batch_invariant;

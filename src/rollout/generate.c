@@ -203,20 +203,24 @@ static weft_model *load_model(const char *dir, const char *drop_tensors, weft_ba
 }
 
 static json_t *summary(const weft_rollout_stats *s, double seconds, weft_comm *world, bool print) {
-    double totals[3] = {(double)s->tokens, (double)s->preemptions, (double)s->kv.peak_used};
+    double totals[5] = {(double)s->tokens, (double)s->preemptions, (double)s->kv.peak_used,
+                        (double)s->prefix_hit_positions, (double)s->computed_positions};
     double mine_peak = totals[2];
-    weft_comm_allreduce_sum(world, totals, 3, WEFT_COMM_F64);
+    weft_comm_allreduce_sum(world, totals, 5, WEFT_COMM_F64);
     if (print)
         printf("generate: done: %ld prompts, %.0f tokens in %.1f s (%.0f tokens/s), KV blocks peak "
-               "%.0f of %ld on rank 0 (%ld shared at most), %.0f preemptions\n", s->prompts,
-               totals[0], seconds, seconds > 0 ? totals[0] / seconds : 0.0, mine_peak,
-               s->kv.blocks_total, s->kv.peak_shared, totals[1]);
-    return json_pack("{s:f, s:f, s:f, s:f, s:{s:I, s:f, s:I, s:I, s:I, s:I}}", "tokens", totals[0],
-                     "seconds", seconds, "tokens_per_s", seconds > 0 ? totals[0] / seconds : 0.0,
-                     "preemptions", totals[1], "kv", "blocks_total", (json_int_t)s->kv.blocks_total,
-                     "peak_used_sum", totals[2], "peak_used", (json_int_t)s->kv.peak_used,
-                     "peak_shared", (json_int_t)s->kv.peak_shared, "copies",
-                     (json_int_t)s->kv.copies, "pool_bytes", (json_int_t)s->kv.pool_bytes);
+               "%.0f of %ld on rank 0 (%ld shared at most), %.0f preemptions, %.0f positions "
+               "found in the prefix cache\n", s->prompts, totals[0], seconds,
+               seconds > 0 ? totals[0] / seconds : 0.0, mine_peak, s->kv.blocks_total,
+               s->kv.peak_shared, totals[1], totals[3]);
+    return json_pack("{s:f, s:f, s:f, s:f, s:{s:I, s:f, s:I, s:I, s:I, s:I}, s:{s:f, s:f}}",
+                     "tokens", totals[0], "seconds", seconds, "tokens_per_s",
+                     seconds > 0 ? totals[0] / seconds : 0.0, "preemptions", totals[1], "kv",
+                     "blocks_total", (json_int_t)s->kv.blocks_total, "peak_used_sum", totals[2],
+                     "peak_used", (json_int_t)s->kv.peak_used, "peak_shared",
+                     (json_int_t)s->kv.peak_shared, "copies", (json_int_t)s->kv.copies,
+                     "pool_bytes", (json_int_t)s->kv.pool_bytes, "prefix_cache", "hit_positions",
+                     totals[3], "computed_positions", totals[4]);
 }
 
 // Speculative decoding's counts summed over the ranks: per depth the drafts offered and accepted,

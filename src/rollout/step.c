@@ -191,28 +191,16 @@ static int rows_within(const gen_seq *s, int budget) {
     return uncached < budget ? uncached : budget;
 }
 
-typedef struct in_line {
-    long order;
-    int seq;
-} in_line;
-
-static int older_first(const void *a, const void *b) {
-    long x = ((const in_line *)a)->order, y = ((const in_line *)b)->order;
-    return (x > y) - (x < y);
-}
-
 // The sequences of this step and their rows, oldest first, within rollout.max_batch_tokens:
 // blocks are reserved here (newer sequences preempted when the pool runs out). Sorted once: a
 // scan for the oldest per participant costs the host more than a GPU's decode step once an RL
 // batch holds thousands of samples.
 static int choose_participants(weft_engine *e, participant *part) {
-    int n = 0, budget = e->rc.max_batch_tokens, running = 0;
-    in_line *line = weft_arena_alloc(&e->step_scratch, sizeof(in_line) * (size_t)e->n_seqs);
-    for (int i = 0; i < e->n_seqs; i++)
-        if (e->seqs[i].state == SEQ_RUNNING) line[running++] = (in_line){e->seqs[i].order, i};
-    qsort(line, (size_t)running, sizeof *line, older_first);
+    int n = 0, budget = e->rc.max_batch_tokens;
+    int *line = weft_arena_alloc(&e->step_scratch, sizeof(int) * (size_t)(e->n_seqs + 1));
+    int running = weft_rollout_in_line(e, SEQ_RUNNING, line);
     for (int k = 0; k < running && budget > 0; k++) {
-        int i = line[k].seq;
+        int i = line[k];
         if (e->seqs[i].state != SEQ_RUNNING) continue; // preempted for an older one
         // A sample whose in-flight token reaches its length limit is done whatever the token.
         if (e->seqs[i].in_flight > 0 && e->seqs[i].len >= weft_rollout_token_limit(e, &e->seqs[i]))
@@ -444,6 +432,9 @@ bool weft_rollout_step(weft_engine *e) {
         s->main_row0 = e->batch.cu_seqlens[j] - s->cached;
         s->main_lo = s->cached, s->main_hi = s->cached + part[j].rows - 1;
         s->cached += part[j].rows;
+        e->stats.computed_positions += part[j].rows;
+        int known = s->len - s->in_flight; // the rest are tokens the device has not sent yet
+        weft_kv_seq_publish(e->cache, s->kv, s->tokens, s->cached < known ? s->cached : known);
         bool is_due = s->cached == s->len + s->n_drafts;
         if (!is_due || s->sample < 0) before[n_before++] = part[j].seq;
         if (!is_due) continue;

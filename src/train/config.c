@@ -145,6 +145,10 @@ static const key_def KEYS[] = {
      "device=cuda: every row's bits independent of its batching (one product kernel for every "
      "row count, all attention paged at fixed splits): byte-identical output whatever the "
      "batching, pool or ranks, as on the CPU, at some speed; false: the fastest kernels", NULL},
+    {"rollout.prefix_caching", KEY_BOOL, F(rollout.prefix_caching),
+     "a prompt starting with tokens whose keys and values are in the KV cache (a shared system "
+     "prompt, a preempted sample's own) reuses them, computing only the rest (same bits on the "
+     "CPU); off while rollout.speculative_tokens > 0", NULL},
     {"rl.policy_loss", KEY_CHOICE, F(rl.policy_loss),
      "ppo (token-level ratio) or gspo (sequence-level ratio)", POLICY_LOSSES},
     {"rl.clip_ratio_low", KEY_REAL, F(rl.clip_ratio_low), "ratio clipped below at 1 - this", NULL},

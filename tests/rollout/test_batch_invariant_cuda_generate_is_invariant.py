@@ -1,16 +1,17 @@
 """With rollout.batch_invariant=true, device=cuda generation gives byte-identical output files
 whatever the engine's batching, as the CPU always does (test_generate_is_invariant): all prompts
 at once; one sequence at a time (rollout.max_running=1); prefills cut into chunks of 7 rows; a KV
-cache small enough to preempt and recompute sequences; and 2 and 4 ranks. In that mode every product
-runs skinny.cu's kernel for any row count (here from 1 decode row to prefills of over 300 rows,
-several blocks of 64), no norm folds into a few-row product, and every row's attention reads the
-pool with its keys split at a fixed 256 (the 300-token prompt's rows span two splits), so a row's
-bits depend on the row alone. The statistics must say the mode was on. For contrast, the default
-kernels' output one sequence at a time is compared with all at once and the result printed (it
-may differ: that is what the mode is for; not a failure). Last, a model whose products the mode
-cannot take (hidden size 80: not a multiple of 32) gets one clear error and no output file.
-Runs on the GPU where nvidia-smi lists one (the rank counts past the GPUs it lists are then left
-out: a rank needs a GPU of its own), else on weft_emulated.
+cache small enough to preempt and recompute sequences (which find their blocks in the prefix
+cache and compute the rest against the pool); prefix caching off; and 2 and 4 ranks. In that
+mode every product runs skinny.cu's kernel for any row count (here from 1 decode row to prefills
+of over 300 rows, several blocks of 64), no norm folds into a few-row product, and every row's
+attention reads the pool with its keys split at a fixed 256 (the 300-token prompt's rows span two
+splits), so a row's bits depend on the row alone. The statistics must say the mode was on. For
+contrast, the default kernels' output one sequence at a time is compared with all at once and the
+result printed (it may differ: that is what the mode is for; not a failure). Last, a model whose
+products the mode cannot take (hidden size 80: not a multiple of 32) gets one clear error and no
+output file. Runs on the GPU where nvidia-smi lists one (the rank counts past the GPUs it lists
+are then left out: a rank needs a GPU of its own), else on weft_emulated.
 """
 import filecmp
 import os
@@ -28,6 +29,7 @@ INVARIANT = "rollout.batch_invariant=true"
 VARIANTS = [("one sequence at a time", ["rollout.max_running=1"], 1),
             ("prefill chunks of 7 rows", ["rollout.max_batch_tokens=7"], 1),
             ("a pool of 384 positions (preemptions)", ["rollout.kv_cache_tokens=384"], 1),
+            ("prefix caching off", ["rollout.prefix_caching=false"], 1),
             ("2 ranks", [], 2), ("4 ranks", [], 4)]
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
 
