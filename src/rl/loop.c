@@ -617,7 +617,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
             "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
             "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f, "
-            "\"offloaded_bytes\": %.0f",
+            "\"offloaded_bytes\": %.0f, \"rollout_prefix_hits\": %ld",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->tis_weight, l->tis_capped,
@@ -626,7 +626,8 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
-            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes);
+            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes,
+            m->rollout.prefix_hits);
     if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
         fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
                 m->mismatch_max, m->mismatch_mean, m->mismatch_k3);

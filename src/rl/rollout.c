@@ -104,9 +104,11 @@ weft_rl_rollout_stats weft_rl_rollout(weft_model *m, weft_comm *world,
     double *packed = score_and_pack(rq, mine, n_mine, c, &len, &st.reward_seconds);
     weft_completions_free(c, n_mine * n);
     gather_samples(world, packed, len, n, out);
-    double totals[2] = {(double)es.tokens, (double)es.preemptions};
-    weft_comm_allreduce_sum(world, totals, 2, WEFT_COMM_F64);
+    double totals[3] = {(double)es.tokens, (double)es.preemptions,
+                        (double)es.prefix_hit_positions};
+    weft_comm_allreduce_sum(world, totals, 3, WEFT_COMM_F64);
     st.tokens = (long)totals[0], st.preemptions = (long)totals[1];
+    st.prefix_hits = (long)totals[2];
     if (rq->rollout->speculative_tokens > 0)
         speculation(&es, rq->rollout->speculative_tokens, world, &st);
     weft_free(packed), weft_free(c), weft_free(local), weft_free(mine), weft_free(lens), weft_free(all);

@@ -23,6 +23,7 @@ typedef struct weft_rl_rollout_stats {
     double reward_seconds; // rewards alone, this rank
     long tokens;           // generated, all ranks
     long preemptions;      // all ranks
+    long prefix_hits;      // positions the prefix cache held instead of computing, all ranks
     double pool_bytes;     // the KV pool this rank allocated at wake and freed at sleep
     // Speculative decoding (rollout.speculative_tokens = k > 0), all ranks: per depth the share
     // of drafts accepted, and tokens emitted per verification.
