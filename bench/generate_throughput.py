@@ -18,6 +18,11 @@ ties, so it need not be 100%), and how many cores other processes used meanwhile
 only when that is near 0). With --repeats N each row runs both engines N times, interleaved, and
 gives the median tokens/s of each, the median of the run-by-run ratios and their range (a shared
 machine's speed can swing by a fifth between runs). Writes the table as JSON with --json.
+
+With --shared-prefix N every prompt starts with the same N tokens (a system prompt or few-shot
+examples, as in most RL datasets) before its own 128: weft also runs with
+rollout.prefix_caching=false, and the row adds that run's tokens/s and the gain of caching
+(weft computes the shared tokens once; transformers' generate has no cache across prompts).
 """
 import argparse
 import json
@@ -67,11 +72,11 @@ def peer_main(a):
     print(json.dumps({"seconds": seconds, "tokens": out[:, ids.shape[1]:].tolist()}))
 
 
-def run_weft(weft, mdir, prompts, out, threads, new_tokens):
+def run_weft(weft, mdir, prompts, out, threads, new_tokens, *settings):
     stats = out + ".stats.json"
     cmd = [weft, "generate", "--model", mdir, "--prompts", prompts, "--out", out, "--stats",
            stats, "sampling.temperature=0", f"sampling.max_tokens={new_tokens}",
-           "sampling.stop_token_ids=[]"]
+           "sampling.stop_token_ids=[]", *settings]
     r, wall, other = tt.run_measured(cmd, tt.base_env(threads))
     if r.returncode != 0:
         sys.exit(f"weft failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
@@ -79,7 +84,8 @@ def run_weft(weft, mdir, prompts, out, threads, new_tokens):
         st = json.load(f)
     with open(out) as f:
         tokens = [json.loads(line)["responses"][0]["token_ids"] for line in f]
-    return dict(seconds=st["generation_seconds"], tokens=tokens, other=other)
+    return dict(seconds=st["generation_seconds"], tokens=tokens, other=other,
+                prefix_hits=st["prefix_cache"]["hit_positions"])
 
 
 def run_peer(mdir, prompts, threads, new_tokens, env_extra):
@@ -122,12 +128,17 @@ def measure(weft, name, mdir, B, tmp, a, env):
     """One table row: both engines on B prompts, a.repeats times each, interleaved (weft, then
     transformers): medians, and the median and range of the run-by-run ratios."""
     from reference.generation import random_prompts, write_prompts
+    vocab = MODELS[name]["vocab_size"]
+    shared = random_prompts([a.shared_prefix], vocab, 1000)[0]
     prompts = write_prompts(os.path.join(tmp, f"{name}_{B}.jsonl"),
-                            random_prompts([PROMPT_LEN] * B, MODELS[name]["vocab_size"], B))
-    runs = []
+                            [shared + p for p in random_prompts([PROMPT_LEN] * B, vocab, B)])
+    out = os.path.join(tmp, f"{name}_{B}.out.jsonl")
+    runs, uncached = [], []
     for _ in range(a.repeats):
-        w = run_weft(weft, mdir, prompts, os.path.join(tmp, f"{name}_{B}.out.jsonl"), a.threads,
-                     a.new_tokens)
+        w = run_weft(weft, mdir, prompts, out, a.threads, a.new_tokens)
+        if a.shared_prefix:
+            uncached.append(run_weft(weft, mdir, prompts, out, a.threads, a.new_tokens,
+                                     "rollout.prefix_caching=false"))
         p = run_peer(mdir, prompts, a.threads, a.new_tokens, env)
         runs.append((w, p))
     n = B * a.new_tokens
@@ -140,9 +151,16 @@ def measure(weft, name, mdir, B, tmp, a, env):
                runs=len(runs), agree=agreement(last_w["tokens"], last_p["tokens"]),
                others=max(max(w["other"] or 0, p["other"] or 0) for w, p in runs))
     spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(runs) > 1 else ""
+    cached = ""
+    if uncached:
+        row["weft_uncached_tokens_per_s"] = n / statistics.median(u["seconds"] for u in uncached)
+        row["prefix_cache_gain"] = row["weft_tokens_per_s"] / row["weft_uncached_tokens_per_s"]
+        row["prefix_hit_positions"] = last_w["prefix_hits"]
+        cached = (f" {row['weft_uncached_tokens_per_s']:11.0f} {row['prefix_cache_gain']:5.2f}x "
+                  f"{row['prefix_hit_positions']:8.0f}")
     print(f"{name:>6} {B:5d} {row['weft_tokens_per_s']:11.0f} "
           f"{row['transformers_tokens_per_s']:13.0f} {row['ratio']:5.2f}x{spread} "
-          f"{row['agree']:6.1%} {row['others']:7.2f}")
+          f"{row['agree']:6.1%} {row['others']:7.2f}{cached}")
     return row
 
 
@@ -156,6 +174,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each engine per row, interleaved; the row gives medians and "
                          "the ratios' range (use 3 or more on a shared machine)")
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="tokens every prompt starts with (the same ones) before its own "
+                         f"{PROMPT_LEN}; adds weft without prefix caching to each row")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -169,11 +190,13 @@ def main():
     import transformers
 
     env = peer_env(weft)
-    print(f"prompts of {PROMPT_LEN} tokens, {a.new_tokens} new (greedy), fp32, {a.threads} "
-          f"threads; peer: transformers {transformers.__version__} generate, "
+    shared = f"{a.shared_prefix} shared + " if a.shared_prefix else ""
+    print(f"prompts of {shared}{PROMPT_LEN} tokens, {a.new_tokens} new (greedy), fp32, "
+          f"{a.threads} threads; peer: transformers {transformers.__version__} generate, "
           f"{' '.join(f'{k}={v}' for k, v in env.items()) or 'as shipped'}")
     print(f"{'model':>6} {'batch':>5} {'weft tok/s':>11} {'transformers':>13} {'ratio':>6} "
-          f"{'agree':>6} {'others':>7}")
+          f"{'agree':>6} {'others':>7}" +
+          (f" {'no cache':>11} {'gain':>6} {'found':>8}" if a.shared_prefix else ""))
     rows = []
     with tempfile.TemporaryDirectory(prefix="weft_bench_generate_") as tmp:
         for name in a.models.split(","):
@@ -186,7 +209,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(threads=a.threads, new_tokens=a.new_tokens, repeats=a.repeats,
-                           rows=rows), f, indent=2)
+                           shared_prefix=a.shared_prefix, rows=rows), f, indent=2)
 
 
 if __name__ == "__main__":
