@@ -39,7 +39,8 @@ typedef struct weft_rollout_config {
     bool batch_invariant;
     // Sequences starting with tokens whose keys and values are in the cache (another prompt's
     // shared system prompt, a preempted sample's own) take those blocks and compute only the rest
-    // (kv_cache.h). Off while speculating: the MTP modules' keys depend on later tokens.
+    // (kv_cache.h); speculating, a block's content includes the k tokens after it, which the MTP
+    // modules' keys there read.
     bool prefix_caching;
 } weft_rollout_config;
 

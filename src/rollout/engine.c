@@ -38,7 +38,9 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
     // decoder's layers.
     e->cache = weft_kv_cache_create(m->be, c->num_layers + rc->speculative_tokens,
                                     c->num_kv_heads * c->head_dim, rc->block_size, kv_blocks);
-    if (rc->prefix_caching && rc->speculative_tokens == 0) weft_kv_cache_enable_prefixes(e->cache);
+    // MTP module j's keys at a position read the token j on: a block's content takes the
+    // modules' count of tokens after it.
+    if (rc->prefix_caching) weft_kv_cache_enable_prefixes(e->cache, rc->speculative_tokens);
     if (e->sc.n_stop_token_ids < 0) { // unset: the model's end-of-text
         int eos = c->eos_token_id >= 0 ? c->eos_token_id : tok ? weft_tokenizer_eos_id(tok) : -1;
         e->sc.n_stop_token_ids = 0;
@@ -252,7 +254,7 @@ static bool prefix_computed_soon(const weft_engine *e, const gen_seq *w, const i
         while (common < most && memcmp(w->tokens + (size_t)common * bs,
                                        r->tokens + (size_t)common * bs, bytes) == 0)
             common++;
-        if (common * bs > r->cached) return true;
+        if (common * bs > weft_rollout_final_positions(e, r)) return true;
     }
     return false;
 }
@@ -286,6 +288,23 @@ int weft_rollout_write_from(const weft_engine *e, const gen_seq *s) {
     return from;
 }
 
+int weft_rollout_final_positions(const weft_engine *e, const gen_seq *s) {
+    int final = s->cached;
+    for (int j = 0; j < e->rc.speculative_tokens; j++)
+        final = s->mtp_cached[j] < final ? s->mtp_cached[j] : final;
+    return final;
+}
+
+void weft_rollout_publish(weft_engine *e, const int *seqs, int n) {
+    for (int k = 0; k < n; k++) {
+        const gen_seq *s = &e->seqs[seqs[k]];
+        if (s->kv < 0) continue; // done, or forked
+        // Tokens the device has not sent yet (asynchronous steps) are not known here.
+        weft_kv_seq_publish(e->cache, s->kv, s->tokens, s->len - s->in_flight,
+                            weft_rollout_final_positions(e, s));
+    }
+}
+
 bool weft_rollout_reserve_rows(weft_engine *e, int i, int rows, int spare) {
     if (e->seqs[i].kv < 0) e->seqs[i].kv = weft_kv_seq_new(e->cache);
     while (!weft_kv_seq_reserve(e->cache, e->seqs[i].kv, weft_rollout_write_from(e, &e->seqs[i]),
@@ -306,7 +325,10 @@ static bool try_admit(weft_engine *e, int i) {
     gen_seq *s = &e->seqs[i];
     if (s->kv < 0) s->kv = weft_kv_seq_new(e->cache);
     // Its last token's row is always computed: the next token is drawn from it.
-    s->cached = weft_kv_seq_match_prefix(e->cache, s->kv, s->tokens, s->len - 1);
+    s->cached = weft_kv_seq_match_prefix(e->cache, s->kv, s->tokens, s->len, s->len - 1);
+    // The MTP modules' keys in those blocks are final too: each module starts where the main
+    // model does, reading the hidden states it computes (no stashed row needed).
+    for (int j = 0; j < e->rc.speculative_tokens; j++) s->mtp_cached[j] = s->cached;
     int rows = weft_rollout_pending_rows(s);
     if (rows > e->rc.max_batch_tokens) rows = e->rc.max_batch_tokens;
     if (weft_kv_seq_blocks_needed(e->cache, s->kv, weft_rollout_write_from(e, s),
@@ -328,7 +350,7 @@ static void admit(weft_engine *e) {
     int *line = weft_alloc(sizeof(int) * (size_t)(e->n_seqs + 1));
     int n_waiting = weft_rollout_in_line(e, SEQ_WAITING, line);
     int *prefilling = weft_alloc(sizeof(int) * (size_t)(e->n_seqs + 1));
-    bool prefixes = e->rc.prefix_caching && e->rc.speculative_tokens == 0;
+    bool prefixes = e->rc.prefix_caching;
     for (int i = 0; i < e->n_seqs; i++) {
         const gen_seq *s = &e->seqs[i];
         if (s->state != SEQ_RUNNING) continue;
@@ -341,7 +363,8 @@ static void admit(weft_engine *e) {
         if (prefixes && prefix_computed_soon(e, &e->seqs[i], prefilling, n_prefilling)) continue;
         if (!try_admit(e, i)) break;
         running++;
-        if (prefixes && weft_rollout_pending_rows(&e->seqs[i]) > 1) prefilling[n_prefilling++] = i;
+        const gen_seq *s = &e->seqs[i];
+        if (prefixes && s->len - s->cached > 1) prefilling[n_prefilling++] = i;
     }
     weft_free(line), weft_free(prefilling);
 }

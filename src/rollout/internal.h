@@ -136,6 +136,10 @@ void weft_rollout_after_token(weft_engine *e, int i);
 // Positions [from, ...) a running sequence's next forwards write (MTP modules rewrite some below
 // `cached`), so its blocks there must be its own.
 int weft_rollout_write_from(const weft_engine *e, const gen_seq *s);
+// Positions whose keys and values are final in every layer (the MTP modules' too).
+int weft_rollout_final_positions(const weft_engine *e, const gen_seq *s);
+// Registers the full blocks of sequences seqs[0, n) whose keys are final with the prefix cache.
+void weft_rollout_publish(weft_engine *e, const int *seqs, int n);
 // Rows the sequence's next forward would take: its positions not yet in the cache and its drafts.
 int weft_rollout_pending_rows(const gen_seq *s);
 // The most tokens sequence s may reach (prompt + max_tokens, within the model's context and the

@@ -22,7 +22,9 @@ typedef struct kv_seq {
 // for the blocks used, as the pool itself does.
 typedef struct prefix_index {
     int cap;                  // blocks covered
-    int32_t *tokens;          // (cap, block_size) a registered block's
+    int lookahead;            // tokens after a block that its content includes
+    int width;                // block_size + lookahead: the tokens compared
+    int32_t *tokens;          // (cap, width) a registered block's, and those after it
     int32_t *parent;          // (cap) -1: the sequence's first block
     uint32_t *parent_gen;     // (cap)
     uint32_t *generation;     // (cap) bumped whenever the block is taken
@@ -60,9 +62,10 @@ static void prefixes_free(prefix_index *x) {
     weft_free(x);
 }
 
-void weft_kv_cache_enable_prefixes(weft_kv_cache *c) {
+void weft_kv_cache_enable_prefixes(weft_kv_cache *c, int lookahead) {
     if (c->prefixes) return;
     prefix_index *x = weft_alloc(sizeof *x);
+    x->lookahead = lookahead, x->width = c->pool.block_size + lookahead;
     x->lru_head = x->lru_tail = -1;
     c->prefixes = x;
 }
@@ -84,7 +87,7 @@ static void prefixes_cover(weft_kv_cache *c, int32_t b) {
     size_t was = (size_t)x->cap, cap = was * 2 > (size_t)b + 1 ? was * 2 : (size_t)b + 1;
     if (cap < 64) cap = 64;
     if (cap > (size_t)c->pool.n_blocks) cap = (size_t)c->pool.n_blocks;
-    size_t bs = (size_t)c->pool.block_size, buckets = 1;
+    size_t bs = (size_t)x->width, buckets = 1;
     x->tokens = grown(x->tokens, sizeof(int32_t) * was * bs, sizeof(int32_t) * cap * bs);
     x->parent = grown(x->parent, sizeof(int32_t) * was, sizeof(int32_t) * cap);
     x->next = grown(x->next, sizeof(int32_t) * was, sizeof(int32_t) * cap);
@@ -121,7 +124,7 @@ static uint64_t content_hash(int32_t parent, uint32_t parent_gen, const int32_t 
 static int32_t find_registered(const weft_kv_cache *c, int32_t parent, uint32_t parent_gen,
                                const int32_t *tokens) {
     const prefix_index *x = c->prefixes;
-    int bs = c->pool.block_size;
+    int bs = x->width;
     if (x->cap == 0) return -1;
     for (int32_t b = x->bucket[content_hash(parent, parent_gen, tokens, bs) & x->mask]; b >= 0;
          b = x->next[b])
@@ -133,7 +136,7 @@ static int32_t find_registered(const weft_kv_cache *c, int32_t parent, uint32_t 
 
 static int32_t *chain_of(const weft_kv_cache *c, int32_t b) {
     const prefix_index *x = c->prefixes;
-    int bs = c->pool.block_size;
+    int bs = x->width;
     return &x->bucket[content_hash(x->parent[b], x->parent_gen[b], x->tokens + (size_t)b * bs,
                                    bs) & x->mask];
 }
@@ -141,7 +144,7 @@ static int32_t *chain_of(const weft_kv_cache *c, int32_t b) {
 static void register_block(weft_kv_cache *c, int32_t b, int32_t parent, uint32_t parent_gen,
                            const int32_t *tokens) {
     prefix_index *x = c->prefixes;
-    int bs = c->pool.block_size;
+    int bs = x->width;
     memcpy(x->tokens + (size_t)b * bs, tokens, sizeof(int32_t) * bs);
     x->parent[b] = parent, x->parent_gen[b] = parent_gen;
     int32_t *head = chain_of(c, b);
@@ -368,12 +371,13 @@ const int32_t *weft_kv_seq_blocks(const weft_kv_cache *c, int seq, int *n_blocks
 
 // ----------------------------------------------------------------- prefixes of a sequence ----
 
-int weft_kv_seq_match_prefix(weft_kv_cache *c, int seq, const int32_t *tokens, int max_positions) {
+int weft_kv_seq_match_prefix(weft_kv_cache *c, int seq, const int32_t *tokens, int n_tokens,
+                             int max_positions) {
     kv_seq *q = seq_of(c, seq);
     if (!c->prefixes || q->n > 0) return 0;
     prefix_index *x = c->prefixes;
     int bs = c->pool.block_size;
-    while ((q->n + 1) * bs <= max_positions) {
+    while ((q->n + 1) * bs <= max_positions && (q->n + 1) * bs + x->lookahead <= n_tokens) {
         int32_t b = find_registered(c, q->parent, q->parent_gen, tokens + (size_t)q->n * bs);
         if (b < 0) break;
         if (c->holders[b] == 0) lru_remove(x, b), c->n_free--;
@@ -388,12 +392,15 @@ int weft_kv_seq_match_prefix(weft_kv_cache *c, int seq, const int32_t *tokens, i
     return q->n * bs;
 }
 
-void weft_kv_seq_publish(weft_kv_cache *c, int seq, const int32_t *tokens, int final_positions) {
+void weft_kv_seq_publish(weft_kv_cache *c, int seq, const int32_t *tokens, int n_tokens,
+                         int final_positions) {
     if (!c->prefixes) return;
     kv_seq *q = seq_of(c, seq);
     prefix_index *x = c->prefixes;
     int bs = c->pool.block_size;
-    for (; q->published < q->n && (q->published + 1) * bs <= final_positions; q->published++) {
+    for (; q->published < q->n && (q->published + 1) * bs <= final_positions &&
+           (q->published + 1) * bs + x->lookahead <= n_tokens;
+         q->published++) {
         const int32_t *t = tokens + (size_t)q->published * bs;
         int32_t b = q->blocks[q->published];
         // The same content computed twice (by sequences that ran side by side) is registered

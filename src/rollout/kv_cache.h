@@ -30,12 +30,13 @@ int weft_kv_cache_block_size(const weft_kv_cache *c);
 weft_kv_cache_stats weft_kv_cache_stats_now(const weft_kv_cache *c);
 
 // Prefix caching: full blocks whose keys and values are final are registered by content (their
-// tokens and everything before them) and found again by sequences starting with the same tokens,
-// which then compute only what follows. Freed, such a block stays findable until the pool needs
-// it (least recently freed first). The keys must depend on the tokens up to the block's end alone
-// (not so for MTP modules' keys, which read later tokens) and the weights must not change while
-// prefixes are kept: forget them first.
-void weft_kv_cache_enable_prefixes(weft_kv_cache *c);
+// tokens, the `lookahead` tokens after them and everything before them) and found again by
+// sequences starting with the same tokens, which then compute only what follows. Freed, such a
+// block stays findable until the pool needs it (least recently freed first). A block's keys must
+// depend on no token past its lookahead (MTP module j's keys read the token j positions on: a
+// lookahead of the modules' count), and the weights must not change while prefixes are kept:
+// forget them first.
+void weft_kv_cache_enable_prefixes(weft_kv_cache *c, int lookahead);
 void weft_kv_cache_forget_prefixes(weft_kv_cache *c);
 
 // Sequences: handles >= 0. A new sequence holds no position.
@@ -51,13 +52,15 @@ long weft_kv_seq_blocks_needed(const weft_kv_cache *c, int seq, int from, int le
 // Keeps only the blocks positions [0, len) fall in, giving the rest back (speculative decoding's
 // rejected positions).
 void weft_kv_seq_truncate(weft_kv_cache *c, int seq, int len);
-// A sequence holding no block takes the longest run of registered blocks that holds
-// tokens[0, k * block_size) within max_positions; returns the positions it now holds (k *
-// block_size; 0 without prefix caching).
-int weft_kv_seq_match_prefix(weft_kv_cache *c, int seq, const int32_t *tokens, int max_positions);
+// A sequence holding no block takes the longest run of registered blocks that holds its
+// tokens[0, k * block_size) within max_positions (with their lookahead within its n_tokens
+// tokens); returns the positions it now holds (k * block_size; 0 without prefix caching).
+int weft_kv_seq_match_prefix(weft_kv_cache *c, int seq, const int32_t *tokens, int n_tokens,
+                             int max_positions);
 // Registers the sequence's full blocks within positions [0, final_positions), whose keys and
-// values are final (computed from those tokens).
-void weft_kv_seq_publish(weft_kv_cache *c, int seq, const int32_t *tokens, int final_positions);
+// values are final (computed from its n_tokens tokens, which hold each one's lookahead).
+void weft_kv_seq_publish(weft_kv_cache *c, int seq, const int32_t *tokens, int n_tokens,
+                         int final_positions);
 // Gives the sequence's blocks back (a shared block stays with its other holders).
 void weft_kv_seq_release(weft_kv_cache *c, int seq);
 // The sequence's block table (host; valid until its next reserve or release) and length.

@@ -433,8 +433,6 @@ bool weft_rollout_step(weft_engine *e) {
         s->main_lo = s->cached, s->main_hi = s->cached + part[j].rows - 1;
         s->cached += part[j].rows;
         e->stats.computed_positions += part[j].rows;
-        int known = s->len - s->in_flight; // the rest are tokens the device has not sent yet
-        weft_kv_seq_publish(e->cache, s->kv, s->tokens, s->cached < known ? s->cached : known);
         bool is_due = s->cached == s->len + s->n_drafts;
         if (!is_due || s->sample < 0) before[n_before++] = part[j].seq;
         if (!is_due) continue;
@@ -448,6 +446,8 @@ bool weft_rollout_step(weft_engine *e) {
     for (int k = 0; k < due.n; k++) forks += e->seqs[due.seq[k]].sample < 0 ? (size_t)e->sc.n : 0;
     int *took = weft_arena_alloc(scratch, sizeof(int) * (e->n_seqs + forks + 1)), n_took = 0;
     bool speculating = e->rc.speculative_tokens > 0;
+    int *members = weft_arena_alloc(scratch, sizeof(int) * n);
+    for (int j = 0; j < n; j++) members[j] = part[j].seq;
     if (decodes_alone(e, part, n, &due)) {
         n_took = decode_step(e, part, n, &due, head_rows, took, ahead);
     } else {
@@ -455,9 +455,11 @@ bool weft_rollout_step(weft_engine *e) {
         bool on_device = weft_rollout_draws_on_device(e);
         main_forward(e, part, n, &due, head_rows, !on_device);
         if (speculating) weft_rollout_draft(e, before, n_before, false);
+        weft_rollout_publish(e, members, n); // a prompt forks its samples as it draws
         const float *logits = on_device ? NULL : e->buf.host_logits;
         if (due.n > 0) n_took = weft_rollout_draw_tokens(e, &due, logits, took);
     }
     if (speculating) weft_rollout_draft(e, took, n_took, true);
+    weft_rollout_publish(e, members, n);
     return true;
 }

@@ -148,7 +148,7 @@ static const key_def KEYS[] = {
     {"rollout.prefix_caching", KEY_BOOL, F(rollout.prefix_caching),
      "a prompt starting with tokens whose keys and values are in the KV cache (a shared system "
      "prompt, a preempted sample's own) reuses them, computing only the rest (same bits on the "
-     "CPU); off while rollout.speculative_tokens > 0", NULL},
+     "CPU)", NULL},
     {"rl.policy_loss", KEY_CHOICE, F(rl.policy_loss),
      "ppo (token-level ratio) or gspo (sequence-level ratio)", POLICY_LOSSES},
     {"rl.clip_ratio_low", KEY_REAL, F(rl.clip_ratio_low), "ratio clipped below at 1 - this", NULL},

@@ -5,7 +5,9 @@ blocks, then their own tokens), one repeats one of those seven exactly, one hold
 prefix's blocks in another order (its first block shared, its second the prefix's third: keys
 depend on the position, so only a lookup that follows the whole prefix may find it), and one
 shares nothing. `weft generate` with rollout.prefix_caching on and off, 2 samples each at
-temperature 1:
+temperature 1, on a plain model and on one with two MTP modules drafting 2 tokens a step (whose
+keys at a position read the next 2 tokens: a block is found only with those tokens too, so the
+reordered prompt finds nothing there):
 - the output files are byte-identical (so are the outputs with a pool small enough to preempt,
   where recomputed samples find their own blocks, and with a smaller pool and prefills in chunks
   of 24 rows, where sequences are preempted part-way through their prompts: a block is found
@@ -13,7 +15,7 @@ temperature 1:
 - with caching on, the positions found in the cache are exactly what each prompt shares with the
   prompts before it in full blocks (the first prompt computes the prefix, the other six wait for
   it and find its 96 positions, the repeat finds all its full blocks, the reordered one its first
-  block), never its last position (whose row gives the first token);
+  block on the plain model), never its last position (whose row gives the first token);
 - the forwards computed exactly that many positions fewer.
 """
 import filecmp
@@ -40,63 +42,77 @@ def prompt_set(vocab):
     return prompts + [list(prompts[REPEATED]), reordered, unrelated]
 
 
-def expected_hits(prompts):
-    """Per prompt: the full blocks it shares with an earlier prompt (leading, whole blocks, its
-    last position excluded), in positions."""
+def expected_hits(prompts, lookahead):
+    """Per prompt: the full blocks it shares with an earlier prompt (leading, whole blocks and the
+    `lookahead` tokens after them, its last position excluded), in positions."""
     hits = []
     for i, p in enumerate(prompts):
         best = 0
         for q in prompts[:i]:
             k = 0
-            while (k + 1) * BLOCK <= min(len(p) - 1, len(q)) and \
-                    p[k * BLOCK:(k + 1) * BLOCK] == q[k * BLOCK:(k + 1) * BLOCK]:
+            while (k + 1) * BLOCK <= len(p) - 1 and (k + 1) * BLOCK + lookahead <= min(len(p), len(q)) \
+                    and p[:(k + 1) * BLOCK + lookahead] == q[:(k + 1) * BLOCK + lookahead]:
                 k += 1
             best = max(best, k * BLOCK)
         hits.append(best)
     return hits
 
 
+def check_model(weft, tmp, name, cfg, speculative, pools, failures):
+    """The prompts on one model, caching on and off (and on with small pools): see the module
+    docstring."""
+    mdir = os.path.join(tmp, name)
+    files.make_model(mdir, cfg, 2, std=0.1)
+    prompts = prompt_set(cfg["vocab_size"])
+    path = write_prompts(os.path.join(tmp, f"{name}_prompts.jsonl"), prompts)
+    settings = ("sampling.n=2", f"sampling.max_tokens={NEW}", "sampling.temperature=1",
+                "sampling.seed=5", "sampling.stop_token_ids=[]", f"rollout.block_size={BLOCK}",
+                f"rollout.speculative_tokens={speculative}")
+    variants = (("on", ["rollout.prefix_caching=true"]),
+                ("off", ["rollout.prefix_caching=false"]),
+                ("on, preemptions", ["rollout.prefix_caching=true",
+                                     f"rollout.kv_cache_tokens={pools[0]}"]),
+                ("on, preemptions, chunks", ["rollout.prefix_caching=true",
+                                             f"rollout.kv_cache_tokens={pools[1]}",
+                                             "rollout.max_batch_tokens=24"]))
+    outs, stats = {}, {}
+    for variant, extra in variants:
+        outs[variant] = os.path.join(tmp, f"{name}_{variant.replace(', ', '_')}.jsonl")
+        _, stats[variant], _ = generate(weft, mdir, path, outs[variant], *settings, *extra)
+        cache = stats[variant]["prefix_cache"]
+        print(f"{name}, prefix caching {variant}: {cache['hit_positions']:.0f} positions found in "
+              f"the cache, {cache['computed_positions']:.0f} computed, "
+              f"{stats[variant]['preemptions']:.0f} preemptions")
+    for variant in ("on", "on, preemptions", "on, preemptions, chunks"):
+        if not filecmp.cmp(outs["off"], outs[variant], shallow=False):
+            failures.append(f"{name}, prefix caching {variant}: the output differs from caching "
+                            f"off's")
+    hits = expected_hits(prompts, speculative)
+    want = sum(hits)
+    on, off = stats["on"]["prefix_cache"], stats["off"]["prefix_cache"]
+    print(f"{name}: expected {want} positions found ({hits})")
+    if on["hit_positions"] != want:
+        failures.append(f"{name}: caching on found {on['hit_positions']:.0f} positions, not the "
+                        f"{want} the prompts share in full blocks")
+    if off["hit_positions"] != 0:
+        failures.append(f"{name}: caching off found {off['hit_positions']:.0f} positions")
+    fewer = off["computed_positions"] - on["computed_positions"]
+    if fewer != want:
+        failures.append(f"{name}: caching on computed {fewer:.0f} positions fewer than caching "
+                        f"off, not the {want} found")
+    for variant in ("on, preemptions", "on, preemptions, chunks"):
+        if stats[variant]["preemptions"] < 1:
+            failures.append(f"{name}, {variant}: the small pool forced no preemption")
+        elif stats[variant]["prefix_cache"]["hit_positions"] <= 0:
+            failures.append(f"{name}, {variant}: the preempted samples found none of their "
+                            f"blocks again")
+
+
 def cases(weft, tmp):
     failures = []
-    mdir = os.path.join(tmp, "model")
-    files.make_model(mdir, qwen2.SMALL_CFG, 2, std=0.1)
-    prompts = prompt_set(qwen2.SMALL_CFG["vocab_size"])
-    path = write_prompts(os.path.join(tmp, "prompts.jsonl"), prompts)
-    settings = ("sampling.n=2", f"sampling.max_tokens={NEW}", "sampling.temperature=1",
-                "sampling.seed=5", "sampling.stop_token_ids=[]", f"rollout.block_size={BLOCK}")
-    outs, stats = {}, {}
-    for name, extra in (("on", ["rollout.prefix_caching=true"]),
-                        ("off", ["rollout.prefix_caching=false"]),
-                        ("on, preemptions", ["rollout.prefix_caching=true",
-                                             "rollout.kv_cache_tokens=256"]),
-                        ("on, preemptions, chunks", ["rollout.prefix_caching=true",
-                                                     "rollout.kv_cache_tokens=176",
-                                                     "rollout.max_batch_tokens=24"])):
-        outs[name] = os.path.join(tmp, name.replace(", ", "_") + ".jsonl")
-        _, stats[name], _ = generate(weft, mdir, path, outs[name], *settings, *extra)
-        cache = stats[name]["prefix_cache"]
-        print(f"prefix caching {name}: {cache['hit_positions']:.0f} positions found in the cache, "
-              f"{cache['computed_positions']:.0f} computed, {stats[name]['preemptions']:.0f} "
-              f"preemptions")
-    for name in ("on", "on, preemptions", "on, preemptions, chunks"):
-        if not filecmp.cmp(outs["off"], outs[name], shallow=False):
-            failures.append(f"prefix caching {name}: the output differs from caching off's")
-    want = sum(expected_hits(prompts))
-    on, off = stats["on"]["prefix_cache"], stats["off"]["prefix_cache"]
-    print(f"expected: {want} positions found ({expected_hits(prompts)})")
-    if on["hit_positions"] != want:
-        failures.append(f"caching on found {on['hit_positions']:.0f} positions, not the {want} "
-                        f"the prompts share in full blocks")
-    if off["hit_positions"] != 0:
-        failures.append(f"caching off found {off['hit_positions']:.0f} positions in the cache")
-    if off["computed_positions"] - on["computed_positions"] != want:
-        failures.append(f"caching on computed {off['computed_positions'] - on['computed_positions']:.0f} "
-                        f"positions fewer than caching off, not the {want} found")
-    for name in ("on, preemptions", "on, preemptions, chunks"):
-        if stats[name]["preemptions"] < 1:
-            failures.append(f"{name}: the small pool forced no preemption")
-        elif stats[name]["prefix_cache"]["hit_positions"] <= 0:
-            failures.append(f"{name}: the preempted samples found none of their blocks again")
+    check_model(weft, tmp, "plain", qwen2.SMALL_CFG, 0, (256, 176), failures)
+    check_model(weft, tmp, "mtp", dict(qwen2.SMALL_CFG, num_nextn_predict_layers=2), 2,
+                (256, 208), failures)
     return failures
 
 
