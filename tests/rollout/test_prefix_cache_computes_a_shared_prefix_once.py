@@ -17,9 +17,12 @@ reordered prompt finds nothing there):
   it and find its 96 positions, the repeat finds all its full blocks, the reordered one its first
   block on the plain model), never its last position (whose row gives the first token);
 - the forwards computed exactly that many positions fewer.
+Last, prompts made of blocks drawn at random from three (check_random_prefixes), with and
+without drafts: caching on equals caching off byte for byte under preemptions and chunking.
 """
 import filecmp
 import os
+import random
 import sys
 
 import numpy as np
@@ -108,11 +111,46 @@ def check_model(weft, tmp, name, cfg, speculative, pools, failures):
                             f"blocks again")
 
 
+def check_random_prefixes(weft, tmp, speculative, failures):
+    """14 prompts made of 0-4 blocks drawn from 3 (shared prefixes of many depths, blocks in
+    several places) and a tail of their own, on a 64-token vocabulary (samples' blocks may
+    repeat prompts'), 3 samples each: caching on equals caching off byte for byte, with the
+    default pool, with preemptions, and with preemptions and prefills in chunks of 20 rows."""
+    cfg = dict(qwen2.SMALL_CFG, vocab_size=64)
+    if speculative:
+        cfg["num_nextn_predict_layers"] = speculative
+    mdir = os.path.join(tmp, f"random_{speculative}")
+    files.make_model(mdir, cfg, 3, std=0.1)
+    rng = random.Random(speculative)
+    blocks = [[rng.randrange(64) for _ in range(BLOCK)] for _ in range(3)]
+    prompts = [sum((rng.choice(blocks) for _ in range(rng.randrange(5))), []) +
+               [rng.randrange(64) for _ in range(rng.randrange(1, 20))] for _ in range(14)]
+    path = write_prompts(os.path.join(tmp, f"random_{speculative}.jsonl"), prompts)
+    settings = ("sampling.n=3", "sampling.max_tokens=20", "sampling.seed=2",
+                "sampling.stop_token_ids=[]", f"rollout.block_size={BLOCK}",
+                f"rollout.speculative_tokens={speculative}")
+    ref = os.path.join(tmp, f"random_{speculative}_off.jsonl")
+    generate(weft, mdir, path, ref, *settings, "rollout.prefix_caching=false")
+    for extra in ([], ["rollout.kv_cache_tokens=160"],
+                  ["rollout.kv_cache_tokens=192", "rollout.max_batch_tokens=20"]):
+        out = os.path.join(tmp, f"random_{speculative}_on.jsonl")
+        _, st, _ = generate(weft, mdir, path, out, *settings, *extra)
+        same = filecmp.cmp(ref, out, shallow=False)
+        print(f"random prefixes, {speculative} drafts, {' '.join(extra) or 'default pool'}: "
+              f"{'byte-identical' if same else 'DIFFERS'}; {st['preemptions']:.0f} preemptions, "
+              f"{st['prefix_cache']['hit_positions']:.0f} positions found")
+        if not same:
+            failures.append(f"random prefixes, {speculative} drafts, {extra}: the output differs "
+                            f"from caching off's")
+
+
 def cases(weft, tmp):
     failures = []
     check_model(weft, tmp, "plain", qwen2.SMALL_CFG, 0, (256, 176), failures)
     check_model(weft, tmp, "mtp", dict(qwen2.SMALL_CFG, num_nextn_predict_layers=2), 2,
                 (256, 208), failures)
+    for speculative in (0, 2):
+        check_random_prefixes(weft, tmp, speculative, failures)
     return failures
 
 
