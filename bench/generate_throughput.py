@@ -85,7 +85,7 @@ def run_weft(weft, mdir, prompts, out, threads, new_tokens, *settings):
     with open(out) as f:
         tokens = [json.loads(line)["responses"][0]["token_ids"] for line in f]
     return dict(seconds=st["generation_seconds"], tokens=tokens, other=other,
-                prefix_hits=st["prefix_cache"]["hit_positions"])
+                prefix_hits=st.get("prefix_cache", {}).get("hit_positions", 0))
 
 
 def run_peer(mdir, prompts, threads, new_tokens, env_extra):
