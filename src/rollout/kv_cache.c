@@ -77,7 +77,14 @@ static void *grown(void *old, size_t old_bytes, size_t bytes) {
     return p;
 }
 
-static uint64_t content_hash(int32_t parent, uint32_t parent_gen, const int32_t *tokens, int bs);
+static uint64_t content_hash(int32_t parent, uint32_t parent_gen, const int32_t *tokens, int bs) {
+    uint64_t h = ((uint64_t)(uint32_t)parent << 32 | parent_gen) ^ 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < bs; i++) {
+        h = (h ^ (uint32_t)tokens[i]) * 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    }
+    return h;
+}
 
 // The index made to cover block b (and at least twice the blocks it covered), its chains rebuilt
 // over the larger bucket table.
@@ -109,15 +116,6 @@ static void prefixes_cover(weft_kv_cache *c, int32_t b) {
         x->next[r] = *head;
         *head = r;
     }
-}
-
-static uint64_t content_hash(int32_t parent, uint32_t parent_gen, const int32_t *tokens, int bs) {
-    uint64_t h = ((uint64_t)(uint32_t)parent << 32 | parent_gen) ^ 0x9e3779b97f4a7c15ull;
-    for (int i = 0; i < bs; i++) {
-        h = (h ^ (uint32_t)tokens[i]) * 0xff51afd7ed558ccdull;
-        h ^= h >> 33;
-    }
-    return h;
 }
 
 // The registered block holding `tokens` after block parent of generation parent_gen, or -1.
