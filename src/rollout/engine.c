@@ -228,27 +228,30 @@ static int older_first(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-int weft_rollout_in_line(const weft_engine *e, seq_state state, int *seqs) {
-    in_line *line = weft_alloc(sizeof(in_line) * (size_t)(e->n_seqs + 1));
-    int n = 0;
+int *weft_rollout_in_line(weft_engine *e, seq_state state, int *n) {
+    in_line *line = weft_arena_alloc(&e->step_scratch, sizeof(in_line) * (size_t)(e->n_seqs + 1));
+    int *seqs = weft_arena_alloc(&e->step_scratch, sizeof(int) * (size_t)(e->n_seqs + 1));
+    *n = 0;
     for (int i = 0; i < e->n_seqs; i++)
-        if (e->seqs[i].state == state) line[n++] = (in_line){e->seqs[i].order, i};
-    qsort(line, (size_t)n, sizeof *line, older_first);
-    for (int k = 0; k < n; k++) seqs[k] = line[k].seq;
-    weft_free(line);
-    return n;
+        if (e->seqs[i].state == state) line[(*n)++] = (in_line){e->seqs[i].order, i};
+    qsort(line, (size_t)*n, sizeof *line, older_first);
+    for (int k = 0; k < *n; k++) seqs[k] = line[k].seq;
+    return seqs;
 }
 
+// Whether a running sequence still computes positions before its last token (a prompt, or a
+// sample recomputed after preemption), whose blocks a waiting one may soon find.
+static bool prefilling(const gen_seq *s) { return s->len - s->cached > 1; }
+
 // Prefix caching: whether waiting sequence w had better wait for one of the running sequences
-// still computing their first positions (prefilling[0, n)), which shares more of w's leading
-// full blocks than it has computed yet. Once it has, w finds those blocks in the cache instead of
+// still computing their first positions (busy[0, n)), which shares more of w's leading full
+// blocks than it has computed yet. Once it has, w finds those blocks in the cache instead of
 // computing them again beside it (a shared system prompt is computed once, not once a prompt).
-static bool prefix_computed_soon(const weft_engine *e, const gen_seq *w, const int *prefilling,
-                                 int n) {
+static bool prefix_computed_soon(const weft_engine *e, const gen_seq *w, const int *busy, int n) {
     int bs = e->rc.block_size, blocks = (w->len - 1) / bs;
     size_t bytes = sizeof(int32_t) * bs;
     for (int k = 0; k < n && blocks > 0; k++) {
-        const gen_seq *r = &e->seqs[prefilling[k]];
+        const gen_seq *r = &e->seqs[busy[k]];
         int known = (r->len - r->in_flight) / bs, common = 0;
         int most = blocks < known ? blocks : known;
         while (common < most && memcmp(w->tokens + (size_t)common * bs,
@@ -335,6 +338,7 @@ static bool try_admit(weft_engine *e, int i) {
                                   s->cached + rows) > weft_kv_cache_free_blocks(e->cache)) {
         weft_kv_seq_release(e->cache, s->kv); // the prefix's blocks stay findable
         s->kv = -1, s->cached = 0;
+        reset_drafting_cache(s);
         return false;
     }
     e->stats.prefix_hit_positions += s->cached;
@@ -346,27 +350,23 @@ static bool try_admit(weft_engine *e, int i) {
 // preempts: only running sequences make room for newer ones). A sequence whose leading blocks a
 // running one is computing waits for them (prefix caching) and lets the next in line go first.
 static void admit(weft_engine *e) {
-    int running = 0, n_prefilling = 0;
-    int *line = weft_alloc(sizeof(int) * (size_t)(e->n_seqs + 1));
-    int n_waiting = weft_rollout_in_line(e, SEQ_WAITING, line);
-    int *prefilling = weft_alloc(sizeof(int) * (size_t)(e->n_seqs + 1));
+    int running = 0, n_busy = 0, n_waiting;
+    int *line = weft_rollout_in_line(e, SEQ_WAITING, &n_waiting);
+    int *busy = weft_arena_alloc(&e->step_scratch, sizeof(int) * (size_t)(e->n_seqs + 1));
     bool prefixes = e->rc.prefix_caching;
     for (int i = 0; i < e->n_seqs; i++) {
-        const gen_seq *s = &e->seqs[i];
-        if (s->state != SEQ_RUNNING) continue;
+        if (e->seqs[i].state != SEQ_RUNNING) continue;
         running++;
-        if (prefixes && s->len - s->cached > 1) prefilling[n_prefilling++] = i;
+        if (prefixes && prefilling(&e->seqs[i])) busy[n_busy++] = i;
     }
     for (int k = 0; k < n_waiting && (e->rc.max_running <= 0 || running < e->rc.max_running);
          k++) {
         int i = line[k];
-        if (prefixes && prefix_computed_soon(e, &e->seqs[i], prefilling, n_prefilling)) continue;
+        if (prefixes && prefix_computed_soon(e, &e->seqs[i], busy, n_busy)) continue;
         if (!try_admit(e, i)) break;
         running++;
-        const gen_seq *s = &e->seqs[i];
-        if (prefixes && s->len - s->cached > 1) prefilling[n_prefilling++] = i;
+        if (prefixes && prefilling(&e->seqs[i])) busy[n_busy++] = i;
     }
-    weft_free(line), weft_free(prefilling);
 }
 
 // A sample of prompt sequence p: its tokens, blocks and what the MTP modules cached.

@@ -118,8 +118,8 @@ struct weft_engine {
 
 // engine.c
 int weft_rollout_add_seq(weft_engine *e, gen_seq s);
-// The sequences in `state` into seqs (room for all), oldest first (by order); returns how many.
-int weft_rollout_in_line(const weft_engine *e, seq_state state, int *seqs);
+// The sequences in `state`, oldest first (by order): *n of them, in the step's scratch arena.
+int *weft_rollout_in_line(weft_engine *e, seq_state state, int *n);
 // Makes room in the cache for positions [cached, cached + rows + spare) of sequence i (its own
 // copies from weft_rollout_write_from on), preempting newer running sequences as needed; false
 // (sequence i itself preempted) when even that is not enough.

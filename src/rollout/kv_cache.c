@@ -235,8 +235,7 @@ weft_kv_cache_stats weft_kv_cache_stats_now(const weft_kv_cache *c) {
                              .blocks_used = c->pool.n_blocks - c->n_free,
                              .peak_used = c->peak_used, .copies = c->copies,
                              .blocks_shared = c->shared, .peak_shared = c->peak_shared,
-                             .pool_bytes = c->block_bytes * (size_t)c->pool.n_blocks,
-                             .blocks_cached = c->prefixes ? c->prefixes->n_lru : 0};
+                             .pool_bytes = c->block_bytes * (size_t)c->pool.n_blocks};
     return s;
 }
 

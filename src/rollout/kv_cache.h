@@ -15,7 +15,6 @@ typedef struct weft_kv_cache_stats {
     long peak_shared;  // the most blocks shared at once
     long copies;       // blocks copied on write
     size_t pool_bytes; // device bytes the pool holds
-    long blocks_cached; // free blocks holding a prefix a later sequence may take (in blocks_free)
 } weft_kv_cache_stats;
 
 // A pool of n_blocks blocks of block_size positions for `layers` layers of key/value rows of

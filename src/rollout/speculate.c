@@ -156,7 +156,7 @@ static void gather_inputs(weft_engine *e, phase *ph, int j, const rows_span *r, 
 }
 
 // Module j's stash rebuilt: the rows (n_new of them) just kept from the producer's rows `fresh`,
-// then every other live sequence's kept row (flagged in kept[]: not new), from the old stash. The
+// then every other live sequence's kept row (those not renewed), from the old stash. The
 // rows stay on the device: nothing of them comes to the host.
 static void restash(weft_engine *e, phase *ph, int j, const int32_t *fresh, const int *who,
                     int n_new) {

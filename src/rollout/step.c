@@ -21,9 +21,9 @@ void *weft_rollout_grown(weft_backend *be, void *p, int *cap, int want, size_t e
     return be->alloc(be, each * (size_t)*cap);
 }
 
-// Host memory from the backend's host_alloc where it has one (pinned), else plain.
-static void raw_free(weft_backend *be, void *p) {
-    if (p && be->host_alloc) be->host_free(be, p);
+// Host memory from the backend's host_alloc where `pinned` has one, else plain.
+static void raw_free(weft_backend *pinned, void *p) {
+    if (p && pinned && pinned->host_alloc) pinned->host_free(pinned, p);
     else weft_free(p);
 }
 
@@ -196,9 +196,8 @@ static int rows_within(const gen_seq *s, int budget) {
 // scan for the oldest per participant costs the host more than a GPU's decode step once an RL
 // batch holds thousands of samples.
 static int choose_participants(weft_engine *e, participant *part) {
-    int n = 0, budget = e->rc.max_batch_tokens;
-    int *line = weft_arena_alloc(&e->step_scratch, sizeof(int) * (size_t)(e->n_seqs + 1));
-    int running = weft_rollout_in_line(e, SEQ_RUNNING, line);
+    int n = 0, budget = e->rc.max_batch_tokens, running;
+    int *line = weft_rollout_in_line(e, SEQ_RUNNING, &running);
     for (int k = 0; k < running && budget > 0; k++) {
         int i = line[k];
         if (e->seqs[i].state != SEQ_RUNNING) continue; // preempted for an older one
@@ -259,12 +258,13 @@ static void main_pass_setup(weft_engine *e, const int *seqs, int n, const int32_
     }
 }
 
-// Host buffers kept from step to step: fresh pages cost faults.
-static void *host_room(void *p, size_t *cap, size_t bytes) {
+// Host buffers kept from step to step: fresh pages cost faults. Pinned by the backend `pinned`
+// where it pins (the bus's speed for downloads, two to three times pageable's); NULL: plain.
+static void *host_room(weft_backend *pinned, void *p, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return p;
-    weft_free(p);
+    raw_free(pinned, p);
     *cap = bytes;
-    return weft_alloc(bytes);
+    return pinned && pinned->host_alloc ? pinned->host_alloc(pinned, bytes) : weft_alloc(bytes);
 }
 
 // The rows' logits and, right after them, their normalizers in one download: the host waits for
@@ -276,15 +276,11 @@ static void logits_and_normalizers_to_host(weft_engine *e, int n_rows) {
     be->log_normalizers(be, b->logits, (float *)((char *)b->logits + at), n_rows,
                         e->model->cfg.vocab_size);
     size_t bytes = at + sizeof(float) * n_rows;
-    if (bytes > b->host_raw_cap) { // pinned: the bus's speed, two to three times pageable's
-        raw_free(be, b->host_raw);
-        b->host_raw = be->host_alloc ? be->host_alloc(be, bytes) : weft_alloc(bytes);
-        b->host_raw_cap = bytes;
-    }
+    b->host_raw = host_room(be, b->host_raw, &b->host_raw_cap, bytes);
     be->to_host(be, b->host_raw, b->logits, bytes);
     const uint16_t *raw = b->host_raw;
     for (size_t i = 0; i < n; i++) b->host_logits[i] = weft_f32_from_bf16(raw[i]);
-    b->host_lse = host_room(b->host_lse, &b->host_lse_cap, sizeof(float) * n_rows);
+    b->host_lse = host_room(NULL, b->host_lse, &b->host_lse_cap, sizeof(float) * n_rows);
     memcpy(b->host_lse, (char *)b->host_raw + at, sizeof(float) * n_rows);
     b->host_lse_rows = n_rows;
 }
@@ -296,7 +292,8 @@ static void logits_to_host(weft_engine *e, int n_rows) {
     size_t V = (size_t)e->model->cfg.vocab_size;
     b->host_lse_rows = 0;
     if (n_rows <= 0) return;
-    b->host_logits = host_room(b->host_logits, &b->host_logits_cap, sizeof(float) * n_rows * V);
+    b->host_logits =
+        host_room(NULL, b->host_logits, &b->host_logits_cap, sizeof(float) * n_rows * V);
     if (be->log_normalizers && be->act_dtype == WEFT_BF16) // the op's logits are bf16
         logits_and_normalizers_to_host(e, n_rows);
     else
