@@ -256,6 +256,22 @@ struct weft_backend {
                           const double *u, int n, int V, float temperature,
                           const weft_draw_filters *filters, int32_t *tokens, float *logprob,
                           float *processed);
+    // Speculative sampling's verification (rollout/speculate.c's rule) of n sequences' drafts, on
+    // the device: sequence i's index (n, 2 + k) int32 holds its first target row p_row, its
+    // n_drafts (0..k) and the draft rows its drafts came from (k): draft row r was drawn from row
+    // r of draft_logits (., V) and is token draft_tokens[r]; its u (n, 2k + 1) the acceptance
+    // numbers (k; -1 accepts any draft), the residual draws' (k) and the bonus token's. Draft d
+    // is checked against logits row p_row + d under the processed distributions (sample_tokens';
+    // greedy: it passes where it is that row's first largest logit); the first that fails is
+    // replaced by a token drawn from max(0, p - q) normalized (p's largest logit, greedy), and
+    // when all pass a bonus token is drawn from row p_row + n_drafts. count (n) int32: the tokens
+    // emitted, at most k + 1; tokens, logprob, processed (n, k + 1): as sample_tokens'
+    // (processed: under p's processed distribution). A sequence's outcome depends on its rows
+    // and numbers alone. Optional.
+    void (*verify_drafts)(weft_backend *self, const void *logits, const void *draft_logits,
+                          const int32_t *draft_tokens, const int32_t *index, const double *u,
+                          int n, int k, int V, float temperature, const weft_draw_filters *filters,
+                          int32_t *tokens, float *logprob, float *processed, int32_t *count);
     // tokens[r] = drawn[from[r]] for the rows r < n with from[r] >= 0 (int32 on the device; the
     // other rows keep theirs): token ids drawn by the step before, which the host has not read
     // yet, fed to the next. Optional with sample_tokens.
@@ -326,8 +342,10 @@ struct weft_backend {
     void (*destroy)(weft_backend *self); // frees what impl holds
     void *impl;
     // How often the host has waited for the device (downloads, synchronize, sums read back): a
-    // training step should wait a fixed number of times, never once per micro-batch.
+    // training step should wait a fixed number of times, never once per micro-batch. And the bytes
+    // the host has read back (downloads).
     long host_waits;
+    size_t host_bytes_read;
     // Bytes of `alloc` buffers live now, and the most live since the last
     // weft_backend_reset_peak: the measured memory of a phase (rollout's KV pool comes and goes).
     size_t bytes_in_use, peak_bytes;

@@ -447,6 +447,19 @@ std::vector<double> processed_weights(const bf16 *row, int V, float temperature,
     return w;
 }
 
+// The first token whose cumulative weight (w, token order) exceeds u times the total: the last of
+// nonzero weight where rounding leaves u's point past them all.
+int inverse_cdf(const std::vector<double> &w, double u) {
+    double mass = std::accumulate(w.begin(), w.end(), 0.0), cumulative = 0;
+    int token = -1;
+    for (size_t j = 0; j < w.size(); j++) {
+        if (w[j] == 0) continue;
+        token = (int)j;
+        if (u * mass < (cumulative += w[j])) break;
+    }
+    return token;
+}
+
 // Draws from the rows of make_head_rows (ties for the largest logit, and at the filters' cuts,
 // included) at uniform points u, among them 0 and just below 1, against the inverse CDF of
 // processed_weights walked token by token; and each drawn token's log-prob, bit for bit the
@@ -467,14 +480,9 @@ void test_sample_tokens(int V, float temperature, filters f) {
         want_tokens[d] = arg, want_processed[d] = 0.0;
         if (temperature == 0) continue;
         std::vector<double> w = processed_weights(row, V, temperature, f);
-        double mass = std::accumulate(w.begin(), w.end(), 0.0), cumulative = 0;
-        int token = -1;
-        for (int j = 0; j < V; j++) {
-            if (w[j] == 0) continue;
-            token = j;
-            if (u[d] * mass < (cumulative += w[j])) break;
-        }
-        want_tokens[d] = token, want_processed[d] = log(w[token] / mass);
+        int token = inverse_cdf(w, u[d]);
+        want_tokens[d] = token;
+        want_processed[d] = log(w[token] / std::accumulate(w.begin(), w.end(), 0.0));
     }
     weft_cuda_sample_tokens(queue, h.logits.data(), rows.data(), u.data(), n, V, temperature,
                             f.top_k, f.top_p, f.min_p, tokens.data(), logprob.data(),
@@ -495,6 +503,120 @@ void test_sample_tokens(int V, float temperature, filters f) {
     weft_cuda_logprobs(queue, drawn_rows.data(), tokens.data(), want_logprob.data(), nullptr,
                        nullptr, n, V);
     compare(name + " log-prob = the logprobs op's", logprob, widen(want_logprob), 0.0);
+}
+
+// Speculative sampling's verification (backend.h's verify_drafts) against its rule in float64 on
+// processed_weights: sequences of 0 to 3 drafts, each drafted from a row q that equals its target
+// row p (every draft passes), is p rounded differently (most pass) or is another row (most
+// fail); drafts drawn from q (a token p's filters drop among them), some with an acceptance
+// number of -1 (any draft passes). The emitted tokens, their count, their processed log-probs,
+// and their log-probs bit for bit the logprobs op's.
+void test_verify_drafts(int V, float temperature, filters f) {
+    head_rows h = make_head_rows(V);
+    const int n = 40, k = 3;
+    std::vector<int32_t> index((size_t)n * (2 + k)), count(n, -1), want_count(n);
+    std::vector<int32_t> draft_tokens((size_t)n * k, -1);
+    std::vector<double> u((size_t)n * (2 * k + 1));
+    std::vector<bf16> q_rows((size_t)n * k * V);
+    std::vector<int32_t> tokens((size_t)n * (k + 1), -1), want_tokens, emitted_rows;
+    std::vector<float> logprob(tokens.size(), NAN), processed(tokens.size(), NAN);
+    std::vector<double> want_processed;
+    auto weights = [&](const bf16 *row) {
+        if (temperature != 0) return processed_weights(row, V, temperature, f);
+        std::vector<double> w(V, 0.0); // greedy: the first largest logit
+        w[std::max_element(row, row + V, [](bf16 a, bf16 b) {
+              return value_of(a) < value_of(b);
+          }) - row] = 1.0;
+        return w;
+    };
+    auto normalized = [](std::vector<double> w) {
+        double mass = std::accumulate(w.begin(), w.end(), 0.0);
+        for (double &x : w) x /= mass;
+        return w;
+    };
+    for (int i = 0; i < n; i++) {
+        int32_t *ix = &index[(size_t)i * (2 + k)];
+        double *uu = &u[(size_t)i * (2 * k + 1)];
+        int p_row = (i * 5) % (h.T - k), n_drafts = i % (k + 1);
+        ix[0] = p_row, ix[1] = n_drafts;
+        for (int j = 0; j < 2 * k + 1; j++) uu[j] = (double)uniform(0.0f, 1.0f);
+        bool any = i % 9 == 8; // every draft passes
+        for (int d = 0; d < k; d++) {
+            const bf16 *p = &h.logits[(size_t)(p_row + d) * V];
+            bf16 *q = &q_rows[(size_t)((i * k + d * 7) % (n * k)) * V];
+            int kind = (i + d) % 3;
+            for (int j = 0; j < V; j++)
+                q[j] = kind == 0 ? p[j]
+                     : kind == 1 ? __float2bfloat16_rn((float)value_of(p[j]) + uniform(-0.05f, 0.05f))
+                                 : h.logits[(size_t)((i * 7 + d + 11) % h.T) * V + j];
+            ix[2 + d] = (i * k + d * 7) % (n * k); // draft rows in no particular order
+            std::vector<double> wq = weights(q), wp = weights(p);
+            int x = inverse_cdf(any ? wp : wq, uu[d]);
+            if (i % 13 == 5 && temperature != 0) // a token p's filters drop, where there is one
+                for (int j = 0; j < V; j++)
+                    if (wp[j] == 0 && wq[j] > 0) x = j;
+            draft_tokens[ix[2 + d]] = x;
+            if (any) uu[d] = -1.0;
+        }
+        // The rule, in float64.
+        int emitted = 0;
+        for (int d = 0;; d++) {
+            const bf16 *p = &h.logits[(size_t)(p_row + d) * V];
+            std::vector<double> P = normalized(weights(p));
+            int token = -1;
+            bool passed = false;
+            if (d < n_drafts) {
+                std::vector<double> Q = normalized(weights(&q_rows[(size_t)ix[2 + d] * V]));
+                int x = draft_tokens[ix[2 + d]];
+                passed = uu[d] * Q[x] < P[x];
+                std::vector<double> r(V);
+                for (int j = 0; j < V; j++) r[j] = std::max(0.0, P[j] - Q[j]);
+                bool residual = std::accumulate(r.begin(), r.end(), 0.0) > 0;
+                token = passed ? x : inverse_cdf(residual ? r : P, uu[k + d]);
+            } else {
+                token = inverse_cdf(P, uu[2 * k]);
+            }
+            want_tokens.push_back(token), emitted_rows.push_back(p_row + d);
+            want_processed.push_back(temperature == 0 ? 0.0 : log(P[token]));
+            emitted++;
+            if (!passed) break;
+        }
+        want_count[i] = emitted;
+    }
+    weft_cuda_verify_drafts(queue, h.logits.data(), q_rows.data(), draft_tokens.data(),
+                            index.data(), u.data(), n, k, V, temperature, f.top_k, f.top_p,
+                            f.min_p, tokens.data(), logprob.data(), processed.data(),
+                            count.data());
+    int wrong = 0, passes = 0;
+    std::vector<int32_t> got_tokens;
+    std::vector<float> got_processed, got_logprob;
+    for (int i = 0; i < n; i++) {
+        bool differs = count[i] != want_count[i];
+        passes += want_count[i] - 1;
+        for (int d = 0; d < want_count[i] && !differs; d++) {
+            size_t at = (size_t)i * (k + 1) + d;
+            differs = tokens[at] != want_tokens[got_tokens.size()];
+            got_tokens.push_back(tokens[at]);
+            got_processed.push_back(processed[at]), got_logprob.push_back(logprob[at]);
+        }
+        wrong += differs;
+    }
+    char config[96];
+    snprintf(config, sizeof config, " T %g top_k %d top_p %g min_p %g", temperature, f.top_k,
+             f.top_p, f.min_p);
+    std::string name = sized("verify_drafts", V) + config;
+    printf("%-76s %d of %d sequences differ, %d drafts pass %s\n", (name + " tokens").c_str(),
+           wrong, n, passes, wrong ? "FAIL" : "ok");
+    failures += wrong > 0;
+    if (wrong) return;
+    compare(name + " processed log-prob", got_processed, want_processed, F32_TOL);
+    std::vector<bf16> drawn_rows(emitted_rows.size() * V);
+    std::vector<float> want_logprob(emitted_rows.size(), NAN);
+    for (size_t j = 0; j < emitted_rows.size(); j++)
+        std::copy_n(&h.logits[(size_t)emitted_rows[j] * V], V, &drawn_rows[j * V]);
+    weft_cuda_logprobs(queue, drawn_rows.data(), got_tokens.data(), want_logprob.data(), nullptr,
+                       nullptr, (int)emitted_rows.size(), V);
+    compare(name + " log-prob = the logprobs op's", got_logprob, widen(want_logprob), 0.0);
 }
 
 // RMSNorm folded into a few-row product: bit for bit weft_cuda_rmsnorm_forward into a buffer and
@@ -683,6 +805,11 @@ static void test_every_kernel() {
         test_sample_tokens(50, 0.7f, {10, 0.8, 0.02});
         test_sample_tokens(50, 1.0f, {0, 0.5, 0});
     }
+    for (int V : {1000, 1001})
+        for (float temperature : {0.0f, 1.0f})
+            test_verify_drafts(V, temperature, {0, 1, 0});
+    test_verify_drafts(1000, 0.7f, {30, 0.8, 0.02});
+    test_verify_drafts(50, 1.3f, {10, 0.9, 0});
     for (int n : {1, 7, 300}) test_take_tokens(n);
     for (int K : {2048, 4104, 896})
         for (int M : {1, 3, 8})

@@ -126,6 +126,7 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
     weft_cuda_launched(self, "download");
     CUDA_CHECK(cudaStreamSynchronize(s));
     self->host_waits++;
+    self->host_bytes_read += bytes;
 }
 
 // The ticket is an event recorded behind the copy: waiting on it waits for nothing queued later.
@@ -136,6 +137,7 @@ static void *cuda_download_begin(weft_backend *self, void *dst, const void *src,
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
     weft_cuda_launched(self, "download");
+    self->host_bytes_read += bytes;
     CUDA_CHECK(cudaEventRecord(done, s));
     return done;
 }
@@ -419,6 +421,19 @@ static void cuda_sample_tokens(weft_backend *self, const void *logits, const int
     weft_cuda_launched(self, "sample_tokens");
 }
 
+static void cuda_verify_drafts(weft_backend *self, const void *logits, const void *draft_logits,
+                               const int32_t *draft_tokens, const int32_t *index, const double *u,
+                               int n, int k, int V, float temperature, const weft_draw_filters *f,
+                               int32_t *tokens, float *logprob, float *processed,
+                               int32_t *count) {
+    weft_draw_filters none = {.top_p = 1.0};
+    if (!f) f = &none;
+    weft_cuda_verify_drafts(STREAM(self), logits, draft_logits, draft_tokens, index, u, n, k, V,
+                            temperature, f->top_k, f->top_p, f->min_p, tokens, logprob, processed,
+                            count);
+    weft_cuda_launched(self, "verify_drafts");
+}
+
 static void cuda_take_tokens(weft_backend *self, int32_t *tokens, const int32_t *drawn,
                              const int32_t *from, int n) {
     weft_cuda_take_tokens(STREAM(self), tokens, drawn, from, n);
@@ -653,6 +668,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .logprobs = cuda_logprobs,
         .log_normalizers = cuda_log_normalizers,
         .sample_tokens = cuda_sample_tokens,
+        .verify_drafts = cuda_verify_drafts,
         .take_tokens = cuda_take_tokens,
         .logits_backward = cuda_logits_backward,
         .sum_f32 = cuda_sum_f32,

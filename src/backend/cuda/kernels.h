@@ -163,6 +163,13 @@ void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits, const int32
                              const double *u, int n, int V, float temperature, int top_k,
                              double top_p, double min_p, int32_t *tokens, float *logprob,
                              float *processed);
+// Checks n sequences' drafts against rows of logits (., V) bf16: backend.h's verify_drafts
+// (sampling.cu).
+void weft_cuda_verify_drafts(weft_cuda_stream s, const void *logits, const void *draft_logits,
+                             const int32_t *draft_tokens, const int32_t *index, const double *u,
+                             int n, int k, int V, float temperature, int top_k, double top_p,
+                             double min_p, int32_t *tokens, float *logprob, float *processed,
+                             int32_t *count);
 // backend.h's take_tokens (sampling.cu).
 void weft_cuda_take_tokens(weft_cuda_stream s, int32_t *tokens, const int32_t *drawn,
                            const int32_t *from, int n);

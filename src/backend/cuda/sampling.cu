@@ -165,52 +165,108 @@ __device__ rank_cut rank_filters(const bf16 *row, int V, span own, float max_log
 
 // ---------------------------------------------------------------------------------- draws ----
 
-// The token drawn at u from weights exp((l - max) / temperature) of the tokens the filters keep
-// (the rank cut, then min_p: a weight of at least min_p, the largest being 1), in double as the
-// host's sampling computes them, and into *processed its log-probability under them; to every
-// thread.
-__device__ int draw_at(const bf16 *row, int V, float max_logit, float temperature, double u,
-                       rank_cut cut, double min_p, float *processed) {
-    __shared__ double scan[SAMPLE_SPANS];
-    __shared__ int chosen, last_kept;
-    span own = own_span(V);
-    int t = (int)threadIdx.x, rank0 = cut.key >= 0 ? ties_before(row, own, cut.key) : 0;
-    auto weight = [&](int i, int *rank) {
-        bool ranked = within_cut(cut, logit_key(row + i), rank);
+// A row's processed weights exp((l - max) / temperature) of the tokens the filters keep (the rank
+// cut, then min_p: a weight of at least min_p, the largest being 1), 0 elsewhere, in double as
+// the host's sampling computes them. Walked in token order: a thread walks its own span from its
+// first token with a fresh copy, which keeps the rank of the cut's ties it passes.
+struct processed_walk {
+    const bf16 *row;
+    float max_logit, temperature;
+    rank_cut cut;
+    double min_p;
+    int rank; // ties of the cut's key before the walk's next token
+    __device__ double operator()(int i) {
+        bool ranked = within_cut(cut, logit_key(row + i), &rank);
         double w = token_weight(to_f32(row[i]), max_logit, temperature);
         return ranked && w >= min_p ? w : 0.0;
-    };
+    }
+};
+
+// The processed walk of a row whose largest logit is max_logit (every thread of the block calls).
+__device__ processed_walk processed_of(const bf16 *row, int V, float max_logit, float temperature,
+                                       draw_filters f) {
+    span own = own_span(V);
+    rank_cut cut = rank_filters(row, V, own, max_logit, temperature, f);
+    int rank0 = cut.key >= 0 ? ties_before(row, own, cut.key) : 0;
+    return processed_walk{row, max_logit, temperature, cut, f.min_p, rank0};
+}
+
+// Each span's weight summed into scan (SAMPLE_SPANS, shared), then scanned: the cumulative weight
+// at every span's end, the same additions in the same order for every row; returns the total, and
+// into *weight_x (shared) the weight of token x (none: x < 0), to every thread. *last_kept
+// (shared) receives the last token of nonzero weight.
+template <typename Walk>
+__device__ double span_scan(int V, Walk walk, double *scan, int x, double *weight_x,
+                            int *last_kept) {
+    span own = own_span(V);
+    int t = (int)threadIdx.x, mine_last = -1;
     double mine = 0.0;
-    int mine_last = -1, rank = rank0; // the thread's last token of nonzero weight
     for (int i = own.lo; i < own.hi; i++) {
-        double w = weight(i, &rank);
+        double w = walk(i);
         mine += w;
         if (w > 0.0) mine_last = i;
+        if (i == x) *weight_x = w;
     }
     if (t < SAMPLE_SPANS) scan[t] = mine;
-    if (t == 0) chosen = -1, last_kept = -1;
+    if (t == 0) *last_kept = -1;
     __syncthreads();
-    atomicMax(&last_kept, mine_last); // a max: the same whatever the order
+    atomicMax(last_kept, mine_last); // a max: the same whatever the order
     inclusive_scan(scan);
-    double mass = scan[SAMPLE_SPANS - 1], target = u * mass;
+    return scan[SAMPLE_SPANS - 1];
+}
+
+// The total of a walk's weights (span_scan's bits) and into *weight_x the weight of token x.
+template <typename Walk> __device__ double walked_total(int V, Walk walk, int x, double *weight_x) {
+    __shared__ double scan[SAMPLE_SPANS], at_x;
+    __shared__ int last_kept;
+    double total = span_scan(V, walk, scan, x, &at_x, &last_kept);
+    *weight_x = at_x;
+    __syncthreads(); // scan and at_x are reused by the next call
+    return total;
+}
+
+// The first token whose cumulative weight in token order exceeds u times the total (into *total,
+// span_scan's), to every thread: the thread whose span holds the point walks it.
+template <typename Walk> __device__ int draw_walked(int V, double u, Walk walk, double *total) {
+    __shared__ double scan[SAMPLE_SPANS], unused;
+    __shared__ int chosen, last_kept;
+    span own = own_span(V);
+    int t = (int)threadIdx.x;
+    if (t == 0) chosen = -1;
+    double mass = span_scan(V, walk, scan, -1, &unused, &last_kept), target = u * mass;
     double before = t > 0 && t < SAMPLE_SPANS ? scan[t - 1] : 0.0;
     if (t < SAMPLE_SPANS && before <= target && target < scan[t]) { // at most one span
         double cumulative = before;
-        rank = rank0;
-        for (int i = own.lo; i < own.hi; i++) {
-            cumulative += weight(i, &rank);
-            if (target < cumulative) {
-                chosen = i;
-                break;
-            }
+        int mine_last = -1;
+        bool found = false;
+        for (int i = own.lo; i < own.hi && !found; i++) {
+            double w = walk(i);
+            cumulative += w;
+            if (w > 0.0) mine_last = i;
+            found = target < cumulative;
         }
-        if (chosen < 0) chosen = mine_last; // round-off between the scan's sums and the walk's
+        chosen = mine_last; // past the walk's end: round-off between the scan's sums and the walk's
     }
     __syncthreads();
     int token = chosen >= 0 ? chosen : last_kept; // u beyond the rounded total
-    double w = token_weight(to_f32(row[token]), max_logit, temperature);
-    *processed = (float)log(w / mass);
+    *total = mass;
+    __syncthreads(); // chosen and scan are reused by the next call
     return token;
+}
+
+// Speculative sampling's residual max(0, p - q) of two processed rows (each over its total).
+struct residual_walk {
+    processed_walk p, q;
+    double mass_p, mass_q;
+    __device__ double operator()(int i) {
+        double r = p(i) / mass_p - q(i) / mass_q;
+        return r > 0.0 ? r : 0.0;
+    }
+};
+
+// The bits the logprobs op gives token y of a row with softmax state s.
+__device__ __forceinline__ float base_logprob(const bf16 *row, softmax_state s, int y) {
+    return -(s.max + logf(s.sum) - to_f32(row[y])); // logprobs_kernel's
 }
 
 // Two blocks an SM at most: ptxas's default register budget (three) spilled the filters' state.
@@ -226,14 +282,88 @@ __global__ void __launch_bounds__(CE_THREADS, 2)
     float processed_logp = 0.0f;
     int token = s.arg;
     if (temperature != 0.0f) {
-        rank_cut cut = rank_filters(row, V, own_span(V), s.max, temperature, filters);
-        token = draw_at(row, V, s.max, temperature, u[blockIdx.x], cut, filters.min_p,
-                        &processed_logp);
+        processed_walk walk = processed_of(row, V, s.max, temperature, filters);
+        double mass;
+        token = draw_walked(V, u[blockIdx.x], walk, &mass);
+        processed_logp = (float)log(token_weight(to_f32(row[token]), s.max, temperature) / mass);
     }
     if (threadIdx.x == 0) {
         tokens[blockIdx.x] = token, processed[blockIdx.x] = processed_logp;
-        logprob[blockIdx.x] = -(s.max + logf(s.sum) - to_f32(row[token])); // logprobs_kernel's
+        logprob[blockIdx.x] = base_logprob(row, s, token);
     }
+}
+
+// One sequence's drafts checked at depth d against the target row p (whose softmax state is sp):
+// the token emitted there, into *processed its log-probability under p's processed distribution;
+// *accepted whether it is the draft. Greedy: the draft passes where it is p's first largest
+// logit, which is emitted otherwise. Else with the processed weights of p and of the draft's row
+// q: x passes where u_accept q(x) < p(x), else the token is drawn at u_residual from max(0, p - q)
+// (from p where rounding left that no mass).
+template <int VEC>
+__device__ int check_draft(const bf16 *p, softmax_state sp, const bf16 *q, int x, double u_accept,
+                           double u_residual, int V, float temperature, draw_filters filters,
+                           float *processed, bool *accepted) {
+    *processed = 0.0f;
+    if (temperature == 0.0f) {
+        *accepted = x == sp.arg;
+        return sp.arg;
+    }
+    __shared__ float unused;
+    processed_walk pw = processed_of(p, V, sp.max, temperature, filters);
+    __syncthreads();
+    softmax_state sq = row_softmax<VEC>(q, V, -1, &unused);
+    processed_walk qw = processed_of(q, V, sq.max, temperature, filters);
+    double px, qx, mass_p = walked_total(V, pw, x, &px), mass_q = walked_total(V, qw, x, &qx);
+    int token = x;
+    *accepted = u_accept * (qx / mass_q) < px / mass_p;
+    if (!*accepted) {
+        double mass_r;
+        token = draw_walked(V, u_residual, residual_walk{pw, qw, mass_p, mass_q}, &mass_r);
+        if (!(mass_r > 0.0)) token = draw_walked(V, u_residual, pw, &mass_r);
+    }
+    *processed = (float)log(token_weight(to_f32(p[token]), sp.max, temperature) / mass_p);
+    return token;
+}
+
+// One block a sequence: its drafts checked in order (check_draft) until one fails, or the bonus
+// token drawn from the row after the last (sample_kernel's draw). A block an SM at most: with
+// two rows' filters it spilled at the sample kernel's register budget.
+template <int VEC>
+__global__ void __launch_bounds__(CE_THREADS, 1)
+    verify_kernel(const bf16 *logits, const bf16 *draft_logits, const int32_t *draft_tokens,
+                  const int32_t *index, const double *u, int k, int V, float temperature,
+                  draw_filters filters, int32_t *tokens, float *logprob, float *processed,
+                  int32_t *count) {
+    wait_for_earlier_kernels();
+    __shared__ float unused;
+    const int32_t *ix = index + (size_t)blockIdx.x * (2 + k), *q_rows = ix + 2;
+    const double *uu = u + (size_t)blockIdx.x * (2 * k + 1);
+    int p_row = ix[0], n_drafts = ix[1], out = (int)blockIdx.x * (k + 1), d = 0;
+    for (;; d++) {
+        const bf16 *p = logits + (size_t)(p_row + d) * V;
+        softmax_state sp = row_softmax<VEC>(p, V, -1, &unused);
+        __syncthreads(); // row_softmax's partial sums are reused
+        float processed_logp = 0.0f;
+        bool accepted = false;
+        int token = sp.arg;
+        if (d < n_drafts) {
+            token = check_draft<VEC>(p, sp, draft_logits + (size_t)q_rows[d] * V,
+                                     draft_tokens[q_rows[d]], uu[d], uu[k + d], V, temperature,
+                                     filters, &processed_logp, &accepted);
+        } else if (temperature != 0.0f) {
+            processed_walk walk = processed_of(p, V, sp.max, temperature, filters);
+            double mass;
+            token = draw_walked(V, uu[2 * k], walk, &mass);
+            processed_logp = (float)log(token_weight(to_f32(p[token]), sp.max, temperature) / mass);
+        }
+        if (threadIdx.x == 0) {
+            tokens[out + d] = token, processed[out + d] = processed_logp;
+            logprob[out + d] = base_logprob(p, sp, token);
+        }
+        __syncthreads();
+        if (!accepted) break;
+    }
+    if (threadIdx.x == 0) count[blockIdx.x] = d + 1;
 }
 
 } // namespace
@@ -247,6 +377,19 @@ extern "C" void weft_cuda_sample_tokens(weft_cuda_stream s, const void *logits,
     WEFT_LAUNCH_VECTORIZED(sample_kernel, vector_width(V, logits), n, CE_THREADS, 0, s,
                            (const bf16 *)logits, rows, u, V, temperature,
                            draw_filters{top_k, top_p, min_p}, tokens, logprob, processed);
+}
+
+extern "C" void weft_cuda_verify_drafts(weft_cuda_stream s, const void *logits,
+                                        const void *draft_logits, const int32_t *draft_tokens,
+                                        const int32_t *index, const double *u, int n, int k, int V,
+                                        float temperature, int top_k, double top_p, double min_p,
+                                        int32_t *tokens, float *logprob, float *processed,
+                                        int32_t *count) {
+    if (n == 0) return;
+    WEFT_LAUNCH_VECTORIZED(verify_kernel, vector_width(V, logits, draft_logits), n, CE_THREADS,
+                           0, s, (const bf16 *)logits, (const bf16 *)draft_logits, draft_tokens,
+                           index, u, k, V, temperature, draw_filters{top_k, top_p, min_p}, tokens,
+                           logprob, processed, count);
 }
 
 namespace {
