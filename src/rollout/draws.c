@@ -1,9 +1,10 @@
-// Drawing a step's tokens from the main forward's logits: on the host (speculation's verification,
-// the CPU backend, which reads the logits in place) or on the device (backend sample_tokens, any
-// filter: a token and two log-probs per draw come back instead of the logits rows); then appending
-// them with their log-probs.
+// Drawing a step's tokens from the main forward's logits: on the host (the CPU backend, which
+// reads the logits in place) or on the device (backend sample_tokens, any filter, and with
+// speculation verify_drafts: a token and two log-probs per draw come back instead of the logits
+// rows); then appending them with their log-probs.
 #include <string.h>
 
+#include "core/fault.h"
 #include "rollout/internal.h"
 
 int weft_rollout_draw(weft_engine *e, const gen_seq *s, const float *logits, int position,
@@ -75,7 +76,18 @@ bool weft_rollout_draws_on_device(const weft_engine *e) {
     return e->be->sample_tokens && e->rc.speculative_tokens == 0;
 }
 
-void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32_t *feed) {
+bool weft_rollout_verifies_on_device(const weft_engine *e) { return e->verify_on_device; }
+
+// A sequence's uniform number of `kind` at `position`.
+static double uniform_at(const weft_engine *e, const gen_seq *s, int position,
+                         weft_draw_kind kind) {
+    return weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt, (uint64_t)s->sample,
+                                 (uint64_t)position, kind);
+}
+
+// The draws' rows, feed and uniform numbers (kind, at each sequence's len + offset) up.
+static void upload_draws_at(weft_engine *e, const draw *d, int n, const int32_t *feed,
+                            weft_draw_kind kind, int offset) {
     step_buffers *b = &e->buf;
     draw_buffers(e, n);
     int cap = b->draws_cap;
@@ -87,20 +99,26 @@ void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32
         rows[cap + i] = feed ? feed[i] : -1;
         if (d[i].seq < 0) continue; // a padding row's draw, dropped
         const gen_seq *s = &e->seqs[d[i].seq];
-        u[i] = weft_sampling_uniform((uint64_t)e->sc.seed, (uint64_t)s->prompt,
-                                     (uint64_t)s->sample, (uint64_t)s->len, WEFT_DRAW_TOKEN);
+        u[i] = uniform_at(e, s, s->len + offset, kind);
     }
     e->be->to_device(e->be, b->draw_rows, rows, bytes);
     weft_free(rows);
 }
 
+void weft_rollout_upload_draws(weft_engine *e, const draw *d, int n, const int32_t *feed) {
+    upload_draws_at(e, d, n, feed, WEFT_DRAW_TOKEN, 0);
+}
+
+static weft_draw_filters filters_of(const weft_sampling_config *c) {
+    return (weft_draw_filters){.top_k = c->top_k, .top_p = c->top_p, .min_p = c->min_p};
+}
+
 // The draws and their base log-probs in one launch, which reads the logits rows in place.
 void weft_rollout_sample_on_device(weft_engine *e, int n) {
     step_buffers *b = &e->buf;
-    const weft_sampling_config *c = &e->sc;
-    weft_draw_filters filters = {.top_k = c->top_k, .top_p = c->top_p, .min_p = c->min_p};
+    weft_draw_filters filters = filters_of(&e->sc);
     e->be->sample_tokens(e->be, b->logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
-                         (float)c->temperature, &filters, b->draw_tokens, b->draw_logprobs,
+                         (float)e->sc.temperature, &filters, b->draw_tokens, b->draw_logprobs,
                          b->draw_processed);
 }
 
@@ -140,6 +158,17 @@ static int collect_draws(weft_engine *e, const due_seqs *due, const float *logit
     return n;
 }
 
+void weft_rollout_draw_drafts_on_device(weft_engine *e, const void *logits, const draw *d,
+                                        int n, int depth, int32_t *tokens) {
+    if (n == 0) return;
+    step_buffers *b = &e->buf;
+    upload_draws_at(e, d, n, NULL, WEFT_DRAW_DRAFT, depth - 1);
+    weft_draw_filters filters = filters_of(&e->sc);
+    e->be->sample_tokens(e->be, logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
+                         (float)e->sc.temperature, &filters, tokens, b->draw_logprobs,
+                         b->draw_processed);
+}
+
 // Appends the drawn tokens with their log-probs. Returns the sequences that took a token and
 // still run (the next step's drafters) in *took.
 static int append_draws(weft_engine *e, const draw *d, int n, const float *logp, int *took) {
@@ -175,7 +204,121 @@ int weft_rollout_finish_draws(weft_engine *e, draw *d, int n, int *took) {
     return still;
 }
 
+// ------------------------------------------------------------- speculation on the device ----
+
+// One sequence's verification on the device: its first target row and its drafts (none for a
+// sample just forked, which draws its first token).
+typedef struct draft_check {
+    int seq, row, n_drafts;
+} draft_check;
+
+// The checks of the due sequences (a prompt's samples forked first).
+static draft_check *draft_checks(weft_engine *e, const due_seqs *due, int *n) {
+    int cap = 1;
+    for (int j = 0; j < due->n; j++) cap += e->seqs[due->seq[j]].sample < 0 ? e->sc.n : 1;
+    draft_check *c = weft_arena_alloc(&e->step_scratch, sizeof(draft_check) * cap);
+    *n = 0;
+    for (int j = 0; j < due->n; j++) {
+        int i = due->seq[j], row = due->first_row[j];
+        if (e->seqs[i].sample >= 0) {
+            c[(*n)++] = (draft_check){i, row, e->seqs[i].n_drafts};
+            continue;
+        }
+        int first = weft_rollout_fork_samples(e, i);
+        for (int s = 0; s < e->sc.n; s++) c[(*n)++] = (draft_check){first + s, row, 0};
+    }
+    return c;
+}
+
+// Check m's row of verify_drafts' index (2 + k) and numbers (2k + 1), counting what it offers.
+static void check_inputs(weft_engine *e, draft_check c, int32_t *ix, double *u) {
+    const gen_seq *s = &e->seqs[c.seq];
+    int k = e->rc.speculative_tokens, nd = c.n_drafts;
+    if (nd > 0) e->stats.verify_steps++;
+    // A test's deliberately biased rule (every draft accepted) must fail the exactness test.
+    bool any = nd > 0 && weft_fault_skip("SPECULATIVE_ACCEPT_TEST", 0, e->stats.verify_steps);
+    ix[0] = c.row, ix[1] = nd;
+    for (int d = 0; d < k; d++) {
+        bool offered = d < nd;
+        e->stats.drafted[d] += offered; // offered, whether reached or not
+        ix[2 + d] = offered ? s->q_row[d] : 0;
+        u[d] = !offered ? 0 : any ? -1.0 : uniform_at(e, s, s->len + d, WEFT_DRAW_ACCEPT);
+        u[k + d] = offered ? uniform_at(e, s, s->len + d, WEFT_DRAW_TOKEN) : 0;
+    }
+    u[2 * k] = uniform_at(e, s, s->len + nd, WEFT_DRAW_TOKEN);
+}
+
+// verify_drafts' buffers for n checks of k drafts, as byte offsets into one allocation: the
+// numbers (n, 2k + 1) from 0 and index (n, 2 + k) go up; count (n), then tokens, log-probs and
+// processed log-probs (n, k + 1) each come down.
+typedef struct check_layout {
+    size_t index, count, tokens, logprob, processed, end;
+} check_layout;
+
+static check_layout layout_of(size_t n, int k) {
+    check_layout l = {.index = n * sizeof(double) * (2 * k + 1)};
+    l.count = l.index + n * sizeof(int32_t) * (2 + k);
+    l.tokens = l.count + n * sizeof(int32_t);
+    l.logprob = l.tokens + n * sizeof(int32_t) * (k + 1);
+    l.processed = l.logprob + n * sizeof(float) * (k + 1);
+    l.end = l.processed + n * sizeof(float) * (k + 1);
+    return l;
+}
+
+#define AT(base, offset, type) ((type *)((char *)(base) + (offset)))
+
+// The emitted tokens of the checks c[0, n) (host copies of verify_drafts' outputs at l) as draws,
+// appended.
+static int append_checked(weft_engine *e, const draft_check *c, int n, const void *host,
+                          check_layout l, int *took) {
+    int k = e->rc.speculative_tokens, n_draws = 0;
+    const int32_t *count = AT(host, l.count, int32_t), *tokens = AT(host, l.tokens, int32_t);
+    const float *logprob = AT(host, l.logprob, float), *processed = AT(host, l.processed, float);
+    draw *d = weft_alloc(sizeof(draw) * n * (k + 1));
+    float *logp = weft_alloc(sizeof(float) * n * (k + 1));
+    for (int m = 0; m < n; m++) {
+        WEFT_CHECK(count[m] >= 1 && count[m] <= c[m].n_drafts + 1, "internal: the device's "
+                   "verification emitted %d tokens for %d drafts", count[m], c[m].n_drafts);
+        for (int t = 0; t < count[m]; t++, n_draws++) {
+            size_t at = (size_t)m * (k + 1) + t;
+            d[n_draws] = (draw){c[m].seq, c[m].row + t, tokens[at], processed[at],
+                                .depth = t < count[m] - 1 ? t : -1,
+                                .verified = c[m].n_drafts > 0};
+            logp[n_draws] = logprob[at];
+        }
+    }
+    int still = append_draws(e, d, n_draws, logp, took);
+    weft_free(d), weft_free(logp);
+    return still;
+}
+
+// Speculation's tokens drawn on the device: every due sequence's drafts checked against its rows
+// of the main forward's logits and the rows of draft_q they were drawn from (verify_drafts), in
+// one launch; one upload of the checks, one download of what each emits: the step's one wait.
+static int verify_on_device(weft_engine *e, const due_seqs *due, int *took) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    int k = e->rc.speculative_tokens, n;
+    draft_check *c = draft_checks(e, due, &n);
+    check_layout l = layout_of((size_t)n, k); // the buffer holds verify_cap checks: n fit
+    b->verify_io = weft_rollout_grown(be, b->verify_io, &b->verify_cap, n, layout_of(1, k).end);
+    void *host = weft_arena_alloc(&e->step_scratch, l.end), *dev = b->verify_io;
+    for (int m = 0; m < n; m++)
+        check_inputs(e, c[m], AT(host, l.index, int32_t) + (size_t)m * (2 + k),
+                     (double *)host + (size_t)m * (2 * k + 1));
+    be->to_device(be, dev, host, l.count);
+    weft_draw_filters filters = filters_of(&e->sc);
+    int cur = b->draft_q_cur;
+    be->verify_drafts(be, b->logits, b->draft_q[cur], b->draft_tok[cur], AT(dev, l.index, int32_t),
+                      dev, n, k, e->model->cfg.vocab_size, (float)e->sc.temperature, &filters,
+                      AT(dev, l.tokens, int32_t), AT(dev, l.logprob, float),
+                      AT(dev, l.processed, float), AT(dev, l.count, int32_t));
+    be->to_host(be, AT(host, l.count, char), AT(dev, l.count, char), l.end - l.count);
+    return append_checked(e, c, n, host, l, took);
+}
+
 int weft_rollout_draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took) {
+    if (logits == NULL && e->rc.speculative_tokens > 0) return verify_on_device(e, due, took);
     int cap = 1; // a prompt forks n samples, a sample takes its drafts and one more
     for (int k = 0; k < due->n; k++) {
         const gen_seq *s = &e->seqs[due->seq[k]];

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fault.h"
 #include "rollout/internal.h"
 #include "rollout/sampling.h"
 
@@ -32,6 +33,9 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
     weft_engine *e = weft_alloc(sizeof *e);
     *e = (weft_engine){.model = m, .be = m->be, .rc = *rc, .sc = *sc, .tok = tok, .in_flight = -1,
                        .invariant = rc->batch_invariant && m->be->batch_invariant};
+    // A test compares the device's verification with the host's (the same outputs).
+    e->verify_on_device = rc->speculative_tokens > 0 && m->be->sample_tokens &&
+                          m->be->verify_drafts && !weft_fault_skip("DEVICE_VERIFICATION", 0, 0);
     e->stats.batch_invariant = e->invariant || !m->be->batch_invariant;
     const weft_model_config *c = &m->cfg;
     // The MTP modules that draft keep their keys and values in the same blocks, after the
@@ -51,7 +55,7 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
                    "token id of the model (vocabulary of %d)", e->sc.stop_token_ids[i],
                    c->vocab_size);
     e->sampling_scratch = weft_alloc(weft_sampling_scratch_bytes(c->vocab_size));
-    if (rc->speculative_tokens > 0)
+    if (rc->speculative_tokens > 0 && !weft_rollout_verifies_on_device(e))
         e->verify_scratch = weft_alloc(sizeof(double) * 2 * c->vocab_size);
     return e;
 }
@@ -143,7 +147,7 @@ static gen_seq seq_for_prompt(const weft_engine *e, const weft_prompt *p, int sa
     memcpy(s.tokens, p->tokens, sizeof(int32_t) * p->len);
     s.len = p->len;
     reset_drafting_cache(&s);
-    if (k > 0) {
+    if (k > 0 && !weft_rollout_verifies_on_device(e)) { // else the drafts' rows stay there
         const weft_model_config *c = &e->model->cfg;
         s.draft_logits = weft_alloc(sizeof(float) * k * c->vocab_size);
     }
@@ -438,6 +442,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
                           weft_completion *out, weft_progress_fn progress, void *progress_ctx) {
     double t0 = weft_now_seconds();
     long waits = e->be->host_waits;
+    size_t bytes_read = e->be->host_bytes_read;
     weft_engine_check_prompts(e, prompts, n_prompts, NULL);
     weft_kv_cache_forget_prefixes(e->cache); // the weights may have changed since the last call
     hold_params(e, true);
@@ -471,6 +476,7 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     e->stats.sequences += total;
     e->stats.seconds += weft_now_seconds() - t0;
     e->stats.host_waits += e->be->host_waits - waits;
+    e->stats.host_bytes_read += (long)(e->be->host_bytes_read - bytes_read);
 }
 
 int *weft_rollout_spread(const int *lens, int n, const weft_sampling_config *sc, int rank,

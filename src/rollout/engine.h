@@ -49,8 +49,10 @@ typedef struct weft_rollout_stats {
     // samples that had stopped at the step before (computed in vain).
     long async_steps, async_wasted_rows;
     // Times the host waited for the device (the backend's count: downloads, synchronizations,
-    // frees): a decode step should wait once, for its tokens, whatever the model's depth.
+    // frees): a decode step should wait once, for its tokens, whatever the model's depth. And the
+    // bytes it read back: a decode step's should not grow with the vocabulary.
     long host_waits;
+    long host_bytes_read;
     // Prefix caching (rollout.prefix_caching): positions whose keys and values a sequence found in
     // the cache instead of computing them, and the positions the forwards computed (drafts too).
     long prefix_hit_positions, computed_positions;

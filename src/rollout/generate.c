@@ -295,6 +295,7 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
                                                   (json_int_t)st.async_wasted_rows));
     json_object_set_new(stats, "batch_invariant", json_boolean(st.batch_invariant));
     json_object_set_new(stats, "host_waits", json_integer(st.host_waits)); // rank 0's
+    json_object_set_new(stats, "host_bytes_read", json_integer(st.host_bytes_read)); // rank 0's
     json_object_set_new(stats, "memory", json_pack("{s:I, s:I, s:I}", "parameters", // rank 0's
                                                    (json_int_t)weft_model_param_bytes(m),
                                                    "gradients", (json_int_t)weft_model_grad_bytes(m),

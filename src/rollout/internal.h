@@ -20,7 +20,8 @@ typedef struct gen_seq {
     weft_finish_reason finish;
     // Speculative decoding (rollout.speculative_tokens = k > 0, speculate.c):
     int n_drafts;        // drafted tokens waiting at tokens[len, len + n_drafts), verified next
-    float *draft_logits; // (k, V) the logits each draft was drawn from (its q)
+    float *draft_logits; // (k, V) the logits each draft was drawn from (its q), on the host
+    int q_row[WEFT_MAX_MTP]; // drafting on the device: each draft's q, a row of draft_q
     // MTP module j+1's positions [0, mtp_cached[j]) hold keys of true inputs (accepted tokens).
     int mtp_cached[WEFT_MAX_MTP];
     // h_j (j = 0: the main model's h_0) at position stash_pos[j] (-1: none), row stash_row[j] of
@@ -64,6 +65,14 @@ typedef struct step_buffers {
     // Module j+1's stash: (rows, C) the kept rows of h_j; and the spare a rebuild writes.
     void *stash[WEFT_MAX_MTP], *stash_spare;
     int stash_cap[WEFT_MAX_MTP], stash_spare_cap; // rows
+    // Drafting on the device (speculate.c): the logits rows (rows, V) the waiting drafts were
+    // drawn from and the drafts (rows) int32, in draft_q[draft_q_cur] and draft_tok[draft_q_cur]
+    // (the others are the next drafting phase's); the batch rows' token sources (rows) int32,
+    // where a row's token is a draft (pass options token_from); and verify_drafts' inputs and
+    // outputs (draws.c).
+    void *draft_q[2], *verify_io;
+    int32_t *draft_tok[2], *draft_feed;
+    int draft_q_cap[2], draft_tok_cap[2], draft_q_cur, draft_feed_cap, verify_cap; // rows; checks
 } step_buffers;
 
 // Decode steps recorded as backend graphs (graphs.c). A graph holds the pointers and sizes of the
@@ -114,6 +123,8 @@ struct weft_engine {
     // rollout.batch_invariant on a backend that has the switch: while generating it is on, and
     // every row's attention reads the pool, fresh prompts' too (step.c).
     bool invariant;
+    // Speculation drafts and verifies on the device (weft_rollout_verifies_on_device).
+    bool verify_on_device;
 };
 
 // engine.c
@@ -195,6 +206,13 @@ void weft_rollout_graphs_free(weft_engine *e);
 // The MTP modules' passes for sequences seqs[0..n): every row whose inputs are known, and with
 // `drafting` the drafts for the next step (module j drafts token len + j - 1).
 void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting);
+// Drafting on the device: the rows of batch (whose documents are sequences seqs[0, n), -1 a
+// padding row's) whose input token is a draft, the token at position + offset (0: the main
+// model's, j: MTP module j's) at or past the sequence's len, take it from tokens (device, by
+// draft row q_row): their sources uploaded and set in pass (token_source, token_from); false
+// (pass unchanged) where no row reads a draft.
+bool weft_rollout_feed_drafts(weft_engine *e, const weft_batch *batch, const int *seqs, int n,
+                              int offset, const int32_t *tokens, weft_pass_options *pass);
 // Verifies sequence i's drafts against the main model's logits rows (1 + n_drafts, V, host) of
 // the rows first_row.. of the step: fills out with the tokens to append (the accepted drafts and
 // one more: drawn from the residual at the first rejection, else the bonus) and returns how many.
@@ -219,9 +237,18 @@ typedef struct due_seqs {
 // Whether this step's tokens are drawn on the device (backend sample_tokens): where the backend
 // has it and nothing needs the host's logits (no drafts to verify).
 bool weft_rollout_draws_on_device(const weft_engine *e);
+// Whether speculation drafts and verifies on the device (backend verify_drafts): the logits stay
+// there, and only the drawn tokens and their log-probs come back.
+bool weft_rollout_verifies_on_device(const weft_engine *e);
+// Drafts drawn on the device from rows d[i].row of logits (device) for the sequences d[i].seq,
+// at depth `depth` (the draft of token len + depth - 1): their tokens into tokens[i] (device;
+// no wait: the host never reads them, the next module and the verifying forward take them there).
+void weft_rollout_draw_drafts_on_device(weft_engine *e, const void *logits, const draw *d,
+                                        int n, int depth, int32_t *tokens);
 // Draws a token for every sequence due one from the main forward's logits (in the step buffers;
-// `logits`: their host copy, NULL when drawn on the device), then appends them with their
-// log-probs. Returns the sequences that took a token and still run in *took.
+// `logits`: their host copy, NULL when drawn on the device, drafts verified there too), then
+// appends them with their log-probs. Returns the sequences that took a token and still run in
+// *took.
 int weft_rollout_draw_tokens(weft_engine *e, const due_seqs *due, const float *logits, int *took);
 // The same on the device in three parts, so that the device work between can be recorded as a
 // graph: the draws d[0, n)'s rows and uniform numbers go up (one upload; seq < 0: a padding

@@ -18,6 +18,13 @@
 // exactly when it is the main model's choice. Every uniform comes from (seed, prompt, sample,
 // position, kind), so outputs do not depend on batching, the pool or preemptions (drafts survive a
 // preemption and are verified after the recompute).
+//
+// Where the backend verifies (verify_drafts, a GPU), all of it stays on the device: a drafting
+// phase writes module j's head logits into rows (j - 1) n on of a drafts buffer and its drafts,
+// drawn by sample_tokens, into the same rows of a token buffer, which the later modules and the
+// next main forward read their input tokens from (token_from); the verification reads both, and
+// the host learns the drafts only as the tokens emitted. The host's copy of a draft is a
+// placeholder until then.
 #include <math.h>
 #include <string.h>
 
@@ -121,6 +128,10 @@ typedef struct phase {
     rows_span *prev; // (n) the producer's rows per sequence
     void *producer;  // (T_prod + stash rows, C) device
     int T_prod;
+    // Drafting on the device: module j's head rows go to rows (j - 1) n on of q_out, its drafts
+    // to the same rows of tok_out.
+    void *q_out;
+    int32_t *tok_out;
 } phase;
 
 // The module's input h_{j-1} (T, C) into hidden_in: rows of the producer, or of its stash (first
@@ -212,18 +223,35 @@ static void keep_stash(weft_engine *e, phase *ph, int j, const rows_span *r) {
     if (n > 0) restash(e, ph, j, idx, who, n);
 }
 
-// Draws the depth-j draft of each sequence that has a head row (has_head) from its logits (host,
-// in the phase's order).
-static void take_drafts(weft_engine *e, phase *ph, int j, const bool *has_head,
-                        const float *logits) {
-    int V = e->model->cfg.vocab_size, k = 0;
+// Draws the depth-j draft of each sequence that has a head row (has_head) from its logits (the
+// module's n_heads head rows, in the phase's order): on the host, which keeps each draft's row
+// (its q), or on the device, where the rows stay in the phase's q_out.
+static void take_drafts(weft_engine *e, phase *ph, int j, const bool *has_head, int n_heads) {
+    weft_backend *be = e->be;
+    int V = e->model->cfg.vocab_size, k = 0, row0 = (j - 1) * ph->n;
+    float *host = NULL;
+    draw *d = weft_arena_alloc(&e->step_scratch, sizeof(draw) * n_heads);
+    if (ph->q_out) {
+        for (int i = 0; i < ph->n; i++)
+            if (has_head[i]) d[k] = (draw){.seq = ph->seqs[i], .row = row0 + k}, k++;
+        weft_rollout_draw_drafts_on_device(e, ph->q_out, d, n_heads, j, ph->tok_out + row0);
+    } else {
+        host = weft_arena_stage(&e->step_scratch, sizeof(float) * (size_t)n_heads * V);
+        be->to_f32(be, host, e->buf.logits, be->act_dtype, (size_t)n_heads * V);
+    }
+    k = 0;
     for (int i = 0; i < ph->n; i++) {
         gen_seq *s = &e->seqs[ph->seqs[i]];
         if (!has_head[i]) continue;
-        const float *z = logits + (size_t)k++ * V;
-        memcpy(s->draft_logits + (size_t)(j - 1) * V, z, sizeof(float) * V);
         int position = s->len + j - 1;
-        s->tokens[position] = weft_rollout_draw(e, s, z, position, WEFT_DRAW_DRAFT, NULL);
+        if (ph->q_out) {
+            s->q_row[j - 1] = d[k++].row;
+            s->tokens[position] = 0; // known on the device alone
+        } else {
+            const float *z = host + (size_t)k++ * V;
+            memcpy(s->draft_logits + (size_t)(j - 1) * V, z, sizeof(float) * V);
+            s->tokens[position] = weft_rollout_draw(e, s, z, position, WEFT_DRAW_DRAFT, NULL);
+        }
         s->n_drafts = j;
     }
 }
@@ -263,20 +291,75 @@ static void module_pass(weft_engine *e, phase *ph, int j) {
         weft_rollout_logits_room(e, n_heads);
         paged_provider storage;
         weft_kv_provider kv = weft_rollout_provider(e, batch, docs, n_docs, &storage);
-        weft_forward_outputs out = {.logits = b->logits, .hidden = *out_buf, .rows = heads,
+        size_t logits_row = weft_dtype_size(be->act_dtype) * (size_t)V;
+        void *logits = ph->q_out ? (char *)ph->q_out + logits_row * (j - 1) * ph->n : b->logits;
+        weft_forward_outputs out = {.logits = logits, .hidden = *out_buf, .rows = heads,
                                     .n_rows = n_heads};
-        weft_model_draft_forward(e->model, j, batch, b->hidden_in, &(weft_pass_options){.kv = &kv},
-                                 &out);
-        if (n_heads > 0) {
-            float *host = weft_arena_stage(scratch, sizeof(float) * (size_t)n_heads * V);
-            be->to_f32(be, host, b->logits, be->act_dtype, (size_t)n_heads * V);
-            take_drafts(e, ph, j, has_head, host);
-        }
+        weft_pass_options pass = {.kv = &kv};
+        if (ph->q_out) weft_rollout_feed_drafts(e, batch, docs, n_docs, j, ph->tok_out, &pass);
+        weft_model_draft_forward(e->model, j, batch, b->hidden_in, &pass, &out);
+        if (n_heads > 0) take_drafts(e, ph, j, has_head, n_heads);
     }
     keep_stash(e, ph, j, r);
     memcpy(ph->prev, r, sizeof(rows_span) * ph->n);
     ph->producer = b->hidden_mtp[j & 1];
     ph->T_prod = T;
+}
+
+bool weft_rollout_feed_drafts(weft_engine *e, const weft_batch *batch, const int *seqs, int n,
+                              int offset, const int32_t *tokens, weft_pass_options *pass) {
+    int32_t *feed = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (batch->T + 1));
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        const gen_seq *s = seqs[i] >= 0 ? &e->seqs[seqs[i]] : NULL;
+        for (int r = batch->cu_seqlens[i]; r < batch->cu_seqlens[i + 1]; r++) {
+            int draft = s ? batch->positions[r] + offset - s->len : -1;
+            feed[r] = draft >= 0 ? s->q_row[draft] : -1;
+            any |= draft >= 0;
+        }
+    }
+    if (!any) return false;
+    step_buffers *b = &e->buf;
+    b->draft_feed = weft_rollout_grown(e->be, b->draft_feed, &b->draft_feed_cap, batch->T,
+                                       sizeof(int32_t));
+    e->be->to_device(e->be, b->draft_feed, feed, sizeof(int32_t) * batch->T);
+    pass->token_source = tokens, pass->token_from = b->draft_feed;
+    return true;
+}
+
+// Drafting on the device: the buffers this phase's drafts go to (the spares of draft_q and
+// draft_tok), (k n + carried) rows: k n for the phase's n sequences, by depth, then those of the
+// drafts still waiting from an earlier phase (a preempted sequence's, verified once it runs
+// again), gathered from the current buffers. The phase's end makes them current.
+static void *next_drafts_buffer(weft_engine *e, int n) {
+    weft_backend *be = e->be;
+    step_buffers *b = &e->buf;
+    int k = e->rc.speculative_tokens, V = e->model->cfg.vocab_size, carried = 0;
+    int32_t *from = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (e->n_seqs * k + 1));
+    for (int i = 0; i < e->n_seqs; i++) {
+        gen_seq *s = &e->seqs[i];
+        if (s->state == SEQ_DONE) continue;
+        for (int d = 0; d < s->n_drafts; d++) {
+            from[carried] = s->q_row[d];
+            s->q_row[d] = k * n + carried++;
+        }
+    }
+    int next = b->draft_q_cur ^ 1, cur = b->draft_q_cur;
+    b->draft_q[next] = weft_rollout_grown(be, b->draft_q[next], &b->draft_q_cap[next],
+                                          k * n + carried, weft_dtype_size(be->act_dtype) * V);
+    b->draft_tok[next] = weft_rollout_grown(be, b->draft_tok[next], &b->draft_tok_cap[next],
+                                            k * n + carried, sizeof(int32_t));
+    if (carried > 0) {
+        b->gather_rows = weft_rollout_grown(be, b->gather_rows, &b->gather_cap, carried,
+                                            sizeof(int32_t));
+        be->to_device(be, b->gather_rows, from, sizeof(int32_t) * carried);
+        size_t row = weft_dtype_size(be->act_dtype) * (size_t)V;
+        be->embedding_forward(be, b->gather_rows, b->draft_q[cur],
+                              (char *)b->draft_q[next] + row * k * n, carried, V);
+        be->take_tokens(be, b->draft_tok[next] + k * n, b->draft_tok[cur], b->gather_rows,
+                        carried);
+    }
+    return b->draft_q[next];
 }
 
 void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
@@ -292,6 +375,11 @@ void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
                 .prev = weft_arena_alloc(&e->step_scratch, sizeof(rows_span) * n),
                 .producer = b->hidden_main,
                 .T_prod = e->batch.T};
+    bool on_device = drafting && weft_rollout_verifies_on_device(e);
+    if (on_device) {
+        ph.q_out = next_drafts_buffer(e, n);
+        ph.tok_out = b->draft_tok[b->draft_q_cur ^ 1];
+    }
     for (int i = 0; i < n; i++) {
         const gen_seq *s = &e->seqs[seqs[i]];
         ph.prev[i] = (rows_span){s->main_row0, s->main_lo, s->main_hi};
@@ -302,5 +390,6 @@ void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
     if (rounded) be->round_fixed_weights(be, true);
     for (int j = 1; j <= e->rc.speculative_tokens; j++) module_pass(e, &ph, j);
     if (rounded) be->round_fixed_weights(be, false);
+    if (on_device) b->draft_q_cur ^= 1;
     e->stats.draft_seconds += weft_now_seconds() - t0;
 }

@@ -46,9 +46,10 @@ void weft_rollout_step_buffers_free(weft_engine *e) {
     step_buffers *b = &e->buf;
     weft_rollout_graphs_free(e); // they hold the buffers' pointers
     // slots, q_pos, cu_q, cu_fresh and tables live in meta, the other draw_ arrays in draw_rows'.
-    void *all[] = {b->meta,           b->logits,        b->draw_logits, b->draw_rows,
+    void *all[] = {b->meta,           b->logits,        b->draw_logits,   b->draw_rows,
                    b->hidden_main,    b->hidden_mtp[0], b->hidden_mtp[1], b->hidden_in,
-                   b->gather_rows};
+                   b->gather_rows,    b->draft_q[0],    b->draft_q[1],    b->verify_io,
+                   b->draft_tok[0],   b->draft_tok[1],  b->draft_feed};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) be->free(be, all[i]);
     for (int j = 0; j < WEFT_MAX_MTP; j++)
@@ -248,6 +249,9 @@ static void main_pass_setup(weft_engine *e, const int *seqs, int n, const int32_
     weft_rollout_logits_room(e, n_rows);
     mp->kv = weft_rollout_provider(e, &e->batch, seqs, n, &mp->storage);
     mp->pass = (weft_pass_options){.kv = &mp->kv};
+    if (e->verify_on_device) // the drafts waiting for verification are on the device alone
+        weft_rollout_feed_drafts(e, &e->batch, seqs, n, 0, b->draft_tok[b->draft_q_cur],
+                                 &mp->pass);
     mp->out = (weft_forward_outputs){.logits = b->logits, .rows = head_rows, .n_rows = n_rows,
                                      .skip_mtp = true};
     if (e->rc.speculative_tokens > 0) {
@@ -361,7 +365,8 @@ static int32_t *feed_of(weft_engine *e, const participant *part, int n, int rows
 // after the participants, with a head row and, drawing on the device, a draw each), every upload
 // first (the batch, the provider's metadata, the draws' rows and numbers), then the forward (and
 // the device draws) as device work alone, which graphs.c records or replays; then one download of
-// the draws, or of the logits the host draws from (speculation's verification, the CPU).
+// the draws (speculation's verified on the device after it), or of the logits the host draws
+// from (the CPU).
 static int decode_step(weft_engine *e, const participant *part, int n, const due_seqs *due,
                        const int32_t *due_rows, int *took, bool ahead) {
     bool on_device = weft_rollout_draws_on_device(e);
@@ -397,6 +402,8 @@ static int decode_step(weft_engine *e, const participant *part, int n, const due
     int still;
     if (on_device) {
         still = weft_rollout_finish_draws(e, d, due->n, took); // the padding's draws are dropped
+    } else if (weft_rollout_verifies_on_device(e)) {
+        still = weft_rollout_draw_tokens(e, due, NULL, took);
     } else {
         logits_to_host(e, due->rows);
         still = weft_rollout_draw_tokens(e, due, e->buf.host_logits, took);
@@ -449,7 +456,7 @@ bool weft_rollout_step(weft_engine *e) {
         n_took = decode_step(e, part, n, &due, head_rows, took, ahead);
     } else {
         WEFT_CHECK(!ahead, "internal: a step queued ahead of the host is not a decode step");
-        bool on_device = weft_rollout_draws_on_device(e);
+        bool on_device = weft_rollout_draws_on_device(e) || weft_rollout_verifies_on_device(e);
         main_forward(e, part, n, &due, head_rows, !on_device);
         if (speculating) weft_rollout_draft(e, before, n_before, false);
         weft_rollout_publish(e, members, n); // a prompt forks its samples as it draws

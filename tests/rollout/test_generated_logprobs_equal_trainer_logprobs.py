@@ -10,9 +10,10 @@ With device=cuda (the GPU where one is listed, else weft_emulated: the CUDA kern
 CPU) generation and scoring both run in bf16 and differ only by its round-off: the max and mean
 absolute difference are printed and must stay under MAX_DIFF and MEAN_DIFF.
 On CUDA the engine draws the tokens on the device, with top-p and again without it (the
-sample_tokens op, which the CUDA profile must list then and only then, not under speculation,
-whose verification draws on the host; new prompts' attention must run as attention_forward, the
-cached rows' as paged_attention) and reads back tokens and log-probs instead of the logits rows;
+sample_tokens op, which the CUDA profile must list; under speculation, which draws the drafts
+with it, the verify_drafts op too, and only then; new prompts' attention must run as
+attention_forward, the cached rows' as paged_attention) and reads back tokens and log-probs
+instead of the logits rows;
 it draws at the host's uniform numbers, so most first tokens equal the CPU's at the same seed
 (bf16 round-off moves a few across a boundary; numbers drawn wrongly, or a wrong nucleus, would
 leave about 1 in 20 alike).
@@ -41,13 +42,14 @@ SPECULATIVE = 2  # draft tokens per step on the MTP model
 SPECULATIVE_LENGTHS = LENGTHS[:-1]  # the 300-token prompt's emulated MTP backward takes long
 
 
-def check_kernels(tag, profile, device_draws, failures):
+def check_kernels(tag, profile, speculative, failures):
     """The CUDA profile's ops (its JSON file): new prompts take the training attention
-    (attention_forward), the cached rows the paged kernel; tokens are drawn on the device exactly
-    when no filter is on."""
+    (attention_forward), the cached rows the paged kernel; tokens (and drafts) are drawn on the
+    device, and drafts verified there exactly when there are drafts."""
     with open(profile) as f:
         ops = {o["op"].split()[0] for o in json.load(f)["ops"]}
-    want = {"attention_forward": True, "paged_attention": True, "sample_tokens": device_draws}
+    want = {"attention_forward": True, "paged_attention": True, "sample_tokens": True,
+            "verify_drafts": speculative}
     for op, expected in want.items():
         if (op in ops) != expected:
             failures.append(f"{tag}: the CUDA profile {'lacks' if expected else 'has'} {op}")
@@ -69,7 +71,7 @@ def compare(weft, mdir, tmp, device, failures, speculative=0, settings=SETTINGS,
                               *settings, *dev, f"rollout.speculative_tokens={speculative}",
                               f"rollout.block_size={block_size}", env=env)
     if env:
-        check_kernels(tag, profile, not speculative, failures)
+        check_kernels(tag, profile, bool(speculative), failures)
     if speculative:
         spec = stats["speculative"]
         print(f"{tag}: drafts offered {spec['drafted']}, accepted {spec['accepted']}")
