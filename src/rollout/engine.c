@@ -35,7 +35,8 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
                        .invariant = rc->batch_invariant && m->be->batch_invariant};
     // A test compares the device's verification with the host's (the same outputs).
     e->verify_on_device = rc->speculative_tokens > 0 && m->be->sample_tokens &&
-                          m->be->verify_drafts && !weft_fault_skip("DEVICE_VERIFICATION", 0, 0);
+                          m->be->verify_drafts && m->be->take_tokens &&
+                          !weft_fault_skip("DEVICE_VERIFICATION", 0, 0);
     e->stats.batch_invariant = e->invariant || !m->be->batch_invariant;
     const weft_model_config *c = &m->cfg;
     // The MTP modules that draft keep their keys and values in the same blocks, after the
