@@ -6,7 +6,10 @@ cache and compute the rest against the pool); prefix caching off; and 2 and 4 ra
 mode every product runs skinny.cu's kernel for any row count (here from 1 decode row to prefills
 of over 300 rows, several blocks of 64), no norm folds into a few-row product, and every row's
 attention reads the pool with its keys split at a fixed 256 (the 300-token prompt's rows span two
-splits), so a row's bits depend on the row alone. The statistics must say the mode was on. For
+splits), so a row's bits depend on the row alone. The statistics must say the mode was on. So
+with MTP speculation, whose drafts are drawn, fed and verified on the device (a model with two
+MTP modules, 2 drafts a step): one sequence at a time, with preemptions (drafts waiting in their
+device rows while the sample recomputes) and on 2 ranks, byte-identical to all at once. For
 contrast, the default kernels' output one sequence at a time is compared with all at once and the
 result printed (it may differ: that is what the mode is for; not a failure). Last, a model whose
 products the mode cannot take (hidden size 80: not a multiple of 32) gets one clear error and no
@@ -32,6 +35,14 @@ VARIANTS = [("one sequence at a time", ["rollout.max_running=1"], 1),
             ("prefix caching off", ["rollout.prefix_caching=false"], 1),
             ("2 ranks", [], 2), ("4 ranks", [], 4)]
 CFG = dict(qwen2.SMALL_CFG, hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+MTP_CFG = dict(qwen2.SMALL_CFG, vocab_size=32, hidden_size=64, num_attention_heads=2,
+               num_key_value_heads=1, num_nextn_predict_layers=2)  # drafts often pass
+SPECULATION = ["device=cuda", "sampling.temperature=1", "sampling.n=2", "sampling.max_tokens=16",
+               "sampling.seed=3", "sampling.stop_token_ids=[]", "rollout.speculative_tokens=2"]
+SPECULATION_VARIANTS = [("speculating, one sequence at a time", ["rollout.max_running=1"], 1),
+                        ("speculating, a pool of 96 positions (preemptions)",
+                         ["rollout.kv_cache_tokens=96"], 1),
+                        ("speculating, 2 ranks", [], 2)]
 
 
 def check_variants(program, emulated, mdir, prompts, tmp, failures):
@@ -47,6 +58,23 @@ def check_variants(program, emulated, mdir, prompts, tmp, failures):
     for name, _, _ in (v for v in VARIANTS if v not in variants):
         print(f"{name}: left out ({gpus} GPU(s) listed)")
     check_batchings(program, mdir, prompts, ref, variants, tmp, failures, *SAMPLING, INVARIANT)
+
+
+def check_speculation(program, emulated, tmp, failures):
+    mdir = os.path.join(tmp, "model_mtp")
+    files.make_model(mdir, MTP_CFG, 7, std=0.1)
+    prompts = write_prompts(os.path.join(tmp, "prompts_mtp.jsonl"),
+                            random_prompts([3, 17, 9, 6, 30, 1], MTP_CFG["vocab_size"], 4))
+    ref = os.path.join(tmp, "speculating_all.jsonl")
+    _, stats, _ = generate(program, mdir, prompts, ref, *SPECULATION, INVARIANT)
+    spec = stats["speculative"]
+    print(f"speculating, all at once: drafts offered {spec['drafted']}, accepted "
+          f"{spec['accepted']}")
+    if not 0 < spec["accepted"][0] < spec["drafted"][0]:
+        failures.append(f"speculating: drafts were not both accepted and rejected: {spec}")
+    variants = [v for v in SPECULATION_VARIANTS if emulated or v[2] <= fixtures.gpus_listed()]
+    check_batchings(program, mdir, prompts, ref, variants, tmp, failures, *SPECULATION,
+                    INVARIANT)
 
 
 def show_default_kernels(program, mdir, prompts, tmp):
@@ -80,6 +108,7 @@ def cases(_weft, program, emulated, tmp):
     prompts = write_prompts(os.path.join(tmp, "prompts.jsonl"),
                             random_prompts(LENGTHS, CFG["vocab_size"], 4))
     check_variants(program, emulated, mdir, prompts, tmp, failures)
+    check_speculation(program, emulated, tmp, failures)
     show_default_kernels(program, mdir, prompts, tmp)
     check_refusal(program, tmp, failures)
     return failures
