@@ -76,8 +76,6 @@ bool weft_rollout_draws_on_device(const weft_engine *e) {
     return e->be->sample_tokens && e->rc.speculative_tokens == 0;
 }
 
-bool weft_rollout_verifies_on_device(const weft_engine *e) { return e->verify_on_device; }
-
 // A sequence's uniform number of `kind` at `position`.
 static double uniform_at(const weft_engine *e, const gen_seq *s, int position,
                          weft_draw_kind kind) {
@@ -113,13 +111,18 @@ static weft_draw_filters filters_of(const weft_sampling_config *c) {
     return (weft_draw_filters){.top_k = c->top_k, .top_p = c->top_p, .min_p = c->min_p};
 }
 
-// The draws and their base log-probs in one launch, which reads the logits rows in place.
-void weft_rollout_sample_on_device(weft_engine *e, int n) {
+// The uploaded draws from rows of `logits`, their tokens into `tokens` and their log-probs into
+// the draw buffers, in one launch, which reads the rows in place.
+static void sample_rows(weft_engine *e, const void *logits, int n, int32_t *tokens) {
     step_buffers *b = &e->buf;
     weft_draw_filters filters = filters_of(&e->sc);
-    e->be->sample_tokens(e->be, b->logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
-                         (float)e->sc.temperature, &filters, b->draw_tokens, b->draw_logprobs,
+    e->be->sample_tokens(e->be, logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
+                         (float)e->sc.temperature, &filters, tokens, b->draw_logprobs,
                          b->draw_processed);
+}
+
+void weft_rollout_sample_on_device(weft_engine *e, int n) {
+    sample_rows(e, e->buf.logits, n, e->buf.draw_tokens);
 }
 
 // The device's draws into d[0, n) and their base log-probs into logp: one download.
@@ -161,12 +164,8 @@ static int collect_draws(weft_engine *e, const due_seqs *due, const float *logit
 void weft_rollout_draw_drafts_on_device(weft_engine *e, const void *logits, const draw *d,
                                         int n, int depth, int32_t *tokens) {
     if (n == 0) return;
-    step_buffers *b = &e->buf;
     upload_draws_at(e, d, n, NULL, WEFT_DRAW_DRAFT, depth - 1);
-    weft_draw_filters filters = filters_of(&e->sc);
-    e->be->sample_tokens(e->be, logits, b->draw_rows, b->draw_u, n, e->model->cfg.vocab_size,
-                         (float)e->sc.temperature, &filters, tokens, b->draw_logprobs,
-                         b->draw_processed);
+    sample_rows(e, logits, n, tokens);
 }
 
 // Appends the drawn tokens with their log-probs. Returns the sequences that took a token and

@@ -56,7 +56,7 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
                    "token id of the model (vocabulary of %d)", e->sc.stop_token_ids[i],
                    c->vocab_size);
     e->sampling_scratch = weft_alloc(weft_sampling_scratch_bytes(c->vocab_size));
-    if (rc->speculative_tokens > 0 && !weft_rollout_verifies_on_device(e))
+    if (rc->speculative_tokens > 0 && !e->verify_on_device)
         e->verify_scratch = weft_alloc(sizeof(double) * 2 * c->vocab_size);
     return e;
 }
@@ -148,7 +148,7 @@ static gen_seq seq_for_prompt(const weft_engine *e, const weft_prompt *p, int sa
     memcpy(s.tokens, p->tokens, sizeof(int32_t) * p->len);
     s.len = p->len;
     reset_drafting_cache(&s);
-    if (k > 0 && !weft_rollout_verifies_on_device(e)) { // else the drafts' rows stay there
+    if (k > 0 && !e->verify_on_device) { // else the drafts' rows stay there
         const weft_model_config *c = &e->model->cfg;
         s.draft_logits = weft_alloc(sizeof(float) * k * c->vocab_size);
     }

@@ -123,7 +123,9 @@ struct weft_engine {
     // rollout.batch_invariant on a backend that has the switch: while generating it is on, and
     // every row's attention reads the pool, fresh prompts' too (step.c).
     bool invariant;
-    // Speculation drafts and verifies on the device (weft_rollout_verifies_on_device).
+    // Speculation drafts and verifies on the device (backend sample_tokens, verify_drafts and
+    // take_tokens; speculate.c): the logits stay there, and only the emitted tokens and their
+    // log-probs come back.
     bool verify_on_device;
 };
 
@@ -237,10 +239,6 @@ typedef struct due_seqs {
 // Whether this step's tokens are drawn on the device (backend sample_tokens): where the backend
 // has it and nothing needs the host's logits (no drafts to verify).
 bool weft_rollout_draws_on_device(const weft_engine *e);
-// Whether speculation drafts and verifies on the device (backend sample_tokens, verify_drafts
-// and take_tokens): the logits stay there, and only the emitted tokens and their log-probs come
-// back.
-bool weft_rollout_verifies_on_device(const weft_engine *e);
 // Drafts drawn on the device from rows d[i].row of logits (device) for the sequences d[i].seq,
 // at depth `depth` (the draft of token len + depth - 1): their tokens into tokens[i] (device;
 // no wait: the host never reads them, the next module and the verifying forward take them there).

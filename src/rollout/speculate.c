@@ -288,7 +288,7 @@ static void module_pass(weft_engine *e, phase *ph, int j) {
         void **out_buf = &b->hidden_mtp[j & 1];
         *out_buf = grow_rows(be, *out_buf, &b->hidden_mtp_cap[j & 1], T + ph->n, 0, row);
         gather_inputs(e, ph, j, r, T);
-        weft_rollout_logits_room(e, n_heads);
+        if (!ph->q_out) weft_rollout_logits_room(e, n_heads);
         paged_provider storage;
         weft_kv_provider kv = weft_rollout_provider(e, batch, docs, n_docs, &storage);
         size_t logits_row = weft_dtype_size(be->act_dtype) * (size_t)V;
@@ -330,11 +330,12 @@ bool weft_rollout_feed_drafts(weft_engine *e, const weft_batch *batch, const int
 // Drafting on the device: the buffers this phase's drafts go to (the spares of draft_q and
 // draft_tok), (k n + carried) rows: k n for the phase's n sequences, by depth, then those of the
 // drafts still waiting from an earlier phase (a preempted sequence's, verified once it runs
-// again), gathered from the current buffers. The phase's end makes them current.
-static void *next_drafts_buffer(weft_engine *e, int n) {
+// again), gathered from the current buffers, into ph's q_out and tok_out. The phase's end makes
+// them current.
+static void next_drafts_buffers(weft_engine *e, phase *ph) {
     weft_backend *be = e->be;
     step_buffers *b = &e->buf;
-    int k = e->rc.speculative_tokens, V = e->model->cfg.vocab_size, carried = 0;
+    int k = e->rc.speculative_tokens, V = e->model->cfg.vocab_size, n = ph->n, carried = 0;
     int32_t *from = weft_arena_alloc(&e->step_scratch, sizeof(int32_t) * (e->n_seqs * k + 1));
     for (int i = 0; i < e->n_seqs; i++) {
         gen_seq *s = &e->seqs[i];
@@ -359,7 +360,7 @@ static void *next_drafts_buffer(weft_engine *e, int n) {
         be->take_tokens(be, b->draft_tok[next] + k * n, b->draft_tok[cur], b->gather_rows,
                         carried);
     }
-    return b->draft_q[next];
+    ph->q_out = b->draft_q[next], ph->tok_out = b->draft_tok[next];
 }
 
 void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
@@ -375,11 +376,8 @@ void weft_rollout_draft(weft_engine *e, const int *seqs, int n, bool drafting) {
                 .prev = weft_arena_alloc(&e->step_scratch, sizeof(rows_span) * n),
                 .producer = b->hidden_main,
                 .T_prod = e->batch.T};
-    bool on_device = drafting && weft_rollout_verifies_on_device(e);
-    if (on_device) {
-        ph.q_out = next_drafts_buffer(e, n);
-        ph.tok_out = b->draft_tok[b->draft_q_cur ^ 1];
-    }
+    bool on_device = drafting && e->verify_on_device;
+    if (on_device) next_drafts_buffers(e, &ph);
     for (int i = 0; i < n; i++) {
         const gen_seq *s = &e->seqs[seqs[i]];
         ph.prev[i] = (rows_span){s->main_row0, s->main_lo, s->main_hi};

@@ -402,7 +402,7 @@ static int decode_step(weft_engine *e, const participant *part, int n, const due
     int still;
     if (on_device) {
         still = weft_rollout_finish_draws(e, d, due->n, took); // the padding's draws are dropped
-    } else if (weft_rollout_verifies_on_device(e)) {
+    } else if (e->verify_on_device) {
         still = weft_rollout_draw_tokens(e, due, NULL, took);
     } else {
         logits_to_host(e, due->rows);
@@ -456,7 +456,7 @@ bool weft_rollout_step(weft_engine *e) {
         n_took = decode_step(e, part, n, &due, head_rows, took, ahead);
     } else {
         WEFT_CHECK(!ahead, "internal: a step queued ahead of the host is not a decode step");
-        bool on_device = weft_rollout_draws_on_device(e) || weft_rollout_verifies_on_device(e);
+        bool on_device = weft_rollout_draws_on_device(e) || e->verify_on_device;
         main_forward(e, part, n, &due, head_rows, !on_device);
         if (speculating) weft_rollout_draft(e, before, n_before, false);
         weft_rollout_publish(e, members, n); // a prompt forks its samples as it draws

@@ -16,7 +16,9 @@ A random Qwen2 with two MTP modules and a 32-token vocabulary (weights small eno
 often pass), 6 prompts of 1 to 30 tokens, 2 samples each, 16 new tokens: temperature 1;
 temperature 0.8 with top-k, top-p and min-p (the drafts' and the target's filters); greedy; and
 temperature 1 with a pool of 96 positions in blocks of 8 (samples preempted with their drafts
-waiting). Drafts must be both accepted and rejected, and the small pool must preempt.
+waiting). Drafts must be both accepted and rejected, the small pool must preempt, and the host
+waits per step must show which rule ran (the device's once a step, the host's once more per
+draft depth), so that two runs of the same rule cannot pass for the comparison.
 (test_cuda_decode_waits_for_the_gpu_once_per_step checks what the device's verification reads
 back.) Runs on the GPU where nvidia-smi lists one, else on weft_emulated.
 """
@@ -67,9 +69,16 @@ def check_case(program, mdir, prompts, tmp, name, failures):
                                                                  "accepted")}
     spec, preempted = counts(dev), dev["preemptions"]
     differ, worst = differences(dev_rows, host_rows)
+    waits = {where: st["host_waits"] / st["forwards"] for where, st in (("device", dev),
+                                                                          ("host", host))}
     print(f"{name}: drafts offered {spec['drafted']}, accepted {spec['accepted']}; "
           f"{preempted:.0f} preemptions; {differ} responses differ; processed log-probs "
-          f"max |diff| {worst:.3g}")
+          f"max |diff| {worst:.3g}; host waits a step {waits['device']:.2f} on the device's "
+          f"verification, {waits['host']:.2f} on the host's")
+    # Which rule ran: the device's waits once a step, the host's once more per draft depth.
+    if waits["device"] > 1.1 or waits["host"] < 1.5:
+        failures.append(f"{name}: host waits a step {waits['device']:.2f} and {waits['host']:.2f}: "
+                        f"the device's verification did not run, or the switch did not stop it")
     if differ or worst > PROCESSED_TOL:
         failures.append(f"{name}: the device's and the host's verification differ: {differ} "
                         f"responses, processed log-probs by up to {worst:.3g}")

@@ -269,6 +269,20 @@ __device__ __forceinline__ float base_logprob(const bf16 *row, softmax_state s, 
     return -(s.max + logf(s.sum) - to_f32(row[y])); // logprobs_kernel's
 }
 
+// A token drawn at u from the row's processed distribution (its softmax state s), to every
+// thread; its log-probability under that distribution into *processed. Greedy: the first
+// largest logit, processed 0.
+__device__ int draw_processed(const bf16 *row, int V, softmax_state s, float temperature,
+                              draw_filters filters, double u, float *processed) {
+    *processed = 0.0f;
+    if (temperature == 0.0f) return s.arg;
+    processed_walk walk = processed_of(row, V, s.max, temperature, filters);
+    double mass;
+    int token = draw_walked(V, u, walk, &mass);
+    *processed = (float)log(token_weight(to_f32(row[token]), s.max, temperature) / mass);
+    return token;
+}
+
 // Two blocks an SM at most: ptxas's default register budget (three) spilled the filters' state.
 template <int VEC>
 __global__ void __launch_bounds__(CE_THREADS, 2)
@@ -279,14 +293,8 @@ __global__ void __launch_bounds__(CE_THREADS, 2)
     __shared__ float unused;
     const bf16 *row = logits + (size_t)rows[blockIdx.x] * V;
     softmax_state s = row_softmax<VEC>(row, V, -1, &unused);
-    float processed_logp = 0.0f;
-    int token = s.arg;
-    if (temperature != 0.0f) {
-        processed_walk walk = processed_of(row, V, s.max, temperature, filters);
-        double mass;
-        token = draw_walked(V, u[blockIdx.x], walk, &mass);
-        processed_logp = (float)log(token_weight(to_f32(row[token]), s.max, temperature) / mass);
-    }
+    float processed_logp;
+    int token = draw_processed(row, V, s, temperature, filters, u[blockIdx.x], &processed_logp);
     if (threadIdx.x == 0) {
         tokens[blockIdx.x] = token, processed[blockIdx.x] = processed_logp;
         logprob[blockIdx.x] = base_logprob(row, s, token);
@@ -343,19 +351,14 @@ __global__ void __launch_bounds__(CE_THREADS, 1)
         const bf16 *p = logits + (size_t)(p_row + d) * V;
         softmax_state sp = row_softmax<VEC>(p, V, -1, &unused);
         __syncthreads(); // row_softmax's partial sums are reused
-        float processed_logp = 0.0f;
+        float processed_logp;
         bool accepted = false;
-        int token = sp.arg;
-        if (d < n_drafts) {
-            token = check_draft<VEC>(p, sp, draft_logits + (size_t)q_rows[d] * V,
-                                     draft_tokens[q_rows[d]], uu[d], uu[k + d], V, temperature,
-                                     filters, &processed_logp, &accepted);
-        } else if (temperature != 0.0f) {
-            processed_walk walk = processed_of(p, V, sp.max, temperature, filters);
-            double mass;
-            token = draw_walked(V, uu[2 * k], walk, &mass);
-            processed_logp = (float)log(token_weight(to_f32(p[token]), sp.max, temperature) / mass);
-        }
+        int token = d < n_drafts
+                        ? check_draft<VEC>(p, sp, draft_logits + (size_t)q_rows[d] * V,
+                                           draft_tokens[q_rows[d]], uu[d], uu[k + d], V,
+                                           temperature, filters, &processed_logp, &accepted)
+                        : draw_processed(p, V, sp, temperature, filters, uu[2 * k],
+                                         &processed_logp);
         if (threadIdx.x == 0) {
             tokens[out + d] = token, processed[out + d] = processed_logp;
             logprob[out + d] = base_logprob(p, sp, token);
