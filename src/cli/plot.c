@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "core/core.h"
+#include "data/jsonl.h"
 
 static const char USAGE[] = "usage: weft plot METRICS.jsonl -o FILE.png|FILE.svg [--log]";
 
@@ -37,17 +38,14 @@ typedef struct table_info {
 
 // Writes the rows for gnuplot.
 static table_info write_table(const char *metrics, FILE *out) {
-    FILE *f = weft_open_input(metrics, "the metrics");
+    weft_jsonl_reader *reader = weft_jsonl_open(metrics, "the metrics",
+                                                "{\"step\": 1, \"loss\": 2.5, ...}");
     table_info info = {.loss_min = INFINITY, .loss_max = -INFINITY};
-    char *line = NULL;
-    size_t cap = 0;
-    for (long lineno = 1; getline(&line, &cap, f) != -1; lineno++) {
-        json_error_t err;
-        json_t *r = json_loads(line, 0, &err);
-        WEFT_CHECK(r && json_is_integer(json_object_get(r, "step")) &&
+    for (json_t *r; (r = weft_jsonl_next(reader));) {
+        WEFT_CHECK(json_is_integer(json_object_get(r, "step")) &&
                        json_is_number(json_object_get(r, "loss")),
-                   "%s:%ld: not a metrics record (%s); give the metrics.jsonl of a weft run",
-                   metrics, lineno, r ? "no step/loss" : err.text);
+                   "%s: not a metrics record (no step/loss); give the metrics.jsonl of a weft run",
+                   weft_jsonl_where(reader));
         if (info.rows == 0) info.rl = json_object_get(r, "reward_mean") != NULL;
         if (info.rows == 0) info.kl_in_reward = json_object_get(r, "reward_kl_penalty") != NULL;
         double loss = field(r, "loss");
@@ -59,8 +57,7 @@ static table_info write_table(const char *metrics, FILE *out) {
         json_decref(r);
         info.rows++;
     }
-    free(line);
-    fclose(f);
+    weft_jsonl_close(reader);
     WEFT_CHECK(info.rows > 0, "%s: no metrics records to plot", metrics);
     return info;
 }

@@ -153,17 +153,8 @@ static weft_document encode_record(source_line at, json_t *root, const weft_toke
     return doc;
 }
 
-static weft_document parse_line(source_line at, const char *text, size_t len, int vocab_size,
-                                const weft_tokenizer *tok) {
-    json_error_t err;
-    json_t *root = json_loadb(text, len, 0, &err);
-    if (!root)
-        weft_fatal("%s:%ld: not valid JSON (%s, at byte %d of the line); each line must be one JSON object like "
-                   "{\"input_ids\": [1, 2, 3]}",
-                   at.path, at.line, err.text, err.position);
-    if (!json_is_object(root))
-        weft_fatal("%s:%ld: the line is not a JSON object; each line must be an object like {\"input_ids\": [1, 2, 3]}",
-                   at.path, at.line);
+static weft_document parse_record(source_line at, json_t *root, int vocab_size,
+                                  const weft_tokenizer *tok) {
     weft_document doc = {0};
     bool ids = json_object_get(root, "input_ids") != NULL;
     if (!tok && !ids && (json_object_get(root, "text") || json_object_get(root, "prompt") ||
@@ -181,7 +172,6 @@ static weft_document parse_line(source_line at, const char *text, size_t len, in
         doc.ref_logprobs = read_token_floats(at, root, "ref_logprobs", doc.len);
         doc.rollout_logprobs = read_token_floats(at, root, "rollout_logprobs", doc.len);
     }
-    json_decref(root);
     return doc;
 }
 
@@ -192,55 +182,106 @@ static void append(weft_document_set *set, int *cap, weft_document doc) {
     set->docs[set->n++] = doc;
 }
 
+// ------------------------------------------------------------------------- the reader ----
+
 // One document per line: the longest line weft reads. 64 MiB holds a document of millions of
 // tokens (as ids or text) while a file with no newline at all, or a runaway line, is refused
 // before it is read into memory whole.
 #define MAX_LINE_BYTES ((size_t)64 << 20)
 
-// Reads the next line (with its newline, if any) into *buf; its length, or -1 at the end of the
-// file. A line longer than MAX_LINE_BYTES is an error naming it.
-static ssize_t read_line(FILE *f, char **buf, size_t *cap, source_line at) {
+struct weft_jsonl_reader {
+    FILE *f;
+    char *path, *example;
+    long line; // the line read last (1-based)
+    char *buf; // grown as needed, up to MAX_LINE_BYTES
+    size_t cap;
+    char *where; // "<path>:<line>"
+};
+
+weft_jsonl_reader *weft_jsonl_open(const char *path, const char *what, const char *example) {
+    weft_jsonl_reader *r = weft_alloc(sizeof *r);
+    r->f = weft_open_input(path, what);
+    r->path = weft_strdup(path), r->example = weft_strdup(example);
+    r->where = weft_alloc(strlen(path) + 24);
+    return r;
+}
+
+// Reads the next line (with its newline, if any) into r->buf; its length, or -1 at the end of
+// the file. A line longer than MAX_LINE_BYTES is an error naming it.
+static ssize_t read_line(weft_jsonl_reader *r) {
     size_t n = 0;
     int c = 0;
-    while (c != '\n' && (c = getc_unlocked(f)) != EOF) {
-        if (n + 2 > *cap) {
-            size_t grown = *cap ? 2 * *cap : 4096;
-            char *p = realloc(*buf, grown);
-            if (!p) weft_fatal("out of host memory reading %s:%ld", at.path, at.line);
-            *buf = p, *cap = grown;
+    r->line++;
+    while (c != '\n' && (c = getc_unlocked(r->f)) != EOF) {
+        if (n + 2 > r->cap) {
+            size_t grown = r->cap ? 2 * r->cap : 4096;
+            char *p = realloc(r->buf, grown);
+            if (!p) weft_fatal("out of host memory reading %s:%ld", r->path, r->line);
+            r->buf = p, r->cap = grown;
         }
-        (*buf)[n++] = (char)c;
+        r->buf[n++] = (char)c;
         if (n > MAX_LINE_BYTES)
-            weft_fatal("%s:%ld: the line is longer than %zu MiB; one document per line, at most "
-                       "that long: split or shorten it", at.path, at.line, MAX_LINE_BYTES >> 20);
+            weft_fatal("%s:%ld: the line is longer than %zu MiB; one record per line, at most "
+                       "that long: split or shorten it", r->path, r->line, MAX_LINE_BYTES >> 20);
     }
-    if (n) (*buf)[n] = '\0';
+    if (n) r->buf[n] = '\0';
     return n == 0 ? -1 : (ssize_t)n;
 }
 
+json_t *weft_jsonl_next(weft_jsonl_reader *r) {
+    for (ssize_t len; (len = read_line(r)) != -1;) {
+        const char *text = r->buf;
+        size_t n = (size_t)len;
+        if (r->line == 1 && n >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) text += 3, n -= 3;
+        if (is_blank(text, n)) continue;
+        sprintf(r->where, "%s:%ld", r->path, r->line);
+        json_error_t err;
+        json_t *root = json_loadb(text, n, 0, &err);
+        if (!root)
+            weft_fatal("%s: not valid JSON (%s, at byte %d of the line); each line must be one "
+                       "JSON object like %s", r->where, err.text, err.position, r->example);
+        if (!json_is_object(root))
+            weft_fatal("%s: the line is not a JSON object; each line must be an object like %s",
+                       r->where, r->example);
+        return root;
+    }
+    if (ferror(r->f))
+        weft_fatal("%s:%ld: read error (%s); check the file", r->path, r->line, strerror(errno));
+    return NULL;
+}
+
+const char *weft_jsonl_where(const weft_jsonl_reader *r) { return r->where; }
+long weft_jsonl_line(const weft_jsonl_reader *r) { return r->line; }
+
+void weft_jsonl_close(weft_jsonl_reader *r) {
+    if (!r) return;
+    fclose(r->f);
+    free(r->buf);
+    weft_free(r->path), weft_free(r->example), weft_free(r->where), weft_free(r);
+}
+
+// ------------------------------------------------------------------------ documents ----
+
 static weft_document_set *read_jsonl(const char *path, int vocab_size, const weft_tokenizer *tok) {
     WEFT_CHECK(vocab_size > 0, "%s: vocab_size must be positive, got %d", path, vocab_size);
-    FILE *f = weft_open_input(path, "the JSONL documents");
-
+    weft_jsonl_reader *r = weft_jsonl_open(
+        path, "the JSONL documents",
+        tok ? "{\"text\": \"...\"}, {\"prompt\": \"...\", \"response\": \"...\"} or "
+              "{\"input_ids\": [1, 2, 3]}"
+            : "{\"input_ids\": [1, 2, 3]}");
     weft_document_set *set = weft_alloc(sizeof *set);
     int cap = 0;
-    char *line = NULL; // grown as needed, up to MAX_LINE_BYTES
-    size_t line_cap = 0;
-    ssize_t len;
-    source_line at = {path, 1};
-    for (; (len = read_line(f, &line, &line_cap, at)) != -1; at.line++) {
-        if (is_blank(line, (size_t)len)) continue;
-        weft_document doc = parse_line(at, line, (size_t)len, vocab_size, tok);
+    for (json_t *root; (root = weft_jsonl_next(r));) {
+        source_line at = {path, weft_jsonl_line(r)};
+        weft_document doc = parse_record(at, root, vocab_size, tok);
+        json_decref(root);
         doc.line = (int)(at.line < INT_MAX ? at.line : INT_MAX);
         append(set, &cap, doc);
     }
-    if (ferror(f)) weft_fatal("%s:%ld: read error (%s); check the file", path, at.line, strerror(errno));
-    free(line);
-    fclose(f);
+    weft_jsonl_close(r);
     if (set->n == 0)
-        weft_fatal("%s: contains no documents (the file is empty or has only blank lines); give one JSON object "
-                   "per line",
-                   path);
+        weft_fatal("%s: contains no documents (the file is empty or has only blank lines); give one "
+                   "JSON object per line", path);
     return set;
 }
 

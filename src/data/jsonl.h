@@ -4,6 +4,21 @@
 
 #include "data/tokenizer.h"
 
+// A JSON Lines file read an object a line, the one reader of every JSONL input: blank lines are
+// skipped, a UTF-8 byte-order mark before the first line is ignored (editors on Windows write
+// one), a line may hold up to 64 MiB. A line that is not one JSON object ends the process naming
+// "<path>:<line>" and `example`, what a line should look like.
+typedef struct weft_jsonl_reader weft_jsonl_reader;
+struct json_t;
+// Opens path; a missing or unreadable file is one error naming it and `what` it should hold.
+weft_jsonl_reader *weft_jsonl_open(const char *path, const char *what, const char *example);
+// The next line's object (the caller's to json_decref), or NULL at the end of the file.
+struct json_t *weft_jsonl_next(weft_jsonl_reader *r);
+// "<path>:<line>" of the object weft_jsonl_next returned last, for the caller's own errors.
+const char *weft_jsonl_where(const weft_jsonl_reader *r);
+long weft_jsonl_line(const weft_jsonl_reader *r);
+void weft_jsonl_close(weft_jsonl_reader *r);
+
 typedef struct weft_document {
     int32_t *tokens;
     uint8_t *loss_mask; // loss_mask[t] = 1: token t is a target (predicted from position t-1)

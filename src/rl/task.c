@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "data/jsonl.h"
 #include "data/synthetic.h"
 
 static void add_prompt(weft_rl_prompts *set, int *cap, const weft_tokenizer *tok, const char *text,
@@ -52,26 +53,19 @@ static char *answer_of(json_t *row, const char *where) {
 
 static weft_rl_prompts *file_prompts(const weft_job_config *cfg, const weft_tokenizer *tok) {
     const char *path = cfg->data.source;
-    FILE *f = weft_open_input(path, "the prompts (data.source)");
+    weft_jsonl_reader *r = weft_jsonl_open(path, "the prompts (data.source)",
+                                           "{\"prompt\": \"...\", \"answer\": \"...\"}");
     weft_rl_prompts *set = weft_alloc(sizeof *set);
     int cap = 0;
-    char *line = NULL, where[WEFT_PATH_MAX + 32];
-    size_t line_cap = 0;
-    for (long lineno = 1; getline(&line, &line_cap, f) != -1; lineno++) {
-        if (strspn(line, " \t\r\n") == strlen(line)) continue;
-        snprintf(where, sizeof where, "%s:%ld", path, lineno);
-        json_error_t err;
-        json_t *row = json_loads(line, 0, &err);
-        WEFT_CHECK(json_is_object(row), "%s: not a JSON object (%s); each line must be like "
-                   "{\"prompt\": \"...\", \"answer\": \"...\"}", where, row ? "" : err.text);
+    for (json_t *row; (row = weft_jsonl_next(r));) {
+        const char *where = weft_jsonl_where(r);
         json_t *text = json_object_get(row, "prompt");
         WEFT_CHECK(json_is_string(text), "%s: the row has no \"prompt\" string", where);
         char *answer = answer_of(row, where), *compact = json_dumps(row, JSON_COMPACT);
         add_prompt(set, &cap, tok, json_string_value(text), answer, weft_strdup(compact), where);
         free(compact), weft_free(answer), json_decref(row);
     }
-    free(line);
-    fclose(f);
+    weft_jsonl_close(r);
     WEFT_CHECK(set->n > 0, "data.source=%s holds no prompts", path);
     return set;
 }

@@ -33,6 +33,17 @@ static void test_good_file(void) {
     weft_document_set_free(set);
 }
 
+// A UTF-8 byte-order mark before the first line is skipped, as editors on Windows write one.
+static void test_byte_order_mark(void) {
+    const char *path = weft_test_write_text("bom.jsonl", "\xEF\xBB\xBF{\"input_ids\": [5, 6]}\r\n"
+                                                         "{\"input_ids\": [7]}\r\n");
+    weft_document_set *set = weft_read_token_jsonl(path, VOCAB);
+    CHECK(set->n == 2);
+    check_doc(&set->docs[0], 2, (const int32_t[]){5, 6}, (const uint8_t[]){0, 1});
+    check_doc(&set->docs[1], 1, (const int32_t[]){7}, (const uint8_t[]){0});
+    weft_document_set_free(set);
+}
+
 static void read_it(const char *path) { weft_document_set_free(weft_read_token_jsonl(path, VOCAB)); }
 
 // A file whose line 3 is `bad` (after a good line and a blank one) must fail naming line 3.
@@ -48,10 +59,12 @@ int main(void) {
     weft_test_make_dir("weft_jsonl");
 
     test_good_file();
+    test_byte_order_mark();
 
     expect_bad_line("malformed.jsonl", "{\"input_ids\": [1, 2", "not valid JSON");
     expect_bad_line("trailing.jsonl", "{\"input_ids\": [1]} {}", "not valid JSON");
     expect_bad_line("not_object.jsonl", "[1, 2, 3]", "not a JSON object");
+    expect_bad_line("late_bom.jsonl", "\xEF\xBB\xBF{\"input_ids\": [1]}", "not valid JSON"); // only line 1's
     expect_bad_line("missing_ids.jsonl", "{\"ids\": [1, 2]}", "input_ids");
     expect_bad_line("ids_not_array.jsonl", "{\"input_ids\": 5}", "input_ids");
     expect_bad_line("float_id.jsonl", "{\"input_ids\": [1, 2.5]}", "input_ids[1] is not an integer");
