@@ -9,7 +9,9 @@ static const weft_cli_option *find(const weft_cli_option *opts, const char *name
     return NULL;
 }
 
-weft_cli_args weft_cli_parse(const char *verb, int argc, char **argv, const weft_cli_option *opts) {
+weft_cli_args weft_cli_parse(const char *verb, int argc, char **argv, const weft_cli_option *opts,
+                             const weft_session *session) {
+    bool writer = !session || weft_session_writer(session);
     weft_cli_args a = {.settings = argv};
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
@@ -21,6 +23,8 @@ weft_cli_args weft_cli_parse(const char *verb, int argc, char **argv, const weft
         if (slot) {
             WEFT_CHECK(i + 1 < argc, "%s: %s needs a value", verb, arg);
             *slot = argv[++i];
+            if (writer && (!strcmp(arg, "--out") || !strcmp(arg, "--stats")))
+                weft_prepare_output(*slot, !strcmp(arg, "--stats") ? "the statistics" : "the output");
         } else if (o) {
             *o->flag = true;
         } else if (arg[0] == '-') {

@@ -11,7 +11,7 @@ int weft_cmd_calibrate(int argc, char **argv, weft_session *session) {
     const char *repeats = NULL;
     const weft_cli_option opts[] = {{"--out", &r.out, NULL}, {"--repeats", &repeats, NULL},
                                     {NULL, NULL, NULL}};
-    weft_cli_args a = weft_cli_parse("calibrate", argc, argv, opts);
+    weft_cli_args a = weft_cli_parse("calibrate", argc, argv, opts, session);
     if (repeats) {
         char *end;
         long n = strtol(repeats, &end, 10);

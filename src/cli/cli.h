@@ -21,8 +21,11 @@ typedef struct weft_cli_args {
 } weft_cli_args;
 
 // Parses argv (the verb's arguments) against opts (terminated by a {NULL} entry); anything else
-// starting with "-" is an error naming the verb.
-weft_cli_args weft_cli_parse(const char *verb, int argc, char **argv, const weft_cli_option *opts);
+// starting with "-" is an error naming the verb. The files --out and --stats name are made
+// writable (their directories created) or refused before any work, by the session's writer (the
+// rank that writes them); session may be NULL for a verb without one.
+weft_cli_args weft_cli_parse(const char *verb, int argc, char **argv, const weft_cli_option *opts,
+                             const weft_session *session);
 
 int weft_cmd_grad(int argc, char **argv, weft_session *session);
 int weft_cmd_train(int argc, char **argv, weft_session *session);

@@ -11,7 +11,7 @@ int weft_cmd_generate(int argc, char **argv, weft_session *session) {
                                     {"--prompts", &r.prompts, NULL},
                                     {"--out", &r.out, NULL},
                                     {NULL, NULL, NULL}};
-    weft_cli_args a = weft_cli_parse("generate", argc, argv, opts);
+    weft_cli_args a = weft_cli_parse("generate", argc, argv, opts, session);
     WEFT_CHECK(r.model_dir && r.prompts && r.out,
                "generate needs --model DIR --prompts FILE.jsonl --out FILE.jsonl");
     weft_job_config cfg = weft_job_config_default();

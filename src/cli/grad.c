@@ -17,7 +17,7 @@ int weft_cmd_grad(int argc, char **argv, weft_session *session) {
         {"--logits", NULL, &r.logits},   {"--logprobs", NULL, &r.logprobs},
         {"--entropy", NULL, &r.entropy}, {"--score", NULL, &r.score},
         {"--busy", NULL, &r.busy},       {NULL, NULL, NULL}};
-    weft_cli_args a = weft_cli_parse("grad", argc, argv, opts);
+    weft_cli_args a = weft_cli_parse("grad", argc, argv, opts, session);
     WEFT_CHECK(r.model_dir && r.out, "grad needs --model DIR and --out FILE.safetensors (and "
                "--batch FILE.jsonl, or data.source's first global batch is used)");
     r.stats = a.stats;

@@ -247,7 +247,7 @@ int weft_cmd_plan(int argc, char **argv) {
     const char *batch = NULL, *trace = NULL, *ranks_text = NULL;
     const weft_cli_option opts[] = {{"--batch", &batch, NULL}, {"--lengths", &trace, NULL},
                                     {"--ranks", &ranks_text, NULL}, {NULL, NULL, NULL}};
-    weft_cli_args a = weft_cli_parse("plan", argc, argv, opts);
+    weft_cli_args a = weft_cli_parse("plan", argc, argv, opts, NULL);
     WEFT_CHECK(!(batch && trace), "plan: give --batch or --lengths, not both");
     int ranks = 1;
     if (ranks_text) {

@@ -192,6 +192,27 @@ FILE *weft_open_input(const char *path, const char *what) {
     return f;
 }
 
+void weft_prepare_output(const char *path, const char *what) {
+    struct stat st;
+    WEFT_CHECK(*path, "an empty path for %s; give a file's path", what);
+    WEFT_CHECK(!(stat(path, &st) == 0 && S_ISDIR(st.st_mode)),
+               "%s: cannot write %s there: a directory, not a file; give a file's path", path, what);
+    size_t n = strlen(path);
+    char *dir = weft_alloc(n + 2);
+    memcpy(dir, path, n + 1);
+    char *slash = strrchr(dir, '/');
+    if (!slash) strcpy(dir, ".");
+    else slash[slash == dir] = '\0'; // "/x" lives in "/"
+    weft_mkdirs(dir); // a failure shows below
+    int err = stat(dir, &st) != 0           ? errno
+              : !S_ISDIR(st.st_mode)          ? ENOTDIR
+              : access(dir, W_OK | X_OK) != 0 ? errno
+                                              : 0;
+    weft_free(dir);
+    WEFT_CHECK(!err, "%s: cannot write %s there (its directory: %s); give another path", path,
+               what, strerror(err));
+}
+
 bool weft_mkdirs(const char *path) {
     size_t n = strlen(path);
     char *buf = weft_alloc(n + 1);

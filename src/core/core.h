@@ -67,6 +67,11 @@ char *weft_read_file(const char *path, size_t *len);
 // Opens a file to read, or fails the weft way naming it and `what` it should hold ("the prompts"):
 // a directory is refused too (fopen takes one on Linux, and reading it fails later, obscurely).
 FILE *weft_open_input(const char *path, const char *what);
+// Makes path's missing directories, then fails the weft way, naming the path and `what` goes
+// there, unless weft_write_file_atomic could write it: a file (not a directory) in a directory
+// this process may write. Called before a job's work, so that hours of it are not lost to an
+// output path that cannot be written.
+void weft_prepare_output(const char *path, const char *what);
 // Creates a directory and its missing parents; false (errno set) if it cannot.
 bool weft_mkdirs(const char *path);
 // Removes a file or a directory tree; true if nothing is left at path.

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "data/jsonl.h"
 #include "model/safetensors.h"
 #include "rollout/engine.h"
 
@@ -51,18 +52,12 @@ static int32_t *prompt_tokens(json_t *row, const char *where, const weft_tokeniz
 }
 
 static prompt_set read_prompts(const char *path, const weft_tokenizer *tok, int vocab) {
-    FILE *f = weft_open_input(path, "the prompts");
+    weft_jsonl_reader *r = weft_jsonl_open(path, "the prompts",
+                                           "{\"prompt\": \"...\"} or {\"input_ids\": [1, 2, 3]}");
     prompt_set p = {0};
     int cap = 0;
-    char *line = NULL;
-    size_t line_cap = 0;
-    for (long lineno = 1; getline(&line, &line_cap, f) != -1; lineno++) {
-        if (strspn(line, " \t\r\n") == strlen(line)) continue;
-        char where[4200];
-        snprintf(where, sizeof where, "%s:%ld", path, lineno);
-        json_error_t err;
-        json_t *row = json_loads(line, 0, &err);
-        WEFT_CHECK(row, "%s: not valid JSON (%s)", where, err.text);
+    for (json_t *row; (row = weft_jsonl_next(r));) {
+        const char *where = weft_jsonl_where(r);
         if (p.n == cap) {
             cap = cap ? 2 * cap : 64;
             p.rows = realloc(p.rows, sizeof(json_t *) * cap);
@@ -76,8 +71,7 @@ static prompt_set read_prompts(const char *path, const weft_tokenizer *tok, int 
         p.names[p.n] = weft_strdup(where);
         p.n++;
     }
-    free(line);
-    fclose(f);
+    weft_jsonl_close(r);
     WEFT_CHECK(p.n > 0, "%s: holds no prompts; give one JSON object per line", path);
     return p;
 }
@@ -166,20 +160,22 @@ static void write_output(const char *path, char **rows, int n) {
 
 // ------------------------------------------------------------------------------ progress ----
 
+// Rank 0 shows its own share under several ranks (a total would need a collective every step).
 typedef struct progress {
     bool print, tty;
     double started;
     int last_done;
+    char who[48]; // "generate" or "generate (rank 0 of W)"
 } progress;
 
 static void show_progress(void *ctx, int done, int total, long tokens) {
     progress *p = ctx;
     if (!p->print || (!p->tty && done == p->last_done)) return;
     double s = weft_now_seconds() - p->started;
-    if (p->tty) printf("\rgenerate: %d/%d prompts, %ld tokens, %.0f tokens/s\033[K", done, total,
-                       tokens, s > 0 ? tokens / s : 0.0);
+    if (p->tty) printf("\r%s: %d/%d prompts, %ld tokens, %.0f tokens/s\033[K", p->who, done,
+                       total, tokens, s > 0 ? tokens / s : 0.0);
     else if (done == total || done / 10 != p->last_done / 10)
-        printf("generate: %d/%d prompts, %ld tokens, %.0f tokens/s\n", done, total, tokens,
+        printf("%s: %d/%d prompts, %ld tokens, %.0f tokens/s\n", p->who, done, total, tokens,
                s > 0 ? tokens / s : 0.0);
     p->last_done = done;
     fflush(stdout);
@@ -202,20 +198,24 @@ static weft_model *load_model(const char *dir, const char *drop_tensors, weft_ba
     return m;
 }
 
-static json_t *summary(const weft_rollout_stats *s, double seconds, weft_comm *world, bool print) {
+// The job's totals over the ranks. `generating` is rank 0's wall time from its first step to every
+// rank's rows gathered: the slowest rank's generation, which is what tokens/s is of.
+static json_t *summary(const weft_rollout_stats *s, int prompts, double generating, double seconds,
+                       weft_comm *world, bool print) {
     double totals[5] = {(double)s->tokens, (double)s->preemptions, (double)s->kv.peak_used,
                         (double)s->prefix_hit_positions, (double)s->computed_positions};
     double mine_peak = totals[2];
     weft_comm_allreduce_sum(world, totals, 5, WEFT_COMM_F64);
+    double rate = generating > 0 ? totals[0] / generating : 0.0;
     if (print)
-        printf("generate: done: %ld prompts, %.0f tokens in %.1f s (%.0f tokens/s), KV blocks peak "
-               "%.0f of %ld on rank 0 (%ld shared at most), %.0f preemptions, %.0f positions "
-               "found in the prefix cache\n", s->prompts, totals[0], seconds,
-               seconds > 0 ? totals[0] / seconds : 0.0, mine_peak, s->kv.blocks_total,
-               s->kv.peak_shared, totals[1], totals[3]);
-    return json_pack("{s:f, s:f, s:f, s:f, s:{s:I, s:f, s:I, s:I, s:I, s:I}, s:{s:f, s:f}}",
-                     "tokens", totals[0], "seconds", seconds, "tokens_per_s",
-                     seconds > 0 ? totals[0] / seconds : 0.0, "preemptions", totals[1], "kv",
+        printf("generate: done: %d prompts, %.0f tokens in %.1f s (%.0f tokens/s; %.1f s with "
+               "loading and writing), KV blocks peak %.0f of %ld on rank 0 (%ld shared at most), "
+               "%.0f preemptions, %.0f positions found in the prefix cache\n", prompts, totals[0],
+               generating, rate, seconds, mine_peak, s->kv.blocks_total, s->kv.peak_shared,
+               totals[1], totals[3]);
+    return json_pack("{s:f, s:f, s:f, s:f, s:f, s:{s:I, s:f, s:I, s:I, s:I, s:I}, s:{s:f, s:f}}",
+                     "tokens", totals[0], "seconds", seconds, "generating_seconds", generating,
+                     "tokens_per_s", rate, "preemptions", totals[1], "kv",
                      "blocks_total", (json_int_t)s->kv.blocks_total, "peak_used_sum", totals[2],
                      "peak_used", (json_int_t)s->kv.peak_used, "peak_shared",
                      (json_int_t)s->kv.peak_shared, "copies", (json_int_t)s->kv.copies,
@@ -273,15 +273,19 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     int n = r->sampling.n;
     weft_completion *out = weft_alloc(sizeof(weft_completion) * ((size_t)n_mine * n + 1));
     bool writer = weft_comm_rank(world) == 0;
-    progress prog = {.print = writer, .tty = isatty(STDOUT_FILENO), .started = weft_now_seconds()};
+    progress prog = {.print = writer, .tty = isatty(STDOUT_FILENO), .started = weft_now_seconds(),
+                     .who = "generate"};
+    if (weft_comm_size(world) > 1)
+        snprintf(prog.who, sizeof prog.who, "generate (rank 0 of %d)", weft_comm_size(world));
     weft_engine_generate(e, local, n_mine, out, show_progress, &prog);
     if (prog.tty && writer) printf("\n");
     char **my_rows = weft_alloc(sizeof(char *) * (n_mine > 0 ? n_mine : 1));
     for (int k = 0; k < n_mine; k++) my_rows[k] = output_row(&p, mine[k], out + (size_t)k * n, n);
     char **rows = gather_rows(world, mine, n_mine, my_rows, p.n);
+    double generating = weft_now_seconds() - prog.started;
     if (writer) write_output(r->out, rows, p.n);
     weft_rollout_stats st = weft_engine_stats(e);
-    json_t *stats = summary(&st, weft_now_seconds() - t0, world, writer);
+    json_t *stats = summary(&st, p.n, generating, weft_now_seconds() - t0, world, writer);
     json_object_set_new(stats, "prompts", json_integer(p.n));
     json_object_set_new(stats, "peak_batch", json_integer(st.peak_batch)); // on rank 0
     json_object_set_new(stats, "generation_seconds", json_real(st.seconds)); // rank 0's engine time

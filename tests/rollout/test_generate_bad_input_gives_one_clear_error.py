@@ -3,8 +3,11 @@ what to do, a non-zero exit, and no output file: a prompt longer than the model'
 (max_position_embeddings) or than the KV cache holds, an empty prompt (token ids or text), an
 unknown sampling key, top_p outside (0, 1], n < 1, text prompts for a model directory without
 tokenizer.json, a model directory without weights, rollout.speculative_tokens negative, above the
-model's MTP depth or above 0 for a model without MTP modules, and rollout.max_batch_tokens too
-small for a token and its drafts (verified in one forward)."""
+model's MTP depth or above 0 for a model without MTP modules, rollout.max_batch_tokens too
+small for a token and its drafts (verified in one forward), and an --out or --stats path that
+cannot be written, refused before the model is even read (a model without weights, whose own
+error would come first otherwise). The good inputs work: text prompts, and a prompts file with a
+UTF-8 byte-order mark and CRLF line ends written into a directory that does not exist yet."""
 import json
 import os
 import shutil
@@ -62,6 +65,27 @@ def cases(weft, tmp):
     ]
     for name, mdir, prompts, settings, want in cases:
         expect_error(weft, name, mdir, prompts, out, settings, want, failures)
+    under_a_file = os.path.join(ok, "out.jsonl")  # ok is a file: no directory can be made there
+    for name, extra, want in [
+            ("output under a file", ["--out", under_a_file], [under_a_file, "the output", "Not a directory"]),
+            ("statistics into a directory", ["--out", out, "--stats", tmp], [tmp, "the statistics", "a directory"])]:
+        cmd = [weft, "generate", "--model", no_weights, "--prompts", ok, *extra]
+        problem = fixtures.one_clear_error(name, cmd, want, lambda: os.path.exists(out))
+        if problem:
+            failures.append(problem)
+    bom = os.path.join(tmp, "bom.jsonl")
+    with open(ok) as f:
+        rows = f.read().splitlines()
+    with open(bom, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + "\r\n".join(rows).encode() + b"\r\n")
+    fresh = os.path.join(tmp, "new", "dir", "out.jsonl")
+    r = subprocess.run([weft, "generate", "--model", bare, "--prompts", bom, "--out", fresh,
+                        "sampling.max_tokens=4"], capture_output=True, text=True, timeout=120)
+    got = [json.loads(l)["id"] for l in open(fresh)] if r.returncode == 0 else []
+    print(f"byte-order mark, CRLF, a new directory: exit {r.returncode}, rows {got}")
+    if got != [0, 1]:
+        failures.append(f"a prompts file with a byte-order mark and CRLF into a new directory: "
+                        f"exit {r.returncode}, rows {got}; stderr {r.stderr}")
     # And the good inputs work, text prompts included.
     # The completion's text is what `tokenizers` decodes from its ids (invalid UTF-8 replaced).
     r = subprocess.run([weft, "generate", "--model", text_model, "--prompts", text, "--out", out,
