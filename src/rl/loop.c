@@ -115,9 +115,11 @@ static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
     }
 }
 
-// Prompts per policy update: rl.ppo_mini_batch_size, 0 meaning the whole step's.
+// Prompts per policy update: rl.ppo_mini_batch_size, 0 or at least the step's prompts meaning the
+// whole step's (so that the RL job's default of 16 leaves a smaller train.global_batch_size valid).
 static int mini_batch_prompts(const weft_job_config *c) {
-    return c->rl.ppo_mini_batch_size ? c->rl.ppo_mini_batch_size : c->train.global_batch_size;
+    int mbs = c->rl.ppo_mini_batch_size, step = c->train.global_batch_size;
+    return mbs > 0 && mbs < step ? mbs : step;
 }
 
 static void check_settings(const weft_job_config *c) {
