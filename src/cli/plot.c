@@ -1,7 +1,6 @@
 // `weft plot METRICS.jsonl -o FILE.png|FILE.svg [--log]`: the run's curves through gnuplot.
 #include <errno.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -122,11 +121,7 @@ static const char *terminal_for(const char *out) {
     WEFT_CHECK(term, "-o %s: give a file ending in .png or .svg", out);
     WEFT_CHECK(!strchr(out, '\'') && !strchr(out, '\n'), "-o %s: the name may not hold a quote "
                "or a newline", out);
-    char *copy = weft_strdup(out), *dir = dirname(copy);
-    bool ok = access(dir, W_OK) == 0;
-    WEFT_CHECK(ok, "-o %s: cannot write in %s (%s); give a path in an existing, writable "
-               "directory", out, dir, strerror(errno));
-    weft_free(copy);
+    weft_prepare_output(out, "the plot");
     return term;
 }
 

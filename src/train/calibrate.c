@@ -6,7 +6,6 @@
 #include "train/calibrate.h"
 
 #include <errno.h>
-#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -143,12 +142,6 @@ weft_job_config weft_calibrate_settings(weft_job_config cfg) {
 int weft_calibrate_run(const weft_calibrate_request *rq, weft_session *session) {
     const weft_job_config *cfg = &rq->cfg;
     weft_job_config_validate(cfg);
-    if (rq->out) { // fail now, not after the timings
-        char dir[WEFT_PATH_MAX];
-        snprintf(dir, sizeof dir, "%s", rq->out);
-        WEFT_CHECK(access(dirname(dir), W_OK) == 0, "--out %s: cannot write in its directory (%s)",
-                   rq->out, strerror(errno));
-    }
     weft_comm *world = weft_session_world(session);
     int W = weft_comm_size(world), limit = cfg->parallel.max_seqlen_per_rank;
     bool writer = weft_session_writer(session);

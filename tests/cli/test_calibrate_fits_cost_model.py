@@ -1,7 +1,8 @@
 """`weft calibrate` on 2 ranks: times micro-batches of a small model at CP degrees 1 and 2, reports
 every timing beside the fitted model's prediction and the fit error (its statistics), and writes
-the five coefficients as YAML settings that `weft plan --config` then plans with. An --out in a missing
-directory fails before any timing, with one error naming it and nothing written. (Timings themselves are
+the five coefficients as YAML settings that `weft plan --config` then plans with. An --out that
+cannot be written (under a file) fails before any timing, with one error naming it and nothing
+written. (Timings themselves are
 never checked against thresholds: only that the fit is complete, non-negative and used.)"""
 import os, re, subprocess, sys
 
@@ -49,13 +50,13 @@ def body(weft, tmp):
         if p.returncode != 0 or any(used.get(k) != fitted[k] for k in KEYS):
             failures.append(f"weft plan did not plan with the fitted model {fitted}: {used}")
 
-    bad = os.path.join(tmp, "missing", "cost.yaml")
+    bad = os.path.join(out, "cost.yaml")  # out is a file: no directory can be made there
     r = subprocess.run(mpirun(2, weft, "calibrate", "--out", bad, *SMALL), capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     errors = [l for l in r.stderr.splitlines() if "weft: error:" in l]
-    print(f"--out in a missing directory: exit {r.returncode}: {errors[:1]}")
+    print(f"--out under a file: exit {r.returncode}: {errors[:1]}")
     if (r.returncode == 0 or not errors or bad not in errors[0] or "calibrate: [" in r.stdout
-            or os.path.exists(os.path.dirname(bad))):
+            or not os.path.isfile(out)):
         failures.append(f"an unwritable --out did not fail before timing: exit {r.returncode}, "
                         f"{errors}, {r.stdout[:200]!r}")
     return failures

@@ -2,8 +2,8 @@
 keeps underscores in titles literal, draws the loss on a log scale when asked (--log) or when it
 spans more than two decades, and never dumps gnuplot's output or image bytes to the terminal.
 
-Checked on hand-written metrics in a directory named with underscores: a missing directory and an
-unknown extension are each one clear error with nothing written and nothing on stdout; an SVG is
+Checked on hand-written metrics in a directory named with underscores: a path under a file (where
+no directory can be made; a missing one is made) and an unknown extension are each one clear error with nothing written and nothing on stdout; an SVG is
 an SVG whose title holds the path literally (gnuplot's enhanced text would turn "_r" into a
 subscript); loss from 5.5 down to 0.004 gets log-scale ticks (0.01, 0.1) and loss from 5 to 0.1
 linear ones, unless --log (then 0.1 and 10). RL metrics draw the KL to the reference that the
@@ -51,7 +51,7 @@ def main():
         write_metrics(wide, [5.5 * 0.9 ** k for k in range(70)])  # 5.5 -> 0.004
         write_metrics(narrow, [5.0 * 0.02 ** (k / 69) for k in range(70)])  # 5 -> 0.1
 
-        for out, what in [(os.path.join(tmp, "missing", "x.png"), "cannot write in"),
+        for out, what in [(os.path.join(wide, "x.png"), "cannot write the plot there"),
                           (os.path.join(tmp, "x.jpg"), "ending in .png or .svg")]:
             r = plot(weft, wide, "-o", out)
             errors = [l for l in r.stderr.splitlines() if l.startswith("weft: error:")]
