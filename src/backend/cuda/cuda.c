@@ -584,7 +584,8 @@ static bool env_switch(const char *name, const char *off) {
     return weft_cuda_env_switch(name, true, off);
 }
 
-weft_backend *weft_backend_cuda_create(int local_rank) {
+// The device's stream, libraries, scratch and the kernels' switches (WEFT_CUDA_* settings).
+static cuda_state *create_state(int local_rank) {
     int n = weft_cuda_device_count();
     WEFT_CHECK(n > 0, "device=cuda: no CUDA GPU is visible to this process (check the driver "
                       "with nvidia-smi and CUDA_VISIBLE_DEVICES), or run with device=cpu");
@@ -623,7 +624,11 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
                                       "column group of a skinny product up to 64 rows")};
     st->attention_ordered_dq = weft_cuda_attention_ordered_dq();
     st->attention_rows_at_64 = weft_cuda_attention_forward_rows();
+    return st;
+}
 
+weft_backend *weft_backend_cuda_create(int local_rank) {
+    cuda_state *st = create_state(local_rank);
     weft_backend *b = weft_alloc(sizeof *b);
     *b = (weft_backend){
         .name = "cuda",
