@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 static int get_int(json_t *root, const char *path, const char *key, bool required, int fallback) {
     json_t *v = json_object_get(root, key);
@@ -228,6 +229,49 @@ static void read_rope_scaling(json_t *root, const char *path, weft_rope_scaling 
 
 // ---------------------------------------------------------------------------------- load ----
 
+// An "eos_token_id" (an id, a list of them, or null) into cfg->end_ids.
+static void read_end_ids(json_t *v, const char *path, weft_model_config *cfg) {
+    cfg->n_end_ids = 0;
+    if (!v || json_is_null(v)) return;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    WEFT_CHECK(n <= WEFT_MAX_END_IDS, "%s: \"eos_token_id\" lists %zu ids; weft stops at up to %d",
+               path, n, WEFT_MAX_END_IDS);
+    for (size_t i = 0; i < n; i++) {
+        json_t *id = json_is_array(v) ? json_array_get(v, i) : v;
+        WEFT_CHECK(json_is_integer(id), "%s: \"eos_token_id\" must be an integer or a list of them",
+                   path);
+        json_int_t x = json_integer_value(id);
+        WEFT_CHECK(x >= 0 && x < cfg->vocab_size,
+                   "%s: \"eos_token_id\" = %lld is outside the vocabulary [0, %d)", path,
+                   (long long)x, cfg->vocab_size);
+        cfg->end_ids[cfg->n_end_ids++] = (int)x;
+    }
+}
+
+// generation_config.json beside the config.json at path, where it names end-of-text ids, decides
+// where generation stops (its other fields, sampling defaults, are not read: weft's sampling.*
+// settings are the whole of what samples).
+static void read_generation_end_ids(const char *config_path, weft_model_config *cfg) {
+    const char *slash = strrchr(config_path, '/');
+    int dir_len = slash ? (int)(slash - config_path) + 1 : 0;
+    size_t size = (size_t)dir_len + sizeof "generation_config.json";
+    char *path = weft_alloc(size);
+    snprintf(path, size, "%.*sgeneration_config.json", dir_len, config_path);
+    if (access(path, F_OK) != 0) {
+        weft_free(path);
+        return;
+    }
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    WEFT_CHECK(json_is_object(root), "%s: not a JSON object (%s); fix or remove the file", path,
+               root ? "another JSON value" : err.text);
+    json_t *v = json_object_get(root, "eos_token_id");
+    if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+        read_end_ids(v, path, cfg);
+    json_decref(root);
+    weft_free(path);
+}
+
 void weft_model_config_load(const char *path, weft_model_config *cfg) {
     json_error_t err;
     json_t *root = json_load_file(path, 0, &err);
@@ -262,15 +306,9 @@ void weft_model_config_load(const char *path, weft_model_config *cfg) {
     cfg->num_mtp = (int)n_mtp;
     cfg->mtp_loss_scale = get_real(root, path, "mtp_loss_scale", 0.1);
     cfg->max_position_embeddings = get_int(root, path, "max_position_embeddings", false, 0);
-    json_t *eos = json_object_get(root, "eos_token_id");
-    if (json_is_array(eos)) eos = json_array_get(eos, 0);
-    WEFT_CHECK(!eos || json_is_null(eos) || json_is_integer(eos),
-               "%s: \"eos_token_id\" must be an integer or a list of them", path);
-    json_int_t eos_id = json_is_integer(eos) ? json_integer_value(eos) : -1;
-    WEFT_CHECK(eos_id >= -1 && eos_id < cfg->vocab_size,
-               "%s: \"eos_token_id\" = %lld is outside the vocabulary [0, %d)", path,
-               (long long)eos_id, cfg->vocab_size);
-    cfg->eos_token_id = (int)eos_id;
+    read_end_ids(json_object_get(root, "eos_token_id"), path, cfg);
+    cfg->eos_token_id = cfg->n_end_ids > 0 ? cfg->end_ids[0] : -1;
+    read_generation_end_ids(path, cfg);
     json_decref(root);
     weft_model_config_validate(cfg, path);
 }

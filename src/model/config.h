@@ -4,7 +4,8 @@
 #pragma once
 #include "core/core.h"
 
-enum { WEFT_MAX_MTP = 4 }; // multi-token prediction depths supported
+enum { WEFT_MAX_MTP = 4 };      // multi-token prediction depths supported
+enum { WEFT_MAX_END_IDS = 8 };  // end-of-text ids a model directory may list
 
 // The architecture a config.json names. Zero is Qwen2, weft's own from-scratch family.
 typedef enum weft_model_family {
@@ -46,6 +47,11 @@ typedef struct weft_model_config {
     // What generation needs to know, when config.json says (0 and -1: it does not).
     int max_position_embeddings; // the longest context the model was made for
     int eos_token_id;            // the end-of-text token (the first of a list)
+    // Every id that ends generation: generation_config.json's "eos_token_id" beside config.json
+    // where it names any (what transformers' generate and vLLM stop at), else config.json's; an
+    // id or a list. An instruct model's end of turn may be only in the list (Llama 3.1's
+    // [128001, 128008, 128009] ends turns with the last).
+    int n_end_ids, end_ids[WEFT_MAX_END_IDS];
 } weft_model_config;
 
 // Reads path (a config.json); any missing or inconsistent field is a fatal error naming it, and so

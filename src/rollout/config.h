@@ -3,7 +3,7 @@
 #pragma once
 #include "core/core.h"
 
-enum { WEFT_MAX_STOP = 8, WEFT_MAX_STOP_LEN = 64 };
+enum { WEFT_MAX_STOP = 16, WEFT_MAX_STOP_LEN = 64 };
 
 typedef struct weft_sampling_config {
     double temperature; // 0: greedy (the most likely token, the first on ties)
@@ -14,8 +14,9 @@ typedef struct weft_sampling_config {
     int n;              // samples per prompt
     int seed;
     // Stop strings (a sample ends once its text contains one; the text is cut before it) and stop
-    // token ids (the token is kept in token_ids). n_stop_token_ids -1 (the default): the model's
-    // end-of-text token; 0 (an explicit empty list): none, every sample runs to max_tokens.
+    // token ids (the token is kept in token_ids). n_stop_token_ids -1 (the default): every
+    // end-of-text id of the model directory and its tokenizer (weft_model_config's end_ids); 0
+    // (an explicit empty list): none, every sample runs to max_tokens.
     int n_stop, n_stop_token_ids;
     char stop[WEFT_MAX_STOP][WEFT_MAX_STOP_LEN];
     int stop_token_ids[WEFT_MAX_STOP];

@@ -25,6 +25,24 @@ long weft_engine_pool_blocks(const weft_model *m, const weft_rollout_config *rc,
     return prompts && most < blocks ? most : blocks;
 }
 
+// Unset sampling.stop_token_ids: every end-of-text id of the model directory (generation_config.
+// json's or config.json's) and the tokenizer's, as vLLM stops at both.
+static void default_stop_ids(weft_sampling_config *sc, const weft_model_config *c,
+                             const weft_tokenizer *tok) {
+    _Static_assert(WEFT_MAX_END_IDS + 2 <= WEFT_MAX_STOP, "room for every default stop id");
+    int ids[WEFT_MAX_END_IDS + 2], n = 0;
+    for (int i = 0; i < c->n_end_ids; i++) ids[n++] = c->end_ids[i];
+    ids[n++] = c->eos_token_id; // a model built from scratch sets this alone
+    ids[n++] = tok ? weft_tokenizer_eos_id(tok) : -1;
+    sc->n_stop_token_ids = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = ids[i] < 0;
+        for (int j = 0; j < sc->n_stop_token_ids && !seen; j++)
+            seen = sc->stop_token_ids[j] == ids[i];
+        if (!seen) sc->stop_token_ids[sc->n_stop_token_ids++] = ids[i];
+    }
+}
+
 weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
                                 const weft_sampling_config *sc, const weft_tokenizer *tok,
                                 long kv_blocks) {
@@ -46,11 +64,7 @@ weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
     // MTP module j's keys at a position read the token j on: a block's content takes the
     // modules' count of tokens after it.
     if (rc->prefix_caching) weft_kv_cache_enable_prefixes(e->cache, rc->speculative_tokens);
-    if (e->sc.n_stop_token_ids < 0) { // unset: the model's end-of-text
-        int eos = c->eos_token_id >= 0 ? c->eos_token_id : tok ? weft_tokenizer_eos_id(tok) : -1;
-        e->sc.n_stop_token_ids = 0;
-        if (eos >= 0) e->sc.stop_token_ids[e->sc.n_stop_token_ids++] = eos;
-    }
+    if (e->sc.n_stop_token_ids < 0) default_stop_ids(&e->sc, c, tok);
     for (int i = 0; i < e->sc.n_stop_token_ids; i++)
         WEFT_CHECK(e->sc.stop_token_ids[i] < c->vocab_size, "sampling.stop_token_ids: %d is not a "
                    "token id of the model (vocabulary of %d)", e->sc.stop_token_ids[i],

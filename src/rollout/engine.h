@@ -66,7 +66,7 @@ typedef struct weft_engine weft_engine;
 
 // An engine over model m with a pool of kv_blocks blocks (see weft_engine_pool_blocks). tok, if
 // given, decodes text for stop strings and completions; stop_tokens lists the ids that end a
-// sample (the settings' stop_token_ids, or the model's end-of-text).
+// sample (the settings' stop_token_ids, or the model's end-of-text ids).
 weft_engine *weft_engine_create(weft_model *m, const weft_rollout_config *rc,
                                 const weft_sampling_config *sc, const weft_tokenizer *tok,
                                 long kv_blocks);
