@@ -11,8 +11,10 @@
 #include "data/tokenizer.h"
 
 static const char *TOKENIZE_USAGE =
-    "usage: weft tokenize [--tokenizer FILE.json] [--decode] < input\n"
+    "usage: weft tokenize [--tokenizer FILE.json] [--special | --decode] < input\n"
     "  encodes all of stdin and prints the token ids on one line, separated by spaces;\n"
+    "  with --special, inside the special tokens the tokenizer's post_processor adds (as\n"
+    "  prompts and documents are encoded: Llama 3's <|begin_of_text|> first);\n"
     "  with --decode, reads whitespace-separated ids and writes the decoded bytes.\n"
     "  Without --tokenizer: the byte-level tokenizer (ids 0..255 bytes, 256 <|endoftext|>).\n";
 
@@ -74,13 +76,15 @@ static int32_t *parse_ids(const char *s, size_t len, int *n_out) {
 
 int weft_cmd_tokenize(int argc, char **argv) {
     const char *path = NULL;
-    bool decode = false;
+    bool decode = false, special = false;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--tokenizer")) {
             WEFT_CHECK(i + 1 < argc, "tokenize: --tokenizer needs a value");
             path = argv[++i];
         } else if (!strcmp(argv[i], "--decode")) {
             decode = true;
+        } else if (!strcmp(argv[i], "--special")) {
+            special = true;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(TOKENIZE_USAGE, stdout);
             return 0;
@@ -101,7 +105,8 @@ int weft_cmd_tokenize(int argc, char **argv) {
         free(ids);
     } else {
         int n;
-        int32_t *ids = weft_tokenizer_encode(t, input, len, &n);
+        int32_t *ids = special ? weft_tokenizer_encode_special(t, input, len, &n)
+                               : weft_tokenizer_encode(t, input, len, &n);
         for (int i = 0; i < n; i++) fprintf(stdout, i ? " %d" : "%d", ids[i]);
         fputc('\n', stdout);
         weft_free(ids);

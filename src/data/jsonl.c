@@ -94,19 +94,28 @@ static float *read_token_floats(source_line at, json_t *root, const char *field,
 }
 
 // Concatenates the encodings of the given strings, marking the tokens of string i as targets when
-// targets[i]; eos (if >= 0) closes the document as a target.
+// targets[i], inside the tokenizer's special tokens (Llama 3's <|begin_of_text|> first, never a
+// target; those after, targets as the last string is); eos (if >= 0 and not already the last of
+// those) closes the document as a target.
 static weft_document encode_parts(const weft_tokenizer *tok, const char **parts, const bool *targets,
                                   int n_parts, int eos) {
     int32_t *ids[2];
-    int lens[2], total = eos >= 0;
+    int lens[2], total = 0;
     for (int i = 0; i < n_parts; i++) {
         ids[i] = weft_tokenizer_encode(tok, parts[i], strlen(parts[i]), &lens[i]);
         total += lens[i];
     }
+    const int32_t *before, *after;
+    int n_before, n_after;
+    weft_tokenizer_template(tok, &before, &n_before, &after, &n_after);
+    if (weft_tokenizer_starts_with_template(tok, ids[0], lens[0])) n_before = 0; // given already
+    bool close = eos >= 0 && !(n_after > 0 && after[n_after - 1] == eos);
+    total += n_before + n_after + close;
     weft_document doc = {.len = total};
     doc.tokens = weft_alloc(sizeof(int32_t) * (total > 0 ? total : 1));
     doc.loss_mask = weft_alloc(total > 0 ? total : 1);
     int at = 0;
+    for (int j = 0; j < n_before; j++) doc.tokens[at++] = before[j];
     for (int i = 0; i < n_parts; i++) {
         for (int j = 0; j < lens[i]; j++, at++) {
             doc.tokens[at] = ids[i][j];
@@ -114,7 +123,9 @@ static weft_document encode_parts(const weft_tokenizer *tok, const char **parts,
         }
         weft_free(ids[i]);
     }
-    if (eos >= 0) doc.tokens[at] = eos, doc.loss_mask[at] = at > 0;
+    for (int j = 0; j < n_after; j++, at++)
+        doc.tokens[at] = after[j], doc.loss_mask[at] = targets[n_parts - 1] && at > 0;
+    if (close) doc.tokens[at] = eos, doc.loss_mask[at] = at > 0;
     return doc;
 }
 

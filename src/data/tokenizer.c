@@ -489,7 +489,6 @@ weft_tokenizer *weft_tokenizer_load(const char *path) {
         weft_fatal("%s: the pre_tokenizer has no ByteLevel step (weft reads byte-level BPE tokenizers only)", path);
     check_decoder(path, json_object_get(root, "decoder"));
     parse_added_tokens(t, json_object_get(root, "added_tokens"));
-    json_decref(root);
 
     bool need_word_re = false;
     for (int i = 0; i < t->n_added; i++) {
@@ -503,6 +502,8 @@ weft_tokenizer *weft_tokenizer_load(const char *path) {
         a->match = m.p, a->match_len = m.n;
     }
     check_id_range(t);
+    weft_tok_parse_post_processor(t, json_object_get(root, "post_processor"));
+    json_decref(root);
     if (need_word_re) t->word_re = weft_tok_regex_compile(path, WORD_CHAR_PATTERN, strlen(WORD_CHAR_PATTERN), false);
     weft_tok_match_set_build(t, &t->raw_set, false);
     weft_tok_match_set_build(t, &t->normalized_set, true);

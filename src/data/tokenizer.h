@@ -37,8 +37,9 @@ weft_tokenizer *weft_tokenizer_byte_level(void);
 // "a b" strings or [a, b] pairs, unk_token, fuse_unk, byte_fallback, ignore_merges); normalizer
 // none or NFC (also inside a Sequence); pre_tokenizer ByteLevel, Split (Regex or String pattern,
 // every behavior, invert), Digits, or a Sequence of them, which must include ByteLevel; decoder
-// ByteLevel; added_tokens with single_word, lstrip, rstrip and normalized. The post_processor
-// (only used when adding special tokens) and truncation/padding settings are ignored. Anything
+// ByteLevel; added_tokens with single_word, lstrip, rstrip and normalized; post_processor
+// TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing or a Sequence of them (see
+// weft_tokenizer_encode_special). Truncation and padding settings are ignored. Anything
 // else (another model type, normalizer, pre-tokenizer or decoder, BPE dropout, subword
 // prefixes/suffixes) is rejected with weft_fatal naming the file and the feature.
 weft_tokenizer *weft_tokenizer_load(const char *tokenizer_json_path);
@@ -61,6 +62,18 @@ bool weft_tokenizer_save_byte_level(const char *dir);
 // Encodes len bytes of text (NUL bytes allowed). Returns a weft_alloc'd array of *n_out ids (never
 // NULL, even when *n_out is 0).
 int32_t *weft_tokenizer_encode(const weft_tokenizer *t, const char *text, size_t len, int *n_out);
+// Encodes as Hugging Face's encode(text) does by default (add_special_tokens=True), which is how
+// transformers and vLLM encode a text prompt: the post_processor's special tokens around
+// weft_tokenizer_encode's ids (Llama 3: <|begin_of_text|> first; Qwen: none). A text whose own
+// ids already begin with the leading ones (a chat template rendered with its BOS) does not get
+// them twice.
+int32_t *weft_tokenizer_encode_special(const weft_tokenizer *t, const char *text, size_t len,
+                                       int *n_out);
+// Those special tokens: *n_before ids put before a text's, *n_after after (none for bytes).
+void weft_tokenizer_template(const weft_tokenizer *t, const int32_t **before, int *n_before,
+                             const int32_t **after, int *n_after);
+// Whether ids begin with the tokens put before a text (false when there are none).
+bool weft_tokenizer_starts_with_template(const weft_tokenizer *t, const int32_t *ids, int n);
 // Decodes n ids into a weft_alloc'd, NUL-terminated byte string of *len_out bytes (len_out may be
 // NULL). An id outside [0, vocab_size) or without a token ends in weft_fatal.
 char *weft_tokenizer_decode(const weft_tokenizer *t, const int32_t *ids, int n, size_t *len_out);

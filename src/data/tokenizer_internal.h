@@ -7,6 +7,7 @@
 // tokenizer_bpe.c          the BPE merge of one piece
 #pragma once
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <jansson.h>
 #include <pcre2.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -136,6 +137,8 @@ typedef struct match_set {
     int start[257]; // entries starting with byte b are [start[b], start[b + 1])
 } match_set;
 
+enum { WEFT_TOK_TEMPLATE_MAX = 8 }; // special tokens a post_processor may put on either side
+
 struct weft_tokenizer {
     bool bytes_only;
     char *path;
@@ -161,7 +164,14 @@ struct weft_tokenizer {
 
     uint32_t *dec_off, *dec_len; // bytes of each id in dec; dec_len EMPTY32: no token
     bytes dec;
+
+    // The post_processor's special tokens before and after a text (tokenizer_template.c).
+    int n_prefix, n_suffix;
+    int32_t prefix[WEFT_TOK_TEMPLATE_MAX], suffix[WEFT_TOK_TEMPLATE_MAX];
 };
+
+// Reads tokenizer.json's "post_processor" into t->prefix / t->suffix (t->vocab_size known).
+void weft_tok_parse_post_processor(weft_tokenizer *t, json_t *post_processor);
 
 // ---------------------------------------------------------------------------------------------
 // Per-call encoding state (the tokenizer itself stays read-only)

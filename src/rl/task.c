@@ -15,8 +15,8 @@ static void add_prompt(weft_rl_prompts *set, int *cap, const weft_tokenizer *tok
     *p = (weft_rl_prompt){.text = weft_strdup(text), .answer = answer ? weft_strdup(answer) : NULL,
                           .row = row};
     snprintf(p->name, sizeof p->name, "%s", name);
-    p->tokens = weft_tokenizer_encode(tok, text, strlen(text), &p->len);
-    WEFT_CHECK(p->len > 0, "%s: the prompt is empty; give at least one token", name);
+    WEFT_CHECK(*text, "%s: the prompt is empty; give at least one token", name);
+    p->tokens = weft_tokenizer_encode_special(tok, text, strlen(text), &p->len);
 }
 
 // Problems of rl.min_terms .. rl.max_terms terms below rl.term_below; the held-out ones come from

@@ -48,7 +48,9 @@ static int32_t *prompt_tokens(json_t *row, const char *where, const weft_tokeniz
     WEFT_CHECK(tok, "%s: a text prompt needs the model's tokenizer.json, which its directory "
                "lacks; give \"input_ids\" instead", where);
     const char *s = json_string_value(text);
-    return weft_tokenizer_encode(tok, s, strlen(s), len);
+    // Empty before the tokenizer's special tokens, which would make it one (Llama 3's BOS).
+    WEFT_CHECK(*s, "%s is empty; give every prompt at least one token", where);
+    return weft_tokenizer_encode_special(tok, s, strlen(s), len);
 }
 
 static prompt_set read_prompts(const char *path, const weft_tokenizer *tok, int vocab) {

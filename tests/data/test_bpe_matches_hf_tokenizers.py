@@ -8,7 +8,12 @@ tokens inside text, leading/trailing spaces, newlines, very long words, invalid 
 random strings checks that `weft tokenize --tokenizer F` prints the ids of
 encode(text, add_special_tokens=False) and that `weft tokenize --decode` gives back the original
 bytes (or, where normalization or whitespace stripping changes the text, what `tokenizers`
-decodes). Also checks the default byte-level tokenizer round-trips arbitrary bytes.
+decodes). Where the tokenizer has a post_processor (Llama 3's Sequence of ByteLevel and a
+TemplateProcessing putting <|begin_of_text|> first; a TemplateProcessing with tokens on both sides;
+RobertaProcessing), `weft tokenize --special`, which is how prompts and documents are encoded,
+prints the ids of encode(text) (add_special_tokens=True), except that a text already beginning
+with the leading tokens does not get them twice. Also checks the default byte-level tokenizer
+round-trips arbitrary bytes.
 
 Usage: /usr/bin/python3 tests/data/test_bpe_matches_hf_tokenizers.py --weft build/weft
 Needs the PyPI package `tokenizers`.
@@ -24,7 +29,7 @@ import tempfile
 try:
     import tokenizers
     from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
-                            trainers)
+                            processors, trainers)
 except ImportError:
     sys.exit("this test needs the PyPI package tokenizers: "
              "/usr/bin/python3 -m pip install --break-system-packages tokenizers")
@@ -182,7 +187,37 @@ def build(kind):
                 AddedToken("foo", special=False, normalized=True, single_word=True),
             ]
         )
+    add_post_processor(tok, kind)
     return tok, lossless
+
+
+BOT = "<|begin_of_text|>"
+
+
+def add_post_processor(tok, kind):
+    """The special tokens encode(text) puts around a text: Llama 3's, and two other shapes."""
+    if kind == "llama3-ignore-merges":
+        tok.add_special_tokens([BOT])
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{BOT} $A", pair=f"{BOT} $A {BOT} $B:1",
+                                          special_tokens=[(BOT, tok.token_to_id(BOT))])])
+    elif kind == "qwen2-nfc-added":
+        im_start, im_end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|im_start|> $A <|im_end|> <|im_end|>",
+            special_tokens=[("<|im_start|>", im_start), ("<|im_end|>", im_end)])
+    elif kind == "gpt2":
+        tok.post_processor = processors.RobertaProcessing(sep=(EOT, tok.token_to_id(EOT)),
+                                                          cls=(EOT, tok.token_to_id(EOT)))
+
+
+def special_expected(tok, text):
+    """encode(text)'s ids, less a second copy of the leading special tokens."""
+    x, full_x = tok.encode("x", add_special_tokens=False).ids, tok.encode("x").ids
+    lead = full_x[:next(k for k in range(len(full_x)) if full_x[k:k + len(x)] == x)]
+    plain, full = tok.encode(text, add_special_tokens=False).ids, tok.encode(text).ids
+    return full[len(lead):] if lead and plain[:len(lead)] == lead else full
 
 
 def run_weft(weft, args, stdin):
@@ -193,8 +228,9 @@ def run_weft(weft, args, stdin):
     return p.stdout
 
 
-def weft_encode(weft, path, data):
-    out = run_weft(weft, ["--tokenizer", path] if path else [], data).decode()
+def weft_encode(weft, path, data, special=False):
+    out = run_weft(weft, (["--tokenizer", path] if path else []) + (["--special"] if special else []),
+                   data).decode()
     assert out.endswith("\n"), out
     return [int(x) for x in out.split()]
 
@@ -258,6 +294,13 @@ def check_tokenizer(weft, kind, tmp, report):
             decoded = decoded.decode("utf-8", errors="replace").encode()
         if decoded != want:
             report.fail(f"{kind}: decode", text, list(want), list(decoded))
+    if tok.post_processor is not None:
+        for text in TEST_TEXTS + random_texts(30, seed=5):
+            expected = special_expected(tok, text)
+            got = weft_encode(weft, path, text.encode(), special=True)
+            if got != expected:
+                report.fail(f"{kind}: encode --special", text, expected, got, tok)
+        print(f"{kind}: encode --special equals encode(text) with its special tokens")
     how = "the original bytes" if lossless else "what tokenizers decodes (after its lossy UTF-8 step)"
     print(
         f"{kind}: vocab {tok.get_vocab_size()}, {len(cases)} texts ({len(INVALID_UTF8)} with invalid UTF-8), "
