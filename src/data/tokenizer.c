@@ -104,14 +104,15 @@ char *weft_tokenizer_decode(const weft_tokenizer *t, const int32_t *ids, int n, 
     weft_tok_bytes_put(&out, "", 0);
     for (int i = 0; i < n; i++) {
         int32_t id = ids[i];
-        if (id < 0 || id >= t->vocab_size)
-            weft_fatal("%s: cannot decode token id %d: outside [0, %d)", t->path, id, t->vocab_size);
+        if (id < 0) weft_fatal("%s: cannot decode token id %d: ids are not negative", t->path, id);
+        // An id no token has (a model's vocabulary padded past its tokenizer's, as Qwen2.5's
+        // 152064 rows for 151665 tokens) decodes to nothing, as in Hugging Face's decode: a
+        // sampled one must not end a generation.
+        if (id >= t->vocab_size || (!t->bytes_only && t->dec_len[id] == EMPTY32)) continue;
         if (t->bytes_only) {
             if (id == 256) weft_tok_bytes_put(&out, "<|endoftext|>", 13);
             else weft_tok_bytes_put(&out, &(char){(char)id}, 1);
         } else {
-            if (t->dec_len[id] == EMPTY32)
-                weft_fatal("%s: cannot decode token id %d: no token has this id", t->path, id);
             weft_tok_bytes_put(&out, t->dec.p + t->dec_off[id], t->dec_len[id]);
         }
     }

@@ -75,7 +75,8 @@ void weft_tokenizer_template(const weft_tokenizer *t, const int32_t **before, in
 // Whether ids begin with the tokens put before a text (false when there are none).
 bool weft_tokenizer_starts_with_template(const weft_tokenizer *t, const int32_t *ids, int n);
 // Decodes n ids into a weft_alloc'd, NUL-terminated byte string of *len_out bytes (len_out may be
-// NULL). An id outside [0, vocab_size) or without a token ends in weft_fatal.
+// NULL). An id no token has (past the tokenizer's ids, or a gap in them) decodes to nothing, as
+// in Hugging Face's decode; a negative id ends in weft_fatal.
 char *weft_tokenizer_decode(const weft_tokenizer *t, const int32_t *ids, int n, size_t *len_out);
 // The same as text, as `tokenizers` decodes: valid UTF-8, each maximal invalid subpart (ids that
 // end or start inside a multi-byte character) replaced by U+FFFD.

@@ -62,8 +62,20 @@ static void load(const char *path) { weft_tokenizer_free(weft_tokenizer_load(pat
 
 static void decode_bad_id(const char *path) {
     weft_tokenizer *t = weft_tokenizer_load(path);
-    int32_t id = 6;
+    int32_t id = -1;
     weft_free(weft_tokenizer_decode(t, &id, 1, NULL));
+    weft_tokenizer_free(t);
+}
+
+// Ids no token has (a model's vocabulary padded past its tokenizer's) decode to nothing, as in
+// Hugging Face's decode: a sampled one must not end a generation.
+static void test_ids_without_tokens_decode_to_nothing(const char *path) {
+    weft_tokenizer *t = weft_tokenizer_load(path);
+    int32_t plain[2] = {0, 1}, padded[4] = {0, 6, 1, 1000};
+    size_t a_len, b_len;
+    char *a = weft_tokenizer_decode(t, plain, 2, &a_len), *b = weft_tokenizer_decode(t, padded, 4, &b_len);
+    CHECK(a_len == b_len && memcmp(a, b, a_len) == 0);
+    weft_free(a), weft_free(b);
     weft_tokenizer_free(t);
 }
 
@@ -182,7 +194,8 @@ int main(void) {
                                  "]}"),
                  "behavior \"Sideways\"");
     EXPECT_FATAL(decode_bad_id, write_tokenizer("decode.json", GOOD_MODEL, "null", BYTE_LEVEL),
-                 "cannot decode token id 6: outside [0, 6)");
+                 "cannot decode token id -1");
+    test_ids_without_tokens_decode_to_nothing(weft_test_path("decode.json"));
 
     weft_test_remove_dir();
     printf("ok\n");
