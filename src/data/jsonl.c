@@ -139,7 +139,8 @@ weft_document weft_encode_document(const weft_tokenizer *tok, const char *prompt
 static const char *string_field(source_line at, json_t *root, const char *key) {
     json_t *v = json_object_get(root, key);
     if (!json_is_string(v))
-        weft_fatal("%s:%ld: \"%s\" must be a string", at.path, at.line, key);
+        weft_fatal("%s:%ld: \"%s\" must be a string%s", at.path, at.line, key,
+                   weft_jsonl_chat_hint(root));
     return json_string_value(v);
 }
 
@@ -155,8 +156,8 @@ static weft_document encode_record(source_line at, json_t *root, const weft_toke
                                    string_field(at, root, "response"));
     } else {
         weft_fatal("%s:%ld: the record has none of \"text\", \"prompt\"/\"response\" or "
-                   "\"input_ids\"; give one of them",
-                   at.path, at.line);
+                   "\"input_ids\"; give one of them%s",
+                   at.path, at.line, weft_jsonl_chat_hint(root));
     }
     if (doc.len < 2)
         weft_fatal("%s:%ld: the document has %d token(s); it needs at least 2 to predict anything",
@@ -269,6 +270,15 @@ void weft_jsonl_close(weft_jsonl_reader *r) {
     fclose(r->f);
     free(r->buf);
     weft_free(r->path), weft_free(r->example), weft_free(r->where), weft_free(r);
+}
+
+const char *weft_jsonl_chat_hint(const json_t *row) {
+    json_t *r = (json_t *)row; // jansson's getters take no const
+    bool chat = json_object_get(r, "messages") || json_is_array(json_object_get(r, "prompt")) ||
+                json_is_array(json_object_get(r, "response"));
+    return chat ? "; this row holds chat messages, and weft renders no chat template: give the "
+                  "text tokenizer.apply_chat_template(messages, tokenize=False) makes"
+                : "";
 }
 
 // ------------------------------------------------------------------------ documents ----

@@ -18,6 +18,9 @@ struct json_t *weft_jsonl_next(weft_jsonl_reader *r);
 const char *weft_jsonl_where(const weft_jsonl_reader *r);
 long weft_jsonl_line(const weft_jsonl_reader *r);
 void weft_jsonl_close(weft_jsonl_reader *r);
+// For an error about a row with chat messages ("messages", or a "prompt"/"response" list, as
+// verl's and TRL's datasets hold them): a sentence saying how to give them, else "".
+const char *weft_jsonl_chat_hint(const struct json_t *row);
 
 typedef struct weft_document {
     int32_t *tokens;

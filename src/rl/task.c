@@ -60,7 +60,8 @@ static weft_rl_prompts *file_prompts(const weft_job_config *cfg, const weft_toke
     for (json_t *row; (row = weft_jsonl_next(r));) {
         const char *where = weft_jsonl_where(r);
         json_t *text = json_object_get(row, "prompt");
-        WEFT_CHECK(json_is_string(text), "%s: the row has no \"prompt\" string", where);
+        WEFT_CHECK(json_is_string(text), "%s: the row has no \"prompt\" string%s", where,
+                   weft_jsonl_chat_hint(row));
         char *answer = answer_of(row, where), *compact = json_dumps(row, JSON_COMPACT);
         add_prompt(set, &cap, tok, json_string_value(text), answer, weft_strdup(compact), where);
         free(compact), weft_free(answer), json_decref(row);

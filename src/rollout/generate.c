@@ -43,8 +43,8 @@ static int32_t *prompt_tokens(json_t *row, const char *where, const weft_tokeniz
                "\"input_ids\"", where);
     json_t *ids = json_object_get(row, "input_ids"), *text = json_object_get(row, "prompt");
     if (ids) return ids_of(ids, where, vocab, len);
-    WEFT_CHECK(json_is_string(text), "%s: the row has no \"prompt\" string and no \"input_ids\"",
-               where);
+    WEFT_CHECK(json_is_string(text), "%s: the row has no \"prompt\" string and no \"input_ids\"%s",
+               where, weft_jsonl_chat_hint(row));
     WEFT_CHECK(tok, "%s: a text prompt needs the model's tokenizer.json, which its directory "
                "lacks; give \"input_ids\" instead", where);
     const char *s = json_string_value(text);

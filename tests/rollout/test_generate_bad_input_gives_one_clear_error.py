@@ -5,7 +5,8 @@ unknown sampling key, top_p outside (0, 1], n < 1, text prompts for a model dire
 tokenizer.json, a model directory without weights, rollout.speculative_tokens negative, above the
 model's MTP depth or above 0 for a model without MTP modules, rollout.max_batch_tokens too
 small for a token and its drafts (verified in one forward), a generation_config.json that is not
-JSON or whose eos_token_id lies outside the vocabulary, and an --out or --stats path that
+JSON or whose eos_token_id lies outside the vocabulary, chat messages in place of a prompt
+(the error says how to render them), and an --out or --stats path that
 cannot be written, refused before the model is even read (a model without weights, whose own
 error would come first otherwise). The good inputs work: text prompts, and a prompts file with a
 UTF-8 byte-order mark and CRLF line ends written into a directory that does not exist yet."""
@@ -44,6 +45,9 @@ def cases(weft, tmp):
     empty_ids = write_prompts(os.path.join(tmp, "empty_ids.jsonl"), [[3, 4], []])
     empty_text = write_prompts(os.path.join(tmp, "empty_text.jsonl"), ["hello", ""])
     text = write_prompts(os.path.join(tmp, "text.jsonl"), ["the quick brown fox"])
+    chat = os.path.join(tmp, "chat.jsonl")
+    with open(chat, "w") as f:
+        f.write(json.dumps({"prompt": [{"role": "user", "content": "hi"}]}) + "\n")
     bad_generation, far_end = os.path.join(tmp, "bad_generation"), os.path.join(tmp, "far_end")
     for mdir, content in [(bad_generation, "{eos_token_id: 3"), (far_end, '{"eos_token_id": [3, 320]}')]:
         shutil.copytree(bare, mdir)
@@ -68,6 +72,7 @@ def cases(weft, tmp):
          ["rollout.speculative_tokens", "-1"]),
         ("max_batch_tokens below a token and its drafts", mtp, ok,
          ["rollout.speculative_tokens=2", "rollout.max_batch_tokens=2"], ["rollout.max_batch_tokens"]),
+        ("chat messages as the prompt", text_model, chat, [], [f"{chat}:1", "apply_chat_template"]),
         ("generation_config.json not JSON", bad_generation, ok, [],
          [os.path.join(bad_generation, "generation_config.json"), "not a JSON object"]),
         ("end-of-text id outside the vocabulary", far_end, ok, [],
