@@ -1,6 +1,6 @@
 // libFuzzer target: a tokenizer.json, and text encoded with it. The input is the tokenizer file,
 // then optionally a NUL byte and the text; without one, a few fixed texts are encoded. Every
-// encoding is decoded back (ids are checked against the vocabulary on the way).
+// encoding, plain and inside the post_processor's special tokens, is decoded back.
 #include "data/tokenizer.h"
 #include "fuzz.h"
 
@@ -10,11 +10,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 static void round_trip(const weft_tokenizer *t, const char *text, size_t n) {
-    int n_ids;
-    int32_t *ids = weft_tokenizer_encode(t, text, n, &n_ids);
-    size_t len;
-    weft_free(weft_tokenizer_decode(t, ids, n_ids, &len));
-    weft_free(ids);
+    for (int special = 0; special < 2; special++) {
+        int n_ids;
+        int32_t *ids = special ? weft_tokenizer_encode_special(t, text, n, &n_ids)
+                               : weft_tokenizer_encode(t, text, n, &n_ids);
+        size_t len;
+        weft_free(weft_tokenizer_decode(t, ids, n_ids, &len));
+        weft_free(ids);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
