@@ -4,7 +4,9 @@ prompt's FILE:LINE, the setting, the command) and a non-zero exit.
 Settings and prompts that cannot work are refused before anything is written (no output
 directory): sampling.n=1 with rl.adv_estimator=grpo and rl.norm_adv_by_std=true;
 rl.ppo_mini_batch_size not dividing train.global_batch_size; a prompt longer than the model's
-context (max_position_embeddings), and one that fits alone but not with sampling.max_tokens.
+context (max_position_embeddings), and one that fits alone but not with sampling.max_tokens. Not
+refused: an rl.ppo_mini_batch_size of at least the step's prompts (the job's default of 16 with 4
+prompts a step), which runs as one update of the whole step, metrics for metrics as 0 does.
 
 Failures that only show mid-run happen after checkpoints were saved (train.save_every=1), and
 leave every published checkpoint intact (trainer_state.json there and every file it records of its
@@ -23,7 +25,7 @@ import tempfile
 from reference import fixtures
 from reference.rl_loop import (checkpoint_problem, checkpoints, command, environment, kill_pid,
                                make_tiny_model, metrics, reward_command, rl_args, run_rl,
-                               wait_gone, write_prompts, write_reward_script)
+                               wait_gone, without_timings, write_prompts, write_reward_script)
 
 P, N = 2, 2  # prompts per step, samples per prompt: P x N reward requests a step
 MID_RUN = ["train.steps=5", f"train.global_batch_size={P}", f"sampling.n={N}",
@@ -105,6 +107,17 @@ def refused_up_front(tmp, mdir, prompts, failures):
              ["rl.ppo_mini_batch_size=3", "train.global_batch_size=4"])]:
         one_clear_error(name, rl_args(mdir, prompts, out, *extra), words, failures)
         nothing_written(name, out, failures)
+
+    runs = {}
+    for mbs in (0, 16):
+        o = os.path.join(tmp, f"mini_batch_{mbs}")
+        r = run_rl(WEFT, rl_args(mdir, prompts, o, f"rl.ppo_mini_batch_size={mbs}"), check=False)
+        runs[mbs] = ({k: without_timings(v) for k, v in metrics(o).items()}
+                     if r.returncode == 0 else r.stderr.strip())
+    print(f"rl.ppo_mini_batch_size=16 with 4 prompts a step: "
+          f"{'the whole step, as 0' if runs[16] == runs[0] else runs[16]}")
+    if runs[16] != runs[0]:
+        failures.append(f"rl.ppo_mini_batch_size=16 of 4 prompts: {runs[16]} vs 0's {runs[0]}")
 
     short = os.path.join(tmp, "short_context")
     make_tiny_model(short, seed=2, max_position_embeddings=32)
