@@ -32,7 +32,7 @@ static void default_stop_ids(weft_sampling_config *sc, const weft_model_config *
     _Static_assert(WEFT_MAX_END_IDS + 2 <= WEFT_MAX_STOP, "room for every default stop id");
     int ids[WEFT_MAX_END_IDS + 2], n = 0;
     for (int i = 0; i < c->n_end_ids; i++) ids[n++] = c->end_ids[i];
-    ids[n++] = c->eos_token_id; // a model built from scratch sets this alone
+    if (c->n_end_ids == 0) ids[n++] = c->eos_token_id; // a model built from scratch sets this alone
     ids[n++] = tok ? weft_tokenizer_eos_id(tok) : -1;
     sc->n_stop_token_ids = 0;
     for (int i = 0; i < n; i++) {
@@ -487,8 +487,6 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     for (int i = 0; i < e->n_seqs; i++) seq_free(&e->seqs[i]);
     e->n_seqs = 0;
     hold_params(e, false);
-    e->stats.prompts += n_prompts;
-    e->stats.sequences += total;
     e->stats.seconds += weft_now_seconds() - t0;
     e->stats.host_waits += e->be->host_waits - waits;
     e->stats.host_bytes_read += (long)(e->be->host_bytes_read - bytes_read);

@@ -34,7 +34,7 @@ typedef struct weft_completion {
 } weft_completion;
 
 typedef struct weft_rollout_stats {
-    long prompts, sequences, tokens, forwards, preemptions;
+    long tokens, forwards, preemptions;
     int peak_batch; // the most sequences one forward ran (continuous batching at work)
     double seconds;
     // Speculative decoding: steps that verified drafts, drafts offered and accepted per depth
