@@ -351,12 +351,18 @@ struct weft_backend {
     size_t bytes_in_use, peak_bytes;
     // alloc and free calls so far: while it stands still, every pointer a graph recorded is live.
     long allocations;
+    // Seconds the host waits for queued device work before it ends the job as stuck (a kernel or
+    // copy that never finishes would otherwise hang it for good); 0: no limit. Set with
+    // weft_backend_set_wait_timeout; the CPU backend never waits.
+    double wait_timeout;
 };
 
 // For the backends' alloc and free: bytes (> 0: allocated, < 0: freed).
 void weft_backend_count_bytes(weft_backend *b, long long bytes);
 // Starts a new peak from the bytes live now.
 void weft_backend_reset_peak(weft_backend *b);
+// The job's device_timeout: see wait_timeout.
+void weft_backend_set_wait_timeout(weft_backend *b, double seconds);
 
 weft_backend *weft_backend_cpu_create(void);
 // The GPU with index local_rank % (visible GPUs): one rank per GPU on each node. In a build

@@ -19,6 +19,7 @@ int weft_cmd_generate(int argc, char **argv, weft_session *session) {
     r.stats = a.stats;
     r.drop_tensors = cfg.model.drop_tensors;
     r.device = cfg.device;
+    r.device_timeout = cfg.device_timeout;
     r.collective_timeout = cfg.parallel.collective_timeout;
     r.debug_collectives = cfg.parallel.debug_collectives;
     r.sampling = cfg.sampling;

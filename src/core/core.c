@@ -46,15 +46,28 @@ void weft_print_line(const char *prefix, const char *fmt, va_list ap) {
     free(line);
 }
 
-noreturn void weft_fatal(const char *fmt, ...) {
+static noreturn void end_with_error(bool cleanup, const char *fmt, va_list ap) {
     if (error_rank > 0) sleep(3); // core.h: rank 0 ends the job first
-    va_list ap;
-    va_start(ap, fmt);
     weft_print_line("weft: error: ", fmt, ap);
-    va_end(ap);
     if (fatal_hook) fatal_hook();
     if (end_job) end_job();
+    if (!cleanup) {
+        fflush(NULL);
+        _exit(1);
+    }
     exit(1);
+}
+
+noreturn void weft_fatal(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    end_with_error(true, fmt, ap);
+}
+
+noreturn void weft_fatal_without_cleanup(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    end_with_error(false, fmt, ap);
 }
 
 void weft_log(const char *fmt, ...) {

@@ -257,6 +257,7 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
     double t0 = weft_now_seconds();
     weft_comm_configure(world, r->debug_collectives, r->collective_timeout);
     weft_backend *be = weft_backend_create(r->device, weft_comm_local_rank(world));
+    weft_backend_set_wait_timeout(be, r->device_timeout);
     weft_comm_use_backend(world, be);
     weft_tokenizer *tok;
     weft_model *m = load_model(r->model_dir, r->drop_tensors, be, &tok);

@@ -14,6 +14,7 @@ typedef struct weft_generate_request {
     const char *stats;            // JSON statistics (NULL: none)
     const char *drop_tensors;     // model.drop_tensors (weft_model_options)
     weft_device device;
+    double device_timeout; // seconds a host wait for the GPU may take (0: no limit)
     double collective_timeout;
     bool debug_collectives;
     weft_sampling_config sampling;

@@ -217,6 +217,9 @@ static const key_def KEYS[] = {
     {"reward.timeout", KEY_REAL, F(reward.timeout), "command: seconds to wait for an answer", NULL},
     {"device", KEY_CHOICE, F(device), "where the model runs: cpu (fp32) or cuda (bf16, one GPU per rank)",
      DEVICES},
+    {"device_timeout", KEY_REAL, F(device_timeout),
+     "device=cuda: seconds the host waits for queued GPU work before the job ends as stuck; 0: no "
+     "limit", NULL},
     {"resume", KEY_STRING, F(resume), "run directory or checkpoint to continue from", NULL},
     {"optim.lr", KEY_REAL, F(optim.lr), "peak learning rate", NULL},
     {"optim.min_lr", KEY_REAL, F(optim.min_lr), "learning rate at the end of cosine decay", NULL},
@@ -258,6 +261,7 @@ weft_job_config weft_job_config_default(void) {
     c.rollout = weft_rollout_config_default();
     c.rl = weft_rl_config_default();
     c.reward = weft_reward_config_default();
+    c.device_timeout = 300.0; // as parallel.collective_timeout
     return c;
 }
 
@@ -427,6 +431,8 @@ void weft_job_config_validate(const weft_job_config *c) {
     WEFT_CHECK(c->train.save_shard_mb > 0 && c->train.save_shard_mb <= 1e9,
                "train.save_shard_mb=%g: the weights' shard size must be positive (MB; 5000 is "
                "transformers' 5GB)", c->train.save_shard_mb);
+    WEFT_CHECK(isfinite(c->device_timeout) && c->device_timeout >= 0,
+               "device_timeout = %g must be a number of seconds (0: no limit)", c->device_timeout);
     const weft_model_config *a = &c->model.arch;
     WEFT_CHECK(c->model.path[0] || (a->num_heads > 0 && a->num_kv_heads > 0 &&
                                     (a->head_dim > 0 || a->hidden_size % a->num_heads == 0) &&

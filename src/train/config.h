@@ -40,6 +40,7 @@ typedef struct weft_job_config {
     weft_rl_config rl;             // rl.*: the RL objective and loop
     weft_reward_config reward;     // reward.*: how responses are scored
     int device;                 // device: a weft_device (cpu, cuda)
+    double device_timeout;      // device_timeout: seconds a host wait for the GPU may take
     char resume[WEFT_PATH_MAX]; // resume: a run directory (or one of its checkpoints) to continue
     weft_optim_config optim;
 } weft_job_config;

@@ -114,6 +114,7 @@ void weft_job_model_config(const weft_job_config *cfg, int vocab, weft_model_con
 
 weft_backend *weft_job_backend(const weft_job_config *cfg, weft_comm *world) {
     weft_backend *be = weft_backend_create(cfg->device, weft_comm_local_rank(world));
+    weft_backend_set_wait_timeout(be, cfg->device_timeout);
     weft_comm_use_backend(world, be);
     return be;
 }

@@ -25,6 +25,8 @@ void weft_cuda_launched(weft_backend *self, const char *op) {
     WEFT_CHECK(err == cudaSuccess, "cuda: %s kernel failed to launch: %s", op,
                cudaGetErrorString(err));
     weft_cuda_profile_op(weft_cuda_state(self)->profile, op);
+    // A stuck wait names the last op that computes: the download it waits for says nothing.
+    if (strcmp(op, "download") && strcmp(op, "upload")) weft_cuda_state(self)->watch.last_op = op;
 }
 
 // Allocation, transfers and waits cannot be recorded in a graph: one during a capture is weft's
@@ -77,13 +79,14 @@ static void *cuda_alloc(weft_backend *self, size_t bytes) {
     return p;
 }
 
-// cudaFree waits for the whole device: it counts as a host wait.
+// cudaFree waits for the whole device: it counts as a host wait, and the stream's work is waited
+// for first, with the watch's deadline, since cudaFree's own wait has none.
 static void cuda_free(weft_backend *self, void *p) {
     not_capturing(self, "a free");
     if (!p) return;
     forget(self, p);
+    weft_cuda_watch_host_wait(&weft_cuda_state(self)->watch, NULL, "a free of device memory");
     CUDA_CHECK(cudaFree(p));
-    self->host_waits++;
 }
 
 // Pinned: copies to and from it run at the bus's speed, two to three times pageable memory's.
@@ -100,8 +103,11 @@ static void *cuda_host_alloc(weft_backend *self, size_t bytes) {
     return p;
 }
 
+// cudaFreeHost waits for the device too.
 static void cuda_host_free(weft_backend *self, void *p) {
-    if (p) CUDA_CHECK(cudaFreeHost(p));
+    if (!p) return;
+    weft_cuda_watch_event(&weft_cuda_state(self)->watch, NULL, "a free of pinned host memory");
+    CUDA_CHECK(cudaFreeHost(p));
 }
 
 // An upload returns once its bytes are staged, so the caller may reuse its buffer at once, and it
@@ -124,8 +130,7 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
     cudaStream_t s = weft_cuda_op_stream(self);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
     weft_cuda_launched(self, "download");
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    self->host_waits++;
+    weft_cuda_watch_host_wait(&weft_cuda_state(self)->watch, NULL, "a download");
     self->host_bytes_read += bytes;
 }
 
@@ -144,9 +149,8 @@ static void *cuda_download_begin(weft_backend *self, void *dst, const void *src,
 
 static void cuda_download_wait(weft_backend *self, void *ticket) {
     cudaEvent_t done = ticket;
-    CUDA_CHECK(cudaEventSynchronize(done));
+    weft_cuda_watch_host_wait(&weft_cuda_state(self)->watch, done, "a download");
     CUDA_CHECK(cudaEventDestroy(done));
-    self->host_waits++;
 }
 
 static void cuda_copy(weft_backend *self, void *dst, const void *src, size_t bytes) {
@@ -164,8 +168,7 @@ static void cuda_zero(weft_backend *self, void *dst, size_t bytes) {
 
 static void cuda_synchronize(weft_backend *self) {
     not_capturing(self, "a wait for the device");
-    CUDA_CHECK(cudaStreamSynchronize(weft_cuda_state(self)->stream));
-    self->host_waits++;
+    weft_cuda_watch_host_wait(&weft_cuda_state(self)->watch, NULL, "a wait for the device");
 }
 
 static size_t cuda_memory_available(weft_backend *self) {
@@ -554,7 +557,7 @@ static void cuda_graph_free(weft_backend *self, void *graph) {
 
 static void cuda_destroy(weft_backend *self) {
     cuda_state *st = weft_cuda_state(self);
-    cudaStreamSynchronize(st->stream);
+    weft_cuda_watch_event(&st->watch, NULL, "the backend's end");
     weft_cuda_profile_finish(st->profile, self->host_waits);
     weft_cuda_staging_free(st->staging);
     cudaFree(st->scratch);
@@ -562,6 +565,7 @@ static void cuda_destroy(weft_backend *self) {
     cudaFree(st->sum_result);
     cudaFree(st->sum_partials);
     weft_cuda_gemms_free(st->gemms);
+    weft_cuda_watch_free(&st->watch);
     cudaStreamDestroy(st->stream);
     weft_free(st->live), weft_free(st->live_bytes);
 }
@@ -598,8 +602,8 @@ static cuda_state *create_state(int local_rank) {
     CUDA_CHECK(cudaMalloc((void **)&st->sum_partials, sizeof(double) * WEFT_CUDA_SUM_PARTIALS));
     weft_cuda_attention_choice(st->device, &st->attention_mma, &st->attention_hopper,
                                &st->attention_hopper_named);
-    st->profile = weft_cuda_profile_create(st->stream);
-    st->staging = weft_cuda_staging_create();
+    st->profile = weft_cuda_profile_create(st->stream, &st->watch);
+    st->staging = weft_cuda_staging_create(&st->watch);
     // WEFT_CUDA_FEW_ROWS=0 sends the few-row and skinny products to cuBLASLt too, to time one
     // against the other.
     st->few_rows = env_switch("WEFT_CUDA_FEW_ROWS", "cuBLASLt for every matmul");
@@ -689,6 +693,8 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .graph_free = cuda_graph_free,
         .destroy = cuda_destroy,
         .impl = st,
+        .wait_timeout = 300.0, // the default of the jobs' device_timeout, which they set
     };
+    weft_cuda_watch_init(&st->watch, b, local_rank, st->stream);
     return b;
 }

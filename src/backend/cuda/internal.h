@@ -9,6 +9,7 @@
 #include "backend/cuda/matmul.h"
 #include "backend/cuda/profile.h"
 #include "backend/cuda/staging.h"
+#include "backend/cuda/watch.h"
 
 typedef struct cuda_state {
     int device;
@@ -33,6 +34,7 @@ typedef struct cuda_state {
     bool capturing;              // between capture_begin and capture_end
     weft_cuda_profile *profile;  // WEFT_CUDA_PROFILE=1, else NULL
     weft_cuda_staging *staging;  // small uploads' pinned slots
+    weft_cuda_watch watch;       // every host wait for the GPU, with its deadline (watch.h)
     size_t scratch_bytes;
     // Live allocations and their sizes, for the byte count (cudaFree is not told the size).
     void **live;

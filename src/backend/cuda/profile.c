@@ -19,6 +19,7 @@ typedef struct op_total {
 // Op i (1..pending) ran from starts[i] to ends[i]; ends[0] is where the op before it ended.
 struct weft_cuda_profile {
     cudaStream_t stream;
+    weft_cuda_watch *watch; // the waits for pending ops' ends
     cudaEvent_t starts[RING + 1], ends[RING + 1];
     const char *names[RING + 1];
     int pending;
@@ -37,7 +38,7 @@ static FILE *open_json(const weft_cuda_profile *p) {
     return f;
 }
 
-weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream) {
+weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream, weft_cuda_watch *watch) {
     const char *on = getenv("WEFT_CUDA_PROFILE");
     if (!on || !*on || !strcmp(on, "0")) return NULL;
     size_t n = strlen(on);
@@ -54,6 +55,7 @@ weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream) {
         remove(p->json_tmp);
     }
     p->stream = stream;
+    p->watch = watch;
     for (int i = 0; i <= RING; i++)
         WEFT_CHECK(cudaEventCreate(&p->starts[i]) == cudaSuccess &&
                        cudaEventCreate(&p->ends[i]) == cudaSuccess,
@@ -79,7 +81,7 @@ static double elapsed_ms(cudaEvent_t from, cudaEvent_t to) {
 // Waits for the pending ops, adds their times, and makes the last end the next mark.
 static void resolve(weft_cuda_profile *p) {
     if (p->pending == 0) return;
-    cudaEventSynchronize(p->ends[p->pending]);
+    weft_cuda_watch_event(p->watch, p->ends[p->pending], "the profile's timing of ops");
     p->span_ms += elapsed_ms(p->ends[0], p->ends[p->pending]);
     for (int i = 1; i <= p->pending; i++) {
         op_total *t = total_of(p, p->names[i]);

@@ -7,10 +7,13 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/watch.h"
+
 typedef struct weft_cuda_profile weft_cuda_profile;
 
 // NULL (and every call below a no-op) unless WEFT_CUDA_PROFILE is set (and not 0).
-weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream);
+// Its waits for the ops' ends go through `watch`.
+weft_cuda_profile *weft_cuda_profile_create(cudaStream_t stream, weft_cuda_watch *watch);
 // Marks the start of the op being queued, before its first launch; later calls before its end
 // are no-ops (an op of several launches starts at its first).
 void weft_cuda_profile_start(weft_cuda_profile *p);

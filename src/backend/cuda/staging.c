@@ -11,15 +11,16 @@ struct weft_cuda_staging {
     char *pinned; // (SLOTS, SLOT_BYTES)
     cudaEvent_t copied[SLOTS]; // a slot's last copy out (never recorded: at once)
     int next;
+    weft_cuda_watch *watch;
 };
 
 static void check(cudaError_t err, const char *what) {
     WEFT_CHECK(err == cudaSuccess, "cuda: %s failed: %s", what, cudaGetErrorString(err));
 }
 
-weft_cuda_staging *weft_cuda_staging_create(void) {
+weft_cuda_staging *weft_cuda_staging_create(weft_cuda_watch *watch) {
     weft_cuda_staging *s = weft_alloc(sizeof *s);
-    *s = (weft_cuda_staging){0};
+    *s = (weft_cuda_staging){.watch = watch};
     return s;
 }
 
@@ -43,7 +44,7 @@ bool weft_cuda_staging_upload(weft_cuda_staging *s, void *dst, const void *src, 
     }
     int i = s->next;
     s->next = (i + 1) % SLOTS;
-    check(cudaEventSynchronize(s->copied[i]), "cudaEventSynchronize"); // long done
+    weft_cuda_watch_event(s->watch, s->copied[i], "an upload's pinned slot"); // long done
     char *slot = s->pinned + (size_t)i * SLOT_BYTES;
     memcpy(slot, src, bytes);
     check(cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");

@@ -8,9 +8,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "backend/cuda/watch.h"
+
 typedef struct weft_cuda_staging weft_cuda_staging;
 
-weft_cuda_staging *weft_cuda_staging_create(void); // pinned memory taken at the first upload
+// Pinned memory is taken at the first upload; a slot's reuse waits through `watch`.
+weft_cuda_staging *weft_cuda_staging_create(weft_cuda_watch *watch);
 void weft_cuda_staging_free(weft_cuda_staging *s);
 // Queues the copy of bytes at src to dst on `stream` through a pinned slot; false (nothing done)
 // when they exceed a slot: the caller copies from src itself.
