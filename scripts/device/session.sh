@@ -61,10 +61,12 @@ run_step() {
   case $1 in
     build) info; bash scripts/device/build.sh ;;
     ops) ensure_env; with_early_launch_check ./build/tests/backend_test_cuda_ops_match_cpu build/weft ;;
-    parity) # device=cuda against device=cpu, and against itself: two runs of one job, every bit equal
+    parity) # device=cuda against device=cpu, and against itself: two runs of one job, every bit
+      # equal; and a wait for a GPU whose work never ends ends the job (device_timeout, ~15 s)
       ensure_env
       with_early_launch_check py_tests tests/backend/test_cuda_matches_cpu_backend.py \
-               tests/backend/test_cuda_training_repeats_bit_for_bit.py ;;
+               tests/backend/test_cuda_training_repeats_bit_for_bit.py &&
+        py_tests tests/backend/test_cuda_stuck_gpu_ends_the_job.py ;;
     rollout) # generation on the GPU: decode steps replayed from CUDA graphs equal launching every
       # kernel, generated log-probs equal the trainer's (device draws, speculation included),
       # rollout.batch_invariant's output is the same bytes whatever the batching, and a decode
