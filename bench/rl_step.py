@@ -9,6 +9,14 @@ and its phases (rollout: generation and rewards; old log-probs: the trainer's re
 updates: the policy's optimizer steps), the rollout's tokens/s and the share of the step spent
 generating, the number to shrink. The peer is the 1-rank run: the 2-rank line prints its speed
 ratio to it. Writes the table as JSON with --json.
+
+With --reward-ms MS the rewards come from a reward command that takes MS milliseconds per
+response (a slow verifier: the default job's exact_match, then a sleep) on 1 or 8 threads that
+score the requests as they arrive, and each layout runs with reward.overlap on (each response
+sent as its sample finishes, while the others generate) and off (all after the rollout). The
+peer is 1 thread after the rollout: what every command got before requests were pipelined (one
+answered at a time) and sent while generating. The table gives step seconds, the wait for
+rewards after generation (reward_seconds) and the speed over the peer.
 """
 import argparse
 import json
@@ -23,16 +31,47 @@ from reference.mpi import mpirun  # noqa: E402
 
 PHASES = ["rollout_seconds", "old_logprob_seconds", "update_seconds"]
 
+# The default job's reward (reward.pattern's group 1 equal to the answer), after `ms` ms, on
+# `workers` threads that score requests as they arrive (read ahead), answering in request order.
+SLOW_REWARD = r'''
+import json, queue, re, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+ms, workers = float(sys.argv[1]), int(sys.argv[2])
+def score(line):
+    req = json.loads(line)
+    time.sleep(ms / 1000)
+    m = re.search(r"so (-?[0-9]+)\s*$", req["response"])
+    return json.dumps({"reward": float(bool(m) and m.group(1) == req["answer"])})
+answers = queue.Queue()
+def write():
+    for future in iter(answers.get, None):
+        print(future.result(), flush=True)
+writer = threading.Thread(target=write)
+writer.start()
+with ThreadPoolExecutor(workers) as pool:
+    for line in sys.stdin:
+        answers.put(pool.submit(score, line))
+answers.put(None)
+writer.join()
+'''
 
-def run(weft, ranks, threads, steps, out):
-    args = [weft, "rl", f"train.steps={steps}", "rl.eval_every=0", f"train.output_dir={out}"]
+# (label, reward command's workers, reward.overlap): the first is the peer, what any command got
+# before requests were pipelined and sent while generating (one request answered at a time,
+# after the rollout).
+REWARD_RUNS = [("1 worker, after rollout", 1, "false"), ("1 worker, overlapped", 1, "true"),
+               ("8 workers, after rollout", 8, "false"), ("8 workers, overlapped", 8, "true")]
+
+
+def run(weft, ranks, threads, steps, out, settings=()):
+    args = [weft, "rl", f"train.steps={steps}", "rl.eval_every=0", f"train.output_dir={out}",
+            *settings]
     cmd = mpirun(ranks, *args, threads=threads) if ranks > 1 else args
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive")
     subprocess.run(cmd, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f][1:]  # the first step warms up
     mean = lambda k: sum(r[k] for r in rows) / len(rows)
-    res = {k: mean(k) for k in PHASES + ["step_seconds", "rollout_tokens"]}
+    res = {k: mean(k) for k in PHASES + ["step_seconds", "rollout_tokens", "reward_seconds"]}
     res["rollout_tokens_per_s"] = res["rollout_tokens"] / res["rollout_seconds"]
     res["generation_share"] = res["rollout_seconds"] / res["step_seconds"]
     return res
@@ -42,6 +81,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--weft", default=os.path.join(REPO, "build", "weft"))
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--reward-ms", type=float, default=0,
+                    help="a reward command taking this long per response: overlap on and off")
     ap.add_argument("--json")
     a = ap.parse_args()
     table = {}
@@ -56,9 +97,35 @@ def main():
         print(f"{ranks:>5} {r['step_seconds']:8.3f} {r['rollout_seconds']:8.3f} "
               f"{r['old_logprob_seconds']:8.3f} {r['update_seconds']:8.3f} "
               f"{r['rollout_tokens_per_s']:9.0f} {r['generation_share']:9.1%} {ratio:8.2f}x")
+    if a.reward_ms > 0:
+        table["overlap"] = overlap_table(a)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(table, f, indent=2)
+
+
+def overlap_table(a):
+    """The slow reward command at 1 and 8 workers, overlap on and off, on 1 and 2 ranks."""
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="weft_bench_rl_reward_") as tmp:
+        script = os.path.join(tmp, "reward.py")
+        with open(script, "w") as f:
+            f.write(SLOW_REWARD)
+        for ranks, threads in [(1, 2), (2, 1)]:
+            for label, workers, overlap in REWARD_RUNS:
+                command = f"reward.command={sys.executable} {script} {a.reward_ms:g} {workers}"
+                out = os.path.join(tmp, f"r{ranks}_{workers}_{overlap}")
+                rows[f"{ranks} ranks, {label}"] = run(
+                    a.weft, ranks, threads, a.steps, out,
+                    ["reward.type=command", command, f"reward.overlap={overlap}"])
+    print(f"\nreward command taking {a.reward_ms:g} ms a response; the peer: 1 worker after the "
+          "rollout, the same ranks")
+    print(f"{'run':>36} {'step s':>8} {'reward wait s':>13} {'vs peer':>8}")
+    for name, r in rows.items():
+        peer = rows[name.split(",")[0] + ", " + REWARD_RUNS[0][0]]
+        print(f"{name:>36} {r['step_seconds']:8.3f} {r['reward_seconds']:13.3f} "
+              f"{peer['step_seconds'] / r['step_seconds']:7.2f}x")
+    return rows
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ typedef struct step_metrics {
     double grad_norm, lr;
     double mismatch_max, mismatch_mean, mismatch_k3; // rollout vs trainer log-probs
     double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
+    double reward_seconds, rewards_while_generating; // summed over the step's rounds
     double eval_accuracy; // < 0: not evaluated this step
     // KL in the reward: the responses' mean per-token KL to the reference and the coefficient
     // the step's rewards were charged at (< 0: rl.use_kl_in_reward is off).
@@ -427,7 +428,8 @@ static double evaluate(rl_job *j) {
     const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * (P > 0 ? P : 1));
     for (int k = 0; k < P; k++) prompts[k] = &j->eval->p[k];
     weft_rl_sample *s = weft_alloc(sizeof *s * (P > 0 ? P : 1));
-    weft_rl_rollout_request rq = {&j->cfg.rollout, &greedy, j->tok, j->reward, prompts, P, 0};
+    weft_rl_rollout_request rq = {&j->cfg.rollout, &greedy, j->tok, j->reward, prompts, P, 0,
+                                  j->cfg.reward.overlap};
     weft_rl_rollout(j->m, j->world, &rq, s);
     double correct = 0;
     for (int k = 0; k < P; k++) correct += s[k].reward > 0;
@@ -513,9 +515,12 @@ static void generate_round(rl_job *j, weft_data_order *order, step_batch *b, ste
     for (int k = 0; k < P; k++) prompts[k] = &j->train->p[index[k]];
     weft_free(index);
     weft_rl_sample *s = weft_alloc(sizeof *s * P * n);
-    weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P, stream};
+    weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P, stream,
+                                  c->reward.overlap};
     weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);
     sm->rollout_seconds += rs.seconds, sm->rollout_tokens += (double)rs.tokens;
+    sm->reward_seconds += rs.reward_seconds;
+    sm->rewards_while_generating += (double)rs.rewards_while_generating;
     sm->rollout = rs;
     for (int g = 0; g < P; g++) {
         double r[WEFT_MAX_SAMPLES];
@@ -619,7 +624,8 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
             "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
             "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f, "
-            "\"offloaded_bytes\": %.0f, \"rollout_prefix_hits\": %ld",
+            "\"offloaded_bytes\": %.0f, \"rollout_prefix_hits\": %ld, \"reward_seconds\": %.4f, "
+            "\"rewards_while_generating\": %.0f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->tis_weight, l->tis_capped,
@@ -629,7 +635,7 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
             m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes,
-            m->rollout.prefix_hits);
+            m->rollout.prefix_hits, m->reward_seconds, m->rewards_while_generating);
     if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
         fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
                 m->mismatch_max, m->mismatch_mean, m->mismatch_k3);

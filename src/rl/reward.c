@@ -2,6 +2,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <pcre2.h>
@@ -12,16 +13,24 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+// A request sent and not yet answered: where its answer goes, and whose it is (for errors).
+typedef struct pending_answer {
+    double *out;
+    const char *name;
+} pending_answer;
+
 struct weft_reward {
     weft_reward_config cfg;
     pcre2_code *pattern;
     pcre2_match_data *match;
     pcre2_match_context *limits;
-    pid_t pid; // the reward command, fed on to_child, answering on from_child
+    pid_t pid; // the reward command, fed on to_child (non-blocking), answering on from_child
     pid_t group; // its process group: the command and whatever it started
     int to_child, from_child;
-    char *line; // the answer being read (a 1 MiB line at most)
-    size_t line_len, line_cap;
+    char *read; // what the command wrote and no answer has taken yet (a 1 MiB line at most)
+    size_t read_len, read_cap;
+    pending_answer *queue; // (queue_len) oldest first, from queue_head
+    int queue_head, queue_len, queue_cap;
 };
 
 // ------------------------------------------------------------------------ reward command ----
@@ -47,6 +56,9 @@ static void start_command(weft_reward *r) {
     r->group = r->pid;
     close(in[0]), close(out[1]);
     r->to_child = in[1], r->from_child = out[0];
+    // Requests are written without blocking, so that weft reads answers while the command's
+    // output pipe is full and it waits for weft to read before it reads on.
+    fcntl(r->to_child, F_SETFL, fcntl(r->to_child, F_GETFL) | O_NONBLOCK);
 }
 
 // Ends the command and everything it started (sh -c forks the program; a hung program would
@@ -67,82 +79,123 @@ static void command_state(weft_reward *r, char *buf, size_t n) {
     if (done == r->pid) r->pid = 0;
 }
 
-noreturn static void command_failed(weft_reward *r, const char *prompt, const char *what) {
+// The prompt whose answer the command owes first.
+static const char *owed(const weft_reward *r) {
+    return r->queue_len ? r->queue[r->queue_head].name : "a response";
+}
+
+noreturn static void command_failed(weft_reward *r, const char *what) {
     char state[64];
     usleep(100000); // a crashing command's exit status is there a moment after its pipe closes
     command_state(r, state, sizeof state);
+    const char *prompt = owed(r);
     kill_command(r);
     weft_fatal("%s: reward.command (%s) %s; it %s. The command must answer each JSON request "
                "line on stdin with one line {\"reward\": x} within reward.timeout=%g s",
                prompt, r->cfg.command, what, state, r->cfg.timeout);
 }
 
-static void send_request(weft_reward *r, const char *prompt, const char *text) {
-    size_t len = strlen(text), done = 0;
-    while (done < len) {
-        ssize_t k = write(r->to_child, text + done, len - done);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) command_failed(r, prompt, "stopped reading requests");
-        done += (size_t)k;
+// The answer line `line` (NUL-terminated) to the oldest request.
+static void take_answer(weft_reward *r, const char *line) {
+    json_t *a = json_loads(line, 0, NULL), *v = json_object_get(a, "reward");
+    double x = json_number_value(v);
+    if (!json_is_number(v) || !isfinite(x)) {
+        char shown[128];
+        snprintf(shown, sizeof shown, "%s", line);
+        json_decref(a);
+        weft_fatal("%s: reward.command (%s) answered \"%s\", not {\"reward\": x} with a finite "
+                   "number x", owed(r), r->cfg.command, shown);
     }
+    json_decref(a);
+    WEFT_CHECK(r->queue_len > 0, "reward.command (%s) answered \"%s\" with no request left to "
+               "answer: it must answer each request with exactly one line", r->cfg.command, line);
+    *r->queue[r->queue_head].out = x;
+    r->queue_head++, r->queue_len--;
+    if (r->queue_len == 0) r->queue_head = 0;
 }
 
-// One answer line, waiting at most reward.timeout seconds in all.
-static const char *read_answer(weft_reward *r, const char *prompt) {
+// Whatever the command has written, waiting at most `ms` milliseconds for some; complete lines
+// become answers. False when nothing came in that time.
+static bool read_answers(weft_reward *r, int ms) {
+    struct pollfd pfd = {.fd = r->from_child, .events = POLLIN};
+    int ready = poll(&pfd, 1, ms);
+    if (ready < 0 && errno == EINTR) return true; // (the caller's deadline still holds)
+    if (ready <= 0) return false;
+    if (r->read_len + 4096 > r->read_cap) {
+        r->read_cap = r->read_cap * 2 + 8192;
+        char *bigger = weft_alloc(r->read_cap);
+        if (r->read_len) memcpy(bigger, r->read, r->read_len);
+        weft_free(r->read);
+        r->read = bigger;
+    }
+    ssize_t k = read(r->from_child, r->read + r->read_len, 4095);
+    if (k < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (k <= 0) command_failed(r, "closed its output without an answer");
+    r->read_len += (size_t)k;
+    size_t used = 0;
+    for (char *nl; (nl = memchr(r->read + used, '\n', r->read_len - used));) {
+        *nl = '\0';
+        take_answer(r, r->read + used);
+        used = (size_t)(nl - r->read) + 1;
+    }
+    memmove(r->read, r->read + used, r->read_len - used);
+    r->read_len -= used;
+    WEFT_CHECK(r->read_len < (1u << 20), "%s: reward.command answered a line of over 1 MiB; "
+               "answer {\"reward\": x}", owed(r));
+    return true;
+}
+
+// Milliseconds left until `deadline`, for poll; the command has failed once none are.
+static int left_ms(weft_reward *r, double deadline, const char *what) {
+    double left = deadline - weft_now_seconds();
+    if (left <= 0) command_failed(r, what);
+    return (int)(left * 1000) + 1;
+}
+
+// Writes the request line, reading answers meanwhile so that a command blocked on its full output
+// pipe can go on reading; each step of progress renews the deadline.
+static void send_request(weft_reward *r, const char *text, size_t len) {
     double deadline = weft_now_seconds() + r->cfg.timeout;
-    r->line_len = 0;
-    for (;;) {
-        char *nl = r->line_len ? memchr(r->line, '\n', r->line_len) : NULL;
-        if (nl) {
-            *nl = '\0';
-            return r->line;
+    for (size_t done = 0; done < len;) {
+        ssize_t k = write(r->to_child, text + done, len - done);
+        if (k > 0) {
+            done += (size_t)k, deadline = weft_now_seconds() + r->cfg.timeout;
+            continue;
         }
-        double left = deadline - weft_now_seconds();
-        struct pollfd pfd = {.fd = r->from_child, .events = POLLIN};
-        int ready = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
-        if (ready < 0 && errno == EINTR) continue;
-        if (ready == 0) command_failed(r, prompt, "gave no answer in time");
-        if (r->line_len + 4096 > r->line_cap) {
-            char *bigger = weft_alloc(r->line_cap + 8192);
-            if (r->line_len) memcpy(bigger, r->line, r->line_len);
-            weft_free(r->line);
-            r->line = bigger, r->line_cap += 8192;
-        }
-        ssize_t k = read(r->from_child, r->line + r->line_len, 4095);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) command_failed(r, prompt, "closed its output without an answer");
-        r->line_len += (size_t)k;
-        WEFT_CHECK(r->line_len < (1u << 20), "%s: reward.command answered a line of over 1 MiB; "
-                   "answer {\"reward\": x}", prompt);
+        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+            command_failed(r, "stopped reading requests");
+        struct pollfd pfd[2] = {{.fd = r->to_child, .events = POLLOUT},
+                                {.fd = r->from_child, .events = POLLIN}};
+        int ready = poll(pfd, 2, left_ms(r, deadline, "stopped reading requests"));
+        if (ready > 0 && (pfd[1].revents & (POLLIN | POLLHUP)) && read_answers(r, 0))
+            deadline = weft_now_seconds() + r->cfg.timeout;
     }
 }
 
 // The request: the prompt's row (its fields, or prompt and answer) plus "response".
-static double command_reward(weft_reward *r, const char *prompt_name, const char *row,
-                             const char *prompt, const char *answer, const char *response) {
-    json_t *req = row ? json_loads(row, 0, NULL) : json_pack("{s:s}", "prompt", prompt);
-    if (!row && answer) json_object_set_new(req, "answer", json_string(answer));
-    json_object_set_new(req, "response", json_string(response));
+static void submit_command(weft_reward *r, const weft_reward_input *in, double *out) {
+    json_t *req = in->row ? json_loads(in->row, 0, NULL) : json_pack("{s:s}", "prompt", in->prompt);
+    if (!in->row && in->answer) json_object_set_new(req, "answer", json_string(in->answer));
+    json_object_set_new(req, "response", json_string(in->response));
     char *text = json_dumps(req, JSON_COMPACT);
     json_decref(req);
     size_t len = strlen(text);
-    char *line = weft_alloc(len + 2);
-    memcpy(line, text, len), line[len] = '\n', line[len + 1] = '\0';
+    char *line = weft_alloc(len + 1);
+    memcpy(line, text, len), line[len] = '\n';
     free(text);
-    send_request(r, prompt_name, line);
-    weft_free(line);
-    const char *answer_line = read_answer(r, prompt_name);
-    json_t *a = json_loads(answer_line, 0, NULL), *v = json_object_get(a, "reward");
-    double x = json_number_value(v);
-    if (!json_is_number(v) || !isfinite(x)) {
-        char shown[128];
-        snprintf(shown, sizeof shown, "%s", answer_line);
-        json_decref(a);
-        weft_fatal("%s: reward.command (%s) answered \"%s\", not {\"reward\": x} with a finite "
-                   "number x", prompt_name, r->cfg.command, shown);
+    if (r->queue_head + r->queue_len == r->queue_cap) {
+        if (r->queue_head > 0) { // room at the front: move the queue there
+            memmove(r->queue, r->queue + r->queue_head, sizeof(pending_answer) * r->queue_len);
+            r->queue_head = 0;
+        } else {
+            r->queue = weft_grow(r->queue, r->queue_len, &r->queue_cap, sizeof(pending_answer), 64);
+        }
     }
-    json_decref(a);
-    return x;
+    r->queue[r->queue_head + r->queue_len++] = (pending_answer){out, in->name};
+    send_request(r, line, len + 1);
+    weft_free(line);
+    while (read_answers(r, 0)) {} // what is there already, without waiting
 }
 
 static void stop_command(weft_reward *r) {
@@ -184,17 +237,16 @@ weft_reward *weft_reward_create(const weft_reward_config *cfg) {
 void weft_reward_free(weft_reward *r) {
     if (!r) return;
     if (r->cfg.type == WEFT_REWARD_COMMAND) stop_command(r);
-    weft_free(r->line);
+    weft_free(r->read), weft_free(r->queue);
     pcre2_match_data_free(r->match);
     pcre2_match_context_free(r->limits);
     pcre2_code_free(r->pattern);
     weft_free(r);
 }
 
-double weft_reward_score(weft_reward *r, const weft_reward_input *in) {
+// exact_match's reward of one response.
+static double match_reward(weft_reward *r, const weft_reward_input *in) {
     const char *prompt_name = in->name, *answer = in->answer, *response = in->response;
-    if (r->cfg.type == WEFT_REWARD_COMMAND)
-        return command_reward(r, prompt_name, in->row, in->prompt, answer, response);
     WEFT_CHECK(answer, "%s: the prompt has no \"answer\" field, which reward.type=exact_match "
                "compares the extracted answer with; add one, or use reward.type=command",
                prompt_name);
@@ -208,3 +260,19 @@ double weft_reward_score(weft_reward *r, const weft_reward_input *in) {
     size_t len = v[2 * group + 1] - v[2 * group];
     return len == strlen(answer) && memcmp(response + v[2 * group], answer, len) == 0 ? 1.0 : 0.0;
 }
+
+void weft_reward_submit(weft_reward *r, const weft_reward_input *in, double *out) {
+    if (r->cfg.type == WEFT_REWARD_COMMAND) submit_command(r, in, out);
+    else *out = match_reward(r, in);
+}
+
+void weft_reward_collect(weft_reward *r) {
+    double deadline = weft_now_seconds() + r->cfg.timeout;
+    while (r->queue_len > 0) {
+        int before = r->queue_len;
+        read_answers(r, left_ms(r, deadline, "gave no answer in time"));
+        if (r->queue_len < before) deadline = weft_now_seconds() + r->cfg.timeout;
+    }
+}
+
+int weft_reward_pending(const weft_reward *r) { return r->queue_len; }

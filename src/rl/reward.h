@@ -19,6 +19,14 @@ typedef struct weft_reward_input {
     const char *response; // the text to score
 } weft_reward_input;
 
-// The reward of one response: 1 or 0 for exact_match; the command's number for command (the
-// request is the prompt's row plus "response"). Any failure is an error naming the prompt.
-double weft_reward_score(weft_reward *r, const weft_reward_input *in);
+// Asks for the reward of one response, to be stored at *out: 1 or 0 for exact_match, at once;
+// the command's number for command (the request is the prompt's row plus "response"), sent now
+// and answered by the time weft_reward_collect returns. Requests are pipelined: the command may
+// still be scoring earlier ones, and answers are read in the order the requests went out. Any
+// failure is an error naming the prompt; `in`'s strings are copied or no longer read once this
+// returns, except `name`, which must live until the reward is in.
+void weft_reward_submit(weft_reward *r, const weft_reward_input *in, double *out);
+// Returns once every reward asked for is stored, each answer within reward.timeout of the last.
+void weft_reward_collect(weft_reward *r);
+// Rewards asked for and not yet stored.
+int weft_reward_pending(const weft_reward *r);

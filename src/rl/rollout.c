@@ -46,24 +46,31 @@ static void gather_samples(weft_comm *world, const double *mine, size_t len, int
     weft_free(lens), weft_free(part), weft_free(all);
 }
 
-// Scores this rank's completions and packs them with their rewards.
-static double *score_and_pack(const weft_rl_rollout_request *rq, const int *mine, int n_mine,
-                              const weft_completion *c, size_t *len, double *seconds) {
+// This rank's rewards as its samples finish (reward.overlap) or after the rollout.
+typedef struct scoring {
+    const weft_rl_rollout_request *rq;
+    const int *mine;  // (n_mine) the step's prompts this rank generates
+    double *rewards;  // (n_mine * n) in (prompt, sample) order
+} scoring;
+
+static void score(void *ctx, int k, int s, const weft_completion *c) {
+    scoring *sc = ctx;
+    const weft_rl_prompt *p = sc->rq->prompts[sc->mine[k]];
+    weft_reward_input in = {p->name, p->row, p->text, p->answer, c->text ? c->text : ""};
+    weft_reward_submit(sc->rq->reward, &in, &sc->rewards[(size_t)k * sc->rq->sampling->n + s]);
+}
+
+// Packs this rank's completions with their rewards (every one in).
+static double *pack_all(const weft_rl_rollout_request *rq, const int *mine, int n_mine,
+                        const weft_completion *c, const double *rewards, size_t *len) {
     int n = rq->sampling->n;
-    double t0 = weft_now_seconds();
     *len = 0;
     for (int k = 0; k < n_mine * n; k++) *len += packed_size(&c[k]);
     double *packed = weft_alloc(sizeof(double) * (*len > 0 ? *len : 1)), *at = packed;
-    for (int k = 0; k < n_mine; k++)
-        for (int s = 0; s < n; s++) {
-            const weft_rl_prompt *p = rq->prompts[mine[k]];
-            const weft_completion *cs = &c[(size_t)k * n + s];
-            weft_reward_input in = {p->name, p->row, p->text, p->answer, cs->text ? cs->text : ""};
-            double reward = weft_reward_score(rq->reward, &in);
-            pack(at, mine[k], s, cs, reward);
-            at += packed_size(cs);
-        }
-    *seconds = weft_now_seconds() - t0;
+    for (int k = 0; k < n_mine * n; k++) {
+        pack(at, mine[k / n], k % n, &c[k], rewards[k]);
+        at += packed_size(&c[k]);
+    }
     return packed;
 }
 
@@ -96,19 +103,29 @@ weft_rl_rollout_stats weft_rl_rollout(weft_model *m, weft_comm *world,
     weft_prompt *local = weft_alloc(sizeof(weft_prompt) * (n_mine > 0 ? n_mine : 1));
     for (int k = 0; k < n_mine; k++) local[k] = all[mine[k]];
     weft_completion *c = weft_alloc(sizeof(weft_completion) * ((size_t)n_mine * n + 1));
-    weft_engine_generate(e, local, n_mine, c, NULL, NULL);
+    scoring sc = {rq, mine, weft_alloc(sizeof(double) * ((size_t)n_mine * n + 1))};
+    // Overlapped, a reward command scores each response while the other samples generate.
+    weft_generate_hooks hooks = {.sample_done = rq->overlap_rewards ? score : NULL, .ctx = &sc};
+    weft_engine_generate(e, local, n_mine, c, &hooks);
     weft_rollout_stats es = weft_engine_stats(e);
     weft_engine_free(e); // sleep: the pool's bytes go back now, before training
     weft_rl_rollout_stats st = {.pool_bytes = (double)es.kv.pool_bytes};
+    double t_scores = weft_now_seconds();
+    st.rewards_while_generating = rq->overlap_rewards
+                                      ? n_mine * n - weft_reward_pending(rq->reward) : 0;
+    for (int k = 0; k < n_mine * n && !rq->overlap_rewards; k++) score(&sc, k / n, k % n, &c[k]);
+    weft_reward_collect(rq->reward);
+    st.reward_seconds = weft_now_seconds() - t_scores;
     size_t len;
-    double *packed = score_and_pack(rq, mine, n_mine, c, &len, &st.reward_seconds);
+    double *packed = pack_all(rq, mine, n_mine, c, sc.rewards, &len);
     weft_completions_free(c, n_mine * n);
+    weft_free(sc.rewards);
     gather_samples(world, packed, len, n, out);
-    double totals[3] = {(double)es.tokens, (double)es.preemptions,
-                        (double)es.prefix_hit_positions};
-    weft_comm_allreduce_sum(world, totals, 3, WEFT_COMM_F64);
+    double totals[4] = {(double)es.tokens, (double)es.preemptions,
+                        (double)es.prefix_hit_positions, (double)st.rewards_while_generating};
+    weft_comm_allreduce_sum(world, totals, 4, WEFT_COMM_F64);
     st.tokens = (long)totals[0], st.preemptions = (long)totals[1];
-    st.prefix_hits = (long)totals[2];
+    st.prefix_hits = (long)totals[2], st.rewards_while_generating = (long)totals[3];
     if (rq->rollout->speculative_tokens > 0)
         speculation(&es, rq->rollout->speculative_tokens, world, &st);
     weft_free(packed), weft_free(c), weft_free(local), weft_free(mine), weft_free(lens), weft_free(all);

@@ -20,7 +20,8 @@ typedef struct weft_rl_sample {
 
 typedef struct weft_rl_rollout_stats {
     double seconds;        // generation and rewards, this rank
-    double reward_seconds; // rewards alone, this rank
+    double reward_seconds; // waiting for rewards after generation, this rank
+    long rewards_while_generating; // rewards in before their rank's generation ended, all ranks
     long tokens;           // generated, all ranks
     long preemptions;      // all ranks
     long prefix_hits;      // positions the prefix cache held instead of computing, all ranks
@@ -39,6 +40,7 @@ typedef struct weft_rl_rollout_request {
     const weft_rl_prompt *const *prompts; // (n_prompts)
     int n_prompts;
     long stream; // the random streams of prompt k are those of index stream + k
+    bool overlap_rewards; // reward.overlap: each sample scored as it finishes
 } weft_rl_rollout_request;
 
 // out: n_prompts * sampling.n samples, prompt k's sample s at k * n + s (weft_rl_samples_free).

@@ -152,9 +152,10 @@ static void reset_drafting_cache(gen_seq *s) {
 
 // A sequence for prompt p: its prefill (sample -1) or one of its samples, with room for `extra`
 // new tokens and the drafts beyond them.
-static gen_seq seq_for_prompt(const weft_engine *e, const weft_prompt *p, int sample, int extra) {
+static gen_seq seq_for_prompt(const weft_engine *e, const weft_prompt *p, int place, int sample,
+                              int extra) {
     int k = e->rc.speculative_tokens;
-    gen_seq s = {.prompt = p->index, .sample = sample, .prompt_len = p->len, .kv = -1,
+    gen_seq s = {.prompt = p->index, .place = place, .sample = sample, .prompt_len = p->len, .kv = -1,
                  .cap = p->len + extra + 1 + k};
     s.tokens = weft_alloc(sizeof(int32_t) * s.cap);
     s.logprobs = weft_alloc(sizeof(float) * s.cap);
@@ -390,8 +391,8 @@ static void admit(weft_engine *e) {
 
 // A sample of prompt sequence p: its tokens, blocks and what the MTP modules cached.
 static gen_seq fork_sample(weft_engine *e, const gen_seq *p, int sample) {
-    gen_seq child = seq_for_prompt(e, &(weft_prompt){p->tokens, p->len, p->prompt}, sample,
-                                   e->sc.max_tokens);
+    gen_seq child = seq_for_prompt(e, &(weft_prompt){p->tokens, p->len, p->prompt}, p->place,
+                                   sample, e->sc.max_tokens);
     child.kv = weft_kv_seq_fork(e->cache, p->kv);
     child.cached = p->cached;
     child.state = SEQ_RUNNING;
@@ -436,6 +437,10 @@ void weft_rollout_after_token(weft_engine *e, int i) {
     s->kv = -1;
     s->state = SEQ_DONE;
     e->done_samples++;
+    weft_completion *c = &e->out[(size_t)s->place * e->sc.n + s->sample];
+    complete(e, s, c);
+    if (e->hooks && e->hooks->sample_done)
+        e->hooks->sample_done(e->hooks->ctx, s->place, s->sample, c);
 }
 
 // ------------------------------------------------------------------------------- the loop ----
@@ -454,7 +459,7 @@ static void hold_params(weft_engine *e, bool hold) {
 }
 
 void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
-                          weft_completion *out, weft_progress_fn progress, void *progress_ctx) {
+                          weft_completion *out, const weft_generate_hooks *hooks) {
     double t0 = weft_now_seconds();
     long waits = e->be->host_waits;
     size_t bytes_read = e->be->host_bytes_read;
@@ -462,8 +467,9 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     weft_kv_cache_forget_prefixes(e->cache); // the weights may have changed since the last call
     hold_params(e, true);
     e->n_seqs = 0, e->done_samples = 0;
+    e->out = out, e->hooks = hooks;
     for (int p = 0; p < n_prompts; p++) {
-        gen_seq s = seq_for_prompt(e, &prompts[p], -1, 0);
+        gen_seq s = seq_for_prompt(e, &prompts[p], p, -1, 0);
         s.order = e->next_order;
         e->next_order += e->sc.n + 1; // room for the samples' places
         weft_rollout_add_seq(e, s);
@@ -472,18 +478,13 @@ void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prom
     while (e->done_samples < total) {
         admit(e);
         WEFT_CHECK(weft_rollout_step(e), "internal: rollout made no progress");
-        if (progress) progress(progress_ctx, (int)(e->done_samples / e->sc.n), n_prompts,
-                               e->stats.tokens);
+        if (hooks && hooks->progress)
+            hooks->progress(hooks->ctx, (int)(e->done_samples / e->sc.n), n_prompts,
+                            e->stats.tokens);
     }
-    weft_rollout_settle(e); // a step of finished samples' rows only may still be in flight
-    // Samples in (prompt, sample) order: sequences of one prompt were added in sample order.
-    for (int i = 0; i < e->n_seqs; i++) {
-        const gen_seq *s = &e->seqs[i];
-        if (s->sample < 0) continue;
-        int p = 0;
-        while (prompts[p].index != s->prompt) p++;
-        complete(e, s, &out[(size_t)p * e->sc.n + s->sample]);
-    }
+    // A step of finished samples' rows only may still be in flight; every completion is made.
+    weft_rollout_settle(e);
+    e->out = NULL, e->hooks = NULL;
     for (int i = 0; i < e->n_seqs; i++) seq_free(&e->seqs[i]);
     e->n_seqs = 0;
     hold_params(e, false);

@@ -83,13 +83,20 @@ long weft_engine_pool_blocks(const weft_model *m, const weft_rollout_config *rc,
 void weft_engine_check_prompts(const weft_engine *e, const weft_prompt *prompts, int n,
                                const char *const *names);
 
-// Called after each step with the prompts finished and the tokens generated so far.
-typedef void (*weft_progress_fn)(void *ctx, int prompts_done, int prompts, long tokens);
+// What a caller of weft_engine_generate hears while it runs (any may be NULL).
+typedef struct weft_generate_hooks {
+    // After each step: the prompts finished and the tokens generated so far.
+    void (*progress)(void *ctx, int prompts_done, int prompts, long tokens);
+    // As soon as a sample has finished, with its completion, final (out[prompt * n + sample],
+    // prompt its place in `prompts`): a reward can be scored while the others generate.
+    void (*sample_done)(void *ctx, int prompt, int sample, const weft_completion *c);
+    void *ctx;
+} weft_generate_hooks;
 
 // Generates sampling.n samples of each prompt: out[p * n + s] (freed with
-// weft_completions_free).
+// weft_completions_free). `hooks` may be NULL.
 void weft_engine_generate(weft_engine *e, const weft_prompt *prompts, int n_prompts,
-                          weft_completion *out, weft_progress_fn progress, void *progress_ctx);
+                          weft_completion *out, const weft_generate_hooks *hooks);
 weft_rollout_stats weft_engine_stats(const weft_engine *e);
 // Which of n prompts (lens: their token counts) rank `rank` of `ranks` generates: each goes to the
 // rank with the least estimated work so far (prompt and samples' tokens; longest first, ties by

@@ -280,7 +280,8 @@ int weft_generate_run(const weft_generate_request *r, weft_comm *world) {
                      .who = "generate"};
     if (weft_comm_size(world) > 1)
         snprintf(prog.who, sizeof prog.who, "generate (rank 0 of %d)", weft_comm_size(world));
-    weft_engine_generate(e, local, n_mine, out, show_progress, &prog);
+    weft_engine_generate(e, local, n_mine, out,
+                         &(weft_generate_hooks){.progress = show_progress, .ctx = &prog});
     if (prog.tty && writer) printf("\n");
     char **my_rows = weft_alloc(sizeof(char *) * (n_mine > 0 ? n_mine : 1));
     for (int k = 0; k < n_mine; k++) my_rows[k] = output_row(&p, mine[k], out + (size_t)k * n, n);

@@ -10,6 +10,7 @@ typedef enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE } seq_state;
 // A prompt's prefill (sample -1, done once its samples are forked) or one of its samples.
 typedef struct gen_seq {
     int prompt, sample;         // the random streams' counters
+    int place;                  // the prompt's place in the generate call's list
     int32_t *tokens;            // (len) the prompt, then the tokens drawn
     float *logprobs, *processed; // (len) of each drawn token (unused for the prompt's)
     int len, cap, prompt_len;
@@ -110,6 +111,9 @@ struct weft_engine {
     gen_seq *seqs;
     int n_seqs, seq_cap;
     long next_order, done_samples;
+    // The generate call's: each sample's completion goes to out[place * n + sample] as it finishes.
+    weft_completion *out;
+    const weft_generate_hooks *hooks;
     weft_rollout_stats stats;
     void *sampling_scratch;
     double *verify_scratch; // (2, V) speculating: p and q of the draft being verified

@@ -215,6 +215,9 @@ static const key_def KEYS[] = {
     {"reward.command", KEY_STRING, F(reward.command),
      "command: a process reading JSON requests on stdin, answering {\"reward\": x} per line", NULL},
     {"reward.timeout", KEY_REAL, F(reward.timeout), "command: seconds to wait for an answer", NULL},
+    {"reward.overlap", KEY_BOOL, F(reward.overlap),
+     "score each response as soon as its sample finishes, while the rest generate (false: all "
+     "after the rollout)", NULL},
     {"device", KEY_CHOICE, F(device), "where the model runs: cpu (fp32) or cuda (bf16, one GPU per rank)",
      DEVICES},
     {"device_timeout", KEY_REAL, F(device_timeout),

@@ -29,7 +29,9 @@ TINY_CFG = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidd
                 num_attention_heads=2, num_key_value_heads=1, rope_theta=10000.0,
                 rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=True,
                 eos_token_id=EOS)
-TIMING = re.compile(r"(_seconds|_per_s|_bytes)$")  # time and memory, not computation
+# Time and memory, not computation; and how many rewards came in while generating, which
+# depends on how fast the reward command answers.
+TIMING = re.compile(r"(_seconds|_per_s|_bytes)$|^rewards_while_generating$")
 CHECKPOINT = re.compile(r"step_(\d{8})$")
 
 # The reward command: one JSON request per line on stdin, one {"reward": x} line per answer.
