@@ -99,16 +99,19 @@ noreturn static void command_failed(weft_reward *r, const char *what) {
 static void take_answer(weft_reward *r, const char *line) {
     json_t *a = json_loads(line, 0, NULL), *v = json_object_get(a, "reward");
     double x = json_number_value(v);
-    if (!json_is_number(v) || !isfinite(x)) {
+    if (!json_is_number(v) || !isfinite(x) || r->queue_len == 0) {
         char shown[128];
         snprintf(shown, sizeof shown, "%s", line);
         json_decref(a);
+        // Ended first: it may be answering later requests, which would meet a closed pipe.
+        kill_command(r);
+        WEFT_CHECK(r->queue_len > 0, "reward.command (%s) answered \"%s\" with no request left "
+                   "to answer: it must answer each request with exactly one line",
+                   r->cfg.command, shown);
         weft_fatal("%s: reward.command (%s) answered \"%s\", not {\"reward\": x} with a finite "
                    "number x", owed(r), r->cfg.command, shown);
     }
     json_decref(a);
-    WEFT_CHECK(r->queue_len > 0, "reward.command (%s) answered \"%s\" with no request left to "
-               "answer: it must answer each request with exactly one line", r->cfg.command, line);
     *r->queue[r->queue_head].out = x;
     r->queue_head++, r->queue_len--;
     if (r->queue_len == 0) r->queue_head = 0;
@@ -140,8 +143,11 @@ static bool read_answers(weft_reward *r, int ms) {
     }
     memmove(r->read, r->read + used, r->read_len - used);
     r->read_len -= used;
-    WEFT_CHECK(r->read_len < (1u << 20), "%s: reward.command answered a line of over 1 MiB; "
-               "answer {\"reward\": x}", owed(r));
+    if (r->read_len >= (1u << 20)) {
+        kill_command(r);
+        weft_fatal("%s: reward.command answered a line of over 1 MiB; answer {\"reward\": x}",
+                   owed(r));
+    }
     return true;
 }
 
