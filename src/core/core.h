@@ -13,7 +13,8 @@ noreturn void weft_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 
 // weft_fatal for an error raised while the GPU runs work that will never end (a stuck kernel):
 // the same message and end of the job, then _exit(1), since the CUDA runtime's clean-up at exit
 // would wait for that work and the process would hang instead of ending.
-noreturn void weft_fatal_without_cleanup(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+noreturn void weft_fatal_without_cleanup(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
 void weft_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // Writes prefix, the formatted message and a newline to stderr in one write(2). stderr is
 // unbuffered, so a line printed in pieces is several writes, and under mpirun another rank's

@@ -155,8 +155,8 @@ static void reset_drafting_cache(gen_seq *s) {
 static gen_seq seq_for_prompt(const weft_engine *e, const weft_prompt *p, int place, int sample,
                               int extra) {
     int k = e->rc.speculative_tokens;
-    gen_seq s = {.prompt = p->index, .place = place, .sample = sample, .prompt_len = p->len, .kv = -1,
-                 .cap = p->len + extra + 1 + k};
+    gen_seq s = {.prompt = p->index, .place = place, .sample = sample, .prompt_len = p->len,
+                 .kv = -1, .cap = p->len + extra + 1 + k};
     s.tokens = weft_alloc(sizeof(int32_t) * s.cap);
     s.logprobs = weft_alloc(sizeof(float) * s.cap);
     s.processed = weft_alloc(sizeof(float) * s.cap);

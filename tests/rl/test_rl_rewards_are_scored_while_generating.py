@@ -78,10 +78,11 @@ def body(weft, tmp):
         if rl.rollouts(off, step) != rl.rollouts(on, step):
             failures.append(f"overlap off: step {step}'s samples or rewards differ")
     a, b = rl.metrics(on), rl.metrics(off)
-    differ = sorted({k for s in steps for k in a[s] if not rl.TIMING.search(k) and a[s][k] != b[s][k]})
+    differ = sorted({k for s in steps for k in a[s]
+                     if not rl.TIMING.search(k) and a[s][k] != b[s][k]})
     if differ:
         failures.append(f"overlap off: metrics differ in {differ}")
-    print(f"overlap off: samples and metrics {'differ in ' + str(differ) if differ else 'the same'}")
+    print("overlap off: samples and metrics " + (f"differ in {differ}" if differ else "the same"))
     # Two ranks sum gradients in another order, so only step 1's samples are the same bits.
     two, _ = run(weft, tmp, mdir, prompts, script, True, ranks=2)
     same = rl.rollouts(two, 1) == rl.rollouts(on, 1)
