@@ -12,8 +12,9 @@ ratio to it. Writes the table as JSON with --json.
 
 With --reward-ms MS the rewards come from a reward command that takes MS milliseconds per
 response (a slow verifier: the default job's exact_match, then a sleep) on 1 or 8 threads that
-score the requests as they arrive, and each layout runs with reward.overlap on (each response
-sent as its sample finishes, while the others generate) and off (all after the rollout). The
+score the requests as they arrive, or as 8 one-thread processes (reward.processes=8), and each
+layout runs with reward.overlap on (each response sent as its sample finishes, while the others
+generate) and off (all after the rollout). The
 peer is 1 thread after the rollout: what every command got before requests were pipelined (one
 answered at a time) and sent while generating. The table gives step seconds, the wait for
 rewards after generation (reward_seconds) and the speed over the peer.
@@ -55,11 +56,12 @@ answers.put(None)
 writer.join()
 '''
 
-# (label, reward command's workers, reward.overlap): the first is the peer, what any command got
-# before requests were pipelined and sent while generating (one request answered at a time,
-# after the rollout).
-REWARD_RUNS = [("1 worker, after rollout", 1, "false"), ("1 worker, overlapped", 1, "true"),
-               ("8 workers, after rollout", 8, "false"), ("8 workers, overlapped", 8, "true")]
+# (label, the command's worker threads, reward.processes, reward.overlap): the first is the peer,
+# what any command got before requests were pipelined and sent while generating (one request
+# answered at a time, after the rollout).
+REWARD_RUNS = [("1 worker, after rollout", 1, 1, "false"), ("1 worker, overlapped", 1, 1, "true"),
+               ("8 workers, after rollout", 8, 1, "false"), ("8 workers, overlapped", 8, 1, "true"),
+               ("8 processes of 1 worker, overlapped", 1, 8, "true")]
 
 
 def run(weft, ranks, threads, steps, out, settings=()):
@@ -112,18 +114,19 @@ def overlap_table(a):
         with open(script, "w") as f:
             f.write(SLOW_REWARD)
         for ranks, threads in [(1, 2), (2, 1)]:
-            for label, workers, overlap in REWARD_RUNS:
+            for label, workers, processes, overlap in REWARD_RUNS:
                 command = f"reward.command={sys.executable} {script} {a.reward_ms:g} {workers}"
-                out = os.path.join(tmp, f"r{ranks}_{workers}_{overlap}")
+                out = os.path.join(tmp, f"r{ranks}_{workers}_{processes}_{overlap}")
                 rows[f"{ranks} ranks, {label}"] = run(
                     a.weft, ranks, threads, a.steps, out,
-                    ["reward.type=command", command, f"reward.overlap={overlap}"])
+                    ["reward.type=command", command, f"reward.processes={processes}",
+                     f"reward.overlap={overlap}"])
     print(f"\nreward command taking {a.reward_ms:g} ms a response; the peer: 1 worker after the "
           "rollout, the same ranks")
-    print(f"{'run':>36} {'step s':>8} {'reward wait s':>13} {'vs peer':>8}")
+    print(f"{'run':>46} {'step s':>8} {'reward wait s':>13} {'vs peer':>8}")
     for name, r in rows.items():
         peer = rows[name.split(",")[0] + ", " + REWARD_RUNS[0][0]]
-        print(f"{name:>36} {r['step_seconds']:8.3f} {r['reward_seconds']:13.3f} "
+        print(f"{name:>46} {r['step_seconds']:8.3f} {r['reward_seconds']:13.3f} "
               f"{peer['step_seconds'] / r['step_seconds']:7.2f}x")
     return rows
 

@@ -16,7 +16,8 @@ weft_rl_config weft_rl_config_default(void) {
 }
 
 weft_reward_config weft_reward_config_default(void) {
-    weft_reward_config c = {.type = WEFT_REWARD_EXACT_MATCH, .timeout = 30.0, .overlap = true};
+    weft_reward_config c = {.type = WEFT_REWARD_EXACT_MATCH, .timeout = 30.0, .processes = 1,
+                            .overlap = true};
     snprintf(c.pattern, sizeof c.pattern, "so (-?[0-9]+)\\s*$");
     return c;
 }

@@ -30,6 +30,7 @@ typedef struct weft_reward_config {
     char pattern[WEFT_REWARD_TEXT_MAX];   // exact_match: PCRE2; group 1 (else the match) is the answer
     char command[WEFT_REWARD_TEXT_MAX];   // command: a shell command line, one process per rank
     double timeout;                       // command: seconds per answer
+    int processes;                        // command: processes per rank
     bool overlap; // score each response as its sample finishes, while the others generate
 } weft_reward_config;
 

@@ -1,8 +1,8 @@
 // rl: rewards for responses (DESIGN.md section 12). exact_match extracts the answer with a PCRE2
-// pattern and compares it with the prompt's answer; command runs a long-lived process (one per
-// rank) that reads one JSON request per line on stdin and answers one line {"reward": x}. A reward
-// that cannot be computed (a crash, a timeout, a malformed answer, a missing answer field) is an
-// error naming the prompt, never a silent 0.
+// pattern and compares it with the prompt's answer; command runs long-lived processes
+// (reward.processes per rank, reward_command.h) that read one JSON request per line on stdin and
+// answer one line {"reward": x} each. A reward that cannot be computed (a crash, a timeout, a
+// malformed answer, a missing answer field) is an error naming the prompt, never a silent 0.
 #pragma once
 #include "rl/config.h"
 

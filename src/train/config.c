@@ -215,6 +215,9 @@ static const key_def KEYS[] = {
     {"reward.command", KEY_STRING, F(reward.command),
      "command: a process reading JSON requests on stdin, answering {\"reward\": x} per line", NULL},
     {"reward.timeout", KEY_REAL, F(reward.timeout), "command: seconds to wait for an answer", NULL},
+    {"reward.processes", KEY_INT, F(reward.processes),
+     "command: processes of the command per rank; each response goes to the one with the "
+     "fewest unanswered", NULL},
     {"reward.overlap", KEY_BOOL, F(reward.overlap),
      "score each response as soon as its sample finishes, while the rest generate (false: all "
      "after the rollout)", NULL},

@@ -40,7 +40,8 @@ CHECKPOINT = re.compile(r"step_(\d{8})$")
 # (sleep instead of answering request K+1), --garbage-after K (answer request K+1 with a line that
 # is not {"reward": x}: --garbage TEXT, default "not json"), --pause-after K (before answering
 # request K+1 write the marker file --marker PATH holding the script's pid, then sleep), --pid PATH
-# (write the pid at start), --log PATH (append each request line).
+# (write the pid at start), --log PATH (append each request line), --pids PATH (append the pid,
+# a line per request).
 REWARD_SCRIPT = r'''
 import json, os, sys, time
 opts = {}
@@ -61,6 +62,9 @@ for line in sys.stdin:
     if "log" in opts:
         with open(opts["log"], "a") as f:
             f.write(line)
+    if "pids" in opts:
+        with open(opts["pids"], "a") as f:
+            f.write(f"{os.getpid()}\n")
     if answered == after("crash-after"):
         sys.exit(3)
     if answered == after("hang-after"):

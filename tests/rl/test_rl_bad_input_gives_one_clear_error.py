@@ -168,6 +168,21 @@ def reward_command_failures(tmp, mdir, prompts, script, failures):
         if opts.get("crash_after") is not None:
             resumes(name, [*args, *reward_command(script)], out, last, failures)
 
+    # Two processes of the command: one's malformed first answer ends both, and the job.
+    out, pids = os.path.join(tmp, "two_processes"), os.path.join(tmp, "two.pids")
+    one_clear_error("reward.processes=2, a malformed answer",
+                    [*rl_args(mdir, prompts, out, *MID_RUN, "reward.processes=2"),
+                     *reward_command(script, pids=pids, garbage_after=0)],
+                    ["reward.command", script, '"not json"', f"{prompts}:"], failures)
+    with open(pids) as f:
+        for pid in set(map(int, f.read().split())):
+            if not wait_gone(pid, 2.0):
+                failures.append(f"reward.processes=2: process {pid} still runs after weft exited")
+                kill_pid(pid)
+    one_clear_error("reward.processes=0", [*rl_args(mdir, prompts, out, "reward.processes=0"),
+                                           *reward_command(script)],
+                    ["reward.processes=0"], failures)
+
     out = os.path.join(tmp, "no_command")
     missing = os.path.join(tmp, "no-such-reward-command")
     one_clear_error("a reward command that cannot be started",

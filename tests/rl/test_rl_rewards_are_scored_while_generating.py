@@ -15,9 +15,12 @@ Checked, on 2 steps of 4 prompts x 4 samples whose stop string ends them at diff
 - every sample's reward, tokens and log-probs (rollouts/) and every metric but timings are the
   same with overlap on and off, and step 1's samples on 2 ranks (each scoring its own share) are
   1 rank's (rewards land on the right samples whatever order they are asked in);
+- reward.processes=3 (requests sent at once, overlap off) spreads them over more than one process
+  and changes no sample or reward;
 - metrics.jsonl reports reward_seconds (the wait for rewards after generation) and
   rewards_while_generating (printed, not checked: it depends on how fast the command answers).
 """
+import collections
 import json
 import os
 import sys
@@ -28,11 +31,11 @@ from reference import rl_loop as rl
 SETTINGS = ["sampling.max_tokens=64", 'sampling.stop=["e"]', "rl.save_rollouts=true"]
 
 
-def run(weft, tmp, mdir, prompts, script, overlap, ranks=1):
-    out = os.path.join(tmp, f"out_{overlap}_{ranks}")
-    log = os.path.join(tmp, f"requests_{overlap}_{ranks}.jsonl")
-    args = rl.rl_args(mdir, prompts, out, *rl.reward_command(script, log=log), *SETTINGS,
-                      f"reward.overlap={str(overlap).lower()}")
+def run(weft, tmp, mdir, prompts, script, overlap, ranks=1, processes=1, **opts):
+    out = os.path.join(tmp, f"out_{overlap}_{ranks}_{processes}")
+    log = os.path.join(tmp, f"requests_{overlap}_{ranks}_{processes}.jsonl")
+    args = rl.rl_args(mdir, prompts, out, *rl.reward_command(script, log=log, **opts), *SETTINGS,
+                      f"reward.overlap={str(overlap).lower()}", f"reward.processes={processes}")
     rl.run_rl(weft, args, ranks=ranks)
     with open(log) as f:
         requests = [json.loads(line) for line in f if line.strip()]
@@ -83,6 +86,18 @@ def body(weft, tmp):
     if differ:
         failures.append(f"overlap off: metrics differ in {differ}")
     print("overlap off: samples and metrics " + (f"differ in {differ}" if differ else "the same"))
+    # Three processes of the command: each request to the one with the fewest unanswered.
+    pids = os.path.join(tmp, "pids")
+    three, _ = run(weft, tmp, mdir, prompts, script, False, processes=3, pids=pids)
+    with open(pids) as f:
+        served = sorted(collections.Counter(f.read().split()).values())
+    same = all(rl.rollouts(three, step) == rl.rollouts(on, step) for step in steps)
+    print(f"reward.processes=3: requests per process {served}; samples and rewards "
+          f"{'the same' if same else 'differ'}")
+    if not same:
+        failures.append("reward.processes=3: the samples or rewards differ from one process's")
+    if len(served) < 2:
+        failures.append(f"reward.processes=3: one process got every request ({served})")
     # Two ranks sum gradients in another order, so only step 1's samples are the same bits.
     two, _ = run(weft, tmp, mdir, prompts, script, True, ranks=2)
     same = rl.rollouts(two, 1) == rl.rollouts(on, 1)
