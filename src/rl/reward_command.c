@@ -154,10 +154,11 @@ static void read_answers(weft_reward_command *c, command_proc *p) {
     }
 }
 
-// Reads what the process has written by now, without waiting.
+// Reads the answers the process has written by now, without waiting. One that owes none is left
+// alone: if it has died, the next request to it says so, naming that request's prompt.
 static void read_ready(weft_reward_command *c, command_proc *p) {
     for (struct pollfd pfd = {.fd = p->from_child, .events = POLLIN};
-         p->pid > 0 && poll(&pfd, 1, 0) > 0;)
+         p->queue_len > 0 && poll(&pfd, 1, 0) > 0;)
         read_answers(c, p);
 }
 
