@@ -352,8 +352,8 @@ struct weft_backend {
     // alloc and free calls so far: while it stands still, every pointer a graph recorded is live.
     long allocations;
     // Seconds the host waits for queued device work before it ends the job as stuck (a kernel or
-    // copy that never finishes would otherwise hang it for good); 0: no limit. Set with
-    // weft_backend_set_wait_timeout; the CPU backend never waits.
+    // copy that never finishes would otherwise hang it for good); 0: no limit. A new backend has
+    // WEFT_DEVICE_TIMEOUT; weft_backend_set_wait_timeout sets the job's. The CPU never waits.
     double wait_timeout;
 };
 
@@ -361,7 +361,8 @@ struct weft_backend {
 void weft_backend_count_bytes(weft_backend *b, long long bytes);
 // Starts a new peak from the bytes live now.
 void weft_backend_reset_peak(weft_backend *b);
-// The job's device_timeout: see wait_timeout.
+// The job's device_timeout (checked with the job's settings): see wait_timeout.
+#define WEFT_DEVICE_TIMEOUT 300.0 // the default, as parallel.collective_timeout's
 void weft_backend_set_wait_timeout(weft_backend *b, double seconds);
 
 weft_backend *weft_backend_cpu_create(void);

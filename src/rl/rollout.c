@@ -113,7 +113,8 @@ weft_rl_rollout_stats weft_rl_rollout(weft_model *m, weft_comm *world,
     double t_scores = weft_now_seconds();
     st.rewards_while_generating = rq->overlap_rewards
                                       ? n_mine * n - weft_reward_pending(rq->reward) : 0;
-    for (int k = 0; k < n_mine * n && !rq->overlap_rewards; k++) score(&sc, k / n, k % n, &c[k]);
+    if (!rq->overlap_rewards) // all now, in (prompt, sample) order
+        for (int k = 0; k < n_mine * n; k++) score(&sc, k / n, k % n, &c[k]);
     weft_reward_collect(rq->reward);
     st.reward_seconds = weft_now_seconds() - t_scores;
     size_t len;

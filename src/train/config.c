@@ -267,7 +267,7 @@ weft_job_config weft_job_config_default(void) {
     c.rollout = weft_rollout_config_default();
     c.rl = weft_rl_config_default();
     c.reward = weft_reward_config_default();
-    c.device_timeout = 300.0; // as parallel.collective_timeout
+    c.device_timeout = WEFT_DEVICE_TIMEOUT;
     return c;
 }
 

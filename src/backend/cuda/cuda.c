@@ -20,14 +20,17 @@ weft_cuda_stream weft_cuda_op_queue(weft_backend *self) {
     return &weft_cuda_state(self)->queue;
 }
 
-void weft_cuda_launched(weft_backend *self, const char *op) {
+// After an op is queued. A stuck wait names the last op that computes (`computes`): the
+// download it waits for says nothing.
+static void queued(weft_backend *self, const char *op, bool computes) {
     cudaError_t err = cudaGetLastError();
     WEFT_CHECK(err == cudaSuccess, "cuda: %s kernel failed to launch: %s", op,
                cudaGetErrorString(err));
     weft_cuda_profile_op(weft_cuda_state(self)->profile, op);
-    // A stuck wait names the last op that computes: the download it waits for says nothing.
-    if (strcmp(op, "download") && strcmp(op, "upload")) weft_cuda_state(self)->watch.last_op = op;
+    if (computes) weft_cuda_state(self)->watch.last_op = op;
 }
+
+void weft_cuda_launched(weft_backend *self, const char *op) { queued(self, op, true); }
 
 // Allocation, transfers and waits cannot be recorded in a graph: one during a capture is weft's
 // bug, said plainly rather than as the CUDA error the capture would end with.
@@ -120,7 +123,7 @@ static void cuda_to_device(weft_backend *self, void *dst, const void *src, size_
     cudaStream_t s = weft_cuda_op_stream(self);
     if (!weft_cuda_staging_upload(weft_cuda_state(self)->staging, dst, src, bytes, s))
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    weft_cuda_launched(self, "upload");
+    queued(self, "upload", false);
 }
 
 // A download waits for the value: the host reads it next.
@@ -129,7 +132,7 @@ static void cuda_to_host(weft_backend *self, void *dst, const void *src, size_t 
     if (bytes == 0) return;
     cudaStream_t s = weft_cuda_op_stream(self);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    weft_cuda_launched(self, "download");
+    queued(self, "download", false);
     weft_cuda_watch_host_wait(&weft_cuda_state(self)->watch, NULL, "a download");
     self->host_bytes_read += bytes;
 }
@@ -141,7 +144,7 @@ static void *cuda_download_begin(weft_backend *self, void *dst, const void *src,
     cudaEvent_t done;
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    weft_cuda_launched(self, "download");
+    queued(self, "download", false);
     self->host_bytes_read += bytes;
     CUDA_CHECK(cudaEventRecord(done, s));
     return done;
@@ -693,7 +696,7 @@ weft_backend *weft_backend_cuda_create(int local_rank) {
         .graph_free = cuda_graph_free,
         .destroy = cuda_destroy,
         .impl = st,
-        .wait_timeout = 300.0, // the default of the jobs' device_timeout, which they set
+        .wait_timeout = WEFT_DEVICE_TIMEOUT, // until a job sets its device_timeout
     };
     weft_cuda_watch_init(&st->watch, b, local_rank, st->stream);
     return b;
