@@ -18,6 +18,11 @@ generate) and off (all after the rollout). The
 peer is 1 thread after the rollout: what every command got before requests were pipelined (one
 answered at a time) and sent while generating. The table gives step seconds, the wait for
 rewards after generation (reward_seconds) and the speed over the peer.
+
+With --layouts the same 2 ranks run the disaggregated layout (rl.rollout_ranks=1: one rank
+trains, one generates), synchronous and one step off policy (generation of the next step
+overlapping the update), against the hybrid engine on both ranks as the peer. The table adds the
+trainer's wait for samples (sample_wait_seconds) and the rollout's own seconds.
 """
 import argparse
 import json
@@ -73,7 +78,8 @@ def run(weft, ranks, threads, steps, out, settings=()):
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f][1:]  # the first step warms up
     mean = lambda k: sum(r[k] for r in rows) / len(rows)
-    res = {k: mean(k) for k in PHASES + ["step_seconds", "rollout_tokens", "reward_seconds"]}
+    res = {k: mean(k) for k in PHASES + ["step_seconds", "rollout_tokens", "reward_seconds",
+                                         "sample_wait_seconds"]}
     res["rollout_tokens_per_s"] = res["rollout_tokens"] / res["rollout_seconds"]
     res["generation_share"] = res["rollout_seconds"] / res["step_seconds"]
     return res
@@ -85,6 +91,8 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--reward-ms", type=float, default=0,
                     help="a reward command taking this long per response: overlap on and off")
+    ap.add_argument("--layouts", action="store_true",
+                    help="also the disaggregated layout, synchronous and one step off policy")
     ap.add_argument("--json")
     a = ap.parse_args()
     table = {}
@@ -101,6 +109,8 @@ def main():
               f"{r['rollout_tokens_per_s']:9.0f} {r['generation_share']:9.1%} {ratio:8.2f}x")
     if a.reward_ms > 0:
         table["overlap"] = overlap_table(a)
+    if a.layouts:
+        table["layouts"] = layout_table(a)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(table, f, indent=2)
@@ -127,6 +137,30 @@ def overlap_table(a):
     for name, r in rows.items():
         peer = rows[name.split(",")[0] + ", " + REWARD_RUNS[0][0]]
         print(f"{name:>46} {r['step_seconds']:8.3f} {r['reward_seconds']:13.3f} "
+              f"{peer['step_seconds'] / r['step_seconds']:7.2f}x")
+    return rows
+
+
+# (label, settings) on 2 ranks of 1 thread; the first is the peer.
+LAYOUTS = [("hybrid: both ranks train and generate", []),
+           ("1 trains, 1 generates", ["rl.rollout_ranks=1"]),
+           ("1 trains, 1 generates, one step off policy",
+            ["rl.rollout_ranks=1", "rl.one_step_off_policy=true"])]
+
+
+def layout_table(a):
+    """The default job on 2 ranks in the hybrid and the disaggregated layouts."""
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="weft_bench_rl_layout_") as tmp:
+        for i, (label, settings) in enumerate(LAYOUTS):
+            rows[label] = run(a.weft, 2, 1, a.steps, os.path.join(tmp, f"layout{i}"), settings)
+    print("\nlayouts on 2 ranks of 1 thread; the peer: the hybrid engine")
+    print(f"{'layout':>44} {'step s':>8} {'rollout s':>9} {'update s':>8} {'waited s':>8} "
+          f"{'vs peer':>8}")
+    peer = rows[LAYOUTS[0][0]]
+    for name, r in rows.items():
+        print(f"{name:>44} {r['step_seconds']:8.3f} {r['rollout_seconds']:9.3f} "
+              f"{r['update_seconds']:8.3f} {r['sample_wait_seconds']:8.3f} "
               f"{peer['step_seconds'] / r['step_seconds']:7.2f}x")
     return rows
 

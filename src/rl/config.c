@@ -12,7 +12,8 @@ weft_rl_config weft_rl_config_default(void) {
                             .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
                             .ppo_epochs = 1, .min_terms = 2, .max_terms = 4, .term_below = 10,
                             .eval_prompts = 128, .eval_every = 5, .max_gen_batches = 10,
-                            .overlong_penalty = 1.0, .recompute_old_logprobs = true};
+                            .overlong_penalty = 1.0, .recompute_old_logprobs = true,
+                            .exchange_timeout = 3600.0};
 }
 
 weft_reward_config weft_reward_config_default(void) {
@@ -63,6 +64,13 @@ void weft_rl_config_validate(const weft_rl_config *c) {
                "buffer of 0: no penalty)", c->overlong_buffer, c->overlong_penalty);
     WEFT_CHECK(c->term_below >= 0 && c->term_below <= 1000000000, "rl.term_below = %d must lie "
                "in [0, 1e9] (0: the SFT task's numbers)", c->term_below);
+    WEFT_CHECK(c->rollout_ranks >= 0, "rl.rollout_ranks = %d must not be negative (0: every "
+               "rank trains and generates)", c->rollout_ranks);
+    WEFT_CHECK(!c->one_step_off_policy || c->rollout_ranks > 0, "rl.one_step_off_policy=true "
+               "needs rl.rollout_ranks > 0: when every rank both trains and generates, nothing "
+               "would overlap; give some ranks to generation, or drop the setting");
+    WEFT_CHECK(isfinite(c->exchange_timeout) && c->exchange_timeout > 0, "rl.exchange_timeout = "
+               "%g must be a positive number of seconds", c->exchange_timeout);
     WEFT_CHECK(c->eval_prompts >= 0 && c->eval_every >= 0, "rl.eval_prompts and rl.eval_every "
                "must not be negative (0: no evaluation)");
 }

@@ -84,6 +84,15 @@ typedef struct weft_rl_config {
     // steps, are freed: the KV pool gets their device memory, at the cost of two copies of the
     // state per step (verl's optimizer_offload, with the gradients and activations too).
     bool offload_training_state;
+    // The disaggregated layout (DESIGN.md section 11): the last rollout_ranks ranks only
+    // generate and score, the others only train (their own DP/CP layout); each step's samples
+    // go to the trainers and the new weights back. one_step_off_policy: the rollout ranks
+    // generate step k + 1 while the trainers train on step k, with the weights of step k - 1
+    // (verl's one-step off-policy); every sample carries its weight version. exchange_timeout:
+    // the longest either side waits for the other (a step's generation or training).
+    int rollout_ranks;
+    bool one_step_off_policy;
+    double exchange_timeout;
 } weft_rl_config;
 
 weft_rl_config weft_rl_config_default(void);

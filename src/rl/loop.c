@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "rl/advantage.h"
+#include "rl/batch.h"
+#include "rl/exchange.h"
 #include "rl/objective.h"
 #include "rl/rollout.h"
 #include "train/checkpoint.h"
@@ -38,11 +40,14 @@ weft_job_config weft_rl_defaults(void) {
 typedef struct rl_job {
     weft_job_config cfg;
     weft_comm *world;
+    // rl.rollout_ranks > 0: the two sides' traffic, and this rank's side (world: NULL and world)
+    weft_rl_exchange *x;
+    weft_comm *group;
     bool writer;
     weft_tokenizer *tok;
     weft_backend *be;
     weft_model *m;
-    weft_trainer *t;
+    weft_trainer *t; // NULL on a rank that only generates
     // The reference policy for the KL term (rl.kl_loss_coef > 0): model.path's weights, frozen,
     // scored by a trainer of its own in the same layout. NULL without a KL term.
     weft_model *ref_model;
@@ -63,6 +68,8 @@ typedef struct step_metrics {
     double mismatch_max, mismatch_mean, mismatch_k3; // rollout vs trainer log-probs
     double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
     double reward_seconds, rewards_while_generating; // summed over the step's rounds
+    double sample_wait_seconds; // the trainers waiting for the rollout ranks' samples
+    int rollout_weight_version; // the weights the samples were generated with
     double eval_accuracy; // < 0: not evaluated this step
     // KL in the reward: the responses' mean per-token KL to the reference and the coefficient
     // the step's rewards were charged at (< 0: rl.use_kl_in_reward is off).
@@ -104,7 +111,8 @@ static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
                    "reward.type=exact_match compares the extracted answer with; add one, or use "
                    "reward.type=command", set->p[i].name);
     char why[192];
-    int most = weft_trainer_max_document_len(&j->cfg, weft_comm_size(j->world), why, sizeof why);
+    int trainers = j->x ? weft_rl_exchange_trainers(j->x) : weft_comm_size(j->world);
+    int most = weft_trainer_max_document_len(&j->cfg, trainers, why, sizeof why);
     int ctx = j->m->cfg.max_position_embeddings;
     for (int i = 0; i < set->n; i++) {
         long need = (long)set->p[i].len + j->cfg.sampling.max_tokens;
@@ -114,13 +122,6 @@ static void check_prompts(const rl_job *j, const weft_rl_prompts *set) {
                    "sampling.max_tokens", set->p[i].name, set->p[i].len,
                    j->cfg.sampling.max_tokens, need, why, most, ctx);
     }
-}
-
-// Prompts per policy update: rl.ppo_mini_batch_size, 0 or at least the step's prompts meaning the
-// whole step's (so that the RL job's default of 16 leaves a smaller train.global_batch_size valid).
-static int mini_batch_prompts(const weft_job_config *c) {
-    int mbs = c->rl.ppo_mini_batch_size, step = c->train.global_batch_size;
-    return mbs > 0 && mbs < step ? mbs : step;
 }
 
 static void check_settings(const weft_job_config *c) {
@@ -135,7 +136,7 @@ static void check_settings(const weft_job_config *c) {
     WEFT_CHECK(c->reward.type == WEFT_REWARD_COMMAND || !c->reward.command[0],
                "reward.command is set but reward.type=exact_match ignores it; add "
                "reward.type=command, or drop reward.command");
-    int mbs = mini_batch_prompts(c);
+    int mbs = weft_rl_mini_batch_prompts(c);
     WEFT_CHECK(c->train.global_batch_size % mbs == 0, "rl.ppo_mini_batch_size=%d does not divide "
                "train.global_batch_size=%d (prompts per step); pick a divisor, or 0 for the whole "
                "step", mbs, c->train.global_batch_size);
@@ -169,18 +170,28 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
     WEFT_CHECK(j->tok, "weft rl tokenizes its prompts and decodes responses for rewards, and %s",
                WEFT_NO_TOKENIZER_HINT);
     j->be = weft_job_backend(cfg, j->world);
-    j->m = weft_job_build_model(j->be, j->world, cfg, weft_tokenizer_vocab_size(j->tok), false);
+    j->x = weft_rl_exchange_create(j->world, j->be, cfg);
+    j->group = j->x ? weft_rl_exchange_side(j->x) : j->world;
+    int vocab = weft_tokenizer_vocab_size(j->tok);
+    if (weft_rl_exchange_generates(j->x)) { // the weights come from trainer 0
+        weft_model_config mc;
+        weft_job_model_config(cfg, vocab, &mc);
+        j->m = weft_trainer_build_model(j->be, j->group, &mc, cfg, true);
+    } else {
+        j->m = weft_job_build_model(j->be, j->group, cfg, vocab, false);
+    }
     weft_rollout_config_validate(&cfg->rollout, j->m->cfg.num_mtp, cfg->model.path);
     // The optimizer's schedule spans every update: steps x epochs x mini-batches.
     weft_job_config tc = *cfg;
-    int mbs = mini_batch_prompts(cfg);
+    int mbs = weft_rl_mini_batch_prompts(cfg);
     tc.train.steps = cfg->train.steps * cfg->rl.ppo_epochs * (cfg->train.global_batch_size / mbs);
-    j->t = weft_trainer_create(j->m, j->world, &tc, true);
     j->kl_coef = cfg->rl.kl_coef;
-    if (cfg->rl.kl_loss_coef != 0 || cfg->rl.use_kl_in_reward) {
-        j->ref_model = weft_job_build_model(j->be, j->world, cfg,
-                                            weft_tokenizer_vocab_size(j->tok), true);
-        j->ref = weft_trainer_create(j->ref_model, j->world, cfg, false);
+    if (!weft_rl_exchange_generates(j->x)) {
+        j->t = weft_trainer_create(j->m, j->group, &tc, true);
+        if (cfg->rl.kl_loss_coef != 0 || cfg->rl.use_kl_in_reward) {
+            j->ref_model = weft_job_build_model(j->be, j->group, cfg, vocab, true);
+            j->ref = weft_trainer_create(j->ref_model, j->group, cfg, false);
+        }
     }
     j->objective = weft_rl_objective_create(&cfg->rl, cfg->sampling.max_tokens, cfg->data.source);
     j->train = weft_rl_prompts_load(cfg, j->tok, false);
@@ -202,20 +213,12 @@ static void job_close(rl_job *j) {
     weft_model_free(j->m);
     weft_trainer_free(j->ref);
     weft_model_free(j->ref_model);
+    weft_rl_exchange_free(j->x);
     weft_backend_destroy(j->be);
     weft_tokenizer_free(j->tok);
 }
 
 // --------------------------------------------------------------------------- a step's data ----
-
-// A step's kept groups: prompts[g] and its samples at g * n ... g * n + n - 1, with their
-// rewards (the overlong penalty included).
-typedef struct step_batch {
-    const weft_rl_prompt **prompts;
-    weft_rl_sample *samples;
-    double *rewards;
-    int groups, rounds, dropped;
-} step_batch;
 
 // Sample i of the step as a training document: its prompt and response, the response's tokens
 // the targets (with the rollout's log-probs when truncated importance sampling reads them);
@@ -349,7 +352,7 @@ static double reward_kl(rl_job *j, const weft_document *docs, const weft_rl_prom
 // The step's advantages into the documents' response tokens. Per sample (adv, N) for every
 // estimator but REINFORCE++ (adv NULL there: its advantages differ per token): of the rewards
 // less coef times each response's summed KL (kl NULL: no KL in the reward).
-static void assign_advantages(rl_job *j, weft_document *docs, const step_batch *b, int N,
+static void assign_advantages(rl_job *j, weft_document *docs, const weft_rl_batch *b, int N,
                               double *const *kl, double coef, double *adv) {
     const weft_rl_config *c = &j->cfg.rl;
     int n = j->cfg.sampling.n;
@@ -364,7 +367,7 @@ static void assign_advantages(rl_job *j, weft_document *docs, const step_batch *
         double *shaped = weft_alloc(sizeof(double) * N);
         for (int i = 0; i < N; i++)
             shaped[i] = b->rewards[i] - (kl ? coef * sum_of(kl[i], lengths[i]) : 0.0);
-        weft_advantages(c, shaped, lengths, b->groups, n, adv);
+        weft_advantages(c, shaped, lengths, b->info.groups, n, adv);
         for (int i = 0; i < N; i++)
             for (int t = 0; t < docs[i].len; t++) docs[i].advantages[t] = (float)adv[i];
         weft_free(shaped);
@@ -385,7 +388,7 @@ static void policy_updates(rl_job *j, const weft_document *docs, int N, step_met
     double t0 = weft_now_seconds();
     const weft_job_config *c = &j->cfg;
     int n = c->sampling.n;
-    int mbs = mini_batch_prompts(c);
+    int mbs = weft_rl_mini_batch_prompts(c);
     int per_update = mbs * n, updates = c->rl.ppo_epochs * (N / per_update);
     weft_trainer_set_objective(j->t, weft_rl_objective_hooks(j->objective));
     memset(&sm->loss, 0, sizeof sm->loss);
@@ -430,7 +433,7 @@ static double evaluate(rl_job *j) {
     weft_rl_sample *s = weft_alloc(sizeof *s * (P > 0 ? P : 1));
     weft_rl_rollout_request rq = {&j->cfg.rollout, &greedy, j->tok, j->reward, prompts, P, 0,
                                   j->cfg.reward.overlap};
-    weft_rl_rollout(j->m, j->world, &rq, s);
+    weft_rl_rollout(j->m, j->group, &rq, s);
     double correct = 0;
     for (int k = 0; k < P; k++) correct += s[k].reward > 0;
     weft_rl_samples_free(s, P);
@@ -447,11 +450,12 @@ static json_t *float_list(const float *x, int n) {
 
 // The step's samples as JSON lines (rank 0, atomically): prompt, response tokens and text-free
 // numbers, so runs on different layouts can be compared sample by sample.
-static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const *prompts,
-                          const weft_rl_sample *s, const double *adv, double *const *kl,
-                          const weft_document *docs, int N) {
+static void save_rollouts(const rl_job *j, int step, const weft_rl_batch *b, const double *adv,
+                          double *const *kl, const weft_document *docs) {
     if (!j->writer) return;
-    int n = j->cfg.sampling.n;
+    int n = j->cfg.sampling.n, N = b->info.groups * n;
+    const weft_rl_prompt *const *prompts = b->prompts;
+    const weft_rl_sample *s = b->samples;
     char path[WEFT_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/rollouts", j->cfg.train.output_dir);
     WEFT_CHECK(weft_mkdirs(path), "%s: cannot create (%s)", path, strerror(errno));
@@ -468,10 +472,11 @@ static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const
             if (docs[i].ref_logprobs)
                 json_array_append_new(ref, json_real(docs[i].ref_logprobs[P + t]));
         }
-        json_t *row = json_pack("{s:s, s:i, s:o, s:o, s:o, s:f, s:b}", "prompt",
+        json_t *row = json_pack("{s:s, s:i, s:o, s:o, s:o, s:f, s:b, s:i}", "prompt",
                                 prompts[i / n]->name, "sample", i % n, "tokens", tokens,
                                 "logprobs", lp, "old_logprobs", old, "reward", s[i].reward,
-                                "truncated", s[i].truncated);
+                                "truncated", s[i].truncated, "weight_version",
+                                b->info.weight_version);
         if (adv) json_object_set_new(row, "advantage", json_real(adv[i]));
         else json_object_set_new(row, "token_advantages", float_list(docs[i].advantages + P,
                                                                      s[i].len));
@@ -489,121 +494,118 @@ static void save_rollouts(const rl_job *j, int step, const weft_rl_prompt *const
     weft_free(text);
 }
 
-// DAPO's soft overlong punishment: 0 up to max_tokens - buffer tokens, then falling linearly to
-// -penalty at max_tokens.
-static double overlong_penalty(const weft_job_config *c, int len) {
-    if (c->rl.overlong_buffer <= 0) return 0.0;
-    double exceed = len - (c->sampling.max_tokens - c->rl.overlong_buffer);
-    return fmin(-exceed / c->rl.overlong_buffer * c->rl.overlong_penalty, 0.0);
+// Every rank trains and generates: the step's batch generated here with the trainer's own
+// weights (version step - 1) while the trainer sleeps.
+static void generate_here(rl_job *j, weft_data_order *order, int step, weft_rl_batch *b,
+                          step_metrics *sm) {
+    sm->offloaded_bytes = trainer_sleep(j);
+    weft_backend_reset_peak(j->be);
+    weft_rl_generator g = {&j->cfg, j->m, j->group, j->tok, j->reward, j->train, step - 1,
+                           j->writer};
+    weft_rl_batch_generate(&g, order, step, b);
+    sm->rollout_peak_bytes = (double)j->be->peak_bytes;
+    sm->bytes_after_sleep = (double)j->be->bytes_in_use;
 }
 
-static bool rewards_differ(const double *r, int n) {
-    for (int s = 1; s < n; s++)
-        if (r[s] != r[0]) return true;
-    return false;
-}
-
-// One round of generation: P prompts drawn, their samples generated and rewarded, the groups
-// kept appended (all, or with dynamic sampling those whose rewards differ, up to P in all).
-static void generate_round(rl_job *j, weft_data_order *order, step_batch *b, step_metrics *sm) {
-    const weft_job_config *c = &j->cfg;
-    int P = c->train.global_batch_size, n = c->sampling.n;
-    long stream = (long)order->epoch * order->n + order->cursor; // the prompts drawn so far
-    const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * P);
-    int *index = weft_alloc(sizeof(int) * P);
-    weft_data_order_take(order, P, index);
-    for (int k = 0; k < P; k++) prompts[k] = &j->train->p[index[k]];
-    weft_free(index);
-    weft_rl_sample *s = weft_alloc(sizeof *s * P * n);
-    weft_rl_rollout_request rq = {&c->rollout, &c->sampling, j->tok, j->reward, prompts, P, stream,
-                                  c->reward.overlap};
-    weft_rl_rollout_stats rs = weft_rl_rollout(j->m, j->world, &rq, s);
-    sm->rollout_seconds += rs.seconds, sm->rollout_tokens += (double)rs.tokens;
-    sm->reward_seconds += rs.reward_seconds;
-    sm->rewards_while_generating += (double)rs.rewards_while_generating;
-    sm->rollout = rs;
-    for (int g = 0; g < P; g++) {
-        double r[WEFT_MAX_SAMPLES];
-        for (int k = 0; k < n; k++) r[k] = s[g * n + k].reward + overlong_penalty(c, s[g * n + k].len);
-        bool keep = b->groups < P && (!c->rl.dynamic_sampling || rewards_differ(r, n));
-        if (keep) {
-            b->prompts[b->groups] = prompts[g];
-            memcpy(b->samples + (size_t)b->groups * n, s + (size_t)g * n, sizeof *s * n);
-            memcpy(b->rewards + (size_t)b->groups * n, r, sizeof(double) * n);
-            b->groups++;
-        } else {
-            b->dropped += b->groups < P;
-            weft_rl_samples_free(s + (size_t)g * n, n);
-        }
-    }
-    b->rounds++;
-    weft_free(s), weft_free(prompts);
-}
-
-// The step's groups: one round, or with dynamic sampling rounds until P groups with differing
-// rewards are kept or rl.max_gen_batches rounds ran (then a warning, and the step trains on
-// the whole mini-batches it has).
-static void generate_groups(rl_job *j, weft_data_order *order, int step, step_batch *b,
-                            step_metrics *sm) {
-    const weft_job_config *c = &j->cfg;
-    int P = c->train.global_batch_size, n = c->sampling.n;
-    *b = (step_batch){.prompts = weft_alloc(sizeof *b->prompts * P),
-                      .samples = weft_alloc(sizeof *b->samples * P * n),
-                      .rewards = weft_alloc(sizeof(double) * P * n)};
-    do generate_round(j, order, b, sm);
-    while (c->rl.dynamic_sampling && b->groups < P && b->rounds < c->rl.max_gen_batches);
-    int mbs = mini_batch_prompts(c);
-    if (b->groups < P && j->writer)
-        fprintf(stderr, "weft: warning: step %d: %d of %d groups have rewards that differ after "
-                "rl.max_gen_batches=%d rounds; training on %d of them (whole mini-batches of "
-                "%d prompts)\n", step, b->groups, P, c->rl.max_gen_batches,
-                b->groups / mbs * mbs, mbs);
-    int usable = b->groups / mbs * mbs; // a mini-batch is whole or not taken
-    weft_rl_samples_free(b->samples + (size_t)usable * n, (b->groups - usable) * n);
-    b->groups = usable;
-}
-
-// One RL step: rollout, rewards, advantages, old log-probs, policy updates.
-static step_metrics rl_step(rl_job *j, weft_data_order *order, int step) {
+// A trainer's wait for the rollout ranks' next batch.
+static void receive_batch(rl_job *j, weft_rl_batch *b, step_metrics *sm) {
     double t0 = weft_now_seconds();
+    size_t len = 0;
+    double *packed = weft_rl_exchange_batch(j->x, NULL, &len);
+    weft_rl_batch_unpack(packed, len, j->train, j->cfg.sampling.n, b);
+    weft_free(packed);
+    sm->sample_wait_seconds += weft_now_seconds() - t0;
+}
+
+// The trainer's part of a step: rewards, advantages, old log-probs, policy updates.
+static void train_on_batch(rl_job *j, const weft_rl_batch *b, int step, step_metrics *sm) {
     const weft_job_config *c = &j->cfg;
-    int n = c->sampling.n;
-    step_metrics sm = {.eval_accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
-                       .bytes_before_rollout = (double)j->be->bytes_in_use};
-    step_batch b;
-    sm.offloaded_bytes = trainer_sleep(j);
+    const weft_rl_batch_info *in = &b->info;
+    int n = c->sampling.n, N = in->groups * n;
+    sm->rollout_seconds = in->seconds, sm->rollout_tokens = in->tokens;
+    sm->reward_seconds = in->reward_seconds;
+    sm->rewards_while_generating = in->rewards_while_generating;
+    sm->rollout = in->last, sm->rollout_weight_version = in->weight_version;
+    sm->gen_rounds = in->rounds, sm->groups_dropped = in->dropped, sm->groups = in->groups;
     weft_backend_reset_peak(j->be);
-    generate_groups(j, order, step, &b, &sm);
-    sm.rollout_peak_bytes = (double)j->be->peak_bytes;
-    sm.bytes_after_sleep = (double)j->be->bytes_in_use;
-    weft_backend_reset_peak(j->be);
-    int G = b.groups, N = G * n;
-    sm.gen_rounds = b.rounds, sm.groups_dropped = b.dropped, sm.groups = G;
     if (N > 0) {
-        sample_statistics(b.samples, b.rewards, N, &sm);
+        sample_statistics(b->samples, b->rewards, N, sm);
         weft_document *docs = weft_alloc(sizeof *docs * N);
         for (int i = 0; i < N; i++)
-            docs[i] = sample_document(b.prompts[i / n], &b.samples[i],
+            docs[i] = sample_document(b->prompts[i / n], &b->samples[i],
                                       c->rl.tis_imp_ratio_cap > 0);
-        old_logprobs(j, docs, N, b.samples, b.prompts, n, &sm);
+        old_logprobs(j, docs, N, b->samples, b->prompts, n, sm);
         if (j->ref) reference_logprobs(j, docs, N);
         double **kl = c->rl.use_kl_in_reward ? weft_alloc(sizeof(double *) * N) : NULL;
-        double coef = kl ? reward_kl(j, docs, b.prompts, b.samples, N, kl, &sm) : 0.0;
+        double coef = kl ? reward_kl(j, docs, b->prompts, b->samples, N, kl, sm) : 0.0;
         double *adv = c->rl.adv_estimator == WEFT_ADV_REINFORCE_PP
                           ? NULL : weft_alloc(sizeof(double) * N);
-        assign_advantages(j, docs, &b, N, kl, coef, adv);
-        if (c->rl.save_rollouts) save_rollouts(j, step, b.prompts, b.samples, adv, kl, docs, N);
+        assign_advantages(j, docs, b, N, kl, coef, adv);
+        if (c->rl.save_rollouts) save_rollouts(j, step, b, adv, kl, docs);
         trainer_wake(j);
-        policy_updates(j, docs, N, &sm);
+        policy_updates(j, docs, N, sm);
         free_documents(docs, N);
         for (int i = 0; kl && i < N; i++) weft_free(kl[i]);
         weft_free(adv), weft_free(kl);
     } else {
         trainer_wake(j);
     }
-    sm.training_peak_bytes = (double)j->be->peak_bytes;
-    weft_rl_samples_free(b.samples, N);
-    weft_free(b.samples), weft_free(b.rewards), weft_free(b.prompts);
+    sm->training_peak_bytes = (double)j->be->peak_bytes;
+}
+
+// After a trainer's update (rl.rollout_ranks): one step off policy, the next batch, which the
+// rollout ranks generated meanwhile with older weights, is taken first; then the new weights go
+// to the rollout ranks if a batch still to come is generated with them.
+static void after_update(rl_job *j, int step, weft_rl_batch *next, step_metrics *sm) {
+    int last = j->cfg.train.steps, lag = j->cfg.rl.one_step_off_policy;
+    if (lag && step + 1 <= last) receive_batch(j, next, sm);
+    if (step + 1 + lag <= last) weft_rl_exchange_weights(j->x, j->m);
+}
+
+// A rank that only generates (rl.rollout_ranks): batch b with the weights of step
+// max(start, b - 1 - lag), received from trainer 0 as they are needed, each batch sent to the
+// trainers, in the order after_update takes them.
+static void generate_for_trainers(rl_job *j, const weft_train_state *start) {
+    const weft_job_config *c = &j->cfg;
+    int lag = c->rl.one_step_off_policy, version = start->step, n = c->sampling.n;
+    weft_data_order order;
+    weft_data_order_start(&order, j->train->n, start->seed, start->epoch, start->cursor);
+    for (int step = start->step + 1; step <= c->train.steps; step++) {
+        int need = step - 1 - lag > start->step ? step - 1 - lag : start->step;
+        if (need > version) weft_rl_exchange_weights(j->x, j->m), version = need;
+        weft_rl_generator g = {c, j->m, j->group, j->tok, j->reward, j->train, version,
+                               weft_comm_rank(j->group) == 0};
+        weft_rl_batch b;
+        weft_rl_batch_generate(&g, &order, step, &b);
+        size_t len;
+        double *packed = weft_rl_batch_pack(&b, j->train, n, &len);
+        weft_rl_exchange_batch(j->x, packed, &len);
+        weft_free(packed);
+        weft_rl_batch_free(&b, n);
+    }
+    weft_data_order_free(&order);
+}
+
+// One RL step on a trainer: the batch (generated here, or the rollout ranks'), then training on
+// it; *trained gets where the prompt order stood after it.
+static step_metrics rl_step(rl_job *j, weft_data_order *order, int step, weft_rl_batch *next,
+                            weft_rl_batch_info *trained) {
+    double t0 = weft_now_seconds();
+    double before = (double)j->be->bytes_in_use;
+    step_metrics sm = {.eval_accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
+                       .bytes_before_rollout = before, .rollout_peak_bytes = before,
+                       .bytes_after_sleep = before};
+    weft_rl_batch b;
+    if (!j->x) {
+        generate_here(j, order, step, &b, &sm);
+    } else {
+        if (!next->samples) receive_batch(j, next, &sm);
+        b = *next, *next = (weft_rl_batch){0};
+    }
+    train_on_batch(j, &b, step, &sm);
+    *trained = b.info;
+    weft_rl_batch_free(&b, j->cfg.sampling.n);
+    if (j->x) after_update(j, step, next, &sm);
     sm.step_seconds = weft_now_seconds() - t0;
     return sm;
 }
@@ -625,7 +627,8 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
             "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f, "
             "\"offloaded_bytes\": %.0f, \"rollout_prefix_hits\": %ld, \"reward_seconds\": %.4f, "
-            "\"rewards_while_generating\": %.0f",
+            "\"rewards_while_generating\": %.0f, \"rollout_weight_version\": %d, "
+            "\"sample_wait_seconds\": %.4f",
             step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
             m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
             l->tis_weight, l->tis_capped,
@@ -635,7 +638,8 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
             m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
             m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
             m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes,
-            m->rollout.prefix_hits, m->reward_seconds, m->rewards_while_generating);
+            m->rollout.prefix_hits, m->reward_seconds, m->rewards_while_generating,
+            m->rollout_weight_version, m->sample_wait_seconds);
     if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
         fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
                 m->mismatch_max, m->mismatch_mean, m->mismatch_k3);
@@ -653,22 +657,28 @@ static void write_metrics(FILE *f, int step, const step_metrics *m) {
     fflush(f);
 }
 
-static void print_step(int step, int steps, const step_metrics *m) {
-    char eval[48] = "", kl[64] = "", mismatch[32] = "-";
+static void print_step(int step, int steps, const step_metrics *m, bool disaggregated) {
+    char eval[48] = "", kl[64] = "", mismatch[32] = "-", rollout[64];
     if (m->mismatch_max >= 0) snprintf(mismatch, sizeof mismatch, "%.2g", m->mismatch_max);
     if (m->eval_accuracy >= 0) snprintf(eval, sizeof eval, "  held-out %.3f", m->eval_accuracy);
     if (m->reward_kl_coef >= 0)
         snprintf(kl, sizeof kl, "  kl-in-reward %.3g x %.3g", m->reward_kl, m->reward_kl_coef);
+    if (disaggregated) // the rollout ran on other ranks; what the trainers spent is their wait
+        snprintf(rollout, sizeof rollout, "rollout %.1f of weights v%d, waited %.1f",
+                 m->rollout_seconds, m->rollout_weight_version, m->sample_wait_seconds);
+    else
+        snprintf(rollout, sizeof rollout, "rollout %.1f", m->rollout_seconds);
     printf("step %d/%d  reward %.3f  acc %.3f%s  len %.1f  pg %.4f  clip %.3f  entropy %.3f%s  "
-           "gnorm %.3f  mismatch %s  %.1fs (rollout %.1f, logp %.1f, update %.1f)\n",
+           "gnorm %.3f  mismatch %s  %.1fs (%s, logp %.1f, update %.1f)\n",
            step, steps, m->reward_mean, m->accuracy, eval, m->length_mean, m->loss.pg_loss,
            m->loss.pg_clipfrac, m->loss.entropy, kl, m->grad_norm, mismatch,
-           m->step_seconds, m->rollout_seconds, m->old_logprob_seconds, m->update_seconds);
+           m->step_seconds, rollout, m->old_logprob_seconds, m->update_seconds);
     fflush(stdout);
 }
 
-// The two phases' memory in the last step: the KV pool exists only in the first.
-static void print_memory(const step_metrics *m) {
+// The two phases' memory in the last step: the KV pool exists only in the first. Disaggregated,
+// the pool is on the rollout ranks and the trainers hold their training state throughout.
+static void print_memory(const step_metrics *m, bool disaggregated) {
     char base[32], roll[32], pool[32], train[32], after[32], gone[32];
     weft_format_bytes(base, sizeof base, (size_t)m->bytes_before_rollout);
     weft_format_bytes(roll, sizeof roll, (size_t)m->rollout_peak_bytes);
@@ -676,6 +686,11 @@ static void print_memory(const step_metrics *m) {
     weft_format_bytes(after, sizeof after, (size_t)m->bytes_after_sleep);
     weft_format_bytes(train, sizeof train, (size_t)m->training_peak_bytes);
     weft_format_bytes(gone, sizeof gone, (size_t)m->offloaded_bytes);
+    if (disaggregated) {
+        printf("memory (last step, measured): trainer ranks %s held between steps, training peak "
+               "%s; rollout ranks' KV pool %s\n", base, train, pool);
+        return;
+    }
     printf("memory (last step, measured): %s held between steps; rollout peak %s with a KV pool "
            "of %s, freed at sleep (%s held after it)%s%s%s; training peak %s\n", base, roll, pool,
            after, m->offloaded_bytes > 0 ? ", optimizer state, gradients and activations (" : "",
@@ -696,6 +711,15 @@ static FILE *open_metrics_file(const rl_job *j, int step) {
 
 // -------------------------------------------------------------------------------- the job ----
 
+// The layout, when some ranks only generate ("" otherwise).
+static const char *layout_note(const rl_job *j, char *note, size_t size) {
+    if (!j->x) return "";
+    int T = weft_rl_exchange_trainers(j->x);
+    snprintf(note, size, ": %d training, %d generating%s", T, weft_comm_size(j->world) - T,
+             j->cfg.rl.one_step_off_policy ? ", one step off policy" : "");
+    return note;
+}
+
 static bool due(int step, int every, int last) { return every > 0 && (step % every == 0 || step == last); }
 
 int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char *stats_path) {
@@ -707,41 +731,54 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
     job_open(&j, &cfg, session);
     weft_train_state state = {.seed = (uint64_t)cfg.train.seed};
     char *ckpt = NULL;
-    if (cfg.resume[0]) {
+    if (cfg.resume[0] && j.t) {
         ckpt = weft_checkpoint_find(cfg.resume);
         state = weft_checkpoint_load(ckpt, j.t);
         if (state.has_kl_coef && cfg.rl.use_kl_in_reward && cfg.rl.kl_ctrl == WEFT_KL_CTRL_ADAPTIVE)
             j.kl_coef = state.kl_coef;
         if (j.writer) printf("resumed from %s at step %d\n", ckpt, state.step);
     }
+    if (j.x) { // the rollout ranks start where trainer 0 does, with its weights
+        weft_rl_exchange_share(j.x, &state, sizeof state);
+        weft_rl_exchange_weights(j.x, j.m);
+    }
     if (weft_run_is_finished(&cfg, state.step, j.writer)) {
         weft_free(ckpt);
         job_close(&j);
         return 0;
     }
+    if (weft_rl_exchange_generates(j.x)) {
+        generate_for_trainers(&j, &state);
+        job_close(&j);
+        return 0;
+    }
     j.metrics = open_metrics_file(&j, state.step);
+    char note[160];
     if (j.writer)
         printf("weft rl: %s, %d steps of %d prompts x %d samples, %d training problems, %d "
-               "held-out, %d rank(s)\n", cfg.model.path, cfg.train.steps,
+               "held-out, %d rank(s)%s\n", cfg.model.path, cfg.train.steps,
                cfg.train.global_batch_size, cfg.sampling.n, j.train->n, j.eval->n,
-               weft_comm_size(j.world));
+               weft_comm_size(j.world), layout_note(&j, note, sizeof note));
     double start_accuracy = cfg.rl.eval_every > 0 ? evaluate(&j) : -1, last_accuracy = start_accuracy;
     if (j.writer && start_accuracy >= 0) printf("held-out accuracy at the start: %.3f\n", start_accuracy);
     weft_data_order order;
     weft_data_order_start(&order, j.train->n, state.seed, state.epoch, state.cursor);
     step_metrics last = {0};
+    weft_rl_batch next = {0}; // disaggregated: a batch received ahead (one step off policy)
     for (int step = state.step + 1; step <= cfg.train.steps; step++) {
-        step_metrics sm = rl_step(&j, &order, step);
+        weft_rl_batch_info trained;
+        step_metrics sm = rl_step(&j, &order, step, &next, &trained);
         last = sm;
         if (due(step, cfg.rl.eval_every, cfg.train.steps)) last_accuracy = sm.eval_accuracy = evaluate(&j);
-        if (j.writer) write_metrics(j.metrics, step, &sm), print_step(step, cfg.train.steps, &sm);
-        state.step = step, state.epoch = order.epoch, state.cursor = order.cursor;
+        if (j.writer)
+            write_metrics(j.metrics, step, &sm), print_step(step, cfg.train.steps, &sm, j.x);
+        state.step = step, state.epoch = trained.epoch, state.cursor = trained.cursor;
         state.has_kl_coef = cfg.rl.use_kl_in_reward && cfg.rl.kl_ctrl == WEFT_KL_CTRL_ADAPTIVE;
         state.kl_coef = j.kl_coef;
         if (due(step, cfg.train.save_every, cfg.train.steps))
             weft_free(weft_checkpoint_save(cfg.train.output_dir, j.t, &state));
     }
-    if (j.writer && last.step_seconds > 0) print_memory(&last);
+    if (j.writer && last.step_seconds > 0) print_memory(&last, j.x);
     if (j.writer && start_accuracy >= 0)
         printf("done: held-out accuracy %.3f -> %.3f; metrics.jsonl and checkpoints in %s\n",
                start_accuracy, last_accuracy, cfg.train.output_dir);

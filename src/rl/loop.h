@@ -3,7 +3,8 @@
 // own parameters (the KV pool exists only while they are), rewarded, turned into group
 // advantages; the trainer recomputes the old log-probs in its own layout, then takes
 // rl.ppo_epochs passes of rl.ppo_mini_batch_size-prompt policy updates; the weights' version
-// goes up by one.
+// goes up by one. With rl.rollout_ranks the last ranks generate and the others train
+// (rl/exchange.h), in lockstep or one step off policy.
 #pragma once
 #include "train/config.h"
 #include "train/session.h"

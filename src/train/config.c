@@ -207,6 +207,15 @@ static const key_def KEYS[] = {
     {"rl.recompute_old_logprobs", KEY_BOOL, F(rl.recompute_old_logprobs),
      "the trainer scores the samples for old log-probs (the mismatch measured); false: the "
      "rollout's serve", NULL},
+    {"rl.rollout_ranks", KEY_INT, F(rl.rollout_ranks),
+     "ranks that only generate (the last ones), the others only train; 0: every rank does both",
+     NULL},
+    {"rl.one_step_off_policy", KEY_BOOL, F(rl.one_step_off_policy),
+     "with rl.rollout_ranks: the next step's samples generate while the trainers train, with "
+     "the weights one version behind", NULL},
+    {"rl.exchange_timeout", KEY_REAL, F(rl.exchange_timeout),
+     "with rl.rollout_ranks: seconds the trainers wait for samples and the rollout ranks for "
+     "weights", NULL},
     {"rl.save_rollouts", KEY_BOOL, F(rl.save_rollouts),
      "write each step's samples (tokens, log-probs, rewards, advantages) under rollouts/", NULL},
     {"reward.type", KEY_CHOICE, F(reward.type), "exact_match or command", REWARD_TYPES},

@@ -135,13 +135,13 @@ BASE = ["train.steps=2", "train.global_batch_size=4", "rl.ppo_mini_batch_size=0"
 LEARNING_LENGTHS = [5, 12, 3, 20, 8, 15, 9, 11, 4, 7]
 
 
-def learning_setup(tmp):
-    """A job whose updates move the policy: the tiny model (seed 21, std 0.2), ten prompts of
-    LEARNING_LENGTHS and REWARD_SCRIPT's rewards, which differ within a group. Returns (model
+def learning_setup(tmp, lengths=LEARNING_LENGTHS, seed=21):
+    """A job whose updates move the policy: the tiny model (seed, std 0.2), prompts of `lengths`
+    (seed + 1) and REWARD_SCRIPT's rewards, which differ within a group. Returns (model
     directory, prompt file, the reward settings)."""
     mdir, prompts = os.path.join(tmp, "model"), os.path.join(tmp, "prompts.jsonl")
-    make_tiny_model(mdir, seed=21, std=0.2)
-    write_prompts(prompts, LEARNING_LENGTHS, seed=22)
+    make_tiny_model(mdir, seed=seed, std=0.2)
+    write_prompts(prompts, lengths, seed=seed + 1)
     return mdir, prompts, reward_command(write_reward_script(tmp))
 
 

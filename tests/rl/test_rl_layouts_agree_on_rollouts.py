@@ -23,8 +23,7 @@ import sys
 import numpy as np
 
 from reference import fixtures
-from reference.rl_loop import (f32, make_tiny_model, metrics, reward_command, rl_args, rollouts,
-                               run_rl, write_prompts, write_reward_script)
+from reference.rl_loop import f32, learning_setup, metrics, rl_args, rollouts, run_rl
 
 LENGTHS = [40, 3, 17, 25, 9, 33, 6, 38]
 SETTINGS = ["train.steps=2", "train.global_batch_size=4", "sampling.n=4", "sampling.max_tokens=8",
@@ -75,10 +74,7 @@ def compare_step(label, step, ref, got, failures):
 
 def cases(weft, tmp):
     failures = []
-    mdir, prompts = os.path.join(tmp, "model"), os.path.join(tmp, "prompts.jsonl")
-    make_tiny_model(mdir, seed=11, std=0.2)
-    write_prompts(prompts, LENGTHS, seed=12)
-    reward = reward_command(write_reward_script(tmp))
+    mdir, prompts, reward = learning_setup(tmp, LENGTHS, seed=11)
     ref = None
     for label, ranks, extra in LAYOUTS:
         out = os.path.join(tmp, label.replace(" ", "_").replace(",", ""))
