@@ -22,7 +22,9 @@ rewards after generation (reward_seconds) and the speed over the peer.
 With --layouts the same 2 ranks run the disaggregated layout (rl.rollout_ranks=1: one rank
 trains, one generates), synchronous and one step off policy (generation of the next step
 overlapping the update), against the hybrid engine on both ranks as the peer. The table adds the
-trainer's wait for samples (sample_wait_seconds) and the rollout's own seconds.
+trainer's wait for samples (sample_wait_seconds) and the rollout's own seconds. With
+--reward-ms too, that table replaces the reward table: every layout's rewards come from the
+slow command, 2 one-worker processes in all (overlapped).
 """
 import argparse
 import json
@@ -107,7 +109,7 @@ def main():
         print(f"{ranks:>5} {r['step_seconds']:8.3f} {r['rollout_seconds']:8.3f} "
               f"{r['old_logprob_seconds']:8.3f} {r['update_seconds']:8.3f} "
               f"{r['rollout_tokens_per_s']:9.0f} {r['generation_share']:9.1%} {ratio:8.2f}x")
-    if a.reward_ms > 0:
+    if a.reward_ms > 0 and not a.layouts:
         table["overlap"] = overlap_table(a)
     if a.layouts:
         table["layouts"] = layout_table(a)
@@ -120,17 +122,12 @@ def overlap_table(a):
     """The slow reward command at 1 and 8 workers, overlap on and off, on 1 and 2 ranks."""
     rows = {}
     with tempfile.TemporaryDirectory(prefix="weft_bench_rl_reward_") as tmp:
-        script = os.path.join(tmp, "reward.py")
-        with open(script, "w") as f:
-            f.write(SLOW_REWARD)
         for ranks, threads in [(1, 2), (2, 1)]:
             for label, workers, processes, overlap in REWARD_RUNS:
-                command = f"reward.command={sys.executable} {script} {a.reward_ms:g} {workers}"
                 out = os.path.join(tmp, f"r{ranks}_{workers}_{processes}_{overlap}")
                 rows[f"{ranks} ranks, {label}"] = run(
                     a.weft, ranks, threads, a.steps, out,
-                    ["reward.type=command", command, f"reward.processes={processes}",
-                     f"reward.overlap={overlap}"])
+                    slow_reward(tmp, a.reward_ms, workers, processes, overlap))
     print(f"\nreward command taking {a.reward_ms:g} ms a response; the peer: 1 worker after the "
           "rollout, the same ranks")
     print(f"{'run':>46} {'step s':>8} {'reward wait s':>13} {'vs peer':>8}")
@@ -141,20 +138,36 @@ def overlap_table(a):
     return rows
 
 
-# (label, settings) on 2 ranks of 1 thread; the first is the peer.
-LAYOUTS = [("hybrid: both ranks train and generate", []),
-           ("1 trains, 1 generates", ["rl.rollout_ranks=1"]),
+# (label, settings, reward processes per generating rank) on 2 ranks of 1 thread; the first is
+# the peer. A slow reward command gets as many processes in all in every layout: 1 on each of
+# the hybrid engine's 2 ranks, 2 on the one rank that generates.
+LAYOUTS = [("hybrid: both ranks train and generate", [], 1),
+           ("1 trains, 1 generates", ["rl.rollout_ranks=1"], 2),
            ("1 trains, 1 generates, one step off policy",
-            ["rl.rollout_ranks=1", "rl.one_step_off_policy=true"])]
+            ["rl.rollout_ranks=1", "rl.one_step_off_policy=true"], 2)]
+
+
+def slow_reward(tmp, ms, workers, processes, overlap="true"):
+    """Settings for SLOW_REWARD (written into tmp): ms per response on `workers` threads."""
+    script = os.path.join(tmp, "reward.py")
+    with open(script, "w") as f:
+        f.write(SLOW_REWARD)
+    return ["reward.type=command", f"reward.command={sys.executable} {script} {ms:g} {workers}",
+            f"reward.processes={processes}", f"reward.overlap={overlap}"]
 
 
 def layout_table(a):
-    """The default job on 2 ranks in the hybrid and the disaggregated layouts."""
+    """The default job on 2 ranks in the hybrid and the disaggregated layouts (with --reward-ms,
+    its slow reward command, one worker a process, overlapped)."""
     rows = {}
     with tempfile.TemporaryDirectory(prefix="weft_bench_rl_layout_") as tmp:
-        for i, (label, settings) in enumerate(LAYOUTS):
-            rows[label] = run(a.weft, 2, 1, a.steps, os.path.join(tmp, f"layout{i}"), settings)
-    print("\nlayouts on 2 ranks of 1 thread; the peer: the hybrid engine")
+        for i, (label, settings, processes) in enumerate(LAYOUTS):
+            reward = slow_reward(tmp, a.reward_ms, 1, processes) if a.reward_ms > 0 else []
+            rows[label] = run(a.weft, 2, 1, a.steps, os.path.join(tmp, f"layout{i}"),
+                              [*settings, *reward])
+    print("\nlayouts on 2 ranks of 1 thread" +
+          (f", a reward command taking {a.reward_ms:g} ms a response (2 one-worker processes "
+           "in all)" if a.reward_ms > 0 else "") + "; the peer: the hybrid engine")
     print(f"{'layout':>44} {'step s':>8} {'rollout s':>9} {'update s':>8} {'waited s':>8} "
           f"{'vs peer':>8}")
     peer = rows[LAYOUTS[0][0]]
