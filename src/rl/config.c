@@ -11,7 +11,7 @@ weft_rl_config weft_rl_config_default(void) {
                             .kl_coef = 0.001, .kl_target = 0.1, .kl_horizon = 10000,
                             .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
                             .ppo_epochs = 1, .min_terms = 2, .max_terms = 4, .term_below = 10,
-                            .eval_prompts = 128, .eval_every = 5, .max_gen_batches = 10,
+                            .eval_prompts = 128, .eval_every = 5, .eval_n = 1, .max_gen_batches = 10,
                             .overlong_penalty = 1.0, .recompute_old_logprobs = true,
                             .exchange_timeout = 3600.0};
 }
@@ -71,6 +71,14 @@ void weft_rl_config_validate(const weft_rl_config *c) {
                "would overlap; give some ranks to generation, or drop the setting");
     WEFT_CHECK(isfinite(c->exchange_timeout) && c->exchange_timeout > 0, "rl.exchange_timeout = "
                "%g must be a positive number of seconds", c->exchange_timeout);
+    WEFT_CHECK(c->eval_n >= 1 && c->eval_n <= WEFT_MAX_SAMPLES, "rl.eval_n = %d: give 1 to %d "
+               "responses per held-out problem", c->eval_n, WEFT_MAX_SAMPLES);
+    WEFT_CHECK(isfinite(c->eval_temperature) && c->eval_temperature >= 0, "rl.eval_temperature "
+               "= %g must be finite and not negative (0: greedy)", c->eval_temperature);
+    WEFT_CHECK(c->eval_n == 1 || c->eval_temperature > 0, "rl.eval_n = %d with "
+               "rl.eval_temperature = 0: greedy responses to one problem are all the same one; "
+               "give a temperature (verl's validations sample at 0.6 to 1), or rl.eval_n=1",
+               c->eval_n);
     WEFT_CHECK(c->eval_prompts >= 0 && c->eval_every >= 0, "rl.eval_prompts and rl.eval_every "
                "must not be negative (0: no evaluation)");
 }

@@ -65,7 +65,9 @@ typedef struct weft_rl_config {
     // The built-in task's RL problems (harder than SFT's: more terms) and held-out evaluation.
     int min_terms, max_terms;
     int term_below; // every term is below this (0: the SFT task's mix of 1 to 4 digits)
-    int eval_prompts, eval_every; // held-out problems scored greedily every eval_every steps
+    int eval_prompts, eval_every; // held-out problems scored every eval_every steps
+    int eval_n;                   // responses per held-out problem (pass@k for k up to it)
+    double eval_temperature;      // 0: greedy
     // DAPO: drop groups whose rewards are all equal and generate more, at most max_gen_batches
     // rounds per step; a soft penalty on responses within overlong_buffer tokens of
     // sampling.max_tokens, reaching -overlong_penalty at it (0: off).

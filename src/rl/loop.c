@@ -10,7 +10,9 @@
 
 #include "rl/advantage.h"
 #include "rl/batch.h"
+#include "rl/evaluate.h"
 #include "rl/exchange.h"
+#include "rl/report.h"
 #include "rl/objective.h"
 #include "rl/rollout.h"
 #include "train/checkpoint.h"
@@ -59,28 +61,6 @@ typedef struct rl_job {
     double kl_coef; // the next step's KL-in-reward coefficient (rl.use_kl_in_reward)
 } rl_job;
 
-// What one step measured, written as one line of metrics.jsonl.
-typedef struct step_metrics {
-    double reward_mean, reward_std, accuracy;
-    double length_mean, length_max, clip_frac; // responses; clip: stopped by max_tokens
-    weft_rl_metrics loss;                      // averaged over the step's updates
-    double grad_norm, lr;
-    double mismatch_max, mismatch_mean, mismatch_k3; // rollout vs trainer log-probs
-    double rollout_seconds, rollout_tokens, old_logprob_seconds, update_seconds, step_seconds;
-    double reward_seconds, rewards_while_generating; // summed over the step's rounds
-    double sample_wait_seconds; // the trainers waiting for the rollout ranks' samples
-    int rollout_weight_version; // the weights the samples were generated with
-    double eval_accuracy; // < 0: not evaluated this step
-    // KL in the reward: the responses' mean per-token KL to the reference and the coefficient
-    // the step's rewards were charged at (< 0: rl.use_kl_in_reward is off).
-    double reward_kl, reward_kl_coef;
-    weft_rl_rollout_stats rollout; // the last generation round's
-    int gen_rounds, groups, groups_dropped; // dynamic sampling: rounds run, groups trained on
-    // Measured device bytes (the backend's live allocations): before the wake, the rollout
-    // phase's peak, after the sleep, and the training phase's peak.
-    double bytes_before_rollout, rollout_peak_bytes, bytes_after_sleep, training_peak_bytes;
-    double offloaded_bytes; // rl.offload_training_state: device bytes given up for rollout
-} step_metrics;
 
 // ------------------------------------------------------------------------------- start-up ----
 
@@ -262,7 +242,7 @@ static void free_documents(weft_document *docs, int n) {
 // Over the step's samples: rewards (the overlong penalty included), accuracy (the reward
 // function's score above 0), lengths.
 static void sample_statistics(const weft_rl_sample *s, const double *rewards, int N,
-                              step_metrics *sm) {
+                              weft_rl_step_metrics *sm) {
     double sum = 0, sq = 0, len = 0, most = 0, clipped = 0, correct = 0;
     for (int i = 0; i < N; i++) {
         sum += rewards[i], sq += rewards[i] * rewards[i], correct += s[i].reward > 0;
@@ -288,7 +268,7 @@ static float *scored_logprobs(weft_trainer *t, const weft_document *docs, int N)
 // the rollout's were from them (0 on the CPU: the same ops in the same order). Without
 // rl.recompute_old_logprobs, the rollout's own, and no mismatch measured (< 0).
 static void old_logprobs(rl_job *j, weft_document *docs, int N, const weft_rl_sample *samples,
-                         const weft_rl_prompt *const *prompts, int n, step_metrics *sm) {
+                         const weft_rl_prompt *const *prompts, int n, weft_rl_step_metrics *sm) {
     double t0 = weft_now_seconds();
     if (!j->cfg.rl.recompute_old_logprobs) {
         for (int i = 0; i < N; i++) {
@@ -333,7 +313,7 @@ static void reference_logprobs(rl_job *j, weft_document *docs, int N) {
 // (samples[i].len); sm gets the responses' mean per-token KL and the coefficient charged, and the
 // controller sets the next step's. Returns the coefficient charged.
 static double reward_kl(rl_job *j, const weft_document *docs, const weft_rl_prompt *const *prompts,
-                        const weft_rl_sample *samples, int N, double **kl, step_metrics *sm) {
+                        const weft_rl_sample *samples, int N, double **kl, weft_rl_step_metrics *sm) {
     const weft_rl_config *c = &j->cfg.rl;
     int n = j->cfg.sampling.n;
     double per_token = 0;
@@ -384,7 +364,7 @@ static void add_metrics(weft_rl_metrics *acc, const weft_rl_metrics *m, double w
 
 // rl.ppo_epochs passes over the step's samples in mini-batches of whole groups, one optimizer
 // step each.
-static void policy_updates(rl_job *j, const weft_document *docs, int N, step_metrics *sm) {
+static void policy_updates(rl_job *j, const weft_document *docs, int N, weft_rl_step_metrics *sm) {
     double t0 = weft_now_seconds();
     const weft_job_config *c = &j->cfg;
     int n = c->sampling.n;
@@ -422,24 +402,13 @@ static void trainer_wake(rl_job *j) {
     if (j->cfg.rl.offload_training_state) weft_trainer_wake(j->t);
 }
 
-// Greedy answers to the held-out problems: the fraction rewarded.
-static double evaluate(rl_job *j) {
+// The held-out problems, on the trainers (with rl.rollout_ranks too: they hold the newest
+// weights), the trainer asleep meanwhile like a rollout's.
+static weft_rl_eval evaluate(rl_job *j) {
     trainer_sleep(j);
-    weft_sampling_config greedy = j->cfg.sampling;
-    greedy.temperature = 0, greedy.n = 1, greedy.top_k = 0, greedy.top_p = 1, greedy.min_p = 0;
-    int P = j->eval->n;
-    const weft_rl_prompt **prompts = weft_alloc(sizeof *prompts * (P > 0 ? P : 1));
-    for (int k = 0; k < P; k++) prompts[k] = &j->eval->p[k];
-    weft_rl_sample *s = weft_alloc(sizeof *s * (P > 0 ? P : 1));
-    weft_rl_rollout_request rq = {&j->cfg.rollout, &greedy, j->tok, j->reward, prompts, P, 0,
-                                  j->cfg.reward.overlap};
-    weft_rl_rollout(j->m, j->group, &rq, s);
-    double correct = 0;
-    for (int k = 0; k < P; k++) correct += s[k].reward > 0;
-    weft_rl_samples_free(s, P);
-    weft_free(s), weft_free(prompts);
+    weft_rl_eval r = weft_rl_evaluate(j->m, j->group, &j->cfg, j->tok, j->reward, j->eval);
     trainer_wake(j);
-    return P > 0 ? correct / P : 0.0;
+    return r;
 }
 
 static json_t *float_list(const float *x, int n) {
@@ -497,7 +466,7 @@ static void save_rollouts(const rl_job *j, int step, const weft_rl_batch *b, con
 // Every rank trains and generates: the step's batch generated here with the trainer's own
 // weights (version step - 1) while the trainer sleeps.
 static void generate_here(rl_job *j, weft_data_order *order, int step, weft_rl_batch *b,
-                          step_metrics *sm) {
+                          weft_rl_step_metrics *sm) {
     sm->offloaded_bytes = trainer_sleep(j);
     weft_backend_reset_peak(j->be);
     weft_rl_generator g = {&j->cfg, j->m, j->group, j->tok, j->reward, j->train, step - 1,
@@ -508,7 +477,7 @@ static void generate_here(rl_job *j, weft_data_order *order, int step, weft_rl_b
 }
 
 // A trainer's wait for the rollout ranks' next batch.
-static void receive_batch(rl_job *j, weft_rl_batch *b, step_metrics *sm) {
+static void receive_batch(rl_job *j, weft_rl_batch *b, weft_rl_step_metrics *sm) {
     double t0 = weft_now_seconds();
     size_t len = 0;
     double *packed = weft_rl_exchange_batch(j->x, NULL, &len);
@@ -518,7 +487,7 @@ static void receive_batch(rl_job *j, weft_rl_batch *b, step_metrics *sm) {
 }
 
 // The trainer's part of a step: rewards, advantages, old log-probs, policy updates.
-static void train_on_batch(rl_job *j, const weft_rl_batch *b, int step, step_metrics *sm) {
+static void train_on_batch(rl_job *j, const weft_rl_batch *b, int step, weft_rl_step_metrics *sm) {
     const weft_job_config *c = &j->cfg;
     const weft_rl_batch_info *in = &b->info;
     int n = c->sampling.n, N = in->groups * n;
@@ -556,7 +525,7 @@ static void train_on_batch(rl_job *j, const weft_rl_batch *b, int step, step_met
 // After a trainer's update (rl.rollout_ranks): one step off policy, the next batch, which the
 // rollout ranks generated meanwhile with older weights, is taken first; then the new weights go
 // to the rollout ranks if a batch still to come is generated with them.
-static void after_update(rl_job *j, int step, weft_rl_batch *next, step_metrics *sm) {
+static void after_update(rl_job *j, int step, weft_rl_batch *next, weft_rl_step_metrics *sm) {
     int last = j->cfg.train.steps, lag = j->cfg.rl.one_step_off_policy;
     if (lag && step + 1 <= last) receive_batch(j, next, sm);
     if (step + 1 + lag <= last) weft_rl_exchange_weights(j->x, j->m);
@@ -588,11 +557,11 @@ static void generate_for_trainers(rl_job *j, const weft_train_state *start) {
 
 // One RL step on a trainer: the batch (generated here, or the rollout ranks'), then training on
 // it; *trained gets where the prompt order stood after it.
-static step_metrics rl_step(rl_job *j, weft_data_order *order, int step, weft_rl_batch *next,
+static weft_rl_step_metrics rl_step(rl_job *j, weft_data_order *order, int step, weft_rl_batch *next,
                             weft_rl_batch_info *trained) {
     double t0 = weft_now_seconds();
     double before = (double)j->be->bytes_in_use;
-    step_metrics sm = {.eval_accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
+    weft_rl_step_metrics sm = {.eval.accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
                        .bytes_before_rollout = before, .rollout_peak_bytes = before,
                        .bytes_after_sleep = before};
     weft_rl_batch b;
@@ -608,93 +577,6 @@ static step_metrics rl_step(rl_job *j, weft_data_order *order, int step, weft_rl
     if (j->x) after_update(j, step, next, &sm);
     sm.step_seconds = weft_now_seconds() - t0;
     return sm;
-}
-
-// ----------------------------------------------------------------------------- reporting ----
-
-static void write_metrics(FILE *f, int step, const step_metrics *m) {
-    const weft_rl_metrics *l = &m->loss;
-    fprintf(f, "{\"step\": %d, \"reward_mean\": %.9g, \"reward_std\": %.9g, \"accuracy\": %.9g, "
-            "\"response_length_mean\": %.6g, \"response_length_max\": %.0f, "
-            "\"response_clip_frac\": %.6g, \"loss\": %.9g, \"pg_loss\": %.9g, "
-            "\"pg_clipfrac\": %.6g, \"pg_clipfrac_lower\": %.6g, \"ppo_kl\": %.9g, "
-            "\"tis_weight\": %.9g, \"tis_capped\": %.6g, "
-            "\"kl_loss\": %.9g, \"entropy\": %.9g, \"grad_norm\": %.9g, \"lr\": %.6g, "
-            "\"kv_bytes_freed\": %.0f, \"rollout_seconds\": %.4f, \"rollout_tokens\": %.0f, "
-            "\"rollout_tokens_per_s\": %.1f, \"old_logprob_seconds\": %.4f, "
-            "\"update_seconds\": %.4f, \"step_seconds\": %.4f, \"weight_version\": %d, "
-            "\"gen_rounds\": %d, \"groups\": %d, \"groups_dropped\": %d, "
-            "\"before_rollout_bytes\": %.0f, \"rollout_peak_bytes\": %.0f, "
-            "\"after_sleep_bytes\": %.0f, \"training_peak_bytes\": %.0f, "
-            "\"offloaded_bytes\": %.0f, \"rollout_prefix_hits\": %ld, \"reward_seconds\": %.4f, "
-            "\"rewards_while_generating\": %.0f, \"rollout_weight_version\": %d, "
-            "\"sample_wait_seconds\": %.4f",
-            step, m->reward_mean, m->reward_std, m->accuracy, m->length_mean, m->length_max,
-            m->clip_frac, l->loss, l->pg_loss, l->pg_clipfrac, l->pg_clipfrac_lower, l->ppo_kl,
-            l->tis_weight, l->tis_capped,
-            l->kl_loss, l->entropy, m->grad_norm, m->lr, m->rollout.pool_bytes, m->rollout_seconds,
-            m->rollout_tokens,
-            m->rollout_seconds > 0 ? m->rollout_tokens / m->rollout_seconds : 0.0,
-            m->old_logprob_seconds, m->update_seconds, m->step_seconds, step, m->gen_rounds,
-            m->groups, m->groups_dropped, m->bytes_before_rollout, m->rollout_peak_bytes,
-            m->bytes_after_sleep, m->training_peak_bytes, m->offloaded_bytes,
-            m->rollout.prefix_hits, m->reward_seconds, m->rewards_while_generating,
-            m->rollout_weight_version, m->sample_wait_seconds);
-    if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
-        fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
-                m->mismatch_max, m->mismatch_mean, m->mismatch_k3);
-    if (m->eval_accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.6g", m->eval_accuracy);
-    if (m->reward_kl_coef >= 0)
-        fprintf(f, ", \"reward_kl_penalty\": %.17g, \"reward_kl_penalty_coeff\": %.17g",
-                m->reward_kl, m->reward_kl_coef);
-    if (m->rollout.spec_depth > 0) {
-        fprintf(f, ", \"spec_acceptance\": [");
-        for (int j = 0; j < m->rollout.spec_depth; j++)
-            fprintf(f, "%s%.6g", j ? ", " : "", m->rollout.spec_acceptance[j]);
-        fprintf(f, "], \"spec_tokens_per_verify\": %.6g", m->rollout.spec_tokens_per_verify);
-    }
-    fprintf(f, "}\n");
-    fflush(f);
-}
-
-static void print_step(int step, int steps, const step_metrics *m, bool disaggregated) {
-    char eval[48] = "", kl[64] = "", mismatch[32] = "-", rollout[64];
-    if (m->mismatch_max >= 0) snprintf(mismatch, sizeof mismatch, "%.2g", m->mismatch_max);
-    if (m->eval_accuracy >= 0) snprintf(eval, sizeof eval, "  held-out %.3f", m->eval_accuracy);
-    if (m->reward_kl_coef >= 0)
-        snprintf(kl, sizeof kl, "  kl-in-reward %.3g x %.3g", m->reward_kl, m->reward_kl_coef);
-    if (disaggregated) // the rollout ran on other ranks; what the trainers spent is their wait
-        snprintf(rollout, sizeof rollout, "rollout %.1f of weights v%d, waited %.1f",
-                 m->rollout_seconds, m->rollout_weight_version, m->sample_wait_seconds);
-    else
-        snprintf(rollout, sizeof rollout, "rollout %.1f", m->rollout_seconds);
-    printf("step %d/%d  reward %.3f  acc %.3f%s  len %.1f  pg %.4f  clip %.3f  entropy %.3f%s  "
-           "gnorm %.3f  mismatch %s  %.1fs (%s, logp %.1f, update %.1f)\n",
-           step, steps, m->reward_mean, m->accuracy, eval, m->length_mean, m->loss.pg_loss,
-           m->loss.pg_clipfrac, m->loss.entropy, kl, m->grad_norm, mismatch,
-           m->step_seconds, rollout, m->old_logprob_seconds, m->update_seconds);
-    fflush(stdout);
-}
-
-// The two phases' memory in the last step: the KV pool exists only in the first. Disaggregated,
-// the pool is on the rollout ranks and the trainers hold their training state throughout.
-static void print_memory(const step_metrics *m, bool disaggregated) {
-    char base[32], roll[32], pool[32], train[32], after[32], gone[32];
-    weft_format_bytes(base, sizeof base, (size_t)m->bytes_before_rollout);
-    weft_format_bytes(roll, sizeof roll, (size_t)m->rollout_peak_bytes);
-    weft_format_bytes(pool, sizeof pool, (size_t)m->rollout.pool_bytes);
-    weft_format_bytes(after, sizeof after, (size_t)m->bytes_after_sleep);
-    weft_format_bytes(train, sizeof train, (size_t)m->training_peak_bytes);
-    weft_format_bytes(gone, sizeof gone, (size_t)m->offloaded_bytes);
-    if (disaggregated) {
-        printf("memory (last step, measured): trainer ranks %s held between steps, training peak "
-               "%s; rollout ranks' KV pool %s\n", base, train, pool);
-        return;
-    }
-    printf("memory (last step, measured): %s held between steps; rollout peak %s with a KV pool "
-           "of %s, freed at sleep (%s held after it)%s%s%s; training peak %s\n", base, roll, pool,
-           after, m->offloaded_bytes > 0 ? ", optimizer state, gradients and activations (" : "",
-           m->offloaded_bytes > 0 ? gone : "", m->offloaded_bytes > 0 ? ") offloaded" : "", train);
 }
 
 static FILE *open_metrics_file(const rl_job *j, int step) {
@@ -759,32 +641,36 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
                "held-out, %d rank(s)%s\n", cfg.model.path, cfg.train.steps,
                cfg.train.global_batch_size, cfg.sampling.n, j.train->n, j.eval->n,
                weft_comm_size(j.world), layout_note(&j, note, sizeof note));
-    double start_accuracy = cfg.rl.eval_every > 0 ? evaluate(&j) : -1, last_accuracy = start_accuracy;
-    if (j.writer && start_accuracy >= 0) printf("held-out accuracy at the start: %.3f\n", start_accuracy);
+    weft_rl_eval start = {.accuracy = -1};
+    if (cfg.rl.eval_every > 0) start = evaluate(&j);
+    weft_rl_eval latest = start;
+    char text[2][80];
+    if (j.writer && start.accuracy >= 0)
+        printf("%s\n", weft_rl_describe_eval(text[0], sizeof text[0], "held-out accuracy at the start: ",
+                                     &start));
     weft_data_order order;
     weft_data_order_start(&order, j.train->n, state.seed, state.epoch, state.cursor);
-    step_metrics last = {0};
+    weft_rl_step_metrics last = {0};
     weft_rl_batch next = {0}; // disaggregated: a batch received ahead (one step off policy)
     for (int step = state.step + 1; step <= cfg.train.steps; step++) {
         weft_rl_batch_info trained;
-        step_metrics sm = rl_step(&j, &order, step, &next, &trained);
+        weft_rl_step_metrics sm = rl_step(&j, &order, step, &next, &trained);
         last = sm;
-        if (due(step, cfg.rl.eval_every, cfg.train.steps)) last_accuracy = sm.eval_accuracy = evaluate(&j);
+        if (due(step, cfg.rl.eval_every, cfg.train.steps)) latest = sm.eval = evaluate(&j);
         if (j.writer)
-            write_metrics(j.metrics, step, &sm), print_step(step, cfg.train.steps, &sm, j.x);
+            weft_rl_write_metrics(j.metrics, step, &sm), weft_rl_print_step(step, cfg.train.steps, &sm, j.x);
         state.step = step, state.epoch = trained.epoch, state.cursor = trained.cursor;
         state.has_kl_coef = cfg.rl.use_kl_in_reward && cfg.rl.kl_ctrl == WEFT_KL_CTRL_ADAPTIVE;
         state.kl_coef = j.kl_coef;
         if (due(step, cfg.train.save_every, cfg.train.steps))
             weft_free(weft_checkpoint_save(cfg.train.output_dir, j.t, &state));
     }
-    if (j.writer && last.step_seconds > 0) print_memory(&last, j.x);
-    if (j.writer && start_accuracy >= 0)
-        printf("done: held-out accuracy %.3f -> %.3f; metrics.jsonl and checkpoints in %s\n",
-               start_accuracy, last_accuracy, cfg.train.output_dir);
-    json_t *stats = json_pack("{s:f, s:f, s:i}", "eval_accuracy_start", start_accuracy,
-                              "eval_accuracy_end", last_accuracy, "steps", cfg.train.steps);
-    weft_stats_save(stats, j.writer ? stats_path : NULL);
+    if (j.writer && last.step_seconds > 0) weft_rl_print_memory(&last, j.x);
+    if (j.writer && start.accuracy >= 0)
+        printf("done: %s ->%s; metrics.jsonl and checkpoints in %s\n",
+               weft_rl_describe_eval(text[0], sizeof text[0], "held-out accuracy ", &start),
+               weft_rl_describe_eval(text[1], sizeof text[1], " ", &latest), cfg.train.output_dir);
+    weft_rl_save_stats(j.writer ? stats_path : NULL, &start, &latest, cfg.train.steps);
     weft_data_order_free(&order);
     weft_free(ckpt);
     job_close(&j);
