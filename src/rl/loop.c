@@ -181,7 +181,10 @@ static void job_open(rl_job *j, const weft_job_config *cfg, weft_session *sessio
                "more prompts", cfg->train.global_batch_size, j->train->n, cfg->data.source);
     check_prompts(j, j->train);
     check_prompts(j, j->eval);
-    j->reward = weft_reward_create(&cfg->reward); // a reward command starts once all is checked
+    // A reward command starts once all is checked; a rank that only trains needs one for
+    // held-out evaluation alone.
+    if (!j->x || weft_rl_exchange_generates(j->x) || cfg->rl.eval_every > 0)
+        j->reward = weft_reward_create(&cfg->reward);
 }
 
 static void job_close(rl_job *j) {

@@ -4,7 +4,8 @@ generate and score, the others only train, samples go to the trainers and weight
   - Synchronous (rl.rollout_ranks=1 on 2 ranks, =2 on 3 ranks): every step's samples (tokens,
     rollout log-probs, the trainer's old log-probs, rewards, advantages, weight versions) and
     every metric but timings equal, in every bit, the hybrid engine's on 1 rank: the rollout
-    ranks generate with exactly the weights the trainer made, step after step. A 2-step run
+    ranks generate with exactly the weights the trainer made, step after step (held-out
+    evaluation, on the trainers, included: 2 problems x 2 sampled responses). A 2-step run
     resumed to 3 steps gives the same step 3. The same on device=cuda (2 GPUs or the emulator),
     where the weights go device to device through NCCL, for 2 steps.
   - One step off policy (rl.one_step_off_policy=true, 1 + 1 ranks): step k's samples carry weight
@@ -14,7 +15,8 @@ generate and score, the others only train, samples go to the trainers and weight
     with those weights and no others. From step 2 on the trainer's recomputed old log-probs
     (weights one version newer) differ from them, and metrics' mismatch_max says by how much.
 
-The model is a random byte-level Qwen2 (vocab 257); 4 prompts of 3 to 40 bytes per step x 4
+The model is a random byte-level Qwen2 (vocab 257); 4 prompts of 3 to 40 bytes (of 6; 2 more
+held out) per step x 4
 samples of up to 8 tokens, 3 steps, a checkpoint each step; the reward command's reward is a
 fixed function of the response's bytes, so advantages and updates are not 0.
 """
@@ -32,7 +34,8 @@ LENGTHS = [40, 3, 17, 25, 9, 33, 6, 38]
 STEPS = 3
 SETTINGS = [f"train.steps={STEPS}", "train.global_batch_size=4", "sampling.n=4",
             "sampling.max_tokens=8", "rl.save_rollouts=true", "optim.lr=1e-3",
-            "optim.min_lr=1e-3", "rl.ppo_mini_batch_size=2", "train.save_every=1"]
+            "optim.min_lr=1e-3", "rl.ppo_mini_batch_size=2", "train.save_every=1",
+            "rl.eval_every=2", "rl.eval_prompts=2", "rl.eval_n=2", "rl.eval_temperature=1"]
 SYNCHRONOUS = [("1 training + 1 generating", 2, ["rl.rollout_ranks=1"]),
                ("1 training + 2 generating", 3, ["rl.rollout_ranks=2"])]
 OFF_POLICY = ["rl.rollout_ranks=1", "rl.one_step_off_policy=true"]
