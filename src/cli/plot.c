@@ -20,20 +20,34 @@ static double field(json_t *r, const char *key) {
 }
 
 // The columns plotted: SFT "step loss accuracy lr"; RL (records with reward_mean) "step reward
-// accuracy eval_accuracy response_length entropy rollout_s logprob_s update_s reward_kl"
-// (NaN: absent).
+// accuracy eval_accuracy response_length entropy rollout_s logprob_s update_s reward_kl wait_s
+// pass@N" (NaN: absent; pass@N the record's eval_pass_at_K of the largest K).
 static const char *const SFT_COLUMNS[] = {"loss", "accuracy", "lr", NULL};
 static const char *const RL_COLUMNS[] = {"reward_mean", "accuracy", "eval_accuracy",
                                          "response_length_mean", "entropy", "rollout_seconds",
                                          "old_logprob_seconds", "update_seconds",
-                                         "reward_kl_penalty", NULL};
+                                         "reward_kl_penalty", "sample_wait_seconds", NULL};
 
 typedef struct table_info {
     int rows;
     bool rl;                    // the metrics are an RL run's
     bool kl_in_reward;          // ... with the KL to the reference in its rewards
+    bool waited;                // ... whose trainers waited for other ranks' samples
+    int pass_k;                 // ... the held-out pass@k reported with the largest k (0: none)
     double loss_min, loss_max;  // over the rows, for the loss axis' scale
 } table_info;
+
+// The largest K of the record's eval_pass_at_K (0: none).
+static int largest_pass_k(json_t *r) {
+    const char *key;
+    json_t *v;
+    int most = 0;
+    json_object_foreach(r, key, v) {
+        int k;
+        if (sscanf(key, "eval_pass_at_%d", &k) == 1 && k > most) most = k;
+    }
+    return most;
+}
 
 // Writes the rows for gnuplot.
 static table_info write_table(const char *metrics, FILE *out) {
@@ -52,6 +66,14 @@ static table_info write_table(const char *metrics, FILE *out) {
         fprintf(out, "%lld", (long long)json_integer_value(json_object_get(r, "step")));
         for (const char *const *c = info.rl ? RL_COLUMNS : SFT_COLUMNS; *c; c++)
             fprintf(out, " %.9g", field(r, *c));
+        if (info.rl) {
+            info.waited |= field(r, "sample_wait_seconds") > 0;
+            int k = largest_pass_k(r);
+            char key[48];
+            snprintf(key, sizeof key, "eval_pass_at_%d", k);
+            if (k > 0) info.pass_k = k;
+            fprintf(out, " %.9g", k > 0 ? field(r, key) : NAN);
+        }
         fprintf(out, "\n");
         json_decref(r);
         info.rows++;
@@ -85,9 +107,19 @@ static void plot_sft(FILE *gp, const char *title, const char *table, bool log_sc
             title, log_scale ? "set logscale y\n" : "", table, table);
 }
 
-// Reward and accuracy (held-out points too), response length, entropy (and the KL to the
-// reference the rewards were charged, in the same nats per token), and each phase's seconds.
-static void plot_rl(FILE *gp, const char *title, const char *table, bool kl_in_reward) {
+// Reward and accuracy (held-out points too: with several responses a problem their mean and
+// pass@N), response length, entropy (and the KL to the reference the rewards were charged, in the
+// same nats per token), and each phase's seconds (with rollout ranks, the trainers' wait too).
+static void plot_rl(FILE *gp, const char *title, const char *table, const table_info *info) {
+    char held_out[64] = "held-out (greedy)", pass[160] = "", wait[96] = "";
+    if (info->pass_k > 0) {
+        snprintf(held_out, sizeof held_out, "held-out (mean@%d)", info->pass_k);
+        snprintf(pass, sizeof pass, ", '' using 1:12 with linespoints pt 6 dt 2 lc rgb '#d62728' "
+                 "title 'held-out pass@%d'", info->pass_k);
+    }
+    if (info->waited)
+        snprintf(wait, sizeof wait, ", '' using 1:11 with lines lw 2 dt 2 title 'trainers waiting "
+                 "for samples'");
     fprintf(gp,
             "set datafile missing NaN\n"
             "set multiplot layout 2,2 title '%s'\n"
@@ -97,20 +129,20 @@ static void plot_rl(FILE *gp, const char *title, const char *table, bool kl_in_r
             "set ylabel 'reward / accuracy'\n"
             "plot '%s' using 1:2 with lines lw 2 lc rgb '#1f77b4' title 'reward (mean)', "
             "'' using 1:3 with lines lc rgb '#2ca02c' title 'accuracy (samples)', "
-            "'' using 1:4 with linespoints pt 7 lc rgb '#d62728' title 'held-out (greedy)'\n"
+            "'' using 1:4 with linespoints pt 7 lc rgb '#d62728' title '%s'%s\n"
             "set ylabel 'tokens'\n"
             "plot '%s' using 1:5 with lines lw 2 lc rgb '#9467bd' title 'response length (mean)'\n"
             "set ylabel 'nats'\n"
             "plot '%s' using 1:6 with lines lw 2 lc rgb '#8c564b' title 'entropy'%s\n"
             "set ylabel 'seconds'\n"
-            "plot '%s' using 1:7 with lines lw 2 title 'rollout', '' using 1:8 with lines lw 2 "
-            "title 'old log-probs', '' using 1:9 with lines lw 2 title 'policy updates'\n"
+            "plot '%s' using 1:7 with lines lw 2 title 'rollout%s', '' using 1:8 with lines lw 2 "
+            "title 'old log-probs', '' using 1:9 with lines lw 2 title 'policy updates'%s\n"
             "unset multiplot\n",
-            title, table, table, table,
-            kl_in_reward ? ", '' using 1:10 with lines dt 2 lc rgb '#17becf' title 'KL to "
-                           "reference (in the reward)'"
-                         : "",
-            table);
+            title, table, held_out, pass, table, table,
+            info->kl_in_reward ? ", '' using 1:10 with lines dt 2 lc rgb '#17becf' title 'KL to "
+                                 "reference (in the reward)'"
+                               : "",
+            table, info->waited ? " (rollout ranks)" : "", wait);
 }
 
 // The gnuplot terminal of the output's extension, after checking that the file can be written
@@ -171,7 +203,7 @@ int weft_cmd_plot(int argc, char **argv) {
     WEFT_CHECK(gp, "cannot run gnuplot; install Debian's gnuplot-nox");
     fprintf(gp, "set terminal %s size %d,%d font 'sans,11'\nset termoption noenhanced\n"
             "set output '%s'\n", term, info.rl ? 1200 : 1000, info.rl ? 800 : 640, tmp_out);
-    if (info.rl) plot_rl(gp, metrics, table, info.kl_in_reward);
+    if (info.rl) plot_rl(gp, metrics, table, &info);
     else plot_sft(gp, metrics, table, log_scale);
     int status = pclose(gp);
     unlink(table);

@@ -8,7 +8,9 @@ an SVG whose title holds the path literally (gnuplot's enhanced text would turn 
 subscript); loss from 5.5 down to 0.004 gets log-scale ticks (0.01, 0.1) and loss from 5 to 0.1
 linear ones, unless --log (then 0.1 and 10). RL metrics draw the KL to the reference that the
 rewards were charged (rl.use_kl_in_reward) beside the entropy when the records carry it, and no
-such curve when they do not.
+such curve when they do not; likewise the held-out pass@N (the largest eval_pass_at_K, from
+rl.eval_n) and the trainers' wait for samples (rl.rollout_ranks: sample_wait_seconds above 0),
+each drawn exactly when the records carry it.
 """
 import json
 import os
@@ -26,14 +28,19 @@ def write_metrics(path, losses):
             f.write(json.dumps({"step": i + 1, "loss": loss, "accuracy": 0.5, "lr": 1e-3}) + "\n")
 
 
-def write_rl_metrics(path, kl_in_reward):
+def write_rl_metrics(path, kl_in_reward, extras=False):
+    """20 steps; extras: held-out pass@k every 5 steps (rl.eval_n=8) and a wait for samples."""
     with open(path, "w") as f:
         for i in range(20):
             row = {"step": i + 1, "loss": 0.01, "reward_mean": 0.2 + 0.01 * i, "accuracy": 0.3,
                    "response_length_mean": 20, "entropy": 0.2, "rollout_seconds": 0.5,
-                   "old_logprob_seconds": 0.2, "update_seconds": 0.8}
+                   "old_logprob_seconds": 0.2, "update_seconds": 0.8,
+                   "sample_wait_seconds": 0.1 if extras else 0.0}
             if kl_in_reward:
                 row.update(reward_kl_penalty=0.01 * i, reward_kl_penalty_coeff=0.001)
+            if extras and i % 5 == 4:
+                row.update(eval_accuracy=0.3, eval_pass_at_1=0.3, eval_pass_at_2=0.45,
+                           eval_pass_at_4=0.6, eval_pass_at_8=0.7)
             f.write(json.dumps(row) + "\n")
 
 
@@ -85,11 +92,14 @@ def main():
             failures.append("--log did not draw the loss on a log scale")
         for kl in (True, False):
             rl = os.path.join(run, f"rl_{kl}.jsonl")
-            write_rl_metrics(rl, kl)
-            drawn = "KL to reference" in svg(rl, f"rl_{kl}.svg")
-            if drawn != kl:
-                failures.append(f"RL metrics {'with' if kl else 'without'} reward_kl_penalty: "
-                                f"the KL curve is {'missing' if kl else 'drawn'}")
+            write_rl_metrics(rl, kl, extras=kl)
+            drawing = svg(rl, f"rl_{kl}.svg")
+            for what, key in (("KL to reference", "reward_kl_penalty"),
+                              ("held-out pass@8", "eval_pass_at_8"),
+                              ("waiting for samples", "sample_wait_seconds > 0")):
+                if (what in drawing) != kl:
+                    failures.append(f"RL metrics {'with' if kl else 'without'} {key}: the "
+                                    f"{what} curve is {'missing' if kl else 'drawn'}")
         r = plot(weft, wide, "-o", os.path.join(tmp, "wide.png"))
         with open(os.path.join(tmp, "wide.png"), "rb") as f:
             if r.returncode != 0 or f.read(8) != b"\x89PNG\r\n\x1a\n":
