@@ -68,6 +68,9 @@ void weft_rl_exchange_share(weft_rl_exchange *x, void *buf, size_t bytes) {
 double *weft_rl_exchange_batch(weft_rl_exchange *x, const double *packed, size_t *len) {
     double *got = NULL;
     double count = x->generates ? (double)*len : 0;
+    // Every rollout rank takes part, though all hold the batch: waiting here, they wait with the
+    // exchange's timeout for trainer 0 to finish its update, not inside the next rollout's
+    // collectives (parallel.collective_timeout) for a first rollout rank waiting here.
     if (x->bridged) { // the first rollout rank (bridge rank 1) sends
         broadcast(x->bridge, &count, sizeof count, 1);
         bool root = weft_comm_rank(x->bridge) == 1;
