@@ -6,7 +6,8 @@ generate and score, the others only train, samples go to the trainers and weight
     every metric but timings equal, in every bit, the hybrid engine's on 1 rank: the rollout
     ranks generate with exactly the weights the trainer made, step after step (held-out
     evaluation, on the trainers, included: 2 problems x 2 sampled responses). A 2-step run
-    resumed to 3 steps gives the same step 3. The same on device=cuda (2 GPUs or the emulator),
+    resumed to 3 steps gives the same step 3. 2 trainers (dp 2, the distributed optimizer) + 1
+    generating equal the hybrid engine on 2 ranks in the same training layout. The same on device=cuda (2 GPUs or the emulator),
     where the weights go device to device through NCCL, for 2 steps.
   - One step off policy (rl.one_step_off_policy=true, 1 + 1 ranks): step k's samples carry weight
     version max(0, k - 2) (metrics' rollout_weight_version too), step 1's equal the hybrid
@@ -144,6 +145,15 @@ def cases(weft, tmp):
             same_steps(label, ref, out, range(1, STEPS + 1), failures)
             print(f"{label}: steps 1-{STEPS} "
                   f"{'equal the hybrid engine' if len(failures) == before else 'differ'}")
+    dp2 = ["parallel.use_distributed_optimizer=true"]
+    ref2, out = os.path.join(tmp, "hybrid_dp2"), os.path.join(tmp, "dp2_plus_1")
+    if run(weft, "hybrid engine, dp 2", 2, mdir, prompts, reward, ref2, dp2, failures) and \
+            run(weft, "2 training + 1 generating", 3, mdir, prompts, reward, out,
+                [*dp2, "rl.rollout_ranks=1"], failures):
+        before = len(failures)
+        same_steps("2 training (dp 2) + 1 generating", ref2, out, range(1, STEPS + 1), failures)
+        print(f"2 training (dp 2, distributed optimizer) + 1 generating: steps 1-{STEPS} "
+              f"{'equal the hybrid engine on 2 ranks' if len(failures) == before else 'differ'}")
     out = os.path.join(tmp, "resumed")
     first = run(weft, "2 steps", 2, mdir, prompts, reward, out,
                 ["rl.rollout_ranks=1", "train.steps=2"], failures)
