@@ -46,6 +46,16 @@ static void policy_term(const weft_rl_config *c, double A, double ratio, double 
     if (out->dual_clipped) out->pg = -A * c->clip_ratio_c, out->d_logprob = 0.0;
 }
 
+// CISPO (MiniMax-M1, 2025): the ratio clipped and held constant weighs the token's log-prob,
+// -sg(clip(r)) A logp, so a token outside the range still has a gradient (PPO's would be 0).
+static void cispo_term(const weft_rl_config *c, double A, double ratio, double logp,
+                       token_loss *out) {
+    double w = fmin(fmax(ratio, 1 - c->clip_ratio_low), 1 + c->clip_ratio_high);
+    out->clipped = w != ratio;
+    out->pg = -w * A * logp;
+    out->d_logprob = -w * A;
+}
+
 double weft_rl_kl(int type, double logp, double ref, double *d_logp) {
     double diff = logp - ref, d;
     double kl;
@@ -78,7 +88,8 @@ static token_loss token_objective(const weft_rl_objective *o, int doc, int t, do
         d_ratio = fabs(log_ratio) <= 20 ? ratio : 0.0;
     }
     token_loss l = {.tis = 1.0};
-    policy_term(c, A, ratio, d_ratio, &l);
+    if (c->policy_loss == WEFT_POLICY_LOSS_CISPO) cispo_term(c, A, ratio, logp, &l);
+    else policy_term(c, A, ratio, d_ratio, &l);
     if (c->tis_imp_ratio_cap > 0) {
         // The rollout sampled from its own log-probs, not quite old's: a constant weight per
         // token, capped, with no gradient through it.

@@ -13,6 +13,8 @@ qwen2.py.
         GSPO  s_i = mean over i's targets of (logp - old); log ratio = logp - sg(logp) + sg(s_i),
               clamped at max 10; ratio = exp(that); pg = max(-A ratio, -A clamp(ratio, 1-low,
               1+high)); no dual clip
+        CISPO r as PPO's; pg = -sg(clamp(r, 1-low, 1+high)) A logp (the clipped ratio a constant
+              weight on the log-prob); clipped = [r outside the range]; no dual clip
         KL    k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1,
               clamped to [-10, 10]
         H_t   entropy of the softmax that predicts token t
@@ -53,7 +55,7 @@ from reference import qwen2  # noqa: E402
 # (a) settings
 # --------------------------------------------------------------------------------------------
 
-POLICY_LOSSES = ("ppo", "gspo")
+POLICY_LOSSES = ("ppo", "gspo", "cispo")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3")
 DEFAULTS = dict(policy_loss="ppo", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
@@ -148,7 +150,7 @@ def kl_offsets(rng, n):
 def make_rows(docs, logp, rng, policy, advantages, gspo_means=None, edges=None):
     """Per-document RL fields (full-length lists, 0 off the targets, values rounded to float32)
     from the model's own log-probs: logp[i] holds document i's log-probs at its targets (in
-    targets() order). policy "ppo": per-token log-ratios from token_log_ratios; "gspo": document
+    targets() order). policy "ppo" or "cispo": per-token log-ratios from token_log_ratios; "gspo": document
     i's log-ratios have mean gspo_means[i % len] exactly (then spread per token).
     advantages "grpo": one value per document (cycling through positive, negative, zero);
     "varying": per token, normal with some exact zeros. rollout_logprobs put old - rollout in
@@ -161,7 +163,7 @@ def make_rows(docs, logp, rng, policy, advantages, gspo_means=None, edges=None):
     for i, d in enumerate(docs):
         tt = targets(d)
         n = len(tt)
-        if policy == "ppo":
+        if policy in ("ppo", "cispo"):
             u = token_log_ratios(rng, n, edges)
         else:
             u = sequence_log_ratios(rng, n, gspo_means[i % len(gspo_means)])
@@ -256,7 +258,7 @@ def policy_terms(logp, row, tt, s):
     A = torch.tensor([row["advantages"][t] for t in tt], dtype=dtype)
     old = torch.tensor([row["old_logprobs"][t] for t in tt], dtype=dtype)
     low, high, c = s["clip_ratio_low"], s["clip_ratio_high"], s["clip_ratio_c"]
-    if s["policy_loss"] == "ppo":
+    if s["policy_loss"] in ("ppo", "cispo"):
         r = torch.exp(torch.clamp(logp - old, -20.0, 20.0))
     elif s["policy_loss"] == "gspo":
         seq = (logp - old).mean().detach()
@@ -267,9 +269,14 @@ def policy_terms(logp, row, tt, s):
     pg2 = -A * torch.clamp(r, 1.0 - low, 1.0 + high)
     pg = torch.maximum(pg1, pg2)
     clipped = (pg2 > pg1).to(dtype)
+    if s["policy_loss"] == "cispo":
+        weight = torch.clamp(r, 1.0 - low, 1.0 + high).detach()
+        pg = -weight * A * logp
+        clipped = (weight != r.detach()).to(dtype)
     # Where the dual clip bound -A c lies below the clipped loss (A < 0, ratio above c); it
     # applies to PPO only (beyond_c tells a test whether GSPO's data would show it applied).
-    beyond_c = ((A < 0) & (pg > -A * c)).to(dtype) if c > 1 else torch.zeros_like(pg)
+    beyond_c = ((A < 0) & (torch.maximum(pg1, pg2) > -A * c)).to(dtype) if c > 1 \
+        else torch.zeros_like(pg)
     lower = torch.zeros_like(pg)
     if s["policy_loss"] == "ppo" and c > 1:
         lower = beyond_c
@@ -405,7 +412,7 @@ def _hand_derivatives(logp, docs, rows, s):
         cap = s["tis_imp_ratio_cap"]
         tis = np.minimum(np.exp(old - roll), cap) if cap > 0 else np.ones(n)
         g = np.zeros(n)
-        if s["policy_loss"] == "ppo":
+        if s["policy_loss"] in ("ppo", "cispo"):
             r = np.exp(lpv - old)
         else:
             r = np.full(n, math.exp(np.mean(lpv - old))) if n else np.zeros(0)
@@ -415,6 +422,8 @@ def _hand_derivatives(logp, docs, rows, s):
             # when clipping would lower the loss (A > 0 below the range, A < 0 above it).
             unclipped = inside or (A[j] > 0 and r[j] < 1 - low) or (A[j] < 0 and r[j] > 1 + high)
             gj = -A[j] * r[j] if unclipped else 0.0
+            if s["policy_loss"] == "cispo":  # d/dlogp of -sg(clip(r)) A logp
+                gj = -A[j] * min(max(r[j], 1 - low), 1 + high)
             if s["policy_loss"] == "ppo" and c > 1 and A[j] < 0 and \
                     max(-A[j] * r[j], -A[j] * min(max(r[j], 1 - low), 1 + high)) > -A[j] * c:
                 gj = 0.0
@@ -454,6 +463,8 @@ def _self_check():
             ("gspo", "varying"): make_rows(docs, lp64, rng, "gspo", "varying",
                                            gspo_means=[0.4, -0.5, 1.3, 0.3, -0.6]),
         }
+        batches[("cispo", "grpo")] = batches[("ppo", "grpo")]
+        batches[("cispo", "varying")] = batches[("ppo", "varying")]
         # (1) d objective / d logp and d H by autograd (logp, H as leaves) vs by hand.
         for (policy, adv), rows in batches.items():
             for mode in AGG_MODES:
