@@ -19,7 +19,7 @@ static const char *USAGE =
     "         the micro-batch plan of a global batch on N ranks, or a simulation of\n"
     "         heterogeneous DCP, uniform DCP and static CP on a trace of lengths\n"
     "  rl     [--config FILE.yaml] [key=value ...]\n"
-    "         RL post-training (GRPO, RLOO, PPO-clip, GSPO) with rollouts from the trainer's\n"
+    "         RL post-training (GRPO, RLOO, PPO-clip, GSPO, CISPO) with rollouts from the trainer's\n"
     "         own weights; with no arguments, GRPO on the built-in task after the default job\n"
     "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [key=value ...]\n"
     "         completions of every prompt with the model (sampling.*, rollout.* settings)\n"
