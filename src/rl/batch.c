@@ -45,7 +45,8 @@ static void generate_round(const weft_rl_generator *g, weft_data_order *order, w
     info->last = rs;
     for (int k = 0; k < P; k++) {
         double r[WEFT_MAX_SAMPLES];
-        for (int i = 0; i < n; i++) r[i] = s[k * n + i].reward + overlong_penalty(c, s[k * n + i].len);
+        for (int i = 0; i < n; i++)
+            r[i] = s[k * n + i].reward + overlong_penalty(c, s[k * n + i].len);
         bool keep = info->groups < P && (!c->rl.dynamic_sampling || rewards_differ(r, n));
         if (keep) {
             b->prompts[info->groups] = prompts[k];

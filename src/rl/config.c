@@ -11,7 +11,8 @@ weft_rl_config weft_rl_config_default(void) {
                             .kl_coef = 0.001, .kl_target = 0.1, .kl_horizon = 10000,
                             .adv_estimator = WEFT_ADV_GRPO, .norm_adv_by_std = true,
                             .ppo_epochs = 1, .min_terms = 2, .max_terms = 4, .term_below = 10,
-                            .eval_prompts = 128, .eval_every = 5, .eval_n = 1, .max_gen_batches = 10,
+                            .eval_prompts = 128, .eval_every = 5, .eval_n = 1,
+                            .max_gen_batches = 10,
                             .overlong_penalty = 1.0, .recompute_old_logprobs = true,
                             .exchange_timeout = 3600.0};
 }

@@ -3,7 +3,11 @@
 #pragma once
 #include "core/core.h"
 
-typedef enum { WEFT_POLICY_LOSS_PPO, WEFT_POLICY_LOSS_GSPO, WEFT_POLICY_LOSS_CISPO } weft_policy_loss;
+typedef enum {
+    WEFT_POLICY_LOSS_PPO,
+    WEFT_POLICY_LOSS_GSPO,
+    WEFT_POLICY_LOSS_CISPO,
+} weft_policy_loss;
 typedef enum { WEFT_KL_K1, WEFT_KL_K2, WEFT_KL_K3 } weft_kl_type;
 // How per-token losses become one number (DESIGN.md section 12): token-mean over the mini-batch's
 // targets; the others a mean over its sequences of each one's token mean, token sum, or token sum

@@ -23,7 +23,8 @@ weft_rl_exchange *weft_rl_exchange_create(weft_comm *world, weft_backend *be,
     x->generates = rank >= x->trainers;
     double timeout = cfg->rl.exchange_timeout;
     bool debug = cfg->parallel.debug_collectives;
-    x->side = weft_comm_split(world, x->generates, rank, x->generates ? "rl-rollout" : "rl-trainers");
+    x->side = weft_comm_split(world, x->generates, rank,
+                              x->generates ? "rl-rollout" : "rl-trainers");
     weft_comm_configure(x->side, debug, cfg->parallel.collective_timeout);
     x->bridged = rank == 0 || x->generates;
     x->bridge = weft_comm_split(world, x->bridged ? 0 : 1, rank, "rl-bridge");

@@ -316,7 +316,8 @@ static void reference_logprobs(rl_job *j, weft_document *docs, int N) {
 // (samples[i].len); sm gets the responses' mean per-token KL and the coefficient charged, and the
 // controller sets the next step's. Returns the coefficient charged.
 static double reward_kl(rl_job *j, const weft_document *docs, const weft_rl_prompt *const *prompts,
-                        const weft_rl_sample *samples, int N, double **kl, weft_rl_step_metrics *sm) {
+                        const weft_rl_sample *samples, int N, double **kl,
+                        weft_rl_step_metrics *sm) {
     const weft_rl_config *c = &j->cfg.rl;
     int n = j->cfg.sampling.n;
     double per_token = 0;
@@ -560,13 +561,13 @@ static void generate_for_trainers(rl_job *j, const weft_train_state *start) {
 
 // One RL step on a trainer: the batch (generated here, or the rollout ranks'), then training on
 // it; *trained gets where the prompt order stood after it.
-static weft_rl_step_metrics rl_step(rl_job *j, weft_data_order *order, int step, weft_rl_batch *next,
-                            weft_rl_batch_info *trained) {
+static weft_rl_step_metrics rl_step(rl_job *j, weft_data_order *order, int step,
+                                    weft_rl_batch *next, weft_rl_batch_info *trained) {
     double t0 = weft_now_seconds();
     double before = (double)j->be->bytes_in_use;
     weft_rl_step_metrics sm = {.eval.accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
-                       .bytes_before_rollout = before, .rollout_peak_bytes = before,
-                       .bytes_after_sleep = before};
+                               .bytes_before_rollout = before, .rollout_peak_bytes = before,
+                               .bytes_after_sleep = before};
     weft_rl_batch b;
     if (!j->x) {
         generate_here(j, order, step, &b, &sm);
@@ -649,8 +650,8 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
     weft_rl_eval latest = start;
     char text[2][80];
     if (j.writer && start.accuracy >= 0)
-        printf("%s\n", weft_rl_describe_eval(text[0], sizeof text[0], "held-out accuracy at the start: ",
-                                     &start));
+        printf("%s\n", weft_rl_describe_eval(text[0], sizeof text[0],
+                                             "held-out accuracy at the start: ", &start));
     weft_data_order order;
     weft_data_order_start(&order, j.train->n, state.seed, state.epoch, state.cursor);
     weft_rl_step_metrics last = {0};
@@ -660,8 +661,10 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
         weft_rl_step_metrics sm = rl_step(&j, &order, step, &next, &trained);
         last = sm;
         if (due(step, cfg.rl.eval_every, cfg.train.steps)) latest = sm.eval = evaluate(&j);
-        if (j.writer)
-            weft_rl_write_metrics(j.metrics, step, &sm), weft_rl_print_step(step, cfg.train.steps, &sm, j.x);
+        if (j.writer) {
+            weft_rl_write_metrics(j.metrics, step, &sm);
+            weft_rl_print_step(step, cfg.train.steps, &sm, j.x);
+        }
         state.step = step, state.epoch = trained.epoch, state.cursor = trained.cursor;
         state.has_kl_coef = cfg.rl.use_kl_in_reward && cfg.rl.kl_ctrl == WEFT_KL_CTRL_ADAPTIVE;
         state.kl_coef = j.kl_coef;

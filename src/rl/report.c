@@ -51,7 +51,6 @@ void weft_rl_write_metrics(FILE *f, int step, const weft_rl_step_metrics *m) {
     fflush(f);
 }
 
-// "<prefix>0.512" (mean@n), then " (pass@8 0.700)" when there are several responses a problem.
 char *weft_rl_describe_eval(char *out, size_t size, const char *prefix, const weft_rl_eval *e) {
     int at = snprintf(out, size, "%s%.3f", prefix, e->accuracy);
     if (e->n_k > 0 && at > 0 && (size_t)at < size)
@@ -60,9 +59,8 @@ char *weft_rl_describe_eval(char *out, size_t size, const char *prefix, const we
     return out;
 }
 
-// The job's --stats: held-out accuracy (and pass@k) at the start and the end.
 void weft_rl_save_stats(const char *path, const weft_rl_eval *start, const weft_rl_eval *end,
-                       int steps) {
+                        int steps) {
     json_t *stats = json_pack("{s:f, s:f, s:i}", "eval_accuracy_start", start->accuracy,
                               "eval_accuracy_end", end->accuracy, "steps", steps);
     const weft_rl_eval *at[2] = {start, end};
@@ -99,8 +97,8 @@ void weft_rl_print_step(int step, int steps, const weft_rl_step_metrics *m, bool
     fflush(stdout);
 }
 
-// The two phases' memory in the last step: the KV pool exists only in the first. Disaggregated,
-// the pool is on the rollout ranks and the trainers hold their training state throughout.
+// The KV pool exists only in the rollout phase. Disaggregated, the pool is on the rollout ranks
+// and the trainers hold their training state throughout.
 void weft_rl_print_memory(const weft_rl_step_metrics *m, bool disaggregated) {
     char base[32], roll[32], pool[32], train[32], after[32], gone[32];
     weft_format_bytes(base, sizeof base, (size_t)m->bytes_before_rollout);
