@@ -72,6 +72,10 @@ void weft_rl_config_validate(const weft_rl_config *c) {
                "would overlap; give some ranks to generation, or drop the setting");
     WEFT_CHECK(isfinite(c->exchange_timeout) && c->exchange_timeout > 0, "rl.exchange_timeout = "
                "%g must be a positive number of seconds", c->exchange_timeout);
+    WEFT_CHECK(c->policy_loss != WEFT_POLICY_LOSS_GEO_MEAN || c->tis_imp_ratio_cap == 0,
+               "rl.policy_loss=geo_mean with rl.tis_imp_ratio_cap=%g: GMPO's objective is one "
+               "ratio per sequence, which a per-token importance weight does not fit; use "
+               "rl.policy_loss=ppo, gspo or cispo with it, or drop the cap", c->tis_imp_ratio_cap);
     WEFT_CHECK(c->eval_n >= 1 && c->eval_n <= WEFT_MAX_SAMPLES, "rl.eval_n = %d: give 1 to %d "
                "responses per held-out problem", c->eval_n, WEFT_MAX_SAMPLES);
     WEFT_CHECK(isfinite(c->eval_temperature) && c->eval_temperature >= 0, "rl.eval_temperature "

@@ -7,6 +7,7 @@ typedef enum {
     WEFT_POLICY_LOSS_PPO,
     WEFT_POLICY_LOSS_GSPO,
     WEFT_POLICY_LOSS_CISPO,
+    WEFT_POLICY_LOSS_GEO_MEAN,
 } weft_policy_loss;
 typedef enum { WEFT_KL_K1, WEFT_KL_K2, WEFT_KL_K3 } weft_kl_type;
 // How per-token losses become one number (DESIGN.md section 12): token-mean over the mini-batch's

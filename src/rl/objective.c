@@ -15,7 +15,9 @@ struct weft_rl_objective {
     weft_token_objective hooks;
     const weft_document *docs; // the pass's rows
     double *weight;     // (n_docs) a target's weight in the aggregate: 1/N, 1/(G n_i), 1/G, ...
-    double *seq_log_ratio; // (n_docs) GSPO: mean over the sequence's targets of logp - old_logp
+    double *seq_log_ratio; // (n_docs) GSPO: mean over the sequence's targets of logp - old_logp;
+                           // GMPO: of those log-ratios clipped against their advantage's sign
+    double *seq_advantage; // (n_docs) GMPO: the mean advantage of the sequence's targets
     int n_docs;
     long n_targets, n_sequences;
     double sums[N_SUMS]; // this rank's rows, weighted (aggregates) or counted (token means)
@@ -72,6 +74,30 @@ double weft_rl_kl(int type, double logp, double ref, double *d_logp) {
     return kl;
 }
 
+// GMPO's log-ratio of one token: clamped to [-low, high] in the direction that lowers the
+// objective for its advantage's sign (sgn(A) min(sgn(A) x, sgn(A) clamp(x))), 0 when A is 0;
+// *free: whether the value moves with logp (not clamped, A not 0).
+static double gmpo_log_ratio(const weft_rl_config *c, double A, double x, bool *free) {
+    double clamped = fmin(fmax(x, -c->clip_ratio_low), c->clip_ratio_high);
+    double chosen = A > 0 ? fmin(x, clamped) : A < 0 ? fmax(x, clamped) : 0.0;
+    *free = A != 0 && chosen == x;
+    return chosen;
+}
+
+// GMPO (Zhao et al., 2025), as verl's geo_mean: the sequence's ratio is the geometric mean of its
+// clipped token ratios, exp(mean of gmpo_log_ratio), at most e^20, times the sequence's mean
+// advantage: every target carries -A_i r_i, and its log-prob's derivative is -A_i r_i where
+// its log-ratio is free (the aggregation's weight then spreads it as the mean's 1/n_i would).
+static void gmpo_term(const weft_rl_objective *o, int doc, double A, double x, token_loss *out) {
+    double log_ratio = o->seq_log_ratio[doc];
+    double ratio = exp(fmin(log_ratio, 20.0));
+    bool free;
+    gmpo_log_ratio(&o->cfg, A, x, &free);
+    out->pg = -o->seq_advantage[doc] * ratio;
+    out->d_logprob = free && log_ratio < 20 ? out->pg : 0.0;
+    out->clipped = A != 0 && !free;
+}
+
 static token_loss token_objective(const weft_rl_objective *o, int doc, int t, double logp) {
     const weft_rl_config *c = &o->cfg;
     const weft_document *d = &o->docs[doc];
@@ -89,6 +115,8 @@ static token_loss token_objective(const weft_rl_objective *o, int doc, int t, do
     }
     token_loss l = {.tis = 1.0};
     if (c->policy_loss == WEFT_POLICY_LOSS_CISPO) cispo_term(c, A, ratio, logp, &l);
+    else if (c->policy_loss == WEFT_POLICY_LOSS_GEO_MEAN)
+        gmpo_term(o, doc, A, logp - d->old_logprobs[t], &l);
     else policy_term(c, A, ratio, d_ratio, &l);
     if (c->tis_imp_ratio_cap > 0) {
         // The rollout sampled from its own log-probs, not quite old's: a constant weight per
@@ -165,28 +193,40 @@ static double sequence_weight(const weft_rl_objective *o, long n_i) {
     }
 }
 
-// GSPO's per-sequence mean log ratio from the pass's current log-probs.
+// GSPO's and GMPO's per-sequence mean log ratio (and GMPO's mean advantage) from the pass's
+// current log-probs.
 static void sequence_log_ratios(weft_rl_objective *o, const float *logprobs) {
     long offset = 0;
+    bool gmpo = o->cfg.policy_loss == WEFT_POLICY_LOSS_GEO_MEAN;
     for (int i = 0; i < o->n_docs; i++) {
         const weft_document *d = &o->docs[i];
-        double sum = 0;
+        double sum = 0, advantage = 0;
+        bool free;
         long n = 0;
-        for (int t = 1; t < d->len; t++)
-            if (!d->loss_mask || d->loss_mask[t])
-                sum += (double)logprobs[offset + t] - d->old_logprobs[t], n++;
+        for (int t = 1; t < d->len; t++) {
+            if (d->loss_mask && !d->loss_mask[t]) continue;
+            double x = (double)logprobs[offset + t] - d->old_logprobs[t];
+            sum += gmpo ? gmpo_log_ratio(&o->cfg, d->advantages[t], x, &free) : x;
+            advantage += d->advantages[t], n++;
+        }
         o->seq_log_ratio[i] = n > 0 ? sum / (double)n : 0.0;
+        o->seq_advantage[i] = n > 0 ? advantage / (double)n : 0.0;
         offset += d->len;
     }
+}
+
+static bool sequence_ratio(int policy_loss) {
+    return policy_loss == WEFT_POLICY_LOSS_GSPO || policy_loss == WEFT_POLICY_LOSS_GEO_MEAN;
 }
 
 static void rl_begin(void *ctx, const weft_document *docs, int n_docs, const float *logprobs) {
     weft_rl_objective *o = ctx;
     check_rows(o, docs, n_docs);
     o->docs = docs, o->n_docs = n_docs;
-    weft_free(o->weight), weft_free(o->seq_log_ratio);
+    weft_free(o->weight), weft_free(o->seq_log_ratio), weft_free(o->seq_advantage);
     o->weight = weft_alloc(sizeof(double) * (n_docs > 0 ? n_docs : 1));
     o->seq_log_ratio = weft_alloc(sizeof(double) * (n_docs > 0 ? n_docs : 1));
+    o->seq_advantage = weft_alloc(sizeof(double) * (n_docs > 0 ? n_docs : 1));
     long *n = weft_alloc(sizeof(long) * (n_docs > 0 ? n_docs : 1));
     o->n_targets = o->n_sequences = 0;
     for (int i = 0; i < n_docs; i++) {
@@ -195,7 +235,7 @@ static void rl_begin(void *ctx, const weft_document *docs, int n_docs, const flo
     }
     for (int i = 0; i < n_docs; i++) o->weight[i] = sequence_weight(o, n[i]);
     weft_free(n);
-    if (o->cfg.policy_loss == WEFT_POLICY_LOSS_GSPO) sequence_log_ratios(o, logprobs);
+    if (sequence_ratio(o->cfg.policy_loss)) sequence_log_ratios(o, logprobs);
     memset(o->sums, 0, sizeof o->sums);
 }
 
@@ -228,14 +268,14 @@ weft_rl_objective *weft_rl_objective_create(const weft_rl_config *cfg, double lo
     WEFT_CHECK(o->cfg.loss_scale_factor > 0, "rl.loss_scale_factor must be positive");
     snprintf(o->source, sizeof o->source, "%s", source);
     o->hooks = (weft_token_objective){.ctx = o, .entropy = true,
-                                      .whole_logprobs = cfg->policy_loss == WEFT_POLICY_LOSS_GSPO,
+                                      .whole_logprobs = sequence_ratio(cfg->policy_loss),
                                       .begin = rl_begin, .weights = rl_weights, .end = rl_end};
     return o;
 }
 
 void weft_rl_objective_free(weft_rl_objective *o) {
     if (!o) return;
-    weft_free(o->weight), weft_free(o->seq_log_ratio);
+    weft_free(o->weight), weft_free(o->seq_log_ratio), weft_free(o->seq_advantage);
     weft_free(o);
 }
 

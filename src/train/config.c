@@ -34,7 +34,7 @@ typedef struct key_def {
 
 static const char *const DCP_MODES[] = {"uniform", "heterogeneous", NULL}; // weft_dcp_mode
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};                   // weft_device
-static const char *const POLICY_LOSSES[] = {"ppo", "gspo", "cispo", NULL};             // weft_policy_loss
+static const char *const POLICY_LOSSES[] = {"ppo", "gspo", "cispo", "geo_mean", NULL};             // weft_policy_loss
 static const char *const KL_TYPES[] = {"k1", "k2", "k3", NULL};               // weft_kl_type
 static const char *const KL_CTRLS[] = {"fixed", "adaptive", NULL};          // weft_kl_ctrl
 static const char *const ADV_ESTIMATORS[] = {"grpo", "rloo", "reinforce_plus_plus_baseline",
@@ -150,8 +150,9 @@ static const key_def KEYS[] = {
      "prompt, a preempted sample's own) reuses them, computing only the rest (same bits on the "
      "CPU)", NULL},
     {"rl.policy_loss", KEY_CHOICE, F(rl.policy_loss),
-     "ppo (token-level ratio), gspo (sequence-level ratio) or cispo (the clipped ratio a "
-     "constant weight on every token's log-prob)", POLICY_LOSSES},
+     "ppo (token-level ratio), gspo (sequence-level ratio), cispo (the clipped ratio a "
+     "constant weight on every token's log-prob) or geo_mean (GMPO: the geometric mean of the "
+     "sequence's clipped token ratios)", POLICY_LOSSES},
     {"rl.clip_ratio_low", KEY_REAL, F(rl.clip_ratio_low), "ratio clipped below at 1 - this", NULL},
     {"rl.clip_ratio_high", KEY_REAL, F(rl.clip_ratio_high), "ratio clipped above at 1 + this", NULL},
     {"rl.clip_ratio_c", KEY_REAL, F(rl.clip_ratio_c),

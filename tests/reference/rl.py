@@ -15,6 +15,9 @@ qwen2.py.
               1+high)); no dual clip
         CISPO r as PPO's; pg = -sg(clamp(r, 1-low, 1+high)) A logp (the clipped ratio a constant
               weight on the log-prob); clipped = [r outside the range]; no dual clip
+        GMPO  (geo_mean) x = logp - old, c = clamp(x, -low, high), g = sgn(A) min(sgn(A) x,
+              sgn(A) c) per token; r_i = exp(min(mean_i g, 20)), A_i = mean_i A; every target's
+              pg = -A_i r_i; clipped = [A != 0 and g != x]; no dual clip
         KL    k1 = logp - ref; k2 = (logp - ref)^2 / 2; k3 = exp(ref - logp) - (ref - logp) - 1,
               clamped to [-10, 10]
         H_t   entropy of the softmax that predicts token t
@@ -33,9 +36,9 @@ qwen2.py.
 
 `/usr/bin/python3 tests/reference/rl.py` runs this reference's self-checks: the gradient of the
 objective with respect to each token's log-prob and entropy against derivatives written out by
-hand (PPO and GSPO, every KL type, dual clip on and off), and the parameter gradients of the PPO
-objective against central finite differences (GSPO's surrogate is not the derivative of its
-value, so finite differences do not apply to it).
+hand (every policy loss and KL type, dual clip on and off), and the parameter gradients of the PPO
+and GMPO objectives against central finite differences (GSPO's and CISPO's surrogates are not the
+derivatives of their values, so finite differences do not apply to them).
 """
 
 import json
@@ -55,7 +58,7 @@ from reference import qwen2  # noqa: E402
 # (a) settings
 # --------------------------------------------------------------------------------------------
 
-POLICY_LOSSES = ("ppo", "gspo", "cispo")
+POLICY_LOSSES = ("ppo", "gspo", "cispo", "geo_mean")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3")
 DEFAULTS = dict(policy_loss="ppo", clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0,
@@ -165,6 +168,8 @@ def make_rows(docs, logp, rng, policy, advantages, gspo_means=None, edges=None):
         n = len(tt)
         if policy in ("ppo", "cispo"):
             u = token_log_ratios(rng, n, edges)
+        elif policy == "geo_mean":  # GMPO clamps the log-ratio itself: keep away from those too
+            u = token_log_ratios(rng, n, edges + [-0.2, 0.2, 0.28])
         else:
             u = sequence_log_ratios(rng, n, gspo_means[i % len(gspo_means)])
         if advantages == "grpo":
@@ -258,7 +263,7 @@ def policy_terms(logp, row, tt, s):
     A = torch.tensor([row["advantages"][t] for t in tt], dtype=dtype)
     old = torch.tensor([row["old_logprobs"][t] for t in tt], dtype=dtype)
     low, high, c = s["clip_ratio_low"], s["clip_ratio_high"], s["clip_ratio_c"]
-    if s["policy_loss"] in ("ppo", "cispo"):
+    if s["policy_loss"] in ("ppo", "cispo", "geo_mean"):
         r = torch.exp(torch.clamp(logp - old, -20.0, 20.0))
     elif s["policy_loss"] == "gspo":
         seq = (logp - old).mean().detach()
@@ -273,6 +278,13 @@ def policy_terms(logp, row, tt, s):
         weight = torch.clamp(r, 1.0 - low, 1.0 + high).detach()
         pg = -weight * A * logp
         clipped = (weight != r.detach()).to(dtype)
+    if s["policy_loss"] == "geo_mean" and len(tt):
+        x = logp - old
+        sg = torch.sign(A)
+        g = sg * torch.minimum(sg * x, sg * torch.clamp(x, -low, high))
+        ratio = torch.exp(torch.clamp(g.mean(), max=20.0))
+        pg = (-A.mean() * ratio).expand(len(tt))
+        clipped = ((sg != 0) & (g != x)).to(dtype).detach()
     # Where the dual clip bound -A c lies below the clipped loss (A < 0, ratio above c); it
     # applies to PPO only (beyond_c tells a test whether GSPO's data would show it applied).
     beyond_c = ((A < 0) & (torch.maximum(pg1, pg2) > -A * c)).to(dtype) if c > 1 \
@@ -282,6 +294,8 @@ def policy_terms(logp, row, tt, s):
         lower = beyond_c
         pg = torch.where(A < 0, torch.minimum(pg, -A * c), pg)
     w, capped = torch.ones_like(pg), torch.zeros_like(pg)
+    if s["tis_imp_ratio_cap"] > 0 and s["policy_loss"] == "geo_mean":
+        raise ValueError("GMPO's one ratio per sequence takes no per-token importance weight")
     if s["tis_imp_ratio_cap"] > 0:
         roll = torch.tensor([row["rollout_logprobs"][t] for t in tt], dtype=dtype)
         raw = torch.exp(old - roll)
@@ -412,7 +426,7 @@ def _hand_derivatives(logp, docs, rows, s):
         cap = s["tis_imp_ratio_cap"]
         tis = np.minimum(np.exp(old - roll), cap) if cap > 0 else np.ones(n)
         g = np.zeros(n)
-        if s["policy_loss"] in ("ppo", "cispo"):
+        if s["policy_loss"] in ("ppo", "cispo", "geo_mean"):
             r = np.exp(lpv - old)
         else:
             r = np.full(n, math.exp(np.mean(lpv - old))) if n else np.zeros(0)
@@ -424,6 +438,13 @@ def _hand_derivatives(logp, docs, rows, s):
             gj = -A[j] * r[j] if unclipped else 0.0
             if s["policy_loss"] == "cispo":  # d/dlogp of -sg(clip(r)) A logp
                 gj = -A[j] * min(max(r[j], 1 - low), 1 + high)
+            if s["policy_loss"] == "geo_mean":  # every target's -A_i r_i, through the mean of g
+                x = lpv - old
+                c_ = np.clip(x, -low, high)
+                gm = np.where(A > 0, np.minimum(x, c_), np.where(A < 0, np.maximum(x, c_), 0.0))
+                ri = math.exp(min(gm.mean(), 20.0))
+                free = A[j] != 0 and gm[j] == x[j]
+                gj = -A.mean() * ri if free else 0.0
             if s["policy_loss"] == "ppo" and c > 1 and A[j] < 0 and \
                     max(-A[j] * r[j], -A[j] * min(max(r[j], 1 - low), 1 + high)) > -A[j] * c:
                 gj = 0.0
@@ -465,11 +486,15 @@ def _self_check():
         }
         batches[("cispo", "grpo")] = batches[("ppo", "grpo")]
         batches[("cispo", "varying")] = batches[("ppo", "varying")]
+        batches[("geo_mean", "grpo")] = make_rows(docs, lp64, rng, "geo_mean", "grpo")
+        batches[("geo_mean", "varying")] = make_rows(docs, lp64, rng, "geo_mean", "varying")
         # (1) d objective / d logp and d H by autograd (logp, H as leaves) vs by hand.
         for (policy, adv), rows in batches.items():
             for mode in AGG_MODES:
                 for kl in KL_TYPES:
                     for c, tis in ((3.0, 0.0), (0.0, 0.0), (3.0, TIS_CAP)):
+                        if tis and policy == "geo_mean":  # weft refuses the pair
+                            continue
                         s = settings(policy_loss=policy, loss_agg_mode=mode, kl_loss_coef=0.3,
                                      kl_loss_type=kl, entropy_coeff=0.05, clip_ratio_c=c,
                                      tis_imp_ratio_cap=tis)
@@ -490,14 +515,15 @@ def _self_check():
         print("objective derivatives vs by hand:", "ok" if ok else "FAIL")
         # (2) parameter gradients of the PPO objective vs central finite differences.
         P = qwen2.to_torch(params)
-        for adv in ("grpo", "varying"):
-            rows = batches[("ppo", adv)]
-            for s in (settings(loss_agg_mode="seq-mean-token-mean", kl_loss_coef=0.2,
-                               entropy_coeff=0.1),
-                      settings(loss_agg_mode="token-mean", kl_loss_coef=0.2, kl_loss_type="k2",
-                               clip_ratio_c=0.0, entropy_coeff=0.05),
-                      settings(loss_agg_mode="seq-mean-token-sum", kl_loss_coef=0.1,
-                               tis_imp_ratio_cap=TIS_CAP)):
+        for policy, adv in [(p, a) for p in ("ppo", "geo_mean") for a in ("grpo", "varying")]:
+            rows = batches[(policy, adv)]
+            for s in (settings(policy_loss=policy, loss_agg_mode="seq-mean-token-mean",
+                               kl_loss_coef=0.2, entropy_coeff=0.1),
+                      settings(policy_loss=policy, loss_agg_mode="token-mean", kl_loss_coef=0.2,
+                               kl_loss_type="k2", clip_ratio_c=0.0, entropy_coeff=0.05),
+                      settings(policy_loss=policy, loss_agg_mode="seq-mean-token-sum",
+                               kl_loss_coef=0.1,
+                               tis_imp_ratio_cap=TIS_CAP if policy == "ppo" else 0.0)):
                 _, grads, _, _, info, _ = reference(params, cfg, docs, rows, s)
 
                 def value(PP):
@@ -515,7 +541,8 @@ def _self_check():
                         fd = (value(Pp) - value(Pm)) / (2 * h)
                         worst = max(worst, abs(fd - g[idx]) / max(1e-3, np.abs(g).max()))
                 clipped = np.concatenate(info["clipped"]).mean()
-                print(f"finite differences ppo/{adv} {label(s)}: clipped fraction {clipped:.2f}, "
+                print(f"finite differences {policy}/{adv} {label(s)}: clipped fraction "
+                      f"{clipped:.2f}, "
                       f"worst |fd - autograd| / max|grad| = {worst:.2e}")
                 ok &= worst < 1e-6 and 0 < clipped < 1
     finally:

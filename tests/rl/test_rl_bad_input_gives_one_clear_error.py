@@ -4,7 +4,8 @@ prompt's FILE:LINE, the setting, the command) and a non-zero exit.
 Settings and prompts that cannot work are refused before anything is written (no output
 directory): sampling.n=1 with rl.adv_estimator=grpo and rl.norm_adv_by_std=true;
 rl.ppo_mini_batch_size not dividing train.global_batch_size; rl.rollout_ranks leaving no rank
-to train (1 of 1); rl.one_step_off_policy without rollout ranks; a prompt longer than the model's
+to train (1 of 1); rl.one_step_off_policy without rollout ranks; rl.policy_loss=geo_mean with
+rl.tis_imp_ratio_cap; a prompt longer than the model's
 context (max_position_embeddings), and one that fits alone but not with sampling.max_tokens. Not
 refused: an rl.ppo_mini_batch_size of at least the step's prompts (the job's default of 16 with 4
 prompts a step), which runs as one update of the whole step, metrics for metrics as 0 does.
@@ -109,7 +110,10 @@ def refused_up_front(tmp, mdir, prompts, failures):
             ("every rank given to generation", ["rl.rollout_ranks=1"],
              ["rl.rollout_ranks=1", "no rank to train"]),
             ("one step off policy without rollout ranks", ["rl.one_step_off_policy=true"],
-             ["rl.one_step_off_policy=true", "rl.rollout_ranks"])]:
+             ["rl.one_step_off_policy=true", "rl.rollout_ranks"]),
+            ("GMPO with truncated importance sampling",
+             ["rl.policy_loss=geo_mean", "rl.tis_imp_ratio_cap=2"],
+             ["rl.policy_loss=geo_mean", "rl.tis_imp_ratio_cap=2"])]:
         one_clear_error(name, rl_args(mdir, prompts, out, *extra), words, failures)
         nothing_written(name, out, failures)
 

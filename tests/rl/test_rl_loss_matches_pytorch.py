@@ -14,14 +14,16 @@ log-ratios fall inside the clip range, below it, above it and above log(c) (dual
 per-sequence log-ratio means sit inside and on both sides of the range, one above log(c) with
 A < 0 (GSPO has no dual clip: it must not bind there).
 
-CISPO's log-ratios are PPO's (inside the range and on both sides of it).
+CISPO's log-ratios are PPO's (inside the range and on both sides of it); GMPO's (geo_mean) too,
+kept away also from the log-space bounds -0.2, 0.2 and 0.28 it clamps them to.
 
-Cases: ppo, gspo and cispo x the 4 aggregation modes with KL (k3) and entropy on and dual clip at
-3 (which CISPO, like GSPO, does not have);
+Cases: ppo, gspo, cispo and geo_mean x the 4 aggregation modes with KL (k3) and entropy on and
+dual clip at 3 (which only PPO has);
 then variations: k1 and k2, KL off (rows without ref_logprobs), dual clip off and at 2.5, entropy
 off, clip-higher (clip_ratio_high 0.28), truncated importance sampling (rl.tis_imp_ratio_cap 2,
 rows with rollout_logprobs whose weights fall on both sides of the cap), CISPO with k1, with
-clip-higher and no KL, and with truncated importance sampling, no rl.* key at all (the
+clip-higher and no KL, and with truncated importance sampling, GMPO with k1 and with
+clip-higher and no KL (it refuses truncated importance sampling), no rl.* key at all (the
 defaults), and MTP. Every case
 asserts from the reference that its clipping is not vacuous: the clipped fraction strictly
 between 0 and 1, PPO clipped on both sides of the range (A > 0 above, A < 0 below), the dual clip
@@ -95,7 +97,11 @@ def case_list():
             ("cispo_varying", dict(policy_loss="cispo", kl_loss_coef=0.0, clip_ratio_high=0.28,
                                    loss_agg_mode="token-mean")),
             ("cispo_grpo", dict(policy_loss="cispo", tis_imp_ratio_cap=rl.TIS_CAP,
-                                entropy_coeff=0.0, loss_agg_mode="seq-mean-token-sum"))]:
+                                entropy_coeff=0.0, loss_agg_mode="seq-mean-token-sum")),
+            ("geo_mean_varying", dict(policy_loss="geo_mean", kl_loss_type="k1",
+                                      loss_agg_mode="seq-mean-token-mean")),
+            ("geo_mean_varying", dict(policy_loss="geo_mean", kl_loss_coef=0.0,
+                                      clip_ratio_high=0.28, loss_agg_mode="token-mean"))]:
         cases.append((batch, rl.settings(**dict(BASE, **over)), True))
     cases.append(("ppo_varying", rl.settings(), False))  # no rl.* key: the defaults
     return cases
