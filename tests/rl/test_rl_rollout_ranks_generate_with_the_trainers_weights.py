@@ -8,7 +8,8 @@ generate and score, the others only train, samples go to the trainers and weight
     evaluation, on the trainers, included: 2 problems x 2 sampled responses). A 2-step run
     resumed to 3 steps gives the same step 3. 2 trainers (dp 2, the distributed optimizer) + 1
     generating equal the hybrid engine on 2 ranks in the same training layout. The same on device=cuda (2 GPUs or the emulator),
-    where the weights go device to device through NCCL, for 2 steps.
+    where the weights go device to device through NCCL, for 2 steps; one step off policy there
+    generates both steps with version 0, step 1 equal to the hybrid engine's.
   - One step off policy (rl.one_step_off_policy=true, 1 + 1 ranks): step k's samples carry weight
     version max(0, k - 2) (metrics' rollout_weight_version too), step 1's equal the hybrid
     engine's, and every sample's rollout log-probs equal, in every bit, `weft grad --logprobs`
@@ -181,6 +182,16 @@ def cuda_case(weft, mdir, prompts, reward, tmp, failures):
         same_steps("device=cuda, 1 training + 1 generating", ref, out, [1, 2], failures)
         print(f"device=cuda{' (emulated)' if emulated else ''}, 1 training + 1 generating: "
               f"steps 1-2 {'equal the hybrid engine' if len(failures) == before else 'differ'}")
+    off = os.path.join(tmp, "cuda_off_policy")
+    if run(program, "cuda 1 + 1 off policy", 2, mdir, prompts, reward, off,
+           [*cuda, *OFF_POLICY], failures):
+        m = metrics(off)
+        versions = [m[s]["rollout_weight_version"] for s in (1, 2)]
+        print(f"device=cuda, one step off policy: weight versions {versions}, step 2's "
+              f"mismatch_max {m[2]['mismatch_max']:.3g} (step 1's {m[1]['mismatch_max']:.3g})")
+        if versions != [0, 0]:
+            failures.append(f"device=cuda off policy: weight versions {versions}, not [0, 0]")
+        same_steps("device=cuda, one step off policy", ref, off, [1], failures)
 
 
 if __name__ == "__main__":
