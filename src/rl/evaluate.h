@@ -3,19 +3,31 @@
 // so each evaluation draws with the same random numbers); the job reports the share rewarded
 // (mean@n; with one greedy response, the accuracy) and, for n > 1, pass@k at k = 1, 2, 4, ... and
 // n: the chance that k of the n responses hold a rewarded one, by Chen et al. (2021)'s unbiased
-// estimator, averaged over the problems.
+// estimator, averaged over the problems. When the problems carry a "data_source", each source's
+// too (verl's val-core/<source>/...).
 #pragma once
 #include "rl/rollout.h"
 #include "rl/task.h"
 #include "train/config.h"
 
-enum { WEFT_EVAL_MAX_K = 12 };
+enum { WEFT_EVAL_MAX_K = 12, WEFT_EVAL_MAX_SOURCES = 16 };
+
+// mean@n and pass@k of a set of problems.
+typedef struct weft_rl_eval_scores {
+    double accuracy;
+    double pass_at_k[WEFT_EVAL_MAX_K];
+} weft_rl_eval_scores;
 
 typedef struct weft_rl_eval {
     double accuracy; // mean@n
     int n_k;         // pass@k reported for k[0..n_k) (none when rl.eval_n is 1)
     int k[WEFT_EVAL_MAX_K];
     double pass_at_k[WEFT_EVAL_MAX_K];
+    // Per data source, in order of first appearance (none when no problem names one; a problem
+    // without one counts under ""): the sources' names point into the held-out prompts.
+    int n_sources;
+    const char *source[WEFT_EVAL_MAX_SOURCES];
+    weft_rl_eval_scores by_source[WEFT_EVAL_MAX_SOURCES];
 } weft_rl_eval;
 
 // Collective over comm (the ranks that generate), which leave with the same result.

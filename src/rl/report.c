@@ -1,8 +1,37 @@
 #include "rl/report.h"
 
 #include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "train/stats.h"
+
+// ", \"eval_accuracy<suffix>\": x" and pass@k's keys likewise; suffix "" or "/<source>".
+static void write_scores(FILE *f, const weft_rl_eval *e, const weft_rl_eval_scores *s,
+                         const char *suffix) {
+    json_t *key = json_sprintf("eval_accuracy%s", suffix);
+    char *text = json_dumps(key, JSON_ENCODE_ANY);
+    fprintf(f, ", %s: %.9g", text, s->accuracy);
+    free(text), json_decref(key);
+    for (int i = 0; i < e->n_k; i++) {
+        key = json_sprintf("eval_pass_at_%d%s", e->k[i], suffix);
+        text = json_dumps(key, JSON_ENCODE_ANY);
+        fprintf(f, ", %s: %.9g", text, s->pass_at_k[i]);
+        free(text), json_decref(key);
+    }
+}
+
+// The held-out metrics, all problems' and each data source's (keys ".../<source>").
+static void write_eval(FILE *f, const weft_rl_eval *e) {
+    weft_rl_eval_scores all = {.accuracy = e->accuracy};
+    memcpy(all.pass_at_k, e->pass_at_k, sizeof all.pass_at_k);
+    write_scores(f, e, &all, "");
+    for (int g = 0; g < e->n_sources; g++) {
+        char suffix[80];
+        snprintf(suffix, sizeof suffix, "/%s", e->source[g]);
+        write_scores(f, e, &e->by_source[g], suffix);
+    }
+}
 
 void weft_rl_write_metrics(FILE *f, int step, const weft_rl_step_metrics *m) {
     const weft_rl_metrics *l = &m->loss;
@@ -35,9 +64,7 @@ void weft_rl_write_metrics(FILE *f, int step, const weft_rl_step_metrics *m) {
     if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
         fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
                 m->mismatch_max, m->mismatch_mean, m->mismatch_k3);
-    if (m->eval.accuracy >= 0) fprintf(f, ", \"eval_accuracy\": %.9g", m->eval.accuracy);
-    for (int i = 0; m->eval.accuracy >= 0 && i < m->eval.n_k; i++)
-        fprintf(f, ", \"eval_pass_at_%d\": %.9g", m->eval.k[i], m->eval.pass_at_k[i]);
+    if (m->eval.accuracy >= 0) write_eval(f, &m->eval);
     if (m->reward_kl_coef >= 0)
         fprintf(f, ", \"reward_kl_penalty\": %.17g, \"reward_kl_penalty_coeff\": %.17g",
                 m->reward_kl, m->reward_kl_coef);

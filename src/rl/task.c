@@ -40,6 +40,16 @@ static weft_rl_prompts *synthetic_prompts(const weft_job_config *cfg, const weft
     return set;
 }
 
+// The row's "data_source" into out (at most 63 bytes; none: "").
+static void data_source_of(json_t *row, const char *where, char out[64]) {
+    json_t *s = json_object_get(row, "data_source");
+    out[0] = '\0';
+    if (!s) return;
+    WEFT_CHECK(json_is_string(s) && strlen(json_string_value(s)) < 64, "%s: \"data_source\" must "
+               "be a string of at most 63 bytes (it names a group of the held-out metrics)", where);
+    snprintf(out, 64, "%s", json_string_value(s));
+}
+
 static char *answer_of(json_t *row, const char *where) {
     json_t *a = json_object_get(row, "answer");
     if (!a) return NULL;
@@ -64,6 +74,7 @@ static weft_rl_prompts *file_prompts(const weft_job_config *cfg, const weft_toke
                    weft_jsonl_chat_hint(row));
         char *answer = answer_of(row, where), *compact = json_dumps(row, JSON_COMPACT);
         add_prompt(set, &cap, tok, json_string_value(text), answer, weft_strdup(compact), where);
+        data_source_of(row, where, set->p[set->n - 1].data_source);
         free(compact), weft_free(answer), json_decref(row);
     }
     weft_jsonl_close(r);

@@ -10,10 +10,12 @@ evaluation's 16 requests (the start's are the first 16; the step's 16 training r
 then the second evaluation's) and recomputes, per problem, the rewarded count c of 4:
 
   - eval_accuracy (mean@4: rewarded responses / 16), in --stats (start) and metrics.jsonl (after
-    step 1), equal to 1e-12;
+    step 1), equal to 1e-8 (the 9 digits they are printed with);
   - eval_pass_at_1, _2 and _4: Chen et al. (2021)'s 1 - C(4 - c, k) / C(4, k) averaged over the
-    problems, equal to 1e-12 (in --stats as eval_pass_at_k_start too);
+    problems, equal to 1e-8 (in --stats as eval_pass_at_k_start too);
   - the responses are sampled, not greedy: some problem has two different responses;
+  - the rows alternate "data_source" math / code: after step 1, eval_accuracy/<source> and
+    eval_pass_at_K/<source> equal the same recomputed over each source's 2 problems;
 
 and rl.eval_n=4 at rl.eval_temperature=0 is one clear error (4 greedy responses are one).
 """
@@ -27,10 +29,11 @@ from reference import fixtures
 from reference.rl_loop import environment, learning_setup, metrics, rl_args, run_rl
 
 N, HELD_OUT = 4, 4
+SOURCES = ["math", "code"]  # the rows' data_source, alternating
 SETTINGS = ["train.steps=1", f"train.global_batch_size={HELD_OUT}", "sampling.n=4",
             "rl.eval_every=1", f"rl.eval_prompts={HELD_OUT}", f"rl.eval_n={N}",
             "rl.eval_temperature=1"]
-TOL = 1e-12
+TOL = 1e-8  # metrics.jsonl and --stats print 9 significant digits
 
 
 # The reward command: logs each request to argv[1], rewards reward_of(response).
@@ -51,21 +54,21 @@ def reward_of(response):
     return float(sum(response.encode("utf-8")) % 3 == 0)
 
 
-def expected(requests):
-    """mean@N and {k: pass@k} of one evaluation's requests."""
+def expected(requests, problems=HELD_OUT):
+    """mean@N and {k: pass@k} of one evaluation's requests (of `problems` problems)."""
     correct = {}
     for r in requests:
         correct.setdefault(r["id"], []).append(reward_of(r["response"]) > 0)
     counts = [sum(v) for v in correct.values()]
-    if sorted(len(v) for v in correct.values()) != [N] * HELD_OUT:
+    if sorted(len(v) for v in correct.values()) != [N] * problems:
         return None
     ks = [1, 2, N]
-    return (sum(counts) / (HELD_OUT * N),
-            {k: sum(1 - comb(N - c, k) / comb(N, k) for c in counts) / HELD_OUT for k in ks})
+    return (sum(counts) / (problems * N),
+            {k: sum(1 - comb(N - c, k) / comb(N, k) for c in counts) / problems for k in ks})
 
 
-def check(label, got_accuracy, got_pass, requests, failures):
-    want = expected(requests)
+def check(label, got_accuracy, got_pass, requests, failures, problems=HELD_OUT):
+    want = expected(requests, problems)
     if want is None:
         failures.append(f"{label}: the log does not hold {N} responses of each held-out problem")
         return
@@ -86,6 +89,11 @@ def check(label, got_accuracy, got_pass, requests, failures):
 def cases(weft, tmp):
     failures = []
     mdir, prompts, _ = learning_setup(tmp, [5, 12, 3, 20, 8, 15, 9, 11], seed=31)
+    with open(prompts) as f:
+        rows = [json.loads(line) for line in f]
+    with open(prompts, "w") as f:
+        for i, row in enumerate(rows):
+            f.write(json.dumps(dict(row, data_source=SOURCES[i % len(SOURCES)])) + "\n")
     log, out = os.path.join(tmp, "requests.jsonl"), os.path.join(tmp, "run")
     script = os.path.join(tmp, "reward.py")
     with open(script, "w") as f:
@@ -111,6 +119,14 @@ def cases(weft, tmp):
     check("after step 1", m["eval_accuracy"],
           {k: m.get(f"eval_pass_at_{k}") for k in (1, 2, N)}, requests[2 * HELD_OUT * N:],
           failures)
+    for source in SOURCES:
+        if f"eval_accuracy/{source}" not in m:
+            failures.append(f"metrics.jsonl has no eval_accuracy/{source}")
+            continue
+        check(f"after step 1, data_source {source}", m[f"eval_accuracy/{source}"],
+              {k: m.get(f"eval_pass_at_{k}/{source}") for k in (1, 2, N)},
+              [r for r in requests[2 * HELD_OUT * N:] if r["data_source"] == source], failures,
+              problems=HELD_OUT // len(SOURCES))
 
     r = subprocess.run([weft, *rl_args(mdir, prompts, os.path.join(tmp, "never"), *SETTINGS,
                                        "rl.eval_temperature=0")],
