@@ -9,14 +9,29 @@ double weft_pass_at_k(int n, int c, int k) {
     return 1.0 - none;
 }
 
-// The sources of the problems (r->source, in order of first appearance) and each one's scores.
-static void per_source(weft_rl_eval *r, const weft_rl_prompts *eval, const weft_rl_sample *s,
-                       int n) {
+// mean@n and pass@k of the problems of `source` (NULL: every problem), rewarded[p] of problem
+// p's n responses rewarded.
+static weft_rl_eval_scores scores_of(const weft_rl_eval *r, const weft_rl_prompts *eval,
+                                     const int *rewarded, int n, const char *source) {
+    weft_rl_eval_scores out = {0};
+    int problems = 0;
+    for (int p = 0; p < eval->n; p++) {
+        if (source && strcmp(eval->p[p].data_source, source) != 0) continue;
+        problems++, out.accuracy += rewarded[p];
+        for (int j = 0; j < r->n_k; j++)
+            out.pass_at_k[j] += weft_pass_at_k(n, rewarded[p], r->k[j]);
+    }
+    if (problems == 0) return out;
+    out.accuracy /= (double)problems * n;
+    for (int j = 0; j < r->n_k; j++) out.pass_at_k[j] /= problems;
+    return out;
+}
+
+// The problems' data sources in order of first appearance (none when no problem names one).
+static void find_sources(weft_rl_eval *r, const weft_rl_prompts *eval) {
     bool named = false;
     for (int p = 0; p < eval->n; p++) named |= eval->p[p].data_source[0] != '\0';
-    if (!named) return;
-    int problems[WEFT_EVAL_MAX_SOURCES] = {0};
-    for (int p = 0; p < eval->n; p++) {
+    for (int p = 0; named && p < eval->n; p++) {
         const char *name = eval->p[p].data_source;
         int g = 0;
         while (g < r->n_sources && strcmp(r->source[g], name) != 0) g++;
@@ -24,16 +39,6 @@ static void per_source(weft_rl_eval *r, const weft_rl_prompts *eval, const weft_
                    "data sources (\"data_source\"); group them into fewer", eval->p[p].name,
                    WEFT_EVAL_MAX_SOURCES);
         if (g == r->n_sources) r->source[r->n_sources++] = name;
-        int c = 0;
-        for (int i = 0; i < n; i++) c += s[(size_t)p * n + i].reward > 0;
-        weft_rl_eval_scores *e = &r->by_source[g];
-        e->accuracy += c;
-        for (int j = 0; j < r->n_k; j++) e->pass_at_k[j] += weft_pass_at_k(n, c, r->k[j]);
-        problems[g]++;
-    }
-    for (int g = 0; g < r->n_sources; g++) {
-        r->by_source[g].accuracy /= (double)problems[g] * n;
-        for (int j = 0; j < r->n_k; j++) r->by_source[g].pass_at_k[j] /= problems[g];
     }
 }
 
@@ -54,15 +59,16 @@ weft_rl_eval weft_rl_evaluate(weft_model *m, weft_comm *comm, const weft_job_con
     if (n > 1)
         for (int k = 1; k < n && r.n_k < WEFT_EVAL_MAX_K - 1; k *= 2) r.k[r.n_k++] = k;
     if (n > 1) r.k[r.n_k++] = n;
-    double correct = 0;
+    int *rewarded = weft_alloc(sizeof(int) * (P > 0 ? P : 1));
     for (int p = 0; p < P; p++) {
-        int c = 0;
-        for (int i = 0; i < n; i++) c += s[(size_t)p * n + i].reward > 0;
-        correct += c;
-        for (int j = 0; j < r.n_k; j++) r.pass_at_k[j] += weft_pass_at_k(n, c, r.k[j]) / P;
+        rewarded[p] = 0;
+        for (int i = 0; i < n; i++) rewarded[p] += s[(size_t)p * n + i].reward > 0;
     }
-    r.accuracy = P > 0 ? correct / ((double)P * n) : 0.0;
-    per_source(&r, eval, s, n);
+    r.total = scores_of(&r, eval, rewarded, n, NULL);
+    find_sources(&r, eval);
+    for (int g = 0; g < r.n_sources; g++)
+        r.by_source[g] = scores_of(&r, eval, rewarded, n, r.source[g]);
+    weft_free(rewarded);
     weft_rl_samples_free(s, P * n);
     weft_free(s), weft_free(prompts);
     return r;

@@ -19,10 +19,9 @@ typedef struct weft_rl_eval_scores {
 } weft_rl_eval_scores;
 
 typedef struct weft_rl_eval {
-    double accuracy; // mean@n
-    int n_k;         // pass@k reported for k[0..n_k) (none when rl.eval_n is 1)
+    int n_k; // pass@k reported for k[0..n_k) (none when rl.eval_n is 1)
     int k[WEFT_EVAL_MAX_K];
-    double pass_at_k[WEFT_EVAL_MAX_K];
+    weft_rl_eval_scores total; // every problem's
     // Per data source, in order of first appearance (none when no problem names one; a problem
     // without one counts under ""): the sources' names point into the held-out prompts.
     int n_sources;

@@ -1,7 +1,5 @@
 #include "rl/exchange.h"
 
-#include <string.h>
-
 struct weft_rl_exchange {
     weft_comm *side;   // the trainers, or the rollout ranks
     weft_comm *bridge; // trainer 0 (rank 0) and the rollout ranks (1..R); the other trainers'

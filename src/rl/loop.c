@@ -565,7 +565,7 @@ static weft_rl_step_metrics rl_step(rl_job *j, weft_data_order *order, int step,
                                     weft_rl_batch *next, weft_rl_batch_info *trained) {
     double t0 = weft_now_seconds();
     double before = (double)j->be->bytes_in_use;
-    weft_rl_step_metrics sm = {.eval.accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
+    weft_rl_step_metrics sm = {.eval.total.accuracy = -1, .reward_kl = -1, .reward_kl_coef = -1,
                                .bytes_before_rollout = before, .rollout_peak_bytes = before,
                                .bytes_after_sleep = before};
     weft_rl_batch b;
@@ -645,11 +645,11 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
                "held-out, %d rank(s)%s\n", cfg.model.path, cfg.train.steps,
                cfg.train.global_batch_size, cfg.sampling.n, j.train->n, j.eval->n,
                weft_comm_size(j.world), layout_note(&j, note, sizeof note));
-    weft_rl_eval start = {.accuracy = -1};
+    weft_rl_eval start = {.total.accuracy = -1};
     if (cfg.rl.eval_every > 0) start = evaluate(&j);
     weft_rl_eval latest = start;
     char text[2][80];
-    if (j.writer && start.accuracy >= 0)
+    if (j.writer && start.total.accuracy >= 0)
         printf("%s\n", weft_rl_describe_eval(text[0], sizeof text[0],
                                              "held-out accuracy at the start: ", &start));
     weft_data_order order;
@@ -672,7 +672,7 @@ int weft_rl_run(const weft_job_config *cfg_in, weft_session *session, const char
             weft_free(weft_checkpoint_save(cfg.train.output_dir, j.t, &state));
     }
     if (j.writer && last.step_seconds > 0) weft_rl_print_memory(&last, j.x);
-    if (j.writer && start.accuracy >= 0)
+    if (j.writer && start.total.accuracy >= 0)
         printf("done: %s ->%s; metrics.jsonl and checkpoints in %s\n",
                weft_rl_describe_eval(text[0], sizeof text[0], "held-out accuracy ", &start),
                weft_rl_describe_eval(text[1], sizeof text[1], " ", &latest), cfg.train.output_dir);

@@ -2,7 +2,6 @@
 
 #include <jansson.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "train/stats.h"
 
@@ -23,9 +22,7 @@ static void write_scores(FILE *f, const weft_rl_eval *e, const weft_rl_eval_scor
 
 // The held-out metrics, all problems' and each data source's (keys ".../<source>").
 static void write_eval(FILE *f, const weft_rl_eval *e) {
-    weft_rl_eval_scores all = {.accuracy = e->accuracy};
-    memcpy(all.pass_at_k, e->pass_at_k, sizeof all.pass_at_k);
-    write_scores(f, e, &all, "");
+    write_scores(f, e, &e->total, "");
     for (int g = 0; g < e->n_sources; g++) {
         char suffix[80];
         snprintf(suffix, sizeof suffix, "/%s", e->source[g]);
@@ -64,7 +61,7 @@ void weft_rl_write_metrics(FILE *f, int step, const weft_rl_step_metrics *m) {
     if (m->mismatch_max >= 0) // measured (rl.recompute_old_logprobs)
         fprintf(f, ", \"mismatch_max\": %.9g, \"mismatch_mean\": %.9g, \"mismatch_k3\": %.9g",
                 m->mismatch_max, m->mismatch_mean, m->mismatch_k3);
-    if (m->eval.accuracy >= 0) write_eval(f, &m->eval);
+    if (m->eval.total.accuracy >= 0) write_eval(f, &m->eval);
     if (m->reward_kl_coef >= 0)
         fprintf(f, ", \"reward_kl_penalty\": %.17g, \"reward_kl_penalty_coeff\": %.17g",
                 m->reward_kl, m->reward_kl_coef);
@@ -79,17 +76,17 @@ void weft_rl_write_metrics(FILE *f, int step, const weft_rl_step_metrics *m) {
 }
 
 char *weft_rl_describe_eval(char *out, size_t size, const char *prefix, const weft_rl_eval *e) {
-    int at = snprintf(out, size, "%s%.3f", prefix, e->accuracy);
+    int at = snprintf(out, size, "%s%.3f", prefix, e->total.accuracy);
     if (e->n_k > 0 && at > 0 && (size_t)at < size)
         snprintf(out + at, size - (size_t)at, " (pass@%d %.3f)", e->k[e->n_k - 1],
-                 e->pass_at_k[e->n_k - 1]);
+                 e->total.pass_at_k[e->n_k - 1]);
     return out;
 }
 
 void weft_rl_save_stats(const char *path, const weft_rl_eval *start, const weft_rl_eval *end,
                         int steps) {
-    json_t *stats = json_pack("{s:f, s:f, s:i}", "eval_accuracy_start", start->accuracy,
-                              "eval_accuracy_end", end->accuracy, "steps", steps);
+    json_t *stats = json_pack("{s:f, s:f, s:i}", "eval_accuracy_start", start->total.accuracy,
+                              "eval_accuracy_end", end->total.accuracy, "steps", steps);
     const weft_rl_eval *at[2] = {start, end};
     const char *names[2] = {"eval_pass_at_k_start", "eval_pass_at_k_end"};
     for (int i = 0; i < 2; i++) {
@@ -98,7 +95,7 @@ void weft_rl_save_stats(const char *path, const weft_rl_eval *start, const weft_
         for (int j = 0; j < at[i]->n_k; j++) {
             char k[16];
             snprintf(k, sizeof k, "%d", at[i]->k[j]);
-            json_object_set_new(o, k, json_real(at[i]->pass_at_k[j]));
+            json_object_set_new(o, k, json_real(at[i]->total.pass_at_k[j]));
         }
         json_object_set_new(stats, names[i], o);
     }
@@ -108,7 +105,8 @@ void weft_rl_save_stats(const char *path, const weft_rl_eval *start, const weft_
 void weft_rl_print_step(int step, int steps, const weft_rl_step_metrics *m, bool disaggregated) {
     char eval[80] = "", kl[64] = "", mismatch[32] = "-", rollout[64];
     if (m->mismatch_max >= 0) snprintf(mismatch, sizeof mismatch, "%.2g", m->mismatch_max);
-    if (m->eval.accuracy >= 0) weft_rl_describe_eval(eval, sizeof eval, "  held-out ", &m->eval);
+    if (m->eval.total.accuracy >= 0)
+        weft_rl_describe_eval(eval, sizeof eval, "  held-out ", &m->eval);
     if (m->reward_kl_coef >= 0)
         snprintf(kl, sizeof kl, "  kl-in-reward %.3g x %.3g", m->reward_kl, m->reward_kl_coef);
     if (disaggregated) // the rollout ran on other ranks; what the trainers spent is their wait

@@ -18,7 +18,7 @@ typedef struct weft_rl_step_metrics {
     double reward_seconds, rewards_while_generating; // summed over the step's rounds
     double sample_wait_seconds; // the trainers waiting for the rollout ranks' samples
     int rollout_weight_version; // the weights the samples were generated with
-    weft_rl_eval eval; // accuracy < 0: not evaluated this step
+    weft_rl_eval eval; // total.accuracy < 0: not evaluated this step
     // KL in the reward: the responses' mean per-token KL to the reference and the coefficient
     // the step's rewards were charged at (< 0: rl.use_kl_in_reward is off).
     double reward_kl, reward_kl_coef;
